@@ -1,0 +1,24 @@
+"""memviz: an interpretability workbench for small memory-augmented language models."""
+from memviz.checkpoint import CheckpointError, list_samples, load, save
+from memviz.config import ConfigError, ModelConfig
+from memviz.model import MemoryLM, ModelState
+from memviz.registry import build_model
+from memviz.tokenizer import BPETokenizer, ByteTokenizer, load_tokenizer
+from memviz.trace import Trace, trace
+
+__all__ = [
+    "BPETokenizer",
+    "ByteTokenizer",
+    "CheckpointError",
+    "ConfigError",
+    "MemoryLM",
+    "ModelConfig",
+    "ModelState",
+    "Trace",
+    "build_model",
+    "list_samples",
+    "load",
+    "load_tokenizer",
+    "save",
+    "trace",
+]

@@ -1,0 +1,165 @@
+"""Checkpoints: a folder of config.json, model.safetensors, tokenizer.json and card.json.
+
+Every file is written to a temporary name in the same folder and renamed into place, so an
+interrupted save never leaves a half-written file under the real name. Loading never
+unpickles anything, and each way a checkpoint can be broken raises one `CheckpointError`
+naming the file and the problem.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from memviz.config import ConfigError, ModelConfig
+from memviz.tokenizer import TOKENIZER_FILE, load_tokenizer
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+CARD_FILE = "card.json"
+SAMPLE_DIR = Path(__file__).resolve().parent.parent / "sample_checkpoints"
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder that cannot be loaded; the message names the file and the problem."""
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def weights_to_save(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The state dict with tied (shared) tensors stored once, floats cast to `dtype`."""
+    seen: dict[int, str] = {}
+    out = {}
+    for name, tensor in model.state_dict().items():
+        key = tensor.data_ptr()
+        if key in seen and tensor.numel() > 0:
+            continue
+        seen[key] = name
+        t = tensor.detach().cpu()
+        out[name] = (t.to(dtype) if t.is_floating_point() else t).contiguous()
+    return out
+
+
+def save(model, directory: str | Path, card: dict[str, Any] | None = None, dtype: str = "float32") -> Path:
+    """Write a checkpoint folder; `card` is merged into the model's card."""
+    from safetensors.torch import save as save_safetensors
+
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.card = {**model.card, **(card or {})}
+    atomic_write_bytes(directory / WEIGHTS_FILE, save_safetensors(weights_to_save(model, DTYPES[dtype])))
+    model.tokenizer.save(directory)
+    atomic_write_text(directory / CONFIG_FILE, model.cfg.to_json())
+    atomic_write_text(directory / CARD_FILE, json.dumps(model.card, indent=2, sort_keys=True, default=str))
+    return directory
+
+
+def resolve(path: str | Path) -> Path:
+    """A path, or the name of a folder in sample_checkpoints/."""
+    p = Path(path).expanduser()
+    if not p.exists() and not p.is_absolute() and (SAMPLE_DIR / p).is_dir():
+        return SAMPLE_DIR / p
+    return p
+
+
+def list_samples() -> list[str]:
+    if not SAMPLE_DIR.is_dir():
+        return []
+    return sorted(d.name for d in SAMPLE_DIR.iterdir() if (d / CONFIG_FILE).is_file())
+
+
+def read_config(directory: Path) -> ModelConfig:
+    path = directory / CONFIG_FILE
+    try:
+        return ModelConfig.from_json(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path}: cannot read the config: {exc}") from exc
+    except ConfigError as exc:
+        raise CheckpointError(f"{path}: {exc}") from exc
+
+
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load as load_safetensors
+
+    try:
+        return load_safetensors(path.read_bytes())
+    except Exception as exc:  # safetensors raises its own SafetensorError for corrupt files
+        raise CheckpointError(f"{path}: not a readable safetensors file ({exc})") from exc
+
+
+def load(path: str | Path, device: str | torch.device = "cpu"):
+    """Load a checkpoint folder (or a sample checkpoint's name) into a model in eval mode."""
+    from memviz.registry import build_model
+
+    directory = resolve(path)
+    if not directory.is_dir():
+        samples = ", ".join(list_samples()) or "none"
+        raise CheckpointError(f"{directory}: no such checkpoint folder (sample checkpoints: {samples})")
+    for name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE):
+        if not (directory / name).is_file():
+            raise CheckpointError(f"{directory / name}: missing; a checkpoint folder needs {CONFIG_FILE}, {WEIGHTS_FILE} and {TOKENIZER_FILE}")
+    cfg = read_config(directory)
+    try:
+        tokenizer = load_tokenizer(directory / TOKENIZER_FILE)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise CheckpointError(f"{directory / TOKENIZER_FILE}: {exc}") from exc
+    card: dict[str, Any] = {}
+    card_path = directory / CARD_FILE
+    if card_path.is_file():
+        try:
+            card = json.loads(card_path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CheckpointError(f"{card_path}: not valid JSON: {exc}") from exc
+    try:
+        model = build_model(cfg, tokenizer=tokenizer, card=card)
+    except ConfigError as exc:
+        raise CheckpointError(f"{directory / CONFIG_FILE}: {exc}") from exc
+    weights = read_weights(directory / WEIGHTS_FILE)
+    load_weights(model, weights, directory / WEIGHTS_FILE)
+    model.card.setdefault("path", str(directory))
+    return model.to(device).eval()
+
+
+def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], path: Path) -> None:
+    expected = model.state_dict()
+    tied = {n for n in expected if n not in weights and any(expected[n].data_ptr() == expected[m].data_ptr() for m in weights if m in expected)}
+    missing = sorted(set(expected) - set(weights) - tied)
+    unexpected = sorted(set(weights) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{path}: weights do not match the config's model: missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+            f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}"
+        )
+    for name, tensor in weights.items():
+        if tuple(tensor.shape) != tuple(expected[name].shape):
+            raise CheckpointError(
+                f"{path}: tensor {name!r} has shape {tuple(tensor.shape)} but the config's model needs {tuple(expected[name].shape)}"
+            )
+    with torch.no_grad():
+        for name, tensor in weights.items():
+            expected[name].copy_(tensor.to(expected[name].dtype))

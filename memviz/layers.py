@@ -1,0 +1,151 @@
+"""Layers every family shares: RMSNorm, rotary embeddings, SwiGLU and local causal attention.
+
+`LocalAttention` is one attention core for three masks, all streaming through a key/value
+cache so that a chunked run equals a one-pass run:
+  * full causal attention (window=None, segment_len=None; the cache grows with the input),
+  * sliding-window attention (query at p sees keys in (p - window, p]),
+  * segment-local attention (query sees only earlier keys of its own segment of `segment_len`
+    tokens, as Infini-attention's and Titans-MAC's local attention do).
+The cache keeps only the keys a later query can still see, so its size is bounded by the
+window or the segment.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformer_lens.hook_points import HookPoint
+
+from memviz.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    """y = x / sqrt(mean(x^2) + eps) * g."""
+
+    def __init__(self, d: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rotary_cos_sin(positions: Tensor, d_head: int, base: float) -> tuple[Tensor, Tensor]:
+    """cos/sin tables [T, d_head/2] for absolute positions.
+
+    Angles are formed in float64: at position 10^6 a float32 angle is off by ~0.06 rad,
+    which would blur relative positions on long streams.
+    """
+    inv_freq = base ** (-torch.arange(0, d_head, 2, dtype=torch.float64, device=positions.device) / d_head)
+    angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate pairs (x_i, x_{i+d/2}) of x [B, T, H, d] by the position angles (RoFormer eq. 34)."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+class SwiGLU(nn.Module):
+    """FFN(x) = W_down(silu(W_gate x) * W_up x)."""
+
+    def __init__(self, d_model: int, d_mlp: int) -> None:
+        super().__init__()
+        self.W_gate = nn.Linear(d_model, d_mlp, bias=False)
+        self.W_up = nn.Linear(d_model, d_mlp, bias=False)
+        self.W_down = nn.Linear(d_mlp, d_model, bias=False)
+        self.hook_post = HookPoint()  # [batch, pos, d_mlp]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.W_down(self.hook_post(F.silu(self.W_gate(x)) * self.W_up(x)))
+
+
+def local_mask(q_pos: Tensor, k_pos: Tensor, window: int | None, segment_len: int | None) -> Tensor:
+    """Boolean [Tq, Tk]: True where query position may attend to key position."""
+    diff = q_pos[:, None] - k_pos[None, :]
+    mask = diff >= 0
+    if window is not None:
+        mask &= diff < window
+    if segment_len is not None:
+        mask &= (q_pos[:, None] // segment_len) == (k_pos[None, :] // segment_len)
+    return mask
+
+
+def segment_pieces(pos: int, length: int, segment_len: int | None) -> list[tuple[int, int]]:
+    """Split the chunk [pos, pos+length) at segment boundaries; offsets are chunk-relative."""
+    if segment_len is None:
+        return [(0, length)]
+    pieces, start = [], 0
+    while start < length:
+        end = min(length, start + segment_len - (pos + start) % segment_len)
+        pieces.append((start, end))
+        start = end
+    return pieces
+
+
+class LocalAttention(nn.Module):
+    """Multi-head causal attention with RoPE, an optional window and optional segment locality.
+
+    State: {"k": [B, H, L, d_head] rotated keys, "v": [B, H, L, d_head]} for the L cached
+    positions just before the chunk.
+    """
+
+    def __init__(self, cfg: ModelConfig, window: int | None, segment_len: int | None = None) -> None:
+        super().__init__()
+        self.n_heads, self.d_head, self.rope_base = cfg.n_heads, cfg.d_head, cfg.rope_base
+        self.window, self.segment_len = window, segment_len
+        inner = cfg.n_heads * cfg.d_head
+        self.W_Q = nn.Linear(cfg.d_model, inner, bias=False)
+        self.W_K = nn.Linear(cfg.d_model, inner, bias=False)
+        self.W_V = nn.Linear(cfg.d_model, inner, bias=False)
+        self.W_O = nn.Linear(inner, cfg.d_model, bias=False)
+        self.hook_q = HookPoint()  # [batch, pos, head, d_head], before rotation
+        self.hook_k = HookPoint()
+        self.hook_v = HookPoint()
+        self.hook_z = HookPoint()  # [batch, pos, head, d_head], attention output per head
+
+    def init_state(self, batch: int, device: torch.device) -> dict[str, Tensor]:
+        empty = torch.zeros(batch, self.n_heads, 0, self.d_head, device=device)
+        return {"k": empty, "v": empty.clone()}
+
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        B, T, _ = x.shape
+        shape = (B, T, self.n_heads, self.d_head)
+        q = self.hook_q(self.W_Q(x).view(shape))
+        k = self.hook_k(self.W_K(x).view(shape))
+        v = self.hook_v(self.W_V(x).view(shape))
+        return q, k, v
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, state: dict[str, Tensor], pos: int) -> tuple[Tensor, dict]:
+        """Local attention of the chunk's queries over cache + chunk keys; returns z [B,T,H,dh]."""
+        T = q.shape[1]
+        positions = torch.arange(pos, pos + T, device=q.device)
+        cos, sin = rotary_cos_sin(positions, self.d_head, self.rope_base)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        keys = torch.cat([state["k"], k.transpose(1, 2)], dim=2)
+        values = torch.cat([state["v"], v.transpose(1, 2)], dim=2)
+        cached = state["k"].shape[2]
+        k_pos = torch.arange(pos - cached, pos + T, device=q.device)
+        mask = local_mask(positions, k_pos, self.window, self.segment_len)
+        z = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask)
+        keep = self._cache_keep(pos + T, k_pos)
+        return z.transpose(1, 2), {"k": keys[:, :, keep:], "v": values[:, :, keep:]}
+
+    def _cache_keep(self, next_pos: int, k_pos: Tensor) -> int:
+        """Index of the first key a query at next_pos or later can still see."""
+        first = 0
+        if self.window is not None:
+            first = max(first, next_pos - self.window + 1)
+        if self.segment_len is not None:
+            first = max(first, next_pos - next_pos % self.segment_len)
+        return int((k_pos < first).sum())
+
+    def forward(self, x: Tensor, state: dict[str, Tensor], pos: int) -> tuple[Tensor, dict]:
+        q, k, v = self.project(x)
+        z, state = self.attend(q, k, v, state, pos)
+        z = self.hook_z(z)
+        return self.W_O(z.flatten(2)), state

@@ -1,0 +1,317 @@
+"""The hookable, streaming language model that every family builds on.
+
+`MemoryLM` is a `transformer_lens.HookedRootModule`: embeddings, a stack of blocks, a final
+RMSNorm and an unembedding. Each block takes the whole chunk `[batch, pos, d_model]` plus its
+own carried state and returns the new state, so every HookPoint fires once per forward with a
+`[batch, pos, ...]` tensor and `run_with_cache` / `run_with_hooks` behave as TransformerLens
+users expect. A family changes what sits inside the block (a memory beside attention, a
+memory instead of attention, a memory layer instead of the FFN); blocks handle segment
+boundaries themselves, so feeding an input in one call or in chunks gives the same result.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformer_lens import HookedRootModule
+from transformer_lens.hook_points import HookPoint
+
+from memviz.config import ConfigError, ModelConfig
+from memviz.layers import LocalAttention, RMSNorm, SwiGLU
+from memviz.registry import parse_options, register_family
+from memviz.tokenizer import ByteTokenizer, Tokenizer
+
+StateTree = Any  # nested dicts/lists of tensors
+
+
+def map_tree(fn: Callable[[Tensor], Tensor], tree: StateTree) -> StateTree:
+    if isinstance(tree, Tensor):
+        return fn(tree)
+    if isinstance(tree, dict):
+        return {k: map_tree(fn, v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(map_tree(fn, v) for v in tree)
+    return tree
+
+
+def tree_tensors(tree: StateTree) -> Iterator[Tensor]:
+    if isinstance(tree, Tensor):
+        yield tree
+    elif isinstance(tree, dict):
+        for v in tree.values():
+            yield from tree_tensors(v)
+    elif isinstance(tree, (list, tuple)):
+        for v in tree:
+            yield from tree_tensors(v)
+
+
+@dataclass
+class ModelState:
+    """What a model carries from one chunk to the next: the position reached and, per layer,
+    that layer's memory (KV caches, memory matrices, slot banks, neural-memory weights)."""
+
+    pos: int
+    layers: list[StateTree] = field(default_factory=list)
+
+    def map(self, fn: Callable[[Tensor], Tensor]) -> "ModelState":
+        return ModelState(self.pos, map_tree(fn, self.layers))
+
+    def detach(self) -> "ModelState":
+        return self.map(lambda t: t.detach())
+
+    def clone(self) -> "ModelState":
+        return self.map(lambda t: t.clone())
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in tree_tensors(self.layers))
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: x += mixer(norm(x)); x += mlp(norm(x)).
+
+    `attn` is any mixer with `forward(x, state, pos) -> (out, state)` and `init_state`;
+    `mlp` is a stateless `x -> y` module (SwiGLU, or a memory layer).
+    """
+
+    def __init__(self, cfg: ModelConfig, attn: nn.Module, mlp: nn.Module) -> None:
+        super().__init__()
+        self.ln1 = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = attn
+        self.ln2 = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = mlp
+        self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
+        self.hook_attn_out = HookPoint()
+        self.hook_resid_mid = HookPoint()
+        self.hook_mlp_out = HookPoint()
+        self.hook_resid_post = HookPoint()
+
+    def init_state(self, batch: int, device: torch.device) -> StateTree:
+        return {"attn": self.attn.init_state(batch, device)}
+
+    def forward(self, x: Tensor, state: StateTree, pos: int) -> tuple[Tensor, StateTree]:
+        x = self.hook_resid_pre(x)
+        a, attn_state = self.attn(self.ln1(x), state["attn"], pos)
+        x = self.hook_resid_mid(x + self.hook_attn_out(a))
+        x = self.hook_resid_post(x + self.hook_mlp_out(self.mlp(self.ln2(x))))
+        return x, {"attn": attn_state}
+
+
+@dataclass
+class NoOptions:
+    """The baselines take no memory options."""
+
+
+class MemoryLM(HookedRootModule):
+    """Base language model; the full-causal transformer baseline as it stands."""
+
+    family = "transformer"
+    Options: type = NoOptions
+    #: generic hook names (layer index as {l}) that `memviz.trace` records by default, each
+    #: with the reduction applied over its trailing axis while tracing ('none', 'mean', 'norm')
+    memory_hooks: dict[str, str] = {}
+
+    def __init__(self, cfg: ModelConfig, tokenizer: Tokenizer | None = None, card: dict | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.options = parse_options(self.Options, self.family, cfg.memory)
+        self.check_config()
+        self.tokenizer = tokenizer or ByteTokenizer()
+        if self.tokenizer.vocab_size != cfg.vocab_size:
+            raise ConfigError(
+                f"tokenizer has {self.tokenizer.vocab_size} ids but config.vocab_size is {cfg.vocab_size}"
+            )
+        self.card = dict(card or {})
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.hook_embed = HookPoint()  # [batch, pos, d_model]
+        self.build()
+        self.ln_final = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.unembed = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.unembed.weight = self.embed.weight
+        self.reset_parameters()
+        self.setup()
+
+    # ----- construction, overridden by families -------------------------------------------
+    def check_config(self) -> None:
+        if self.cfg.window is not None:
+            raise ConfigError("the 'transformer' family is full causal; use 'sliding_window' for a window")
+
+    def build(self) -> None:
+        self.blocks = nn.ModuleList(self.make_block(layer) for layer in range(self.cfg.n_layers))
+
+    def make_block(self, layer: int) -> nn.Module:
+        cfg = self.cfg
+        return Block(cfg, LocalAttention(cfg, window=cfg.window), SwiGLU(cfg.d_model, cfg.d_mlp))
+
+    def reset_parameters(self) -> None:
+        """GPT-2 style: N(0, 0.02), output projections scaled by 1/sqrt(2 n_layers)."""
+        out_std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
+        for name, module in self.named_modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                std = out_std if name.endswith(("W_O", "W_down")) else 0.02
+                nn.init.normal_(module.weight, std=std)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+        for module in self.modules():
+            if module is not self and hasattr(module, "reset_memory_parameters"):
+                module.reset_memory_parameters()
+
+    # ----- running ------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    @property
+    def chunk_len(self) -> int:
+        """Default streaming chunk: about 1k tokens, a whole number of segments."""
+        seg = self.cfg.segment_len
+        return max(1, 1024 // seg) * seg if seg else 1024
+
+    def init_state(self, batch_size: int = 1) -> ModelState:
+        return ModelState(0, [block.init_state(batch_size, self.device) for block in self.blocks])
+
+    def as_tokens(self, tokens: Tensor | Sequence[int] | Sequence[Sequence[int]]) -> Tensor:
+        if not isinstance(tokens, Tensor):
+            tokens = torch.as_tensor(tokens, dtype=torch.long)
+        if tokens.dim() == 1:
+            tokens = tokens[None]
+        if tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"tokens must be integer ids shaped [batch, pos], got {tuple(tokens.shape)} {tokens.dtype}")
+        if tokens.shape[1] == 0:
+            raise ValueError("empty input: at least one token is needed")
+        lo, hi = int(tokens.min()), int(tokens.max())
+        if lo < 0 or hi >= self.cfg.vocab_size:
+            raise ValueError(f"token ids must lie in [0, {self.cfg.vocab_size}), got range [{lo}, {hi}]")
+        return tokens.long().to(self.device)
+
+    def forward(
+        self,
+        tokens: Tensor | Sequence[int],
+        state: ModelState | None = None,
+        return_type: str = "logits",
+        return_state: bool = False,
+    ):
+        """Run a chunk. `return_type` is 'logits', 'loss' (mean next-token NLL within the chunk)
+        or 'both'; with `return_state` the new ModelState is returned last."""
+        tokens = self.as_tokens(tokens)
+        if state is None:
+            state = self.init_state(tokens.shape[0])
+        x = self.hook_embed(self.embed(tokens))
+        x, layer_states = self.run_blocks(x, tokens, state)
+        logits = self.unembed(self.ln_final(x))
+        outputs: list[Any] = []
+        if return_type in ("logits", "both"):
+            outputs.append(logits)
+        if return_type in ("loss", "both"):
+            outputs.append(next_token_loss(logits, tokens, self.tokenizer.pad_id))
+        if not outputs:
+            raise ValueError(f"return_type must be 'logits', 'loss' or 'both', got {return_type!r}")
+        if return_state:
+            outputs.append(ModelState(state.pos + tokens.shape[1], layer_states))
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def run_blocks(self, x: Tensor, tokens: Tensor, state: ModelState) -> tuple[Tensor, list[StateTree]]:
+        new_states = []
+        for block, layer_state in zip(self.blocks, state.layers):
+            x, layer_state = block(x, layer_state, state.pos)
+            new_states.append(layer_state)
+        return x, new_states
+
+    def stream(
+        self, tokens: Sequence[int] | Tensor, chunk_len: int | None = None, state: ModelState | None = None
+    ) -> Iterator[tuple[int, Tensor, ModelState]]:
+        """Feed a long input chunk by chunk, carrying the state: yields (start, logits, state)."""
+        tokens = self.as_tokens(tokens)
+        chunk_len = chunk_len or self.chunk_len
+        if chunk_len <= 0:
+            raise ValueError(f"chunk_len must be positive, got {chunk_len}")
+        state = state or self.init_state(tokens.shape[0])
+        for start in range(0, tokens.shape[1], chunk_len):
+            logits, state = self(tokens[:, start : start + chunk_len], state=state, return_state=True)
+            state = state.detach()
+            yield start, logits, state
+
+    @torch.no_grad()
+    def generate_ids(
+        self, prompt_ids: Sequence[int], max_new_tokens: int = 16, state: ModelState | None = None
+    ) -> list[int]:
+        """Greedy decoding after streaming the prompt; stops at eos. Special ids other than
+        eos are never produced."""
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
+        logits = None
+        for _, logits, state in self.stream(prompt_ids, state=state):
+            pass
+        banned = [self.tokenizer.pad_id, self.tokenizer.bos_id]
+        out: list[int] = []
+        for _ in range(max_new_tokens):
+            last = logits[0, -1].clone()
+            last[banned] = -math.inf
+            nxt = int(last.argmax())
+            if nxt == self.tokenizer.eos_id:
+                break
+            out.append(nxt)
+            logits, state = self(torch.tensor([[nxt]], device=self.device), state=state, return_state=True)
+        return out
+
+    def generate(self, prompt: str, max_new_tokens: int = 16) -> str:
+        """Greedy continuation of `prompt`, streaming over long prompts in bounded memory."""
+        ids = self.tokenizer.encode(prompt)
+        if not ids:
+            raise ValueError("empty prompt: at least one token is needed")
+        was_training = self.training
+        self.eval()
+        try:
+            return self.tokenizer.decode(self.generate_ids(ids, max_new_tokens))
+        finally:
+            self.train(was_training)
+
+    # ----- introspection ------------------------------------------------------------------
+    def default_trace_reducers(self) -> dict[str, str]:
+        """The family's memory hooks, expanded over layers: what `memviz.trace` keeps by default."""
+        return {
+            name: self.memory_hooks[generic_hook_name(name)]
+            for name in self.hook_dict
+            if generic_hook_name(name) in self.memory_hooks
+        }
+
+    def num_parameters(self, trainable_only: bool = False) -> int:
+        seen, total = set(), 0
+        for p in self.parameters():
+            if id(p) in seen or (trainable_only and not p.requires_grad):
+                continue
+            seen.add(id(p))
+            total += p.numel()
+        return total
+
+
+def generic_hook_name(name: str) -> str:
+    """blocks.3.attn.hook_q -> blocks.{l}.attn.hook_q (the form the hook table documents)."""
+    return re.sub(r"(^|\.)(blocks|side_blocks)\.\d+\.", r"\1\2.{l}.", name)
+
+
+def next_token_loss(logits: Tensor, tokens: Tensor, pad_id: int) -> Tensor:
+    """Mean cross-entropy of predicting tokens[t+1] from position t, padding excluded."""
+    if tokens.shape[1] < 2:
+        return logits.new_zeros(())
+    return F.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1), ignore_index=pad_id
+    )
+
+
+@register_family("sliding_window")
+class SlidingWindowLM(MemoryLM):
+    """Sliding-window transformer: the control every memory family is compared with."""
+
+    def check_config(self) -> None:
+        if self.cfg.window is None:
+            raise ConfigError("the 'sliding_window' family needs config.window")
+
+
+register_family("transformer")(MemoryLM)
+

@@ -1,0 +1,2 @@
+"""The model families. Importing this package registers every family with `memviz.registry`."""
+from memviz import model as _baselines  # noqa: F401  (transformer, sliding_window)

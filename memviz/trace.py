@@ -1,0 +1,217 @@
+"""Trace a long input through a model, keeping chosen hooks as numpy arrays over the whole input.
+
+`trace(model, text)` feeds the input chunk by chunk, carrying the model's memory state, and
+records each requested hook from every chunk, so memory use grows with what is kept (a few
+numbers per token) and never with the activations of the whole input. Every trace also
+keeps `loss`: the per-token negative log-likelihood of the next token.
+
+Large per-token vectors (LM2 gates, Infini per-head outputs) can be reduced while tracing
+(`"mean"` or `"norm"` over their trailing axis); families name sensible reductions for their
+default hooks.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+REDUCERS = ("none", "mean", "norm")
+MAX_TRACE_TOKENS = 4_000_000
+
+
+def reduce_tensor(t: torch.Tensor, how: str) -> torch.Tensor:
+    if how == "mean":
+        return t.float().mean(-1)
+    if how == "norm":
+        return t.float().norm(dim=-1)
+    return t
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    t = t.detach().cpu()
+    if t.is_floating_point():
+        return t.float().numpy()
+    if t.dtype == torch.bool:
+        return t.numpy()
+    return t.to(torch.int64).numpy().astype(np.int32 if t.abs().max() < 2**31 else np.int64)
+
+
+@dataclass
+class Pooled:
+    """A trace array max-pooled along positions: `values[i]` summarises tokens
+    `positions[i] .. positions[i] + bin_size - 1` (true token positions)."""
+
+    positions: np.ndarray
+    values: np.ndarray
+    bin_size: int
+
+
+class Trace:
+    """Per-token arrays over a whole input: `trace.tokens`, `trace.names`, `trace[name]`."""
+
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        arrays: Mapping[str, np.ndarray],
+        vocab: Sequence[str] | None = None,
+        meta: dict | None = None,
+    ) -> None:
+        self.tokens = np.asarray(tokens, dtype=np.int32)
+        self.arrays = dict(arrays)
+        for name, arr in self.arrays.items():
+            if arr.shape[0] != len(self.tokens):
+                raise ValueError(f"trace array {name!r} has {arr.shape[0]} positions, expected {len(self.tokens)}")
+        self.vocab = list(vocab) if vocab is not None else None
+        self.meta = dict(meta or {})
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.arrays)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self.arrays:
+            raise KeyError(f"{name!r} is not in this trace; it holds {self.names}")
+        return self.arrays[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.arrays
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def token_text(self, start: int = 0, stop: int | None = None) -> list[str]:
+        ids = self.tokens[start:stop]
+        if self.vocab is None:
+            return [str(int(i)) for i in ids]
+        return [self.vocab[int(i)] for i in ids]
+
+    def pool(self, name: str, width: int = 1500, start: int = 0, stop: int | None = None, reduce: str = "max") -> Pooled:
+        """Pool positions [start, stop) down to at most `width` columns.
+
+        'max' keeps spikes (the default for display), 'mean' averages, 'first' subsamples
+        (for index arrays, where neither max nor mean means anything)."""
+        arr = self[name]
+        stop = len(arr) if stop is None else min(stop, len(arr))
+        if not 0 <= start < stop:
+            raise ValueError(f"empty position range [{start}, {stop}) for a trace of {len(arr)} tokens")
+        if width < 1:
+            raise ValueError(f"width must be at least 1, got {width}")
+        window = arr[start:stop]
+        bin_size = max(1, -(-len(window) // width))
+        n_bins = -(-len(window) // bin_size)
+        positions = start + np.arange(n_bins) * bin_size
+        if bin_size == 1:
+            return Pooled(positions, window.copy(), 1)
+        if reduce == "first":
+            return Pooled(positions, window[::bin_size].copy(), bin_size)
+        pad = n_bins * bin_size - len(window)
+        fill = -np.inf if reduce == "max" else np.nan
+        data = window.astype(np.float32)
+        if pad:
+            data = np.concatenate([data, np.full((pad, *data.shape[1:]), fill, dtype=np.float32)])
+        data = data.reshape(n_bins, bin_size, *data.shape[1:])
+        if reduce == "max":
+            values = np.nanmax(np.where(np.isnan(data), -np.inf, data), axis=1)
+            values[np.isneginf(values)] = np.nan
+        elif reduce == "mean":
+            values = np.nanmean(data, axis=1)
+        else:
+            raise ValueError(f"reduce must be 'max', 'mean' or 'first', got {reduce!r}")
+        return Pooled(positions, values, bin_size)
+
+    def save(self, path: str | Path) -> Path:
+        """Write an .npz (no pickles) that `Trace.load` and `memviz.Trace.load` read back."""
+        path = Path(path)
+        meta = {"meta": self.meta, "vocab": self.vocab, "names": self.names}
+        payload = {f"array:{n}": a for n, a in self.arrays.items()}
+        payload["tokens"] = self.tokens
+        payload["meta_json"] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
+        import io
+
+        from memviz.checkpoint import atomic_write_bytes
+
+        buffer = io.BytesIO()
+        np.savez_compressed(buffer, **payload)
+        atomic_write_bytes(path, buffer.getvalue())
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Trace":
+        try:
+            with np.load(Path(path), allow_pickle=False) as data:
+                meta = json.loads(bytes(data["meta_json"]).decode("utf-8"))
+                arrays = {n: data[f"array:{n}"] for n in meta["names"]}
+                tokens = data["tokens"]
+        except (OSError, ValueError, KeyError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{path}: not a memviz trace file ({exc})") from exc
+        return cls(tokens, arrays, meta.get("vocab"), meta.get("meta"))
+
+
+def resolve_names(model, names) -> dict[str, str]:
+    """Normalise `names` (None, a list, or {name: reducer}) to {name: reducer}."""
+    if names is None:
+        names = model.default_trace_reducers()
+    elif isinstance(names, str):
+        names = {names: "none"}
+    elif not isinstance(names, Mapping):
+        names = {n: "none" for n in names}
+    unknown = [n for n in names if n not in model.hook_dict]
+    if unknown:
+        raise KeyError(f"unknown hook names {unknown[:5]}; see model.hook_dict or docs/hooks.md")
+    bad = {n: r for n, r in names.items() if r not in REDUCERS}
+    if bad:
+        raise ValueError(f"reducers must be one of {REDUCERS}, got {bad}")
+    return dict(names)
+
+
+@torch.no_grad()
+def trace(
+    model,
+    text: str | Sequence[int],
+    names=None,
+    chunk_len: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    max_tokens: int = MAX_TRACE_TOKENS,
+) -> Trace:
+    """Run `text` (a string or token ids) through `model` chunk by chunk and keep `names`."""
+    ids = model.tokenizer.encode(text) if isinstance(text, str) else [int(i) for i in text]
+    if not ids:
+        raise ValueError("empty input: there is nothing to trace")
+    if len(ids) > max_tokens:
+        raise ValueError(f"input has {len(ids):,} tokens, over the trace limit of {max_tokens:,}")
+    reducers = resolve_names(model, names)
+    buffers: dict[str, list[np.ndarray]] = {n: [] for n in reducers}
+
+    def capture(tensor: torch.Tensor, hook) -> None:
+        buffers[hook.name].append(to_numpy(reduce_tensor(tensor[0], reducers[hook.name])))
+
+    all_ids = torch.tensor(ids, dtype=torch.long)
+    losses = np.full(len(ids), np.nan, dtype=np.float32)
+    was_training = model.training
+    model.eval()
+    try:
+        with model.hooks(fwd_hooks=[(n, capture) for n in reducers]):
+            for start, logits, _ in model.stream(all_ids, chunk_len):
+                end = start + logits.shape[1]
+                targets = all_ids[start + 1 : end + 1].to(logits.device)
+                logp = F.log_softmax(logits[0, : len(targets)].float(), dim=-1)
+                losses[start : start + len(targets)] = (-logp.gather(1, targets[:, None])[:, 0]).cpu().numpy()
+                if progress is not None:
+                    progress(end, len(ids))
+    finally:
+        model.train(was_training)
+    arrays = {n: np.concatenate(parts) for n, parts in buffers.items()}
+    arrays["loss"] = losses
+    vocab = model.tokenizer.token_strings(range(model.cfg.vocab_size))
+    meta = {
+        "family": model.family,
+        "model": model.cfg.name or model.card.get("name", ""),
+        "reducers": reducers,
+        "chunk_len": chunk_len or model.chunk_len,
+    }
+    return Trace(np.asarray(ids, dtype=np.int32), arrays, vocab, meta)
