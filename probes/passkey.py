@@ -1,0 +1,108 @@
+"""Pass-key retrieval (the Landmark-attention / Infini-attention format).
+
+    There is important info hidden inside a lot of irrelevant text. Find it and memorize it.
+    I will quiz you about the important information there.  <filler>  The pass key is 71432.
+    Remember it. 71432 is the pass key.  <filler>
+    What is the pass key? The pass key is
+
+The needle sits at a sentence boundary at fraction `depth` of the filler; `length` is the
+whole prompt in the model's tokens. A prediction is correct when the first integer in the
+greedy continuation equals the key.
+"""
+from __future__ import annotations
+
+import re
+from typing import Callable, Sequence
+
+import pandas as pd
+
+from probes.common import Sample, accuracy_heatmap, check_length, check_n, run_samples, sample_rng, spans_of, take_filler
+from probes.haystack import make_haystack
+
+INSTRUCTION = (
+    "There is important info hidden inside a lot of irrelevant text. Find it and memorize it. "
+    "I will quiz you about the important information there."
+)
+QUESTION = "What is the pass key? The pass key is"
+FIRST_INTEGER = re.compile(r"\d+")
+
+
+def needle(key: int) -> str:
+    return f"The pass key is {key}. Remember it. {key} is the pass key."
+
+
+def make_sample(tokenizer, length: int, depth: float, key: int, haystack=None, seed: int = 0) -> Sample:
+    """A prompt of about `length` tokens with the needle at `depth` (0 = first, 1 = last)."""
+    if not 0.0 <= depth <= 1.0:
+        raise ValueError(f"depth must lie in [0, 1], got {depth!r}")
+    fixed = len(tokenizer.encode(INSTRUCTION + " " + needle(key) + "\n" + QUESTION))
+    check_length(length, fixed, "instruction, needle and question")
+    filler = take_filler(tokenizer, make_haystack(haystack, seed).sentences(), length - fixed)
+    costs = [len(tokenizer.encode(" " + s)) for s in filler]
+    target, cut, used = depth * sum(costs), 0, 0
+    while cut < len(filler) and used + costs[cut] / 2 < target:
+        used += costs[cut]
+        cut += 1
+    pieces = [INSTRUCTION, *(" " + s for s in filler[:cut]), " " + needle(key), *(" " + s for s in filler[cut:]), "\n" + QUESTION]
+    prompt = "".join(pieces)
+    spans = spans_of(tokenizer, pieces, [cut + 1])
+    return Sample(
+        prompt=prompt,
+        answer=str(key),
+        length=length,
+        n_tokens=len(tokenizer.encode(prompt)),
+        evidence=spans,
+        meta={"depth": depth, "needle_depth": used / max(1, sum(costs))},
+    )
+
+
+def seeded_sample(tokenizer, length: int, depth: float, seed: int, index: int, haystack=None) -> Sample:
+    """Sample `index` of the (length, depth) cell: the same arguments always give the same sample."""
+    rng = sample_rng("passkey", seed, length, depth, index)
+    key = rng.randrange(10000, 100000)
+    return make_sample(tokenizer, length, depth, key, haystack, seed=rng.randrange(2**31))
+
+
+def score(prediction: str, sample: Sample | str) -> bool:
+    answer = sample.answer if isinstance(sample, Sample) else sample
+    match = FIRST_INTEGER.search(prediction)
+    return match is not None and match.group(0) == answer
+
+
+def run(
+    model,
+    lengths: Sequence[int],
+    depths: Sequence[float],
+    n: int = 10,
+    seed: int = 0,
+    haystack=None,
+    progress: bool | Callable[[int, int], None] = True,
+) -> pd.DataFrame:
+    """One row per sample: length, depth, answer, prediction, correct (and n_tokens, evidence)."""
+    check_n(n)
+    lengths, depths = list(lengths), list(depths)
+    if not lengths or not depths:
+        raise ValueError("give at least one length and one depth")
+    for d in depths:
+        if not 0.0 <= d <= 1.0:
+            raise ValueError(f"depth must lie in [0, 1], got {d!r}")
+    fixed = len(model.tokenizer.encode(INSTRUCTION + " " + needle(12345) + "\n" + QUESTION))
+    for length in lengths:
+        check_length(length, fixed, "instruction, needle and question")
+    if haystack not in (None, "procedural"):
+        make_haystack(haystack, seed)  # fail early on an unreadable file
+    jobs = [
+        (
+            {"length": length, "depth": depth, "sample": i},
+            lambda length=length, depth=depth, i=i: seeded_sample(model.tokenizer, length, depth, seed, i, haystack),
+        )
+        for length in lengths
+        for depth in depths
+        for i in range(n)
+    ]
+    return run_samples(model, jobs, score, max_new_tokens=8, progress=progress, desc="passkey")
+
+
+def heatmap(df: pd.DataFrame, title: str = "Pass-key retrieval"):
+    """Rows depth, columns length, colour accuracy (red to green)."""
+    return accuracy_heatmap(df, rows="depth", cols="length", title=title, row_label="needle depth", col_label="length (tokens)")
