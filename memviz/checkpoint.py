@@ -155,7 +155,7 @@ def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], path:
             f"{path}: weights do not match the config's model: missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
             f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}"
         )
-    for name, tensor in weights.items():
+    for name, tensor in sorted(weights.items()):  # report the first mismatch in a stable order
         if tuple(tensor.shape) != tuple(expected[name].shape):
             raise CheckpointError(
                 f"{path}: tensor {name!r} has shape {tuple(tensor.shape)} but the config's model needs {tuple(expected[name].shape)}"

@@ -120,11 +120,11 @@ class MemoryLM(HookedRootModule):
         self.cfg = cfg
         self.options = parse_options(self.Options, self.family, cfg.memory)
         self.check_config()
-        self.tokenizer = tokenizer or ByteTokenizer()
-        if self.tokenizer.vocab_size != cfg.vocab_size:
-            raise ConfigError(
-                f"tokenizer has {self.tokenizer.vocab_size} ids but config.vocab_size is {cfg.vocab_size}"
-            )
+        if tokenizer is None and cfg.vocab_size == ByteTokenizer().vocab_size:
+            tokenizer = ByteTokenizer()
+        if tokenizer is not None and tokenizer.vocab_size != cfg.vocab_size:
+            raise ConfigError(f"tokenizer has {tokenizer.vocab_size} ids but config.vocab_size is {cfg.vocab_size}")
+        self._tokenizer = tokenizer
         self.card = dict(card or {})
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.hook_embed = HookPoint()  # [batch, pos, d_model]
@@ -160,6 +160,12 @@ class MemoryLM(HookedRootModule):
         for module in self.modules():
             if module is not self and hasattr(module, "reset_memory_parameters"):
                 module.reset_memory_parameters()
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        if self._tokenizer is None:
+            raise ValueError("this model was built without a tokenizer; it runs on token ids only")
+        return self._tokenizer
 
     # ----- running ------------------------------------------------------------------------
     @property
@@ -208,7 +214,7 @@ class MemoryLM(HookedRootModule):
         if return_type in ("logits", "both"):
             outputs.append(logits)
         if return_type in ("loss", "both"):
-            outputs.append(next_token_loss(logits, tokens, self.tokenizer.pad_id))
+            outputs.append(next_token_loss(logits, tokens, self._tokenizer.pad_id if self._tokenizer else -100))
         if not outputs:
             raise ValueError(f"return_type must be 'logits', 'loss' or 'both', got {return_type!r}")
         if return_state:

@@ -1,0 +1,1 @@
+"""The Streamlit front end of memviz (`streamlit run app`)."""

@@ -1,0 +1,51 @@
+"""Model page: pick a sample checkpoint or a local path; show its card, config and hooks."""
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+import memviz
+from memviz.model import generic_hook_name
+
+
+@st.cache_resource(show_spinner="Loading checkpoint…")
+def load_model(path: str):
+    return memviz.load(path)
+
+
+def hook_table(model) -> pd.DataFrame:
+    generic = sorted({generic_hook_name(n) for n in model.hook_dict})
+    traced = {generic_hook_name(n) for n in model.default_trace_reducers()}
+    return pd.DataFrame({"hook": generic, "traced by default": [g in traced for g in generic]})
+
+
+def render() -> None:
+    st.title("memviz")
+    samples = memviz.list_samples()
+    options = [*samples, "a local path…"]
+    choice = st.selectbox("Checkpoint", options, key="checkpoint_choice")
+    path = st.text_input("Checkpoint folder", key="checkpoint_path") if choice == options[-1] else choice
+    if not path:
+        st.info("Give the path of a checkpoint folder (config.json, model.safetensors, tokenizer.json).")
+        return
+    try:
+        model = load_model(path)
+    except memviz.CheckpointError as exc:
+        st.error(f"Cannot load this checkpoint: {exc}")
+        return
+    st.session_state["model_path"] = path
+    cfg = model.cfg
+    cols = st.columns(4)
+    cols[0].metric("family", cfg.family)
+    cols[1].metric("parameters", f"{model.num_parameters():,}")
+    cols[2].metric("layers x d_model", f"{cfg.n_layers} x {cfg.d_model}")
+    cols[3].metric("tokenizer", f"{model.tokenizer.kind} ({cfg.vocab_size})")
+    left, right = st.columns(2)
+    with left:
+        st.subheader("Card")
+        st.json(model.card, expanded=1)
+        st.subheader("Config")
+        st.json(cfg.to_dict(), expanded=1)
+    with right:
+        st.subheader("Hooks")
+        st.dataframe(hook_table(model), hide_index=True, use_container_width=True)

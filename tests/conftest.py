@@ -1,0 +1,43 @@
+"""Shared fixtures: small models of every family, built fresh with a fixed seed."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # kernels run under the interpreter on CPU
+
+import pytest
+import torch
+
+import memviz
+from memviz import ModelConfig
+
+torch.set_num_threads(2)
+
+SMALL = dict(d_model=32, n_layers=2, n_heads=2, d_mlp=64, vocab_size=259)
+
+
+def small_model(family: str = "transformer", seed: int = 0, **overrides) -> memviz.MemoryLM:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(family=family, **{**SMALL, **overrides})
+    return memviz.build_model(cfg).eval()
+
+
+@pytest.fixture
+def make_model():
+    return small_model
+
+
+def scrambled(model: memviz.MemoryLM, std: float = 0.3, seed: int = 1) -> memviz.MemoryLM:
+    """Give every weight a large random value so that equality tests cannot pass by the logits
+    being near-uniform (GPT-2 initialisation makes a fresh model's outputs almost constant)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "ln" in name or name.endswith("norm.weight"):
+                continue
+            p.copy_(torch.randn(p.shape, generator=g) * std)
+    return model
+
+
+def random_ids(n: int, vocab: int = 256, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(seed))

@@ -1,0 +1,108 @@
+import json
+
+import pytest
+import torch
+
+import memviz
+from memviz.checkpoint import CheckpointError
+from tests.conftest import random_ids, scrambled, small_model
+
+
+@pytest.fixture
+def saved(tmp_path):
+    model = scrambled(small_model("sliding_window", window=16))
+    path = memviz.save(model, tmp_path / "ckpt", card={"note": "test"})
+    return model, path
+
+
+def test_save_then_load_gives_identical_logits(saved):
+    model, path = saved
+    loaded = memviz.load(path)
+    ids = random_ids(50)
+    assert torch.equal(model(ids), loaded(ids))
+    assert loaded.card["note"] == "test" and loaded.cfg == model.cfg
+    assert sorted(p.name for p in path.iterdir()) == ["card.json", "config.json", "model.safetensors", "tokenizer.json"]
+
+
+def test_half_precision_save_is_close_and_small(tmp_path):
+    model = small_model("transformer")
+    full = memviz.save(model, tmp_path / "f32") / "model.safetensors"
+    half = memviz.save(model, tmp_path / "f16", dtype="float16") / "model.safetensors"
+    assert half.stat().st_size < 0.6 * full.stat().st_size
+    ids = random_ids(20)
+    torch.testing.assert_close(memviz.load(half.parent)(ids), model(ids), atol=1e-3, rtol=1e-3)
+
+
+def test_missing_folder_and_files(saved, tmp_path):
+    _, path = saved
+    with pytest.raises(CheckpointError, match="no such checkpoint folder"):
+        memviz.load(tmp_path / "nowhere")
+    (path / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: missing"):
+        memviz.load(path)
+
+
+def test_corrupt_safetensors(saved):
+    _, path = saved
+    weights = path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: not a readable safetensors file"):
+        memviz.load(path)
+
+
+def test_pickle_in_place_of_weights_is_rejected(saved):
+    import pickle
+
+    _, path = saved
+    (path / "model.safetensors").write_bytes(pickle.dumps({"embed.weight": [1, 2, 3]}))
+    with pytest.raises(CheckpointError, match="not a readable safetensors file"):
+        memviz.load(path)
+
+
+def test_unknown_family_and_bad_config(saved):
+    _, path = saved
+    config = path / "config.json"
+    data = json.loads(config.read_text())
+    config.write_text(json.dumps({**data, "family": "hyperdrive"}))
+    with pytest.raises(CheckpointError, match=r"config\.json: unknown model family 'hyperdrive'"):
+        memviz.load(path)
+    config.write_text("{broken")
+    with pytest.raises(CheckpointError, match=r"config\.json: config is not valid JSON"):
+        memviz.load(path)
+
+
+def test_mismatched_shapes(saved):
+    _, path = saved
+    config = path / "config.json"
+    data = json.loads(config.read_text())
+    config.write_text(json.dumps({**data, "d_mlp": 96}))
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: tensor 'blocks\.0\.mlp\.W_down\.weight' has shape \(32, 64\) but the config's model needs \(32, 96\)"):
+        memviz.load(path)
+    config.write_text(json.dumps({**data, "n_layers": 3}))
+    with pytest.raises(CheckpointError, match="weights do not match the config's model: missing"):
+        memviz.load(path)
+
+
+def test_corrupt_tokenizer_and_card(saved):
+    _, path = saved
+    (path / "card.json").write_text("[unclosed")
+    with pytest.raises(CheckpointError, match=r"card\.json: not valid JSON"):
+        memviz.load(path)
+    (path / "card.json").write_text("{}")
+    (path / "tokenizer.json").write_bytes(b"\xff\xfe")
+    with pytest.raises(CheckpointError, match=r"tokenizer\.json"):
+        memviz.load(path)
+
+
+def test_failed_save_leaves_the_previous_checkpoint_intact(saved, monkeypatch):
+    model, path = saved
+    before = (path / "model.safetensors").read_bytes()
+
+    def explode(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr("os.fsync", explode)
+    with pytest.raises(OSError, match="disk full"):
+        memviz.save(model, path)
+    assert (path / "model.safetensors").read_bytes() == before
+    assert not [p for p in path.iterdir() if p.name.endswith(".tmp")]

@@ -1,0 +1,71 @@
+"""Hooks: the documented table matches every family, and TransformerLens' hook API works."""
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from memviz.model import generic_hook_name
+from memviz.registry import FAMILIES, family_class
+from tests.conftest import random_ids, scrambled, small_model
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "hooks.md"
+#: the smallest extra config each family needs to build
+FAMILY_CONFIGS = {
+    "transformer": {},
+    "sliding_window": {"window": 8},
+}
+
+
+def documented_hooks() -> dict[str, set[str]]:
+    rows = re.findall(r"^\| `([^`]+)` \| ([^|]+) \|", DOC.read_text(), flags=re.M)
+    assert rows, "no hook rows found in docs/hooks.md"
+    family_class("transformer")  # registers every family
+    table: dict[str, set[str]] = {family: set() for family in FAMILIES}
+    for hook, families in rows:
+        names = FAMILIES if families.strip() == "all" else [f.strip() for f in families.split(",")]
+        for family in names:
+            assert family in FAMILIES, f"docs/hooks.md names unknown family {family!r}"
+            table[family].add(hook)
+    return table
+
+
+def test_every_family_has_a_build_config_here():
+    family_class("transformer")
+    assert set(FAMILY_CONFIGS) == set(FAMILIES)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_CONFIGS))
+def test_hook_table_matches_the_model(family):
+    model = small_model(family, **FAMILY_CONFIGS[family])
+    actual = {generic_hook_name(name) for name in model.hook_dict}
+    assert actual == documented_hooks()[family]
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_CONFIGS))
+def test_run_with_cache_gives_batch_pos_layouts(family):
+    model = small_model(family, **FAMILY_CONFIGS[family])
+    ids = random_ids(20).repeat(2, 1)
+    logits, cache = model.run_with_cache(ids)
+    assert isinstance(cache, dict) and set(cache) == set(model.hook_dict)
+    torch.testing.assert_close(logits, model(ids))
+    for name, value in cache.items():
+        assert value.shape[:2] == (2, 20), (name, tuple(value.shape))
+    assert cache["blocks.0.attn.hook_q"].shape == (2, 20, model.cfg.n_heads, model.cfg.d_head)
+
+
+def test_run_with_hooks_can_ablate_a_head():
+    model = scrambled(small_model("sliding_window", window=8))
+    ids = random_ids(16)
+    seen = []
+
+    def zero_head_0(z, hook):
+        seen.append(hook.name)
+        z[:, :, 0] = 0.0
+        return z
+
+    clean = model(ids)
+    ablated = model.run_with_hooks(ids, fwd_hooks=[("blocks.1.attn.hook_z", zero_head_0)])
+    assert seen == ["blocks.1.attn.hook_z"]
+    assert (ablated - clean).abs().max() > 1e-3
+    torch.testing.assert_close(model(ids), clean)  # hooks are removed afterwards

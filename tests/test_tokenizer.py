@@ -1,0 +1,75 @@
+import random
+
+import pytest
+
+from memviz.tokenizer import BPETokenizer, ByteTokenizer, load_tokenizer
+
+
+def random_text(rng: random.Random, n: int) -> str:
+    """Arbitrary Unicode: ASCII, Latin, CJK, emoji and astral planes, controls, no surrogates."""
+    out = []
+    for _ in range(n):
+        block = rng.choice([(0, 0x7F), (0x80, 0x7FF), (0x800, 0xD7FF), (0xE000, 0xFFFF), (0x10000, 0x10FFFF)])
+        out.append(chr(rng.randint(*block)))
+    return "".join(out)
+
+
+@pytest.fixture(scope="module")
+def bpe():
+    rng = random.Random(0)
+    corpus = [f"The pass key is {rng.randrange(10**5)}. Mary went to the kitchen." for _ in range(300)]
+    return BPETokenizer.train(corpus, vocab_size=300)
+
+
+def test_byte_tokenizer_round_trips_arbitrary_unicode():
+    tok = ByteTokenizer()
+    rng = random.Random(1)
+    for _ in range(200):
+        text = random_text(rng, rng.randint(0, 40))
+        ids = tok.encode(text)
+        assert ids == list(text.encode("utf-8"))
+        assert tok.decode(ids) == text
+
+
+def test_byte_tokenizer_round_trips_arbitrary_bytes():
+    tok = ByteTokenizer()
+    data = bytes(random.Random(2).randrange(256) for _ in range(5000))
+    assert tok.decode_bytes(tok.encode_bytes(data)) == data
+
+
+def test_special_ids_are_never_produced_by_text():
+    tok = ByteTokenizer()
+    ids = tok.encode("<eos><pad><bos>")
+    assert max(ids) < tok.text_vocab_size
+    assert (tok.pad_id, tok.bos_id, tok.eos_id) == (256, 257, 258)
+    assert tok.token_strings([65, tok.eos_id]) == ["A", "<eos>"]
+
+
+def test_bpe_round_trips_unicode_and_splits_digits(bpe):
+    rng = random.Random(3)
+    for _ in range(100):
+        text = random_text(rng, rng.randint(1, 30))
+        assert bpe.decode(bpe.encode(text)) == text
+    key_ids = bpe.encode(" 71432")
+    assert [bpe.decode([i]) for i in key_ids][-5:] == list("71432")
+    # merges learned from the corpus make common text shorter than bytes
+    assert len(bpe.encode("Mary went to the kitchen.")) < len("Mary went to the kitchen.") // 2
+
+
+def test_tokenizers_save_and_load(tmp_path, bpe):
+    for tok in (ByteTokenizer(), bpe):
+        folder = tmp_path / tok.kind
+        folder.mkdir()
+        loaded = load_tokenizer(tok.save(folder))
+        assert type(loaded) is type(tok) and loaded.vocab_size == tok.vocab_size
+        assert loaded.encode("The pass key is 12345.") == tok.encode("The pass key is 12345.")
+
+
+def test_load_tokenizer_rejects_garbage(tmp_path):
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        load_tokenizer(bad)
+    bad.write_text('{"kind": "mystery"}')
+    with pytest.raises(ValueError, match="not a byte or BPE tokenizer"):
+        load_tokenizer(bad)

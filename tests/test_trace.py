@@ -1,0 +1,100 @@
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+import memviz
+from memviz.trace import Trace
+from tests.conftest import scrambled, small_model
+
+
+def test_trace_records_hooks_over_the_whole_input_and_matches_one_pass():
+    model = scrambled(small_model("sliding_window", window=12))
+    text = "Mary went to the kitchen. " * 20
+    names = {"blocks.1.attn.hook_z": "norm", "blocks.0.hook_resid_post": "none"}
+    tr = memviz.trace(model, text, names=names, chunk_len=37)
+    n = len(model.tokenizer.encode(text))
+    assert len(tr) == n and tr.names == [*names, "loss"]
+    assert tr["blocks.1.attn.hook_z"].shape == (n, model.cfg.n_heads)
+    assert tr["blocks.0.hook_resid_post"].shape == (n, model.cfg.d_model)
+    _, cache = model.run_with_cache(torch.tensor([model.tokenizer.encode(text)]))
+    np.testing.assert_allclose(tr["blocks.0.hook_resid_post"], cache["blocks.0.hook_resid_post"][0].numpy(), atol=1e-5)
+    logits = model(torch.from_numpy(tr.tokens).long()[None])[0]
+    nll = -torch.log_softmax(logits[:-1], -1).gather(1, torch.tensor(tr.tokens[1:], dtype=torch.long)[:, None])[:, 0]
+    np.testing.assert_allclose(tr["loss"][:-1], nll.detach().numpy(), atol=1e-4)
+    assert np.isnan(tr["loss"][-1])
+
+
+def test_trace_save_load_round_trip(tmp_path):
+    model = small_model("sliding_window", window=8)
+    tr = memviz.trace(model, "hello world, hello memory", names=["blocks.0.attn.hook_z"])
+    tr.meta["note"] = "ü"
+    again = Trace.load(tr.save(tmp_path / "t.npz"))
+    assert again.names == tr.names and again.meta == tr.meta and again.vocab == tr.vocab
+    for name in tr.names:
+        np.testing.assert_array_equal(again[name], tr[name])
+    np.testing.assert_array_equal(again.tokens, tr.tokens)
+    (tmp_path / "bad.npz").write_bytes(b"garbage")
+    with pytest.raises(ValueError, match="not a memviz trace file"):
+        Trace.load(tmp_path / "bad.npz")
+
+
+def test_pool_keeps_spikes_and_true_positions():
+    values = np.zeros(10_000, dtype=np.float32)
+    values[7_777] = 5.0
+    tr = Trace(np.zeros(10_000), {"x": values})
+    pooled = tr.pool("x", width=100)
+    assert pooled.bin_size == 100 and len(pooled.values) == 100
+    assert pooled.positions[77] == 7_700 and pooled.values[77] == 5.0
+    assert np.count_nonzero(pooled.values) == 1
+    zoom = tr.pool("x", width=100, start=7_700, stop=7_800)
+    assert zoom.bin_size == 1 and zoom.positions[77] == 7_777 and zoom.values[77] == 5.0
+    assert tr.pool("x", width=3, reduce="mean").values[2] == pytest.approx(5.0 / 3332, rel=1e-3)
+    with pytest.raises(ValueError, match="empty position range"):
+        tr.pool("x", start=20_000)
+
+
+def test_trace_rejects_bad_input():
+    model = small_model("sliding_window", window=8)
+    with pytest.raises(ValueError, match="empty input"):
+        memviz.trace(model, "")
+    with pytest.raises(KeyError, match="unknown hook names"):
+        memviz.trace(model, "hi", names=["blocks.9.attn.hook_q"])
+    with pytest.raises(ValueError, match="over the trace limit"):
+        memviz.trace(model, "x" * 100, max_tokens=50)
+
+
+PEAK_SCRIPT = textwrap.dedent(
+    """
+    import json, resource, sys
+    import torch
+    sys.path.insert(0, {root!r})
+    import memviz
+    from memviz import ModelConfig
+    torch.manual_seed(0)
+    model = memviz.build_model(ModelConfig(family="sliding_window", d_model=32, n_layers=2, n_heads=2,
+                                            d_mlp=64, window=64)).eval()
+    names = {{"blocks.1.attn.hook_z": "norm"}}
+    memviz.trace(model, list(range(200)) * 10, names=names, chunk_len=256)  # warm up at 2k tokens
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    tr = memviz.trace(model, list(range(200)) * 100, names=names, chunk_len=256)  # 20k tokens
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({{"tokens": len(tr), "growth_kb": after - before}}))
+    """
+)
+
+
+def test_trace_of_20k_tokens_keeps_peak_memory_bounded():
+    """A one-pass run would hold a 20k x 20k attention matrix per head (1.6 GB); streaming keeps
+    the window's cache and a few numbers per token."""
+    import pathlib
+
+    root = str(pathlib.Path(__file__).resolve().parent.parent)
+    out = subprocess.run([sys.executable, "-c", PEAK_SCRIPT.format(root=root)], capture_output=True, text=True, check=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["tokens"] == 20_000
+    assert result["growth_kb"] < 64 * 1024, result
