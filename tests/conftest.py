@@ -13,6 +13,12 @@ from memviz import ModelConfig
 
 torch.set_num_threads(2)
 
+#: the smallest extra config each family needs to build
+FAMILY_CONFIGS = {
+    "transformer": {},
+    "sliding_window": {"window": 8},
+    "infini": {"segment_len": 8},
+}
 SMALL = dict(d_model=32, n_layers=2, n_heads=2, d_mlp=64, vocab_size=259)
 
 

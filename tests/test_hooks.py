@@ -7,14 +7,9 @@ import torch
 
 from memviz.model import generic_hook_name
 from memviz.registry import FAMILIES, family_class
-from tests.conftest import random_ids, scrambled, small_model
+from tests.conftest import FAMILY_CONFIGS, random_ids, scrambled, small_model
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "hooks.md"
-#: the smallest extra config each family needs to build
-FAMILY_CONFIGS = {
-    "transformer": {},
-    "sliding_window": {"window": 8},
-}
 
 
 def documented_hooks() -> dict[str, set[str]]:

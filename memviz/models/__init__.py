@@ -1,2 +1,3 @@
 """The model families. Importing this package registers every family with `memviz.registry`."""
 from memviz import model as _baselines  # noqa: F401  (transformer, sliding_window)
+from memviz.models import infini  # noqa: F401

@@ -1,0 +1,136 @@
+"""Infini-attention (Munkhdalai et al. 2024, "Leave No Context Behind", arXiv 2404.07143).
+
+Each head keeps a compressive associative memory M_s [d_k, d_v] and a normaliser z_s [d_k]
+built from all earlier segments, with sigma(x) = ELU(x) + 1:
+
+  retrieval (eq. 3)   A_mem = sigma(Q) M_{s-1} / (sigma(Q) z_{s-1})
+  linear (eq. 4)      M_s = M_{s-1} + sigma(K)^T V
+  delta rule (eq. 5)  M_s = M_{s-1} + sigma(K)^T (V - sigma(K) M_{s-1} / (sigma(K) z_{s-1}))
+  normaliser          z_s = z_{s-1} + sum_t sigma(K_t)
+  gating (eq. 6)      A = sigmoid(beta) * A_mem + (1 - sigmoid(beta)) * A_dot
+
+A_dot is ordinary causal attention within the current segment. Q, K, V are the same
+projections for both paths; the memory sees them before RoPE (rotary phases would make the
+memory's content depend on absolute position), the local path after. On the first segment
+z = 0 and M = 0, so retrieval is defined as zero rather than 0/0. The memory is updated when
+a segment completes; a partial segment's keys and values wait in the state, so streaming in
+any chunk size gives the one-pass result.
+
+State per layer: M [B,H,d,d], z [B,H,d], the current segment's pre-RoPE keys/values, and
+the local attention's rotated key/value cache.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformer_lens.hook_points import HookPoint
+
+from memviz.config import ConfigError, ModelConfig
+from memviz.layers import LocalAttention, SwiGLU, segment_pieces
+from memviz.model import Block, MemoryLM
+from memviz.registry import check_choice, register_family
+
+EPS = 1e-6
+
+
+@dataclass
+class InfiniOptions:
+    update: str = "delta"  # "linear" (eq. 4) or "delta" (eq. 5)
+    gate_init: float = 0.0  # initial beta; sigmoid(0) = 0.5 mixes both paths equally
+
+    def __post_init__(self) -> None:
+        check_choice("update", self.update, ("linear", "delta"))
+
+
+def feature_map(x: Tensor) -> Tensor:
+    """sigma(x) = ELU(x) + 1 > 0."""
+    return F.elu(x) + 1.0
+
+
+def memory_retrieve(sq: Tensor, M: Tensor, z: Tensor) -> Tensor:
+    """A_mem = sigma(Q) M / (sigma(Q) z); zero where nothing has been stored (z = 0).
+
+    sq [B,H,T,d], M [B,H,d,dv], z [B,H,d] -> [B,H,T,dv]."""
+    num = sq @ M
+    den = (sq * z[:, :, None, :]).sum(-1, keepdim=True)
+    return num / den.clamp_min(EPS)
+
+
+def memory_update(sk: Tensor, v: Tensor, M: Tensor, z: Tensor, rule: str) -> tuple[Tensor, Tensor]:
+    """One segment's update of (M, z) from sigma(K) [B,H,S,d] and V [B,H,S,dv] (eqs. 4, 5)."""
+    if rule == "delta":
+        v = v - memory_retrieve(sk, M, z)
+    return M + sk.transpose(-1, -2) @ v, z + sk.sum(2)
+
+
+class InfiniAttention(LocalAttention):
+    def __init__(self, cfg: ModelConfig, options: InfiniOptions) -> None:
+        super().__init__(cfg, window=None, segment_len=cfg.segment_len)
+        self.options = options
+        self.beta = nn.Parameter(torch.zeros(cfg.n_heads))
+        self.hook_mem_out = HookPoint()  # [batch, pos, head, d_head]  A_mem
+        self.hook_local_out = HookPoint()  # [batch, pos, head, d_head]  A_dot
+        self.hook_gate = HookPoint()  # [batch, pos, head]  sigmoid(beta)
+        self.hook_mem_norm = HookPoint()  # [batch, pos, head]  ||M||_F of the memory each token reads
+
+    def reset_memory_parameters(self) -> None:
+        nn.init.constant_(self.beta, self.options.gate_init)
+
+    def init_state(self, batch: int, device: torch.device) -> dict[str, Tensor]:
+        H, d = self.n_heads, self.d_head
+        return {
+            **super().init_state(batch, device),
+            "M": torch.zeros(batch, H, d, d, device=device),
+            "z": torch.zeros(batch, H, d, device=device),
+            "seg_k": torch.zeros(batch, H, 0, d, device=device),
+            "seg_v": torch.zeros(batch, H, 0, d, device=device),
+        }
+
+    def forward(self, x: Tensor, state: dict[str, Tensor], pos: int) -> tuple[Tensor, dict]:
+        B, T, _ = x.shape
+        q, k, v = self.project(x)
+        local, local_state = self.attend(q, k, v, {"k": state["k"], "v": state["v"]}, pos)
+        sq, sk, vh = feature_map(q.transpose(1, 2)), feature_map(k.transpose(1, 2)), v.transpose(1, 2)
+        M, z, seg_k, seg_v = state["M"], state["z"], state["seg_k"], state["seg_v"]
+        mem_parts, norm_parts = [], []
+        for a, b in segment_pieces(pos, T, self.segment_len):
+            mem_parts.append(memory_retrieve(sq[:, :, a:b], M, z))
+            norm_parts.append(M.flatten(2).norm(dim=-1)[:, None, :].expand(B, b - a, self.n_heads))
+            seg_k = torch.cat([seg_k, sk[:, :, a:b]], dim=2)
+            seg_v = torch.cat([seg_v, vh[:, :, a:b]], dim=2)
+            if (pos + b) % self.segment_len == 0:
+                M, z = memory_update(seg_k, seg_v, M, z, self.options.update)
+                seg_k, seg_v = seg_k[:, :, :0], seg_v[:, :, :0]
+        mem = self.hook_mem_out(torch.cat(mem_parts, dim=2).transpose(1, 2))
+        self.hook_mem_norm(torch.cat(norm_parts, dim=1))
+        local = self.hook_local_out(local)
+        gate = self.hook_gate(torch.sigmoid(self.beta).expand(B, T, self.n_heads))
+        z_out = self.hook_z(gate[..., None] * mem + (1 - gate[..., None]) * local)
+        new_state = {**local_state, "M": M, "z": z, "seg_k": seg_k, "seg_v": seg_v}
+        return self.W_O(z_out.flatten(2)), new_state
+
+
+@register_family("infini")
+class InfiniLM(MemoryLM):
+    """Transformer whose attention layers are Infini-attention layers."""
+
+    Options = InfiniOptions
+    memory_hooks = {
+        "blocks.{l}.attn.hook_gate": "none",
+        "blocks.{l}.attn.hook_mem_out": "norm",
+        "blocks.{l}.attn.hook_local_out": "norm",
+        "blocks.{l}.attn.hook_mem_norm": "none",
+    }
+
+    def check_config(self) -> None:
+        if self.cfg.segment_len is None:
+            raise ConfigError("the 'infini' family needs config.segment_len")
+        if self.cfg.window is not None:
+            raise ConfigError("Infini-attention's local attention is the segment; leave config.window null")
+
+    def make_block(self, layer: int) -> nn.Module:
+        cfg = self.cfg
+        return Block(cfg, InfiniAttention(cfg, self.options), SwiGLU(cfg.d_model, cfg.d_mlp))
