@@ -5,9 +5,9 @@
     python3 tasks.py test    # set up, then run the whole test suite
 
 Set-up makes `.venv/`, installs torch==2.13.0 first (the local CPU wheel, so nothing pulls
-CUDA packages), then requirements.txt. It is skipped when requirements.txt has not changed
-since the last install. The browser test needs Debian's chromium; as root, set-up installs it
-with apt-get when it is missing.
+CUDA packages), then requirements.txt, then the project itself (editable). It is skipped while
+requirements.txt and pyproject.toml are unchanged since the last install. The browser test
+needs Debian's chromium; as root, set-up installs it with apt-get when it is missing.
 """
 from __future__ import annotations
 
@@ -31,7 +31,9 @@ def run(*cmd: str | Path, **kw) -> None:
 
 
 def requirements_digest() -> str:
-    return hashlib.sha256((ROOT / "requirements.txt").read_bytes()).hexdigest()
+    """Set-up reruns when the requirements or the package metadata change."""
+    data = b"".join((ROOT / name).read_bytes() for name in ("requirements.txt", "pyproject.toml"))
+    return hashlib.sha256(data).hexdigest()
 
 
 def setup() -> None:
@@ -41,6 +43,7 @@ def setup() -> None:
         pip = (PYTHON, "-m", "pip", "install", "--disable-pip-version-check", "-q")
         run(*pip, "torch==2.13.0")
         run(*pip, "-r", ROOT / "requirements.txt")
+        run(*pip, "--no-deps", "-e", ROOT)  # memviz, probes, kernels importable from notebooks/
         STAMP.write_text(requirements_digest())
     if not CHROMIUM.exists() and shutil.which("apt-get") and os.geteuid() == 0:
         env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")

@@ -1,0 +1,72 @@
+"""Run a probe from the command line and write its results as CSV and an HTML figure.
+
+    python -m probes passkey  CHECKPOINT --lengths 512 2048 --depths 0 0.5 1 --n 10 --out results/
+    python -m probes babilong CHECKPOINT --tasks qa1 qa2 --lengths 1000 2000 [--data-path DIR]
+    python -m probes facts    CHECKPOINT --n 200
+
+CHECKPOINT is a checkpoint folder or the name of a sample checkpoint. Each run writes
+`<out>/<probe>.csv` (one row per sample) and `<out>/<probe>.html` (the heatmap, or the bar
+chart for facts) and prints the accuracy table.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from probes import babilong, facts, passkey
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m probes", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="probe", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("checkpoint", help="checkpoint folder or sample checkpoint name")
+    common.add_argument("--n", type=int, default=10, help="samples per cell (facts: facts asked)")
+    common.add_argument("--seed", type=int, default=0)
+    common.add_argument("--out", default="probe_results", help="folder for the CSV and HTML files")
+    common.add_argument("--no-progress", action="store_true")
+    pk = sub.add_parser("passkey", parents=[common], help="pass-key retrieval over lengths x depths")
+    pk.add_argument("--lengths", type=int, nargs="+", required=True)
+    pk.add_argument("--depths", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0])
+    pk.add_argument("--haystack", help="a local plain-text file to use as filler")
+    bl = sub.add_parser("babilong", parents=[common], help="bAbI qa1-qa5 hidden in background text")
+    bl.add_argument("--tasks", nargs="+", default=["qa1"])
+    bl.add_argument("--lengths", type=int, nargs="+", required=True)
+    bl.add_argument("--data-path", help="released BABILong files (JSON/JSONL/parquet) instead of generated samples")
+    bl.add_argument("--haystack", help="a local plain-text file to use as filler")
+    sub.add_parser("facts", parents=[common], help="factual recall on the model's knowledge base")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    import memviz
+
+    progress = not args.no_progress
+    try:
+        model = memviz.load(args.checkpoint)
+        if args.probe == "passkey":
+            df = passkey.run(model, args.lengths, args.depths, n=args.n, seed=args.seed, haystack=args.haystack, progress=progress)
+            fig, table = passkey.heatmap(df), df.pivot_table(index="depth", columns="length", values="correct")
+        elif args.probe == "babilong":
+            df = babilong.run(model, args.tasks, args.lengths, n=args.n, seed=args.seed, data_path=args.data_path,
+                              haystack=args.haystack, progress=progress)
+            fig, table = babilong.heatmap(df), df.pivot_table(index="task", columns="length", values="correct")
+        else:
+            df = facts.run(model, n=args.n, seed=args.seed, progress=progress)
+            fig, table = facts.bar(df), df.groupby("attribute")["correct"].mean()
+    except (memviz.CheckpointError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out / f"{args.probe}.csv", index=False)
+    fig.write_html(out / f"{args.probe}.html", include_plotlyjs=True)
+    print(table.to_string(float_format=lambda v: f"{v:.0%}"))
+    print(f"accuracy {df['correct'].mean():.1%} over {len(df)} samples; wrote {out / args.probe}.csv and .html")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

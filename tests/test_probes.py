@@ -1,0 +1,322 @@
+"""Probes: generators, scoring, loader, runners and figures against known answers."""
+import json
+import random
+import re
+
+import pandas as pd
+import pytest
+
+from memviz.tokenizer import ByteTokenizer
+from probes import babilong, facts, passkey
+from probes.haystack import FileHaystack, ProceduralHaystack
+
+TOK = ByteTokenizer()
+
+
+# ----- haystack -----------------------------------------------------------------------------
+def test_procedural_haystack_is_seeded_and_does_not_loop():
+    def take(seed, n):
+        it = ProceduralHaystack(seed).sentences()
+        return [next(it) for _ in range(n)]
+
+    assert take(3, 50) == take(3, 50)
+    assert take(3, 50) != take(4, 50)
+    sentences = take(0, 3000)
+    assert len(set(sentences)) > 0.97 * len(sentences)
+    assert all(s[0].isupper() and s[-1] in ".!?" for s in sentences)
+
+
+def test_file_haystack_reads_a_local_book(tmp_path):
+    book = tmp_path / "book.txt"
+    book.write_text("It was a bright cold day. The clocks were striking thirteen!\n\nWho knew?  ")
+    items = [next(s) for s in [FileHaystack(book).sentences()] for _ in range(3)]
+    assert sorted(items) == sorted(["It was a bright cold day.", "The clocks were striking thirteen!", "Who knew?"])
+    sample = passkey.make_sample(TOK, 600, 0.5, 12345, haystack=book)
+    assert "clocks were striking" in sample.prompt
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [(None, "does not exist"), (b"\xff\xfe\x00bad", "not UTF-8"), (b"   \n ", "holds no sentences")],
+)
+def test_file_haystack_errors(tmp_path, content, message):
+    path = tmp_path / "h.txt"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(ValueError, match=message):
+        FileHaystack(path)
+
+
+# ----- pass key -----------------------------------------------------------------------------
+def test_passkey_samples_are_deterministic_and_distinct_across_seeds():
+    a = passkey.seeded_sample(TOK, 800, 0.5, seed=0, index=0)
+    assert a == passkey.seeded_sample(TOK, 800, 0.5, seed=0, index=0)
+    assert a.prompt != passkey.seeded_sample(TOK, 800, 0.5, seed=1, index=0).prompt
+    assert a.prompt != passkey.seeded_sample(TOK, 800, 0.5, seed=0, index=1).prompt
+
+
+@pytest.mark.parametrize("length", [400, 1000, 3000])
+@pytest.mark.parametrize("depth", [0.0, 0.3, 0.5, 1.0])
+def test_needle_sits_at_the_requested_depth_and_length(length, depth):
+    s = passkey.seeded_sample(TOK, length, depth, seed=7, index=0)
+    longest_sentence = 200  # bytes; template sentences are far shorter
+    assert length - longest_sentence < s.n_tokens <= length
+    assert s.prompt.startswith(passkey.INSTRUCTION) and s.prompt.endswith(passkey.QUESTION)
+    (start, end), = s.evidence
+    ids = TOK.encode(s.prompt)
+    assert TOK.decode(ids[start:end]).strip() == passkey.needle(int(s.answer))
+    filler_start = len(TOK.encode(passkey.INSTRUCTION))
+    filler_len = s.n_tokens - filler_start - (end - start) - len(TOK.encode("\n" + passkey.QUESTION))
+    assert abs((start - filler_start) - depth * filler_len) <= longest_sentence
+
+
+def test_passkey_scoring():
+    sample = passkey.make_sample(TOK, 300, 0.5, 71432)
+    assert passkey.score(" 71432. Remember", sample)
+    assert passkey.score("71432", sample)
+    assert not passkey.score(" 7143", sample)
+    assert not passkey.score(" 714321", sample)
+    assert not passkey.score(" the key", sample)
+    assert not passkey.score(" 12345 or 71432", sample)
+
+
+class Oracle:
+    """A stand-in model whose greedy answer is computed from the prompt by `answer(prompt)`."""
+
+    def __init__(self, answer):
+        self.tokenizer, self.card, self.answer, self.calls = TOK, {}, answer, 0
+
+    def generate(self, prompt, max_new_tokens=16):
+        self.calls += 1
+        return self.answer(prompt)
+
+
+def test_passkey_run_scores_a_perfect_and_a_silent_model():
+    def reads_key(prompt):
+        return " " + re.search(r"The pass key is (\d+)\.", prompt).group(1) + "."
+
+    kwargs = dict(lengths=[300, 700], depths=[0.0, 0.5, 1.0], n=3, seed=0, progress=False)
+    perfect = passkey.run(Oracle(reads_key), **kwargs)
+    silent = passkey.run(Oracle(lambda p: ""), **kwargs)
+    assert len(perfect) == 18 and perfect["correct"].all() and not silent["correct"].any()
+    assert {"length", "depth", "answer", "prediction", "correct"} <= set(perfect.columns)
+    assert perfect["answer"].tolist() == silent["answer"].tolist()  # deterministic for a seed
+    fig = passkey.heatmap(pd.concat([perfect.assign(correct=perfect["depth"] < 0.6)]))
+    z = fig.data[0].z
+    assert fig.data[0].y == ("0.0", "0.5", "1.0") and fig.data[0].x == ("300", "700")
+    assert z[0][0] == 1.0 and z[2][1] == 0.0
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(lengths=[20], depths=[0.5]), "shorter than the instruction, needle and question"),
+        (dict(lengths=[500], depths=[1.5]), r"depth must lie in \[0, 1\]"),
+        (dict(lengths=[500], depths=[-0.1]), r"depth must lie in \[0, 1\]"),
+        (dict(lengths=[500], depths=[0.5], n=0), "n must be a positive integer"),
+        (dict(lengths=[], depths=[0.5]), "at least one length"),
+        (dict(lengths=[500], depths=[0.5], haystack="/no/such/book.txt"), "does not exist"),
+    ],
+)
+def test_passkey_bad_input(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        passkey.run(Oracle(lambda p: ""), progress=False, **kwargs)
+
+
+# ----- BABILong -----------------------------------------------------------------------------
+MOVE = re.compile(r"^(\w+) (?:moved|went back|went|journeyed|travelled|walked|ran|headed|hurried) to the (\w+)\.$")
+GRAB = re.compile(r"^(\w+) (?:picked up|got|grabbed|took|lifted|collected) the (\w+) there\.$")
+DROP = re.compile(r"^(\w+) (?:dropped|put down|discarded|left|set down|abandoned) the (\w+)\.$")
+GIVE = re.compile(r"^(\w+) (?:gave|handed|passed|offered|brought) the (\w+) to (\w+)\.$")
+RELATION = re.compile(r"^The (\w+) is (north|south|east|west) of the (\w+)\.$")
+
+
+def solve(story_facts, question):
+    """An independent bAbI solver: replays the facts and answers the question."""
+    where, holder, lies, trail, gives, relations = {}, {}, {}, {}, [], []
+
+    def place(obj, room):
+        if not trail.setdefault(obj, []) or trail[obj][-1] != room:
+            trail[obj].append(room)
+
+    for fact in story_facts:
+        if m := MOVE.match(fact):
+            where[m[1]] = m[2]
+            for obj, who in holder.items():
+                if who == m[1]:
+                    place(obj, m[2])
+        elif m := GRAB.match(fact):
+            holder[m[2]] = m[1]
+            lies.pop(m[2], None)
+            place(m[2], where[m[1]])
+        elif m := DROP.match(fact):
+            del holder[m[2]]
+            lies[m[2]] = where[m[1]]
+        elif m := GIVE.match(fact):
+            holder[m[2]] = m[3]
+            gives.append((m[1], m[2], m[3]))
+        elif m := RELATION.match(fact):
+            relations.append((m[1], m[2], m[3]))
+        else:
+            raise AssertionError(f"unparsed fact {fact!r}")
+    if m := re.match(r"Where is the (\w+)\?", question):
+        return where[holder[m[1]]] if m[1] in holder else lies[m[1]]
+    if m := re.match(r"Where is (\w+)\?", question):
+        return where[m[1]]
+    if m := re.match(r"Where was the (\w+) before the (\w+)\?", question):
+        t = trail[m[1]]
+        return t[max(i for i, r in enumerate(t) if r == m[2]) - 1]
+    if m := re.match(r"What is (\w+) of the (\w+)\?", question):
+        return next(a for a, d, b in relations if d == m[1] and b == m[2])
+    if m := re.match(r"What is the (\w+) (\w+) of\?", question):
+        return next(b for a, d, b in relations if a == m[1] and d == m[2])
+    if m := re.match(r"Who gave the (\w+) to (\w+)\?", question):
+        return [g for g, o, r in gives if o == m[1] and r == m[2]][-1]
+    if m := re.match(r"Who did (\w+) give the (\w+) to\?", question):
+        return [r for g, o, r in gives if g == m[1] and o == m[2]][-1]
+    if m := re.match(r"What did (\w+) give to (\w+)\?", question):
+        return [o for g, o, r in gives if g == m[1] and r == m[2]][-1]
+    if m := re.match(r"Who received the (\w+)\?", question):
+        return [r for g, o, r in gives if o == m[1]][-1]
+    raise AssertionError(f"unknown question {question!r}")
+
+
+@pytest.mark.parametrize("task", babilong.TASKS)
+@pytest.mark.parametrize("names", ["babi", "varied"])
+def test_babi_answers_are_right_by_construction(task, names):
+    rng = random.Random(f"solver-{task}-{names}")
+    for _ in range(150):
+        story = babilong.make_story(task, rng, names)
+        assert solve(story.facts, story.question) == story.answer, story
+        assert story.answer in babilong.task_labels(task, names)
+        assert all(0 <= i < len(story.facts) for i in story.supporting)
+
+
+def test_babilong_sample_keeps_facts_in_order_and_marks_support():
+    s = babilong.seeded_sample(TOK, "qa2", 1500, seed=0, index=3)
+    assert s == babilong.seeded_sample(TOK, "qa2", 1500, seed=0, index=3)
+    assert s.prompt != babilong.seeded_sample(TOK, "qa2", 1500, seed=1, index=3).prompt
+    assert 1500 - 200 < s.n_tokens <= 1500
+    positions = [s.prompt.index(f) for f in s.meta["facts"]]
+    assert positions == sorted(positions)
+    ids = TOK.encode(s.prompt)
+    marked = [TOK.decode(ids[a:b]).strip() for a, b in s.evidence]
+    assert marked == [s.meta["facts"][i] for i in s.meta["supporting"]]
+    assert s.prompt.endswith(f"\nQuestion: {s.meta['question']}\nAnswer:")
+
+
+LABELS = babilong.task_labels("qa1")
+
+
+@pytest.mark.parametrize(
+    "target, output, question, expected",
+    [
+        ("kitchen", "kitchen", "Where is Mary?", True),
+        ("kitchen", " The Kitchen.", "Where is Mary?", True),
+        ("kitchen", "kitchen. Then the garden.", "Where is Mary?", True),  # only the first sentence counts
+        ("kitchen", "kitchen or garden", "Where is Mary?", False),  # two labels: ambiguous
+        ("kitchen", "garden", "Where is Mary?", False),
+        ("kitchen", "", "Where is Mary?", False),
+        ("garden", "The garden, not the office", "Where was the milk before the office?", True),  # office is in the question
+        ("office", "office", "Where was the milk before the office?", False),
+    ],
+)
+def test_babilong_scoring_follows_the_released_rule(target, output, question, expected):
+    assert babilong.compare_answers(target, output, question, LABELS) is expected
+
+
+def write_fixture(folder, fmt):
+    rows = [
+        {"input": "Mary went to the kitchen. John moved to the garden.", "question": "Where is Mary?", "target": "kitchen"},
+        {"input": "Daniel journeyed to the office.", "question": "Where is Daniel?", "target": "office"},
+    ]
+    path = folder / "qa1" / f"1k.{fmt}"
+    path.parent.mkdir(parents=True)
+    if fmt == "json":
+        path.write_text(json.dumps(rows))
+    elif fmt == "jsonl":
+        path.write_text("\n".join(json.dumps(r) for r in rows))
+    else:
+        pd.DataFrame(rows).to_parquet(path)
+    return path, rows
+
+
+@pytest.mark.parametrize("fmt", ["json", "jsonl", "parquet"])
+def test_loader_reads_released_files(tmp_path, fmt):
+    path, rows = write_fixture(tmp_path, fmt)
+    assert babilong.load(path, "qa1") == rows
+    assert babilong.load(tmp_path, "qa1", "1k") == rows
+    assert babilong.load(tmp_path, "qa1", 1000) == rows
+    df = babilong.run(Oracle(lambda p: " " + {"Mary": "kitchen", "Daniel": "office"}[re.search(r"Where is (\w+)", p)[1]]),
+                      ["qa1"], [1000], n=5, data_path=tmp_path, progress=False)
+    assert len(df) == 2 and df["correct"].all()
+
+
+def test_loader_errors(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        babilong.load(tmp_path / "missing", "qa1")
+    with pytest.raises(ValueError, match="no BABILong file for qa2"):
+        write_fixture(tmp_path, "json")
+        babilong.load(tmp_path, "qa2", "1k")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{nope")
+    with pytest.raises(ValueError, match="cannot read BABILong data"):
+        babilong.load(bad, "qa1")
+    bad.write_text(json.dumps([{"input": "x"}]))
+    with pytest.raises(ValueError, match=r"lack the fields \['question', 'target'\]"):
+        babilong.load(bad, "qa1")
+
+
+def test_babilong_run_with_the_solver_scores_everything():
+    def solver(prompt):
+        question = re.search(r"Question: (.*)\nAnswer:$", prompt)[1]
+        context = prompt.split("\nQuestion:")[0]
+        story = [s.strip() for s in re.split(r"(?<=\.) ", context)]
+        known = [s for s in story if any(p.match(s) for p in (MOVE, GRAB, DROP, GIVE, RELATION))]
+        return " " + solve(known, question)
+
+    df = babilong.run(Oracle(solver), list(babilong.TASKS), [800], n=4, seed=2, progress=False)
+    assert len(df) == 20 and df["correct"].all(), df[~df["correct"]]
+    assert df["depth"].between(0, 1).all()
+    silent = babilong.run(Oracle(lambda p: "nothing"), ["qa1"], [800], n=4, seed=2, progress=False)
+    assert not silent["correct"].any()
+    fig = babilong.heatmap(df)
+    assert list(fig.data[0].y) == list(babilong.TASKS)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(tasks=["qa9"], lengths=[500]), "unknown task 'qa9'"),
+        (dict(tasks=["qa1"], lengths=[10]), "shorter than the qa1 story and question"),
+        (dict(tasks=["qa1"], lengths=[500], names="klingon"), "names must be one of"),
+        (dict(tasks=["qa1"], lengths=[500], data_path="/no/such/dir"), "does not exist"),
+    ],
+)
+def test_babilong_bad_input(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        babilong.run(Oracle(lambda p: ""), progress=False, **kwargs)
+
+
+# ----- factual recall -----------------------------------------------------------------------
+def test_knowledge_base_is_seeded_and_the_corpus_states_it():
+    kb = facts.KnowledgeBase(0, 50)
+    assert [e.name for e in kb.entities] == [e.name for e in facts.KnowledgeBase(0, 50).entities]
+    assert kb.entities != facts.KnowledgeBase(1, 50).entities
+    assert len({e.name for e in kb.entities}) == 50
+    docs = facts.documents(kb, seed=0)
+    text = "\n".join(next(docs) for _ in range(400))
+    entity = kb.entities[0]
+    assert entity.name in text and entity.city in text
+
+
+def test_facts_run_against_a_model_that_knows_the_base():
+    kb = facts.KnowledgeBase(0, 40)
+    table = {facts.make_sample(TOK, e, a).prompt: getattr(e, a) for e, a in kb.facts()}
+    knows = Oracle(lambda p: f" {table[p]}.\nQuestion")
+    knows.card = {"facts": {"kb_seed": 0, "n_entities": 40}}
+    df = facts.run(knows, n=30, seed=0, progress=False)
+    assert len(df) == 30 and df["correct"].all()
+    wrong_base = Oracle(lambda p: " 1800.")
+    assert not facts.run(wrong_base, n=30, seed=0, progress=False)["correct"].any()
+    assert facts.bar(df).data[0].y.tolist() == [1.0, 1.0, 1.0]

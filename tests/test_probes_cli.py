@@ -1,0 +1,58 @@
+"""`python -m probes` writes CSV and an HTML figure, and reports bad input in one line."""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import memviz
+from tests.conftest import small_model
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def probes_cli(*args):
+    return subprocess.run([sys.executable, "-m", "probes", *map(str, args), "--no-progress"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return memviz.save(small_model("sliding_window", window=16), tmp_path_factory.mktemp("ckpt") / "tiny")
+
+
+def test_passkey_cli_writes_csv_and_html(checkpoint, tmp_path):
+    out = probes_cli("passkey", checkpoint, "--lengths", 300, 400, "--depths", 0, 1, "--n", 2, "--out", tmp_path)
+    assert out.returncode == 0, out.stderr
+    df = pd.read_csv(tmp_path / "passkey.csv")
+    assert len(df) == 8 and {"length", "depth", "answer", "prediction", "correct"} <= set(df.columns)
+    html = (tmp_path / "passkey.html").read_text()
+    assert "plotly" in html and "Pass-key retrieval" in html
+    assert "accuracy" in out.stdout
+
+
+def test_babilong_and_facts_cli(checkpoint, tmp_path):
+    out = probes_cli("babilong", checkpoint, "--tasks", "qa1", "qa4", "--lengths", 400, "--n", 1, "--out", tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert pd.read_csv(tmp_path / "babilong.csv")["task"].tolist() == ["qa1", "qa4"]
+    out = probes_cli("facts", checkpoint, "--n", 3, "--out", tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert len(pd.read_csv(tmp_path / "facts.csv")) == 3
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["passkey", "/no/such/checkpoint", "--lengths", 500], "no such checkpoint folder"),
+        (["passkey", None, "--lengths", 500, "--depths", 2], r"depth must lie in \[0, 1\]"),
+        (["babilong", None, "--tasks", "qa7", "--lengths", 500], "unknown task 'qa7'"),
+        (["babilong", None, "--lengths", 500, "--data-path", "/no/such/data"], "does not exist"),
+    ],
+)
+def test_cli_errors_are_one_clear_line(checkpoint, tmp_path, args, message):
+    out = probes_cli(*[checkpoint if a is None else a for a in args], "--out", tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.startswith("error: ") and len(out.stderr.strip().splitlines()) == 1
+    assert re.search(message, out.stderr), out.stderr
