@@ -1,3 +1,4 @@
 """The model families. Importing this package registers every family with `memviz.registry`."""
 from memviz import model as _baselines  # noqa: F401  (transformer, sliding_window)
 from memviz.models import infini  # noqa: F401
+from memviz.models import lm2  # noqa: F401

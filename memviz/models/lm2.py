@@ -1,0 +1,192 @@
+"""LM2: Large Memory Models (Kang et al. 2025, arXiv 2502.06049).
+
+Every decoder block carries a memory bank M [N, d] beside its (local) attention. With E_t the
+block's normalised input at token t (Section 2 of the paper):
+
+  memory read      Q = E_t W_Q,  K = M_t W_K,  V = M_t W_V
+                   E_mem = softmax(Q K^T / sqrt(d)) V                    (slot attention over N slots)
+  output gate      g_out = sigmoid(E_mem W_out),  E_gated = g_out * E_mem
+  block output     x + Attn(E) + E_gated, then the FFN as usual          (memory beside attention)
+  input gate       g_in = sigmoid(E_t W_in)
+  forget gate      g_forget = sigmoid(E_mem W_forget)
+  update           M_t+1 = g_in * tanh(E_mem) + g_forget * M_t
+  initialisation   each slot is a row of the identity (M_0 = I, N x d; rows past d are zero)
+
+Readings where the paper is ambiguous, each with the alternative as an option:
+  * output gate: the paper writes E_gated = g_out * M_t. With g_out per token [d] and M_t a
+    bank [N, d] the shapes only agree if M_t stands for what token t read, E_mem, which is the
+    default (`output_gate="read"`); `output_gate="bank"` multiplies the bank's mean slot.
+  * update granularity: M is indexed by t, so the bank is updated after every token, each
+    token reading the bank left by the one before (`update="token"`, the default; sequential,
+    see kernels/lm2_scan.py for the O(N d) step). `update="segment"` reads one bank for a whole
+    segment of `segment_len` tokens and then applies the update with the gates averaged over
+    the segment, which trains in parallel.
+The write is the same for every slot (the paper's update has no slot address); slots differ
+through their initial identity rows, decayed by the forget gates.
+
+State per layer: the bank M [B, N, d] (and, per segment, the tokens' pending gate sums) plus
+the local attention's key/value cache.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from transformer_lens.hook_points import HookPoint
+
+from kernels import lm2_scan
+from memviz.config import ConfigError, ModelConfig
+from memviz.layers import LocalAttention, SwiGLU, segment_pieces
+from memviz.model import Block, MemoryLM, StateTree
+from memviz.registry import check_choice, check_positive, register_family
+
+
+@dataclass
+class LM2Options:
+    slots: int = 16
+    update: str = "token"  # "token" (paper) or "segment"
+    output_gate: str = "read"  # "read" (E_gated = g_out * E_mem) or "bank" (g_out * mean slot)
+
+    def __post_init__(self) -> None:
+        check_positive(slots=self.slots)
+        check_choice("update", self.update, ("token", "segment"))
+        check_choice("output_gate", self.output_gate, ("read", "bank"))
+
+
+class LM2Memory(nn.Module):
+    """The memory module of one block: read, output gate, and the gated bank update."""
+
+    def __init__(self, cfg: ModelConfig, options: LM2Options) -> None:
+        super().__init__()
+        d, self.options, self.segment_len = cfg.d_model, options, cfg.segment_len
+        self.W_Q = nn.Linear(d, d, bias=False)
+        self.W_K = nn.Linear(d, d, bias=False)
+        self.W_V = nn.Linear(d, d, bias=False)
+        self.W_out = nn.Linear(d, d)
+        self.W_in = nn.Linear(d, d)
+        self.W_forget = nn.Linear(d, d)
+        self.hook_slot_attn = HookPoint()  # [batch, pos, slot]
+        self.hook_read = HookPoint()  # [batch, pos, d_model]  E_mem
+        self.hook_input_gate = HookPoint()  # [batch, pos, d_model]
+        self.hook_forget_gate = HookPoint()  # [batch, pos, d_model]
+        self.hook_output_gate = HookPoint()  # [batch, pos, d_model]
+        self.hook_slot_norm = HookPoint()  # [batch, pos, slot]  ||M_t[n]|| of the bank token t reads
+        self.hook_out = HookPoint()  # [batch, pos, d_model]  E_gated
+
+    def reset_memory_parameters(self) -> None:
+        """Forget gates start open (bias +2: sigmoid = 0.88) and input gates mostly shut
+        (bias -2), so a fresh bank keeps its identity rows and writes sparingly."""
+        nn.init.constant_(self.W_forget.bias, 2.0)
+        nn.init.constant_(self.W_in.bias, -2.0)
+        nn.init.zeros_(self.W_out.bias)
+
+    def init_state(self, batch: int, device: torch.device) -> StateTree:
+        d = self.W_Q.in_features
+        bank = torch.eye(self.options.slots, d, device=device).expand(batch, -1, -1).clone()
+        if self.options.update == "token":
+            return {"M": bank}
+        pending = torch.zeros(batch, d, device=device)
+        return {"M": bank, "count": 0, "f_sum": pending, "w_sum": pending.clone()}
+
+    def forward(self, e: Tensor, state: StateTree, pos: int) -> tuple[Tensor, StateTree]:
+        g_in = self.hook_input_gate(torch.sigmoid(self.W_in(e)))
+        if self.options.update == "token":
+            attn, read, g_f, norms, M = lm2_scan(
+                self.W_Q(e) @ self.W_K.weight / e.shape[-1] ** 0.5,
+                g_in,
+                state["M"],
+                self.W_V.weight.T,
+                self.W_forget.weight.T,
+                self.W_forget.bias,
+            )
+            banks_mean = None
+            if self.options.output_gate == "bank":
+                banks_mean = self.token_bank_means(state["M"], g_in, read, g_f)
+            new_state = {"M": M}
+        else:
+            attn, read, g_f, norms, banks_mean, new_state = self.segment_scan(e, g_in, state, pos)
+        self.hook_slot_attn(attn)
+        self.hook_slot_norm(norms)
+        read = self.hook_read(read)
+        g_f = self.hook_forget_gate(g_f)
+        g_out = self.hook_output_gate(torch.sigmoid(self.W_out(read)))
+        gated = g_out * (read if self.options.output_gate == "read" else banks_mean)
+        return self.hook_out(gated), new_state
+
+    @staticmethod
+    def token_bank_means(M0: Tensor, g_in: Tensor, read: Tensor, g_f: Tensor) -> Tensor:
+        """Mean slot of the bank each token reads, from the same recurrence as the scan."""
+        mean0, means = M0.mean(1), []
+        D, c = torch.ones_like(mean0), torch.zeros_like(mean0)
+        for t in range(read.shape[1]):
+            means.append(D * mean0 + c)
+            D, c = g_f[:, t] * D, g_f[:, t] * c + g_in[:, t] * torch.tanh(read[:, t])
+        return torch.stack(means, 1)
+
+    def segment_scan(self, e: Tensor, g_in: Tensor, state: StateTree, pos: int):
+        """update="segment": every token of a segment reads the bank of the segment start;
+        when a segment completes, M <- mean(g_in * tanh(E_mem)) + mean(g_forget) * M."""
+        M, count, f_sum, w_sum = state["M"], state["count"], state["f_sum"], state["w_sum"]
+        q = self.W_Q(e)
+        parts: dict[str, list[Tensor]] = {"attn": [], "read": [], "g_f": [], "norms": [], "mean": []}
+        for a, b in segment_pieces(pos, e.shape[1], self.segment_len):
+            K, V = self.W_K(M), self.W_V(M)
+            attn = torch.softmax(torch.einsum("btd,bnd->btn", q[:, a:b], K) / e.shape[-1] ** 0.5, dim=-1)
+            read = attn @ V
+            g_f = torch.sigmoid(self.W_forget(read))
+            for key, value in (("attn", attn), ("read", read), ("g_f", g_f)):
+                parts[key].append(value)
+            parts["norms"].append(M.norm(dim=-1)[:, None].expand(-1, b - a, -1))
+            parts["mean"].append(M.mean(1)[:, None].expand(-1, b - a, -1))
+            count += b - a
+            f_sum = f_sum + g_f.sum(1)
+            w_sum = w_sum + (g_in[:, a:b] * torch.tanh(read)).sum(1)
+            if (pos + b) % self.segment_len == 0:
+                M = w_sum[:, None] / count + (f_sum / count)[:, None] * M
+                count, f_sum, w_sum = 0, torch.zeros_like(f_sum), torch.zeros_like(w_sum)
+        cat = {k: torch.cat(v, dim=1) for k, v in parts.items()}
+        new_state = {"M": M, "count": count, "f_sum": f_sum, "w_sum": w_sum}
+        return cat["attn"], cat["read"], cat["g_f"], cat["norms"], cat["mean"], new_state
+
+
+class LM2Block(Block):
+    """x += Attn(norm x) + E_gated(norm x); x += FFN(norm x)."""
+
+    def __init__(self, cfg: ModelConfig, options: LM2Options) -> None:
+        super().__init__(cfg, LocalAttention(cfg, window=cfg.window), SwiGLU(cfg.d_model, cfg.d_mlp))
+        self.memory = LM2Memory(cfg, options)
+        self.hook_mem_out = HookPoint()  # [batch, pos, d_model]
+
+    def init_state(self, batch: int, device: torch.device) -> StateTree:
+        return {**super().init_state(batch, device), "memory": self.memory.init_state(batch, device)}
+
+    def forward(self, x: Tensor, state: StateTree, pos: int) -> tuple[Tensor, StateTree]:
+        x = self.hook_resid_pre(x)
+        e = self.ln1(x)
+        a, attn_state = self.attn(e, state["attn"], pos)
+        m, memory_state = self.memory(e, state["memory"], pos)
+        x = self.hook_resid_mid(x + self.hook_attn_out(a) + self.hook_mem_out(m))
+        x = self.hook_resid_post(x + self.hook_mlp_out(self.mlp(self.ln2(x))))
+        return x, {"attn": attn_state, "memory": memory_state}
+
+
+@register_family("lm2")
+class LM2LM(MemoryLM):
+    """Transformer whose every block has an LM2 memory bank beside its attention."""
+
+    Options = LM2Options
+    memory_hooks = {
+        "blocks.{l}.memory.hook_slot_attn": "none",
+        "blocks.{l}.memory.hook_input_gate": "mean",
+        "blocks.{l}.memory.hook_forget_gate": "mean",
+        "blocks.{l}.memory.hook_output_gate": "mean",
+        "blocks.{l}.memory.hook_slot_norm": "none",
+    }
+
+    def check_config(self) -> None:
+        if self.options.update == "segment" and self.cfg.segment_len is None:
+            raise ConfigError("lm2 with update='segment' needs config.segment_len")
+
+    def make_block(self, layer: int) -> nn.Module:
+        return LM2Block(self.cfg, self.options)

@@ -1,0 +1,107 @@
+"""LM2 (arXiv 2502.06049): gates, the documented bank update, the factored scan, streaming."""
+import pytest
+import torch
+
+from kernels.lm2_scan import lm2_scan_naive, lm2_scan_reference
+from tests.conftest import random_ids, scrambled, small_model
+
+SLOTS = 4
+
+
+def lm2(**memory):
+    return scrambled(small_model("lm2", window=8, segment_len=8, memory={"slots": SLOTS, **memory}), std=0.2)
+
+
+def test_factored_scan_equals_the_direct_equations_in_float64():
+    g = torch.Generator().manual_seed(0)
+    for B, T, N, d in [(1, 1, 1, 2), (2, 13, 5, 6), (3, 7, 9, 4)]:
+        f64 = dict(dtype=torch.float64, generator=g)
+        q, M0 = torch.randn(B, T, d, **f64), torch.randn(B, N, d, **f64)
+        g_in = torch.rand(B, T, d, **f64)
+        W_K, W_V, W_f = (torch.randn(d, d, **f64) for _ in range(3))
+        b_f = torch.randn(d, **f64)
+        ours = lm2_scan_reference(q @ W_K.T / d**0.5, g_in, M0, W_V, W_f, b_f)
+        naive = lm2_scan_naive(q, g_in, M0, W_K, W_V, W_f, b_f)
+        for a, b in zip(ours, naive):
+            torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+
+
+def test_bank_starts_as_identity_rows():
+    model = lm2()
+    M = model.init_state(2).layers[0]["memory"]["M"]
+    assert M.shape == (2, SLOTS, model.cfg.d_model)
+    torch.testing.assert_close(M[1], torch.eye(SLOTS, model.cfg.d_model))
+
+
+@pytest.mark.parametrize("update", ["token", "segment"])
+def test_gates_lie_in_the_open_unit_interval(update):
+    model = lm2(update=update)
+    _, cache = model.run_with_cache(random_ids(24))
+    for gate in ("input_gate", "forget_gate", "output_gate"):
+        g = cache[f"blocks.1.memory.hook_{gate}"]
+        assert g.shape == (1, 24, model.cfg.d_model)
+        assert (g > 0).all() and (g < 1).all() and g.std() > 1e-3
+    attn = cache["blocks.0.memory.hook_slot_attn"]
+    torch.testing.assert_close(attn.sum(-1), torch.ones(1, 24))
+
+
+def test_bank_follows_the_documented_update_token_by_token():
+    """Rebuild M_t+1 = g_in * tanh(E_mem) + g_forget * M_t from the hooks and compare."""
+    model = lm2()
+    ids = random_ids(12)
+    _, cache = model.run_with_cache(ids)
+    _, state = model(ids, return_state=True)
+    mem = model.blocks[0].memory
+    e = model.blocks[0].ln1(cache["blocks.0.hook_resid_pre"])[0]
+    M = torch.eye(SLOTS, model.cfg.d_model)
+    for t in range(12):
+        K, V = mem.W_K(M), mem.W_V(M)
+        a = torch.softmax(mem.W_Q(e[t]) @ K.T / model.cfg.d_model**0.5, -1)
+        read = a @ V
+        torch.testing.assert_close(cache["blocks.0.memory.hook_slot_attn"][0, t], a, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(cache["blocks.0.memory.hook_read"][0, t], read, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(cache["blocks.0.memory.hook_slot_norm"][0, t], M.norm(dim=-1), atol=1e-5, rtol=1e-4)
+        g_in, g_f = torch.sigmoid(mem.W_in(e[t])), torch.sigmoid(mem.W_forget(read))
+        M = g_in * torch.tanh(read) + g_f * M
+    torch.testing.assert_close(state.layers[0]["memory"]["M"][0], M, atol=1e-5, rtol=1e-4)
+    g_out = cache["blocks.0.memory.hook_output_gate"]
+    torch.testing.assert_close(cache["blocks.0.memory.hook_out"], g_out * cache["blocks.0.memory.hook_read"])
+
+
+def test_output_gate_alternative_multiplies_the_mean_slot():
+    model = lm2(output_gate="bank")
+    _, cache = model.run_with_cache(random_ids(3))
+    out, g_out = cache["blocks.0.memory.hook_out"][0, 0], cache["blocks.0.memory.hook_output_gate"][0, 0]
+    torch.testing.assert_close(out, g_out * torch.eye(SLOTS, model.cfg.d_model).mean(0))
+
+
+def test_segment_update_changes_the_bank_only_at_segment_ends():
+    model = lm2(update="segment")
+    _, cache = model.run_with_cache(random_ids(24))
+    norms = cache["blocks.0.memory.hook_slot_norm"][0]
+    for s in range(3):
+        assert torch.equal(norms[8 * s : 8 * s + 8], norms[8 * s].expand(8, -1))
+    assert not torch.equal(norms[0], norms[8])
+
+
+@pytest.mark.parametrize("memory", [{}, {"update": "segment"}, {"output_gate": "bank"}])
+@pytest.mark.parametrize("chunk_len", [1, 5, 16])
+def test_streamed_run_equals_one_pass(memory, chunk_len):
+    model = lm2(**memory)
+    ids = random_ids(37)
+    with torch.no_grad():
+        one_pass = model(ids)
+        streamed = torch.cat([lg for _, lg, _ in model.stream(ids, chunk_len)], dim=1)
+        sizes = {state.nbytes() for _, _, state in model.stream(ids, 8)}
+    torch.testing.assert_close(streamed, one_pass, atol=2e-5, rtol=1e-5)
+    assert len(sizes) == 1  # window cache full from the first chunk, bank of fixed size
+
+
+def test_the_bank_carries_information_past_the_window():
+    model = lm2()
+    ids = random_ids(40)
+    changed = ids.clone()
+    changed[0, 2] = (changed[0, 2] + 1) % 256
+    with torch.no_grad():
+        diff = (model(ids) - model(changed)).abs().amax(-1)[0]
+    assert diff[30:].min() > 1e-4  # 2 layers x window 8 cannot reach back 28 tokens; the bank does
