@@ -90,19 +90,27 @@ def segment_pieces(pos: int, length: int, segment_len: int | None) -> list[tuple
 class LocalAttention(nn.Module):
     """Multi-head causal attention with RoPE, an optional window and optional segment locality.
 
+    Two extensions serve the Titans family:
+      * `n_persistent` learned persistent-memory tokens, prepended to every query's context
+        (their keys and values go through W_K, W_V like any token; they carry no position);
+      * `side` keys/values: a second key/value pair at each position (Titans-MAC's retrieved
+        memory tokens), visible under the same mask as the ordinary key at that position.
+
     State: {"k": [B, H, L, d_head] rotated keys, "v": [B, H, L, d_head]} for the L cached
-    positions just before the chunk.
+    positions just before the chunk (plus "ks", "vs" for side keys).
     """
 
-    def __init__(self, cfg: ModelConfig, window: int | None, segment_len: int | None = None) -> None:
+    def __init__(self, cfg: ModelConfig, window: int | None, segment_len: int | None = None,
+                 n_persistent: int = 0, side_keys: bool = False) -> None:
         super().__init__()
         self.n_heads, self.d_head, self.rope_base = cfg.n_heads, cfg.d_head, cfg.rope_base
-        self.window, self.segment_len = window, segment_len
+        self.window, self.segment_len, self.side_keys = window, segment_len, side_keys
         inner = cfg.n_heads * cfg.d_head
         self.W_Q = nn.Linear(cfg.d_model, inner, bias=False)
         self.W_K = nn.Linear(cfg.d_model, inner, bias=False)
         self.W_V = nn.Linear(cfg.d_model, inner, bias=False)
         self.W_O = nn.Linear(inner, cfg.d_model, bias=False)
+        self.persistent = nn.Parameter(torch.randn(n_persistent, cfg.d_model)) if n_persistent else None
         self.hook_q = HookPoint()  # [batch, pos, head, d_head], before rotation
         self.hook_k = HookPoint()
         self.hook_v = HookPoint()
@@ -110,19 +118,22 @@ class LocalAttention(nn.Module):
 
     def init_state(self, batch: int, device: torch.device) -> dict[str, Tensor]:
         empty = torch.zeros(batch, self.n_heads, 0, self.d_head, device=device)
-        return {"k": empty, "v": empty.clone()}
+        names = ("k", "v", "ks", "vs") if self.side_keys else ("k", "v")
+        return {name: empty.clone() for name in names}
+
+    def heads(self, x: Tensor) -> Tensor:
+        return x.view(*x.shape[:-1], self.n_heads, self.d_head)
 
     def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        B, T, _ = x.shape
-        shape = (B, T, self.n_heads, self.d_head)
-        q = self.hook_q(self.W_Q(x).view(shape))
-        k = self.hook_k(self.W_K(x).view(shape))
-        v = self.hook_v(self.W_V(x).view(shape))
+        q = self.hook_q(self.heads(self.W_Q(x)))
+        k = self.hook_k(self.heads(self.W_K(x)))
+        v = self.hook_v(self.heads(self.W_V(x)))
         return q, k, v
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, state: dict[str, Tensor], pos: int) -> tuple[Tensor, dict]:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, state: dict[str, Tensor], pos: int,
+               side: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, dict]:
         """Local attention of the chunk's queries over cache + chunk keys; returns z [B,T,H,dh]."""
-        T = q.shape[1]
+        B, T = q.shape[:2]
         positions = torch.arange(pos, pos + T, device=q.device)
         cos, sin = rotary_cos_sin(positions, self.d_head, self.rope_base)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
@@ -131,9 +142,27 @@ class LocalAttention(nn.Module):
         cached = state["k"].shape[2]
         k_pos = torch.arange(pos - cached, pos + T, device=q.device)
         mask = local_mask(positions, k_pos, self.window, self.segment_len)
-        z = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask)
         keep = self._cache_keep(pos + T, k_pos)
-        return z.transpose(1, 2), {"k": keys[:, :, keep:], "v": values[:, :, keep:]}
+        new_state = {"k": keys[:, :, keep:], "v": values[:, :, keep:]}
+        all_k, all_v, all_mask = [keys], [values], [mask]
+        if self.side_keys:
+            if side is None:
+                raise ValueError("this attention layer was built with side keys; pass side=(k, v)")
+            side_keys = torch.cat([state["ks"], apply_rotary(side[0], cos, sin).transpose(1, 2)], dim=2)
+            side_values = torch.cat([state["vs"], side[1].transpose(1, 2)], dim=2)
+            all_k.append(side_keys)
+            all_v.append(side_values)
+            all_mask.append(mask)
+            new_state.update(ks=side_keys[:, :, keep:], vs=side_values[:, :, keep:])
+        if self.persistent is not None:
+            n = self.persistent.shape[0]
+            all_k.insert(0, self.heads(self.W_K(self.persistent)).permute(1, 0, 2).expand(B, -1, -1, -1))
+            all_v.insert(0, self.heads(self.W_V(self.persistent)).permute(1, 0, 2).expand(B, -1, -1, -1))
+            all_mask.insert(0, torch.ones(T, n, dtype=torch.bool, device=q.device))
+        z = F.scaled_dot_product_attention(
+            q.transpose(1, 2), torch.cat(all_k, dim=2), torch.cat(all_v, dim=2), attn_mask=torch.cat(all_mask, dim=1)
+        )
+        return z.transpose(1, 2), new_state
 
     def _cache_keep(self, next_pos: int, k_pos: Tensor) -> int:
         """Index of the first key a query at next_pos or later can still see."""

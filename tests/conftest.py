@@ -19,6 +19,7 @@ FAMILY_CONFIGS = {
     "sliding_window": {"window": 8},
     "infini": {"segment_len": 8},
     "lm2": {"window": 8, "memory": {"slots": 4}},
+    "titans": {"segment_len": 8, "memory": {"variant": "mac", "chunk": 8}},
 }
 SMALL = dict(d_model=32, n_layers=2, n_heads=2, d_mlp=64, vocab_size=259)
 

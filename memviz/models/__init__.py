@@ -2,3 +2,4 @@
 from memviz import model as _baselines  # noqa: F401  (transformer, sliding_window)
 from memviz.models import infini  # noqa: F401
 from memviz.models import lm2  # noqa: F401
+from memviz.models import titans  # noqa: F401

@@ -1,0 +1,325 @@
+"""Titans: Learning to Memorize at Test Time (Behrouz et al. 2024, arXiv 2501.00663).
+
+A neural long-term memory M (a linear map W, or a 2-layer MLP k -> silu(k W1) W2) is trained
+while the model reads, on keys and values of the input (Section 3.1):
+
+  k_t = norm(silu(x_t W_K)),  v_t = silu(x_t W_V),  q_t = norm(silu(x_t W_Q))     (l2 norm)
+  loss              l(M; x_t) = ||M(k_t) - v_t||^2                                    (eq. 12)
+  surprise          S_t = eta_t S_t-1 - theta_t grad l(M_t-1; x_t)                    (eq. 10)
+  forgetting        M_t = (1 - alpha_t) M_t-1 + S_t                                   (eq. 13)
+  data-dependent    eta_t, alpha_t = sigmoid(x_t w + b),  theta_t = theta_max sigmoid(x_t w + b)
+  retrieval         y_t = M*(q_t), a forward pass without update                     (eq. 15)
+
+Chunked parallel training (Section 3.2): within a chunk of `chunk` tokens every gradient is
+taken against the chunk-start weights M_0 (a mini-batch step at the chunk start; chunk = 1 is
+the token-by-token rule). Each gradient is a sum of outer products (k_t^T r_t for the linear
+memory), and the momentum and forgetting recurrences are linear, so with
+w[t,i] = prod_{i<j<=t} eta_j and c_t = prod_{t<j<=b} (1 - alpha_j) the chunk end is
+
+  S_b = (prod eta) S_0 - sum_i w[b,i] theta_i g_i
+  M_b = (prod (1 - alpha)) M_0 + (sum_t c_t prod_{j<=t} eta_j) S_0 - sum_i beta_i theta_i g_i,
+        beta_i = sum_{t>=i} c_t w[t,i]
+
+i.e. one matmul K^T diag(beta theta) R per weight matrix; products are formed in log space.
+Token t retrieves with the weights at the start of its chunk (M_t-1 when chunk = 1), so a
+token never reads what it or a later token wrote. Persistent memory (Section 4): learned tokens
+prepended to every attention context.
+
+The ways of joining memory and attention (Section 4), `variant`:
+  * "lmm": the memory alone replaces attention: x += W_O M*(q).
+  * "mal" (memory as a layer): x += W_O M*(q), then x += SWA*(x) (sliding-window attention with
+    persistent tokens), then the FFN.
+  * "mag" (memory as a gate): x += W_O (norm(SWA*(x)) * sigmoid(norm(M*(q)))).
+  * "mac" (memory as context): per segment, h = M*_{t-1}(q) is retrieved with the weights of the
+    previous segments; attention within the segment runs over [persistent, h, segment] (token t
+    sees h_j and x_j for j <= t); the memory is then trained on the attention output y, and the
+    output is y * sigmoid(norm(M*(y))), read with the segment-start weights. MAC updates once
+    per segment, so `chunk` must equal `segment_len`.
+Departures from the paper, said here: no 1-D depthwise convolution after the projections; MAC
+and MAG read the output gate's memory with segment/chunk-start weights (the paper's M*_t(y_t)
+would let a token see later tokens of its chunk).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformer_lens.hook_points import HookPoint
+
+from memviz.config import ConfigError, ModelConfig
+from memviz.layers import LocalAttention, RMSNorm, SwiGLU, segment_pieces
+from memviz.model import Block, MemoryLM, StateTree
+from memviz.registry import check_choice, check_positive, register_family
+
+
+@dataclass
+class TitansOptions:
+    variant: str = "mac"  # "lmm", "mac", "mag", "mal"
+    memory: str = "linear"  # "linear" or "mlp"
+    mlp_hidden: int = 0  # hidden width of the MLP memory; 0 = 2 * d_model
+    chunk: int = 16  # tokens per parallel update (MAC: the segment)
+    persistent: int = 4  # persistent memory tokens per attention layer
+    theta_max: float = 0.5  # largest inner learning rate
+
+    def __post_init__(self) -> None:
+        check_choice("variant", self.variant, ("lmm", "mac", "mag", "mal"))
+        check_choice("memory", self.memory, ("linear", "mlp"))
+        check_positive(chunk=self.chunk, theta_max=self.theta_max)
+        if self.persistent < 0 or self.mlp_hidden < 0:
+            raise ValueError("persistent and mlp_hidden must be non-negative")
+
+
+def memory_forward(params: dict[str, Tensor], k: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    """M(k) for k [B,T,d] with per-sequence weights; returns the output and what the gradient needs."""
+    if "W" in params:
+        return k @ params["W"], {}
+    z = k @ params["W1"]
+    h = F.silu(z)
+    return h @ params["W2"], {"z": z, "h": h}
+
+
+def memory_grad_factors(params: dict[str, Tensor], k: Tensor, r: Tensor, cache: dict) -> dict[str, tuple[Tensor, Tensor]]:
+    """Per-token gradient of ||M(k_t) - v_t||^2 as outer-product factors (a_t, b_t): the
+    gradient for each weight is a_t^T b_t. r = M(k) - v."""
+    if "W" in params:
+        return {"W": (k, 2 * r)}
+    z, h = cache["z"], cache["h"]
+    dh = 2 * r @ params["W2"].transpose(-1, -2)
+    sig = torch.sigmoid(z)
+    dz = dh * sig * (1 + z * (1 - sig))  # silu'(z)
+    return {"W1": (k, dz), "W2": (h, 2 * r)}
+
+
+def chunk_update(params, momentum, factors, eta: Tensor, theta: Tensor, alpha: Tensor):
+    """Apply eqs. 10 and 13 over one chunk of b tokens in closed form (module docstring).
+
+    eta, theta, alpha [B,b]; factors {name: (a [B,b,m], g [B,b,n])}. Returns new params, momentum."""
+    log_eta = torch.log(eta.clamp_min(1e-12)).cumsum(1)  # L_t = sum_{j<=t} log eta_j
+    log_keep = torch.log((1 - alpha).clamp_min(1e-12)).cumsum(1)  # Lambda_t
+    b = eta.shape[1]
+    diff = log_eta[:, :, None] - log_eta[:, None, :]  # L_t - L_i
+    causal = torch.ones(b, b, dtype=torch.bool, device=eta.device).tril()
+    w = torch.where(causal, diff, torch.full_like(diff, -torch.inf)).exp()  # w[t,i]
+    c = (log_keep[:, -1:] - log_keep).exp()  # c_t = prod_{t<j<=b} (1 - alpha_j)
+    beta = torch.einsum("bt,bti->bi", c, w)
+    carry_S = (c * log_eta.exp()).sum(1)  # sum_t c_t prod_{j<=t} eta_j
+    keep_all, eta_all = log_keep[:, -1].exp(), log_eta[:, -1].exp()
+    new_params, new_momentum = {}, {}
+    for name, (a, g) in factors.items():
+        write_M = torch.einsum("bim,bi,bin->bmn", a, beta * theta, g)
+        write_S = torch.einsum("bim,bi,bin->bmn", a, w[:, -1] * theta, g)
+        new_params[name] = keep_all[:, None, None] * params[name] + carry_S[:, None, None] * momentum[name] - write_M
+        new_momentum[name] = eta_all[:, None, None] * momentum[name] - write_S
+    return new_params, new_momentum
+
+
+class NeuralMemory(nn.Module):
+    """The long-term memory of one block: projections, data-dependent rates, chunked updates."""
+
+    def __init__(self, cfg: ModelConfig, options: TitansOptions, chunk: int) -> None:
+        super().__init__()
+        d = cfg.d_model
+        self.options, self.chunk, self.d = options, chunk, d
+        self.hidden = options.mlp_hidden or 2 * d
+        self.W_Q = nn.Linear(d, d, bias=False)
+        self.W_K = nn.Linear(d, d, bias=False)
+        self.W_V = nn.Linear(d, d, bias=False)
+        self.W_rates = nn.Linear(d, 3)  # eta, theta, alpha logits
+        if options.memory == "linear":
+            self.init_W = nn.Parameter(torch.zeros(d, d))
+        else:
+            self.init_W1 = nn.Parameter(torch.randn(d, self.hidden) / d**0.5)
+            self.init_W2 = nn.Parameter(torch.zeros(self.hidden, d))
+        self.hook_eta = HookPoint()  # [batch, pos]
+        self.hook_theta = HookPoint()  # [batch, pos]
+        self.hook_alpha = HookPoint()  # [batch, pos]
+        self.hook_surprise = HookPoint()  # [batch, pos]  ||grad l(M_0; x_t)||
+        self.hook_loss = HookPoint()  # [batch, pos]  l(M_0; x_t), before the chunk's update
+        self.hook_loss_after = HookPoint()  # [batch, pos]  l(M_b; x_t), after it
+        self.hook_retrieved = HookPoint()  # [batch, pos, d_model]  M*(q_t)
+
+    def reset_memory_parameters(self) -> None:
+        """eta ~ 0.9, theta ~ 0.12 theta_max, alpha ~ 0.02 at the start of training."""
+        nn.init.zeros_(self.W_rates.weight)
+        with torch.no_grad():
+            self.W_rates.bias.copy_(torch.tensor([2.2, -2.0, -4.0]))
+
+    def init_params(self) -> dict[str, Tensor]:
+        if self.options.memory == "linear":
+            return {"W": self.init_W}
+        return {"W1": self.init_W1, "W2": self.init_W2}
+
+    def init_state(self, batch: int, device: torch.device) -> StateTree:
+        params = {n: p.detach().to(device).expand(batch, *p.shape).clone() for n, p in self.init_params().items()}
+        return {
+            "params": params,
+            "momentum": {n: torch.zeros_like(p) for n, p in params.items()},
+            "pending": torch.zeros(batch, 0, 2 * self.d + 3, device=device),  # k, v, rates of an open chunk
+        }
+
+    def start_params(self, state: StateTree) -> dict[str, Tensor]:
+        """The weights of a fresh stream are the learned initial weights (so they train)."""
+        if state.get("fresh", False):
+            batch = state["pending"].shape[0]
+            return {n: p.expand(batch, *p.shape) for n, p in self.init_params().items()}
+        return state["params"]
+
+    def keys_values(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        k = F.normalize(F.silu(self.W_K(x)), dim=-1)
+        v = F.silu(self.W_V(x))
+        rates = torch.sigmoid(self.W_rates(x))
+        rates = torch.cat([rates[..., :1], rates[..., 1:2] * self.options.theta_max, rates[..., 2:]], dim=-1)
+        return k, v, rates
+
+    def read(self, x: Tensor, params: dict[str, Tensor]) -> Tensor:
+        return memory_forward(params, F.normalize(F.silu(self.W_Q(x)), dim=-1))[0]
+
+    def step(self, x: Tensor, state: StateTree, pos: int, query: Tensor | None = None) -> tuple[Tensor, StateTree, dict]:
+        """Retrieve M*(q) for every token (q from `query`, default x) with its chunk-start
+        weights, and train the memory on x's keys and values chunk by chunk. Fires no hooks:
+        returns (retrieved, new state, per-token statistics for `emit`)."""
+        k, v, rates = self.keys_values(x)
+        params, momentum = self.start_params(state), state["momentum"]
+        pending = state["pending"]
+        query = x if query is None else query
+        parts: dict[str, list[Tensor]] = {n: [] for n in ("read", "surprise", "loss", "loss_after")}
+        for a, b in segment_pieces(pos, x.shape[1], self.chunk):
+            parts["read"].append(self.read(query[:, a:b], params))
+            pending = torch.cat([pending, torch.cat([k[:, a:b], v[:, a:b], rates[:, a:b]], dim=-1)], dim=1)
+            ck, cv, cr = pending[..., : self.d], pending[..., self.d : 2 * self.d], pending[..., 2 * self.d :]
+            out, cache = memory_forward(params, ck)
+            r = out - cv
+            factors = memory_grad_factors(params, ck, r, cache)
+            n_new = b - a
+            parts["loss"].append(r[:, -n_new:].pow(2).sum(-1))
+            sq = sum(fa.pow(2).sum(-1) * fg.pow(2).sum(-1) for fa, fg in factors.values())
+            parts["surprise"].append(sq[:, -n_new:].sqrt())
+            if (pos + b) % self.chunk == 0:
+                params, momentum = chunk_update(params, momentum, factors, cr[..., 0], cr[..., 1], cr[..., 2])
+                pending = pending[:, :0]
+            after, _ = memory_forward(params, ck[:, -n_new:])
+            parts["loss_after"].append((after - cv[:, -n_new:]).pow(2).sum(-1))
+        stats = {n: torch.cat(v, 1) for n, v in parts.items()}
+        stats["rates"] = rates
+        return stats.pop("read"), {"params": params, "momentum": momentum, "pending": pending}, stats
+
+    def emit(self, retrieved: Tensor, stats: dict) -> Tensor:
+        """Fire the memory's hooks once for the whole chunk; returns the hooked retrieval."""
+        self.hook_eta(stats["rates"][..., 0])
+        self.hook_theta(stats["rates"][..., 1])
+        self.hook_alpha(stats["rates"][..., 2])
+        self.hook_surprise(stats["surprise"])
+        self.hook_loss(stats["loss"])
+        self.hook_loss_after(stats["loss_after"])
+        return self.hook_retrieved(retrieved)
+
+    def forward(self, x: Tensor, state: StateTree, pos: int) -> tuple[Tensor, StateTree]:
+        retrieved, state, stats = self.step(x, state, pos)
+        return self.emit(retrieved, stats), state
+
+
+class TitansBlock(Block):
+    """One block of the chosen variant (module docstring)."""
+
+    def __init__(self, cfg: ModelConfig, options: TitansOptions) -> None:
+        variant = options.variant
+        window = cfg.segment_len if variant == "mac" else cfg.window
+        segment = cfg.segment_len if variant == "mac" else None
+        attn = None
+        if variant != "lmm":  # the memory alone replaces attention
+            attn = LocalAttention(cfg, window=None if variant == "mac" else window, segment_len=segment,
+                                  n_persistent=options.persistent, side_keys=variant == "mac")
+        super().__init__(cfg, attn, SwiGLU(cfg.d_model, cfg.d_mlp))
+        self.variant = variant
+        chunk = cfg.segment_len if variant == "mac" else options.chunk
+        self.memory = NeuralMemory(cfg, options, chunk)
+        self.hook_mem_out = HookPoint()  # [batch, pos, d_model]
+        if variant != "mac":
+            self.W_mem_out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        if variant in ("mag", "mac"):
+            self.norm_mem = RMSNorm(cfg.d_model, cfg.norm_eps)
+        if variant == "mag":
+            self.norm_attn = RMSNorm(cfg.d_model, cfg.norm_eps)
+        if variant == "mal":
+            self.ln_mem = RMSNorm(cfg.d_model, cfg.norm_eps)
+
+    def init_state(self, batch: int, device: torch.device) -> StateTree:
+        memory = {**self.memory.init_state(batch, device), "fresh": True}
+        if self.variant == "lmm":
+            return {"memory": memory}
+        return {"attn": self.attn.init_state(batch, device), "memory": memory}
+
+    def forward(self, x: Tensor, state: StateTree, pos: int) -> tuple[Tensor, StateTree]:
+        x = self.hook_resid_pre(x)
+        new_state: dict = {}
+        if self.variant == "lmm":
+            m, new_state["memory"] = self.memory(self.ln1(x), state["memory"], pos)
+            x = x + self.hook_mem_out(self.W_mem_out(m))
+        elif self.variant == "mal":
+            m, new_state["memory"] = self.memory(self.ln_mem(x), state["memory"], pos)
+            x = x + self.hook_mem_out(self.W_mem_out(m))
+            a, new_state["attn"] = self.attn(self.ln1(x), state["attn"], pos)
+            x = x + self.hook_attn_out(a)
+        elif self.variant == "mag":
+            e = self.ln1(x)
+            a, new_state["attn"] = self.attn(e, state["attn"], pos)
+            m, new_state["memory"] = self.memory(e, state["memory"], pos)
+            x = x + self.hook_attn_out(self.W_mem_out(self.norm_attn(a) * torch.sigmoid(self.norm_mem(m))))
+            self.hook_mem_out(m)
+        else:
+            x = x + self.hook_attn_out(self.memory_as_context(self.ln1(x), state, pos, new_state))
+        x = self.hook_resid_mid(x)
+        x = self.hook_resid_post(x + self.hook_mlp_out(self.mlp(self.ln2(x))))
+        return x, new_state
+
+    def memory_as_context(self, e: Tensor, state: StateTree, pos: int, new_state: dict) -> Tensor:
+        """MAC, segment by segment: retrieve h with the previous segments' memory, attend over
+        [persistent, h, x] within the segment, train the memory on the attention output y, and
+        gate y by M*(y). Each segment's h needs the memory trained on the segment before, so the
+        loop is sequential; hooks fire once afterwards (hook_z and the memory statistics are
+        observed there: editing them changes the block output, not what the memory stored)."""
+        q, k, v = self.attn.project(e)
+        attn_state, memory_state = state["attn"], state["memory"]
+        zs, hs, gate_reads, stats = [], [], [], []
+        for a, b in segment_pieces(pos, e.shape[1], self.attn.segment_len):
+            h = self.memory.read(e[:, a:b], self.memory.start_params(memory_state))
+            side = (self.attn.heads(self.attn.W_K(h)), self.attn.heads(self.attn.W_V(h)))
+            z, attn_state = self.attn.attend(q[:, a:b], k[:, a:b], v[:, a:b], attn_state, pos + a, side=side)
+            read, memory_state, piece_stats = self.memory.step(self.attn.W_O(z.flatten(2)), memory_state, pos + a)
+            zs.append(z)
+            hs.append(h)
+            gate_reads.append(read)
+            stats.append(piece_stats)
+        new_state["attn"], new_state["memory"] = attn_state, memory_state
+        self.hook_mem_out(torch.cat(hs, 1))
+        y = self.attn.W_O(self.attn.hook_z(torch.cat(zs, 1)).flatten(2))
+        merged = {n: torch.cat([st[n] for st in stats], 1) for n in stats[0]}
+        gate_read = self.memory.emit(torch.cat(gate_reads, 1), merged)
+        return y * torch.sigmoid(self.norm_mem(gate_read))
+
+
+@register_family("titans")
+class TitansLM(MemoryLM):
+    """Titans: a neural long-term memory trained at test time, joined to attention by `variant`."""
+
+    Options = TitansOptions
+    memory_hooks = {
+        "blocks.{l}.memory.hook_surprise": "none",
+        "blocks.{l}.memory.hook_loss": "none",
+        "blocks.{l}.memory.hook_loss_after": "none",
+        "blocks.{l}.memory.hook_eta": "none",
+        "blocks.{l}.memory.hook_theta": "none",
+        "blocks.{l}.memory.hook_alpha": "none",
+    }
+
+    def check_config(self) -> None:
+        variant = self.options.variant
+        if variant == "mac" and self.cfg.segment_len is None:
+            raise ConfigError("titans variant 'mac' needs config.segment_len (its attention is per segment)")
+        if variant in ("mag", "mal") and self.cfg.window is None:
+            raise ConfigError(f"titans variant {variant!r} needs config.window (sliding-window attention)")
+
+    def make_block(self, layer: int) -> nn.Module:
+        return TitansBlock(self.cfg, self.options)
