@@ -14,6 +14,8 @@ import os
 from torch import Tensor
 
 from kernels.lm2_scan import ScanResult, lm2_scan_reference
+from kernels.product_keys import product_key_topk as product_key_topk_reference
+from kernels.product_keys import weighted_bag as weighted_bag_reference
 
 CHOICES = ("auto", "triton", "reference")
 #: operations that have a Triton kernel so far
@@ -41,3 +43,17 @@ def lm2_scan(q_slot: Tensor, g_in: Tensor, M0: Tensor, W_V: Tensor, W_f: Tensor,
     if use_triton("lm2_scan", q_slot, impl):
         return TRITON_KERNELS["lm2_scan"](q_slot, g_in, M0, W_V, W_f, b_f)
     return lm2_scan_reference(q_slot, g_in, M0, W_V, W_f, b_f)
+
+
+def product_key_topk(q: Tensor, keys: Tensor, k: int, impl: str | None = None) -> tuple[Tensor, Tensor]:
+    """Exact top-k over n^2 product keys (see kernels/product_keys.py)."""
+    if use_triton("product_key_topk", q, impl):
+        return TRITON_KERNELS["product_key_topk"](q, keys, k)
+    return product_key_topk_reference(q, keys, k)
+
+
+def weighted_bag(indices: Tensor, weights: Tensor, values: Tensor, impl: str | None = None) -> Tensor:
+    """Softmax-weighted sum of the selected value rows (see kernels/product_keys.py)."""
+    if use_triton("weighted_bag", weights, impl):
+        return TRITON_KERNELS["weighted_bag"](indices, weights, values)
+    return weighted_bag_reference(indices, weights, values)

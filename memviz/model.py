@@ -153,7 +153,7 @@ class MemoryLM(HookedRootModule):
         out_std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
         for name, module in self.named_modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
-                std = out_std if name.endswith(("W_O", "W_down", "W_mem_out")) else 0.02
+                std = out_std if name.endswith(("W_O", "W_down", "W_mem_out", "W_2")) else 0.02
                 nn.init.normal_(module.weight, std=std)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)

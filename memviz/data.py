@@ -1,0 +1,143 @@
+"""Training data drawn from the probe generators, and the tokenizer the zoo shares.
+
+Every training sample comes from the same generators the probes use (`probes.passkey`,
+`probes.babilong`, `probes.facts`), seeded from a separate namespace ("train", data seed,
+step, rank, index), so no training sample is ever a probe sample and a given step always
+sees the same batch: resuming regenerates exactly the data the run would have seen.
+
+A sample is the prompt followed by its answer and eos. Its loss weights are `text_weight`
+on the prompt's tokens and `answer_weight` on the answer's, so a small model is pushed
+towards the retrieval the probes measure while still modelling the background text.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from memviz.tokenizer import BPETokenizer, ByteTokenizer, Tokenizer, load_tokenizer
+from probes import babilong, facts, passkey
+from probes.haystack import ProceduralHaystack
+
+LONG_TASKS = ("passkey", *babilong.TASKS)
+
+
+@dataclass
+class DataConfig:
+    mix: dict[str, float] = field(default_factory=lambda: {"passkey": 1.0})
+    curriculum: list[list[int]] = field(default_factory=lambda: [[0, 512]])  # [from_step, max_len]
+    min_len_frac: float = 0.5  # a batch's length is drawn from [min_len_frac * max_len, max_len]
+    text_weight: float = 1.0
+    answer_weight: float = 5.0
+    names: str = "babi"  # bAbI vocabulary for qa tasks
+    kb_seed: int = 0  # facts: which knowledge base
+    n_entities: int = 1000
+    seed: int = 1
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.mix) - set(LONG_TASKS) - {"facts"})
+        if unknown:
+            raise ValueError(f"unknown data tasks {unknown}; tasks are {[*LONG_TASKS, 'facts']}")
+        if not self.mix or min(self.mix.values()) < 0 or sum(self.mix.values()) <= 0:
+            raise ValueError("data.mix needs non-negative weights with a positive sum")
+        if not self.curriculum or any(len(c) != 2 or c[1] <= 0 for c in self.curriculum):
+            raise ValueError("data.curriculum is a list of [from_step, max_len] with max_len > 0")
+        if not 0 < self.min_len_frac <= 1:
+            raise ValueError(f"data.min_len_frac must lie in (0, 1], got {self.min_len_frac}")
+
+    def max_len(self, step: int) -> int:
+        length = self.curriculum[0][1]
+        for start, max_len in self.curriculum:
+            if step >= start:
+                length = max_len
+        return length
+
+
+@dataclass
+class Example:
+    tokens: list[int]
+    weights: list[float]  # weight of predicting tokens[t] from position t-1 (weights[0] unused)
+
+
+def tokenizer_corpus(seed: int = 0, n_docs: int = 6000) -> Iterator[str]:
+    """Text covering every generator, for training the shared BPE."""
+    rng = random.Random(f"tokenizer-corpus-{seed}")
+    sentences = ProceduralHaystack(seed).sentences()
+    kb_docs = facts.documents(facts.KnowledgeBase(0, 2000), seed)
+    for i in range(n_docs):
+        yield " ".join(next(sentences) for _ in range(8))
+        story = babilong.make_story(babilong.TASKS[i % 5], rng, "varied" if i % 2 else "babi")
+        yield " ".join(story.facts) + babilong.question_suffix(story.question) + " " + story.answer + "."
+        yield passkey.INSTRUCTION + " " + passkey.needle(rng.randrange(10000, 100000)) + "\n" + passkey.QUESTION
+        yield next(kb_docs)
+
+
+def build_tokenizer(spec: str, out_dir: Path | None = None) -> Tokenizer:
+    """'byte', 'bpe:<vocab size>' (trained on the generators' text), or a tokenizer.json path."""
+    if spec == "byte":
+        return ByteTokenizer()
+    if spec.startswith("bpe:"):
+        return BPETokenizer.train(tokenizer_corpus(), vocab_size=int(spec.split(":", 1)[1]))
+    return load_tokenizer(Path(spec))
+
+
+class TaskSampler:
+    """Draws training examples of a given length from the configured task mix."""
+
+    def __init__(self, tokenizer: Tokenizer, cfg: DataConfig) -> None:
+        self.tokenizer, self.cfg = tokenizer, cfg
+        self.tasks = [t for t, w in cfg.mix.items() if w > 0]
+        self.weights = [cfg.mix[t] for t in self.tasks]
+        self.kb = facts.KnowledgeBase(cfg.kb_seed, cfg.n_entities) if "facts" in self.tasks else None
+
+    def example(self, rng: random.Random, length: int) -> Example:
+        task = rng.choices(self.tasks, self.weights)[0]
+        if task == "facts":
+            return self.facts_example(rng, length)
+        for _ in range(20):  # a long story may not fit a short length: draw another
+            try:
+                sample, answer = self.long_sample(task, rng, length)
+                break
+            except ValueError:
+                continue
+        else:
+            raise ValueError(f"data.curriculum length {length} is too short for {task} samples")
+        prompt = self.tokenizer.encode(sample.prompt)
+        tail = self.tokenizer.encode(answer) + [self.tokenizer.eos_id]
+        weights = [0.0] + [self.cfg.text_weight] * (len(prompt) - 1) + [self.cfg.answer_weight] * len(tail)
+        return Example(prompt + tail, weights)
+
+    def long_sample(self, task: str, rng: random.Random, length: int):
+        if task == "passkey":
+            key, seed = rng.randrange(10000, 100000), rng.randrange(2**31)
+            sample = passkey.make_sample(self.tokenizer, length, rng.random(), key, seed=seed)
+            return sample, " " + sample.answer
+        story = babilong.make_story(task, rng, self.cfg.names)
+        sample = babilong.make_sample(self.tokenizer, task, length, story, seed=rng.randrange(2**31), names=self.cfg.names)
+        return sample, " " + sample.answer + "."
+
+    def facts_example(self, rng: random.Random, length: int) -> Example:
+        docs = facts.documents(self.kb, rng.randrange(2**31))
+        tokens: list[int] = []
+        while len(tokens) < length:
+            tokens += self.tokenizer.encode(next(docs) + "\n\n")
+        tokens = tokens[:length]
+        return Example(tokens, [0.0] + [self.cfg.text_weight] * (len(tokens) - 1))
+
+    def batch(self, step: int, batch_size: int, rank: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tokens [B, T], weights [B, T]) for this step and rank, padded on the right."""
+        rng = random.Random(f"train|{self.cfg.seed}|{step}|{rank}")
+        max_len = self.cfg.max_len(step)
+        length = rng.randint(max(1, int(self.cfg.min_len_frac * max_len)), max_len)
+        examples = [self.example(rng, length) for _ in range(batch_size)]
+        width = max(len(e.tokens) for e in examples)
+        tokens = torch.full((batch_size, width), self.tokenizer.pad_id, dtype=torch.long)
+        weights = torch.zeros(batch_size, width)
+        for i, e in enumerate(examples):
+            tokens[i, : len(e.tokens)] = torch.tensor(e.tokens)
+            weights[i, : len(e.weights)] = torch.tensor(e.weights)
+        return tokens, weights
+

@@ -1,0 +1,84 @@
+"""Score a checkpoint on the probes: `python -m memviz.evaluate CHECKPOINT [--write-card]`.
+
+Without options it runs the probe grid recorded in the checkpoint's card (the training
+config's `eval` section) with `final_n` samples per cell and prints the scores; with
+`--write-card` it also stores them in card.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Sequence
+
+from probes import babilong, facts, passkey
+
+
+def probe_scores(
+    model,
+    passkey_lengths: Sequence[int] = (),
+    passkey_depths: Sequence[float] = (0.1, 0.5, 0.9),
+    babilong_tasks: Sequence[str] = (),
+    babilong_lengths: Sequence[int] = (),
+    n_facts: int = 0,
+    n: int = 10,
+    seed: int = 0,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Accuracies keyed by probe: passkey[length], babilong[task][length], facts."""
+    scores: dict[str, Any] = {}
+    if passkey_lengths:
+        df = passkey.run(model, passkey_lengths, passkey_depths, n=n, seed=seed, progress=progress)
+        scores["passkey"] = {str(k): round(float(v), 4) for k, v in df.groupby("length")["correct"].mean().items()}
+    if babilong_tasks and babilong_lengths:
+        df = babilong.run(model, babilong_tasks, babilong_lengths, n=n, seed=seed, progress=progress)
+        scores["babilong"] = {
+            task: {str(k): round(float(v), 4) for k, v in group.groupby("length")["correct"].mean().items()}
+            for task, group in df.groupby("task")
+        }
+    if n_facts:
+        df = facts.run(model, n=n_facts, seed=seed, progress=progress)
+        scores["facts"] = round(float(df["correct"].mean()), 4)
+    scores["n_per_cell"] = n
+    return scores
+
+
+def main(argv: list[str] | None = None) -> int:
+    import memviz
+    from memviz.checkpoint import CARD_FILE, atomic_write_text, resolve
+
+    parser = argparse.ArgumentParser(prog="python -m memviz.evaluate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint")
+    parser.add_argument("--n", type=int, help="samples per cell (default: the card's final_n)")
+    parser.add_argument("--write-card", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        model = memviz.load(args.checkpoint)
+    except memviz.CheckpointError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    grid = model.card.get("train_config", {}).get("eval", {})
+    n = args.n or grid.get("final_n", 20)
+    scores = probe_scores(
+        model,
+        passkey_lengths=grid.get("passkey_lengths", []),
+        passkey_depths=grid.get("passkey_depths", [0.1, 0.5, 0.9]),
+        babilong_tasks=grid.get("babilong_tasks", []),
+        babilong_lengths=grid.get("babilong_lengths", []),
+        n_facts=grid.get("facts", 0),
+        n=n,
+        seed=grid.get("seed", 0),
+        progress=True,
+    )
+    print(json.dumps(scores, indent=2))
+    if args.write_card:
+        model.card["probe_scores"] = scores
+        path = resolve(args.checkpoint) / CARD_FILE
+        card = json.loads(path.read_text()) if path.exists() else {}
+        card["probe_scores"] = scores
+        atomic_write_text(path, json.dumps(card, indent=2, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""Memory layers: product-key memory (PKM) and Memory+ (Memory Layers at Scale, arXiv 2412.09764).
+
+A memory layer replaces the FFN of a few blocks, spread through the depth. Per head h of H:
+
+  query          q = x W_q^h                      (d_k dims; with qk_norm, each half and each
+                                                   sub-key is l2-normalised)
+  lookup         (s, I) = top-k over the n^2 product keys of q  (exact; kernels/product_keys.py)
+  weights        w = softmax(s)
+  read           y = sum_h sum_i w_i V[I_i]        (an embedding bag over the value table)
+  Memory+ gate   out = (y * silu(x W_1)) W_2        (swilu; plain PKM returns y)
+
+Memory+ shares one value table V [n^2, d_v] among all memory layers of the model (`shared_values`),
+so a model with three memory layers has three sets of keys and one pool of values. The
+memory is parametric: nothing is carried across segments, so a streamed run equals a one-pass run.
+
+`usage_report` reads the top-k indices of a trace and reports what a user inspects: the share
+of values and sub-keys ever selected, the entropy and Gini coefficient of value usage, and the
+dead values.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformer_lens.hook_points import HookPoint
+
+from kernels import product_key_topk, weighted_bag
+from memviz.config import ConfigError, ModelConfig
+from memviz.layers import LocalAttention, SwiGLU
+from memviz.model import Block, MemoryLM
+from memviz.registry import check_positive, register_family
+
+
+@dataclass
+class MemoryLayerOptions:
+    n_keys: int = 64  # sub-keys per half: n^2 values
+    heads: int = 4
+    topk: int = 16
+    d_key: int = 64  # query / full-key width (two halves)
+    swilu: bool = True  # Memory+ gate; False is plain PKM
+    qk_norm: bool = True
+    shared_values: bool = True  # one value pool for all memory layers (Memory+)
+    layers: list[int] = field(default_factory=list)  # which blocks get a memory layer; [] = spread 2
+
+    def __post_init__(self) -> None:
+        check_positive(n_keys=self.n_keys, heads=self.heads, topk=self.topk, d_key=self.d_key)
+        if self.d_key % 2:
+            raise ValueError(f"d_key must be even (two halves), got {self.d_key}")
+        if self.topk > self.n_keys:
+            raise ValueError(f"topk ({self.topk}) cannot exceed n_keys ({self.n_keys})")
+
+
+def spread_layers(n_layers: int, count: int = 2) -> list[int]:
+    """`count` block indices spread evenly through the depth (centre of each of `count` bands)."""
+    count = min(count, n_layers)
+    return sorted({int((i + 0.5) * n_layers / count) for i in range(count)})
+
+
+class ProductKeyMemory(nn.Module):
+    """One memory layer; `values` is the (possibly shared) value table [n^2, d_model]."""
+
+    def __init__(self, cfg: ModelConfig, options: MemoryLayerOptions, values: nn.Parameter) -> None:
+        super().__init__()
+        self.options, self.values = options, values
+        H, dk, n = options.heads, options.d_key, options.n_keys
+        self.W_q = nn.Linear(cfg.d_model, H * dk, bias=False)
+        self.keys = nn.Parameter(torch.empty(H, 2, n, dk // 2))
+        if options.swilu:
+            self.W_1 = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+            self.W_2 = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.hook_query = HookPoint()  # [batch, pos, head, d_key]
+        self.hook_topk_indices = HookPoint()  # [batch, pos, head, topk]  value index i * n + j
+        self.hook_topk_weights = HookPoint()  # [batch, pos, head, topk]  softmax weights
+        self.hook_read = HookPoint()  # [batch, pos, d_model]  y, before the gate
+
+    def reset_memory_parameters(self) -> None:
+        bound = 1 / math.sqrt(self.options.d_key // 2)
+        nn.init.uniform_(self.keys, -bound, bound)
+
+    def lookup_keys(self) -> Tensor:
+        return F.normalize(self.keys, dim=-1) if self.options.qk_norm else self.keys
+
+    def forward(self, x: Tensor) -> Tensor:
+        o = self.options
+        q = self.W_q(x).view(*x.shape[:-1], o.heads, o.d_key)
+        if o.qk_norm:
+            q = torch.cat([F.normalize(h, dim=-1) for h in q.split(o.d_key // 2, dim=-1)], dim=-1)
+        q = self.hook_query(q)
+        scores, indices = product_key_topk(q, self.lookup_keys(), o.topk)
+        if o.qk_norm:  # cosine scores lie in [-2, 2]; a temperature lets the softmax be sharp
+            scores = scores * math.sqrt(o.d_key)
+        indices = self.hook_topk_indices(indices)
+        weights = self.hook_topk_weights(torch.softmax(scores, dim=-1))
+        y = weighted_bag(indices.flatten(-2), weights.flatten(-2), self.values)
+        y = self.hook_read(y)
+        return self.W_2(y * F.silu(self.W_1(x))) if o.swilu else y
+
+
+@register_family("memory_layer")
+class MemoryLayerLM(MemoryLM):
+    """Transformer (sliding-window or full attention) with memory layers in place of some FFNs."""
+
+    Options = MemoryLayerOptions
+    memory_hooks = {
+        "blocks.{l}.mlp.hook_topk_indices": "none",
+        "blocks.{l}.mlp.hook_topk_weights": "none",
+    }
+
+    def check_config(self) -> None:
+        bad = [i for i in self.options.layers if not 0 <= i < self.cfg.n_layers]
+        if bad:
+            raise ConfigError(f"memory_layer layers {bad} are outside 0..{self.cfg.n_layers - 1}")
+
+    def build(self) -> None:
+        o, d = self.options, self.cfg.d_model
+        self.memory_layers = o.layers or spread_layers(self.cfg.n_layers)
+        n_values = o.n_keys**2
+        if o.shared_values:
+            self.values = nn.Parameter(torch.randn(n_values, d) / math.sqrt(d))
+        self.blocks = nn.ModuleList(self.make_block(layer) for layer in range(self.cfg.n_layers))
+
+    def make_block(self, layer: int) -> nn.Module:
+        cfg, o = self.cfg, self.options
+        if layer not in self.memory_layers:
+            return Block(cfg, LocalAttention(cfg, window=cfg.window), SwiGLU(cfg.d_model, cfg.d_mlp))
+        values = self.values if o.shared_values else nn.Parameter(torch.randn(o.n_keys**2, cfg.d_model) / math.sqrt(cfg.d_model))
+        return Block(cfg, LocalAttention(cfg, window=cfg.window), ProductKeyMemory(cfg, o, values))
+
+
+def usage_report(indices: np.ndarray, n_values: int, n_keys: int) -> dict[str, float]:
+    """Usage of a memory layer over a trace: `indices` [pos, head, topk] of selected values.
+
+    Returns the share of values selected at least once, the share of sub-keys selected at
+    least once (both halves, averaged over heads, whose sub-keys are their own), the normalised entropy of value usage (1 = uniform), its Gini coefficient
+    (0 = uniform, 1 = one value takes everything), and the number of dead values."""
+    flat = np.asarray(indices).reshape(-1).astype(np.int64)
+    if flat.size == 0:
+        raise ValueError("no selections to report on")
+    counts = np.bincount(flat, minlength=n_values).astype(np.float64)
+    p = counts / counts.sum()
+    nz = p[p > 0]
+    entropy = float(-(nz * np.log(nz)).sum() / math.log(n_values)) if n_values > 1 else 1.0
+    sorted_counts = np.sort(counts)
+    cum = np.cumsum(sorted_counts)
+    gini = float((n_values + 1 - 2 * (cum / cum[-1]).sum()) / n_values)
+    per_head = np.asarray(indices).astype(np.int64).reshape(-1, *np.shape(indices)[1:2], np.shape(indices)[-1])
+    keys_used = np.mean([
+        (np.unique(head // n_keys).size + np.unique(head % n_keys).size) / (2 * n_keys)
+        for head in np.moveaxis(per_head, 1, 0)
+    ])
+    return {
+        "values_used": float((counts > 0).mean()),
+        "keys_used": float(keys_used),
+        "usage_entropy": entropy,
+        "gini": gini,
+        "dead_values": int((counts == 0).sum()),
+    }
