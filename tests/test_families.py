@@ -7,7 +7,8 @@ from tests.conftest import FAMILY_CONFIGS, random_ids, small_model
 
 @pytest.mark.parametrize("family", sorted(FAMILY_CONFIGS))
 def test_twenty_training_steps_move_every_parameter(family):
-    """A toy copy task: the second half of each sequence repeats the first."""
+    """A toy copy task: the second half of each sequence repeats the first. Every trainable
+    parameter must get a gradient and move (LongMem's frozen backbone must not)."""
     model = small_model(family, **FAMILY_CONFIGS[family]).train()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
@@ -19,11 +20,13 @@ def test_twenty_training_steps_move_every_parameter(family):
         loss = model(tokens, return_type="loss")
         optimizer.zero_grad()
         loss.backward()
-        assert all(p.grad is not None for p in model.parameters()), "a parameter got no gradient"
+        assert all(p.grad is not None for p in model.parameters() if p.requires_grad), "a parameter got no gradient"
         optimizer.step()
         losses.append(loss.item())
-    unmoved = [n for n, p in model.named_parameters() if torch.equal(p.detach(), before[n])]
+    unmoved = [n for n, p in model.named_parameters() if p.requires_grad and torch.equal(p.detach(), before[n])]
     assert not unmoved, f"parameters that never moved: {unmoved}"
+    frozen_moved = [n for n, p in model.named_parameters() if not p.requires_grad and not torch.equal(p.detach(), before[n])]
+    assert not frozen_moved, f"frozen parameters that moved: {frozen_moved}"
     assert losses[-1] < losses[0]
 
 

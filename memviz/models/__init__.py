@@ -4,3 +4,4 @@ from memviz.models import infini  # noqa: F401
 from memviz.models import lm2  # noqa: F401
 from memviz.models import titans  # noqa: F401
 from memviz.models import memory_layer  # noqa: F401
+from memviz.models import longmem  # noqa: F401

@@ -1,0 +1,268 @@
+"""LongMem: Augmenting Language Models with Long-Term Memory (Wang et al., NeurIPS 2023).
+
+A frozen backbone LM (a trained baseline: embeddings, blocks, unembedding) reads the input as
+usual. Its layer-`memory_layer` attention keys and values are cached, segment by segment, in a
+FIFO bank of at most `bank_size` tokens. A trainable residual side network of `side_layers`
+blocks produces the output (Section 3):
+
+  side input        h_0 = H_0 (the backbone's embeddings)
+  cross-network     h_l = SideBlock_l(h_l-1) + (H_b(l) - H_b(l-1)),  b(l) = l * L / L_side
+                    (the paper's H^{2l} - H^{2l-2} for L = 2 L_side)
+  output            logits = Unembed(norm(h_L_side)), the backbone's frozen unembedding (the
+                    final norm belongs to the side network and trains)
+
+One side block, `augmented_layer`, is memory-augmented. Its queries attend locally (the
+backbone's window) and to memory retrieved per token (Section 3.3):
+
+  chunks            the bank is cut into chunks of `chunk_size` tokens; a chunk's key is the
+                    mean of its tokens' keys (per head)
+  retrieval         each token's query picks the top-`topk_chunks` chunks by q . chunk_key and
+                    attends over their chunk_size * topk_chunks cached tokens: A_mem
+  joining           A = sigmoid(g) * A_mem + (1 - sigmoid(g)) * A_local, g one scalar per head
+
+The bank holds earlier segments only: a token retrieves from the bank as it was when its
+segment began, and a segment's keys and values join the bank when the segment completes
+(retrieve before adding). Because the backbone is frozen and runs first, a whole chunk's keys
+and values are known before the side network runs, so every token retrieves in one pass from
+the bank extended by the chunk, masked to what it may read. Memory attention uses un-rotated keys and queries (cached tokens
+have no position relative to the reader); local attention uses RoPE.
+`init_from_checkpoint` copies a trained baseline into the backbone and initialises side block l
+from backbone block b(l), as the paper initialises the SideNet from the backbone.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformer_lens.hook_points import HookPoint
+
+from memviz.config import ConfigError, ModelConfig
+from memviz.layers import LocalAttention, SwiGLU
+from memviz.model import Block, MemoryLM, StateTree
+from memviz.registry import check_positive, register_family
+
+
+@dataclass
+class LongMemOptions:
+    side_layers: int = 2
+    memory_layer: int = -1  # backbone layer whose keys/values are cached; -1 = n_layers // 2
+    augmented_layer: int = -1  # side block with memory attention; -1 = side_layers // 2
+    chunk_size: int = 4
+    topk_chunks: int = 8
+    bank_size: int = 4096  # tokens kept (FIFO), a multiple of chunk_size
+
+    def __post_init__(self) -> None:
+        check_positive(side_layers=self.side_layers, chunk_size=self.chunk_size,
+                       topk_chunks=self.topk_chunks, bank_size=self.bank_size)
+        if self.bank_size % self.chunk_size:
+            raise ValueError(f"bank_size ({self.bank_size}) must be a multiple of chunk_size ({self.chunk_size})")
+
+
+def retrieve_chunks(q: Tensor, bank_k: Tensor, chunk_size: int, topk: int, visible: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Token-to-chunk retrieval: q [B,T,H,d], bank_k [B,M,H,d] (M a multiple of chunk_size)
+    -> (scores [B,T,H,K], chunk indices [B,T,H,K]) of the top-K chunks by q . mean(chunk keys),
+    best first. `visible` [T, C] bars chunks a token may not read (their score is -inf)."""
+    B, M, H, d = bank_k.shape
+    chunk_keys = bank_k.view(B, M // chunk_size, chunk_size, H, d).mean(2)  # [B, C, H, d]
+    scores = torch.einsum("bthd,bchd->bthc", q, chunk_keys)
+    if visible is not None:
+        scores = scores.masked_fill(~visible[None, :, None, :], -torch.inf)
+    return scores.topk(min(topk, M // chunk_size), dim=-1)
+
+
+class MemoryAugmentedAttention(LocalAttention):
+    """Local attention joined by a per-head gate to attention over retrieved memory chunks."""
+
+    def __init__(self, cfg: ModelConfig, options: LongMemOptions) -> None:
+        super().__init__(cfg, window=cfg.window)
+        self.options = options
+        self.gate = nn.Parameter(torch.zeros(cfg.n_heads))
+        self.hook_retrieved_pos = HookPoint()  # [batch, pos, head, topk]  first position of each chunk
+        self.hook_retrieved_scores = HookPoint()  # [batch, pos, head, topk]  q . chunk key
+        self.hook_gate = HookPoint()  # [batch, pos, head]  sigmoid(g)
+        self.hook_mem_out = HookPoint()  # [batch, pos, head, d_head]
+        self.hook_local_out = HookPoint()  # [batch, pos, head, d_head]
+
+    def memory_attend(self, q: Tensor, bank: StateTree) -> tuple[Tensor, Tensor, Tensor]:
+        """A_mem for queries q [B,T,H,d] over the chunks each token may read (`bank["visible"]`);
+        zero where a token may read none. Also the retrieved chunks' first positions (-1 where
+        none) and scores (NaN where none), padded to topk_chunks."""
+        B, T, H, d = q.shape
+        K, cs = self.options.topk_chunks, self.options.chunk_size
+        if bank["k"].shape[1] == 0:
+            return q.new_zeros(B, T, H, d), q.new_full((B, T, H, K), -1, dtype=torch.long), q.new_full((B, T, H, K), float("nan"))
+        scores, chunks = retrieve_chunks(q, bank["k"], cs, K, bank["visible"])
+        valid = torch.isfinite(scores)
+        token_idx = (chunks[..., None] * cs + torch.arange(cs, device=q.device)).flatten(-2)  # [B,T,H,K*cs]
+        heads = torch.arange(H, device=q.device)[None, None, :, None]
+        batch = torch.arange(B, device=q.device)[:, None, None, None]
+        keys, values = bank["k"][batch, token_idx, heads], bank["v"][batch, token_idx, heads]  # [B,T,H,K*cs,d]
+        logits = torch.einsum("bthd,bthmd->bthm", q, keys) / d**0.5
+        logits = logits.masked_fill(~valid.repeat_interleave(cs, dim=-1), -torch.inf)
+        any_valid = valid.any(-1, keepdim=True)
+        attn = torch.where(any_valid, torch.softmax(logits.masked_fill(~any_valid, 0.0), dim=-1), 0.0)
+        out = torch.einsum("bthm,bthmd->bthd", attn, values)
+        positions = torch.where(valid, bank["chunk_pos"][chunks], -1)
+        scores = torch.where(valid, scores, float("nan"))
+        if chunks.shape[-1] < K:  # fewer chunks stored than asked for: pad the hooks
+            positions = F.pad(positions, (0, K - chunks.shape[-1]), value=-1)
+            scores = F.pad(scores, (0, K - chunks.shape[-1]), value=float("nan"))
+        return out, positions, scores
+
+    def forward_with_bank(self, x: Tensor, state: StateTree, pos: int, bank: StateTree) -> tuple[Tensor, StateTree]:
+        q, k, v = self.project(x)
+        local, new_state = self.attend(q, k, v, state, pos)
+        mem, positions, scores = self.memory_attend(q, bank)
+        self.hook_retrieved_pos(positions)
+        self.hook_retrieved_scores(scores)
+        mem, local = self.hook_mem_out(mem), self.hook_local_out(local)
+        B, T = x.shape[:2]
+        gate = self.hook_gate(torch.sigmoid(self.gate).expand(B, T, self.n_heads))
+        z = self.hook_z(gate[..., None] * mem + (1 - gate[..., None]) * local)
+        return self.W_O(z.flatten(2)), new_state
+
+
+class SideBlock(Block):
+    """A SideNet block; the augmented one reads the memory bank."""
+
+    def forward(self, x: Tensor, state: StateTree, pos: int, bank: StateTree | None = None) -> tuple[Tensor, StateTree]:
+        x = self.hook_resid_pre(x)
+        if isinstance(self.attn, MemoryAugmentedAttention):
+            a, attn_state = self.attn.forward_with_bank(self.ln1(x), state["attn"], pos, bank)
+        else:
+            a, attn_state = self.attn(self.ln1(x), state["attn"], pos)
+        x = self.hook_resid_mid(x + self.hook_attn_out(a))
+        x = self.hook_resid_post(x + self.hook_mlp_out(self.mlp(self.ln2(x))))
+        return x, {"attn": attn_state}
+
+
+@register_family("longmem")
+class LongMemLM(MemoryLM):
+    """A frozen backbone, its cached key/value bank, and a trainable memory-augmented SideNet."""
+
+    Options = LongMemOptions
+    memory_hooks = {
+        "side_blocks.{l}.attn.hook_retrieved_pos": "none",
+        "side_blocks.{l}.attn.hook_retrieved_scores": "none",
+        "side_blocks.{l}.attn.hook_gate": "none",
+        "side_blocks.{l}.attn.hook_mem_out": "norm",
+        "side_blocks.{l}.attn.hook_local_out": "norm",
+    }
+
+    def check_config(self) -> None:
+        o, cfg = self.options, self.cfg
+        if cfg.segment_len is None:
+            raise ConfigError("longmem needs config.segment_len (the bank grows a segment at a time)")
+        if cfg.segment_len % o.chunk_size:
+            raise ConfigError(f"segment_len ({cfg.segment_len}) must be a multiple of chunk_size ({o.chunk_size})")
+        self.memory_layer = o.memory_layer if o.memory_layer >= 0 else cfg.n_layers // 2
+        self.augmented_layer = o.augmented_layer if o.augmented_layer >= 0 else o.side_layers // 2
+        if not 0 <= self.memory_layer < cfg.n_layers:
+            raise ConfigError(f"longmem memory_layer must lie in 0..{cfg.n_layers - 1}")
+        if not 0 <= self.augmented_layer < o.side_layers:
+            raise ConfigError(f"longmem augmented_layer must lie in 0..{o.side_layers - 1}")
+        if o.side_layers > cfg.n_layers:
+            raise ConfigError("longmem side_layers cannot exceed the backbone's n_layers")
+
+    def build(self) -> None:
+        cfg, o = self.cfg, self.options
+        self.blocks = nn.ModuleList(
+            Block(cfg, LocalAttention(cfg, window=cfg.window), SwiGLU(cfg.d_model, cfg.d_mlp)) for _ in range(cfg.n_layers)
+        )
+        self.side_blocks = nn.ModuleList(
+            SideBlock(cfg, MemoryAugmentedAttention(cfg, o) if i == self.augmented_layer else LocalAttention(cfg, window=cfg.window),
+                      SwiGLU(cfg.d_model, cfg.d_mlp))
+            for i in range(o.side_layers)
+        )
+        self.hook_side_out = HookPoint()  # [batch, pos, d_model]  the SideNet's output stream
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        self.freeze_backbone()
+
+    def freeze_backbone(self) -> None:
+        """The backbone (embeddings, blocks, unembedding) is frozen; `ln_final` is the side
+        network's final norm and trains."""
+        for module in (self.embed, self.blocks, self.unembed):
+            for p in module.parameters():
+                p.requires_grad_(False)
+
+    def init_from_checkpoint(self, path) -> None:
+        """Load a trained baseline into the backbone; side block l starts as backbone block b(l)."""
+        from memviz.checkpoint import CheckpointError, load
+
+        base = load(path)
+        mismatch = [f for f in ("d_model", "n_layers", "n_heads", "d_head", "d_mlp", "window", "vocab_size")
+                    if getattr(base.cfg, f) != getattr(self.cfg, f)]
+        if base.family not in ("transformer", "sliding_window") or mismatch:
+            raise CheckpointError(f"{path}: a LongMem backbone must be a baseline with the same {mismatch or 'family'}")
+        with torch.no_grad():
+            self.embed.load_state_dict(base.embed.state_dict())
+            self.blocks.load_state_dict(base.blocks.state_dict())
+            self.ln_final.load_state_dict(base.ln_final.state_dict())
+            for side, tap in zip(self.side_blocks, self.taps()):
+                side.load_state_dict(base.blocks[tap].state_dict(), strict=False)  # the gate stays at 0
+        self._tokenizer = base.tokenizer
+
+    def taps(self) -> list[int]:
+        """b(l): the backbone depth whose hidden state side block l's residual ends at."""
+        L, S = self.cfg.n_layers, self.options.side_layers
+        return [round(l * L / S) for l in range(S + 1)]
+
+    def init_state(self, batch_size: int = 1):
+        state = super().init_state(batch_size)  # backbone blocks
+        empty = torch.zeros(batch_size, 0, self.cfg.n_heads, self.cfg.d_head, device=self.device)
+        extra = {
+            "side": [b.init_state(batch_size, self.device) for b in self.side_blocks],
+            # the bank: cached keys/values of whole earlier segments, and their positions
+            "bank": {"k": empty, "v": empty.clone(), "pos": torch.zeros(0, dtype=torch.long, device=self.device)},
+            # keys/values of the open segment's tokens seen so far
+            "pending": {"k": empty.clone(), "v": empty.clone()},
+        }
+        state.layers = [*state.layers, extra]
+        return state
+
+    def run_blocks(self, x: Tensor, tokens: Tensor, state) -> tuple[Tensor, list[StateTree]]:
+        cfg, o, pos, T = self.cfg, self.options, state.pos, x.shape[1]
+        extra = state.layers[cfg.n_layers]
+        hidden, new_states = [x], []
+        for layer, (block, layer_state) in enumerate(zip(self.blocks, state.layers[: cfg.n_layers])):
+            if layer == self.memory_layer:
+                k_mem, v_mem = block.attn.project(block.ln1(hidden[-1]))[1:]  # un-rotated [B,T,H,d]
+            h, layer_state = block(hidden[-1], layer_state, pos)
+            hidden.append(h)
+            new_states.append(layer_state)
+        bank, pending = extra["bank"], extra["pending"]
+        n_pending = pending["k"].shape[1]
+        ext_k = torch.cat([bank["k"], pending["k"], k_mem], 1)
+        ext_v = torch.cat([bank["v"], pending["v"], v_mem], 1)
+        ext_pos = torch.cat([bank["pos"], torch.arange(pos - n_pending, pos + T, device=x.device)])
+        view = self.bank_view(ext_k, ext_v, ext_pos, torch.arange(pos, pos + T, device=x.device))
+        taps, h, side_states = self.taps(), hidden[0], []
+        for l, (block, s) in enumerate(zip(self.side_blocks, extra["side"])):
+            h, s = block(h, s, pos, view)
+            h = h + (hidden[taps[l + 1]] - hidden[taps[l]])
+            side_states.append(s)
+        open_from = (pos + T) - (pos + T) % cfg.segment_len  # first position of the open segment
+        closed = ext_pos < open_from
+        new_bank = {"k": ext_k[:, closed][:, -o.bank_size :], "v": ext_v[:, closed][:, -o.bank_size :],
+                    "pos": ext_pos[closed][-o.bank_size :]}
+        new_pending = {"k": ext_k[:, ~closed], "v": ext_v[:, ~closed]}
+        new_states.append({"side": side_states, "bank": new_bank, "pending": new_pending})
+        return self.hook_side_out(h), new_states
+
+    def bank_view(self, k: Tensor, v: Tensor, positions: Tensor, query_pos: Tensor) -> StateTree:
+        """What the memory attention reads: the keys/values padded to whole chunks, each chunk's
+        first position, and which chunks each token may read: those of whole segments before
+        its own, at most bank_size tokens back (the bank as it was when its segment began)."""
+        cs = self.options.chunk_size
+        pad = -k.shape[1] % cs
+        if pad:
+            k, v = F.pad(k, (0, 0, 0, 0, 0, pad)), F.pad(v, (0, 0, 0, 0, 0, pad))
+            positions = F.pad(positions, (0, pad), value=torch.iinfo(torch.long).max)
+        chunk_pos = positions[::cs]
+        segment_start = query_pos - query_pos % self.cfg.segment_len
+        visible = (chunk_pos[None, :] < segment_start[:, None]) & (chunk_pos[None, :] >= segment_start[:, None] - self.options.bank_size)
+        return {"k": k, "v": v, "chunk_pos": chunk_pos, "visible": visible}

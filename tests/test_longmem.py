@@ -1,0 +1,109 @@
+"""LongMem (NeurIPS 2023): exhaustive retrieval, the FIFO bank, the frozen backbone, streaming."""
+import pytest
+import torch
+
+import memviz
+from memviz.checkpoint import CheckpointError
+from memviz.models.longmem import retrieve_chunks
+from tests.conftest import random_ids, scrambled, small_model
+
+OPTIONS = {"chunk_size": 4, "topk_chunks": 3, "bank_size": 16, "side_layers": 2}
+
+
+def longmem(**options):
+    return scrambled(small_model("longmem", window=8, segment_len=8, memory={**OPTIONS, **options}), std=0.2)
+
+
+def test_retrieval_equals_exhaustive_topk_over_the_bank():
+    g = torch.Generator().manual_seed(0)
+    B, T, H, d, cs, C = 2, 5, 3, 4, 4, 9
+    q = torch.randn(B, T, H, d, dtype=torch.float64, generator=g)
+    bank = torch.randn(B, C * cs, H, d, dtype=torch.float64, generator=g)
+    visible = torch.rand(T, C, generator=g) > 0.3
+    scores, chunks = retrieve_chunks(q, bank, cs, 4, visible)
+    for b in range(B):
+        for t in range(T):
+            for h in range(H):
+                brute = []
+                for c in range(C):
+                    if visible[t, c]:
+                        key = sum(bank[b, c * cs + i, h] for i in range(cs)) / cs
+                        brute.append((float(q[b, t, h] @ key), c))
+                brute.sort(reverse=True)
+                n = min(4, len(brute))
+                assert chunks[b, t, h, :n].tolist() == [c for _, c in brute[:n]]
+                torch.testing.assert_close(scores[b, t, h, :n], torch.tensor([s for s, _ in brute[:n]], dtype=torch.float64))
+                assert torch.isinf(scores[b, t, h, n:]).all()
+
+
+def test_tokens_read_only_earlier_segments_within_the_fifo_bank():
+    model = longmem()
+    _, cache = model.run_with_cache(random_ids(48))
+    positions = cache["side_blocks.1.attn.hook_retrieved_pos"][0]  # [pos, head, topk]
+    for t in range(48):
+        start = t - t % 8
+        got = positions[t][positions[t] >= 0]
+        assert ((got < start) & (got >= start - 16)).all(), (t, got)
+        expected = min(3, min(start, 16) // 4)  # chunks available to read
+        assert (positions[t] >= 0).sum(-1).eq(expected).all(), (t, positions[t])
+    _, state = model(random_ids(48), return_state=True)
+    bank = state.layers[-1]["bank"]
+    assert bank["k"].shape[1] == 16 and bank["pos"].tolist() == list(range(32, 48))
+
+
+def test_memory_attention_is_gated_with_local_attention():
+    model = longmem()
+    _, cache = model.run_with_cache(random_ids(30))
+    g = cache["side_blocks.1.attn.hook_gate"]
+    torch.testing.assert_close(g[0, 0], torch.sigmoid(model.side_blocks[1].attn.gate))
+    mixed = g[..., None] * cache["side_blocks.1.attn.hook_mem_out"] + (1 - g[..., None]) * cache["side_blocks.1.attn.hook_local_out"]
+    torch.testing.assert_close(cache["side_blocks.1.attn.hook_z"], mixed)
+    assert torch.equal(cache["side_blocks.1.attn.hook_mem_out"][:, :8], torch.zeros(1, 8, 2, 16))  # empty bank
+
+
+@pytest.mark.parametrize("chunk_len", [1, 5, 13])
+def test_streamed_run_equals_one_pass_and_state_is_bounded(chunk_len):
+    model = longmem()
+    ids = random_ids(70)
+    with torch.no_grad():
+        one_pass = model(ids)
+        streamed = torch.cat([lg for _, lg, _ in model.stream(ids, chunk_len)], dim=1)
+        sizes = [state.nbytes() for _, _, state in model.stream(ids[:, :64], 8)]
+    torch.testing.assert_close(streamed, one_pass, atol=1e-5, rtol=1e-5)
+    assert len(set(sizes[2:])) == 1  # bank full (16 tokens) from the third segment on
+
+
+def test_the_bank_carries_information_past_every_window():
+    model = longmem()
+    ids = random_ids(40)
+    changed = ids.clone()
+    changed[0, 1] = (changed[0, 1] + 3) % 256
+    with torch.no_grad():
+        diff = (model(ids) - model(changed)).abs().amax(-1)[0]
+    # windows of 8 over 2 backbone + 2 side layers reach 1 + 4 * 7 = 29 at most; the bank, which
+    # holds keys of positions 8-15 that the backbone computed from token 1, reaches further
+    assert diff[30:32].min() > 1e-5
+    assert diff[32:].max() == 0  # from segment 32 on, the FIFO bank (16 tokens) holds 16-31 only
+
+
+def test_backbone_is_frozen_and_loaded_from_a_baseline(tmp_path):
+    base = scrambled(small_model("sliding_window", window=8))
+    path = memviz.save(base, tmp_path / "base")
+    model = small_model("longmem", window=8, segment_len=8, memory=OPTIONS)
+    model.init_from_checkpoint(path)
+    assert all(not p.requires_grad for n, p in model.named_parameters() if n.startswith(("embed", "blocks", "unembed")))
+    assert all(p.requires_grad for n, p in model.named_parameters() if n.startswith(("side_blocks", "ln_final")))
+    torch.testing.assert_close(model.blocks[1].attn.W_Q.weight, base.blocks[1].attn.W_Q.weight)
+    torch.testing.assert_close(model.side_blocks[1].attn.W_Q.weight, base.blocks[model.taps()[1]].attn.W_Q.weight)
+    assert model.side_blocks[1].attn.gate.abs().max() == 0
+    with pytest.raises(CheckpointError, match="same"):
+        small_model("longmem", window=8, segment_len=8, d_mlp=96, memory=OPTIONS).init_from_checkpoint(path)
+
+
+def test_config_errors():
+    with pytest.raises(memviz.ConfigError, match="needs config.segment_len"):
+        small_model("longmem", window=8, memory=OPTIONS)
+    with pytest.raises(memviz.ConfigError, match="multiple of chunk_size"):
+        small_model("longmem", window=8, segment_len=6, memory=OPTIONS)
+    with pytest.raises(memviz.ConfigError, match="bank_size"):
+        small_model("longmem", window=8, segment_len=8, memory={**OPTIONS, "bank_size": 10})
