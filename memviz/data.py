@@ -94,17 +94,19 @@ class TaskSampler:
         self.kb = facts.KnowledgeBase(cfg.kb_seed, cfg.n_entities) if "facts" in self.tasks else None
 
     def example(self, rng: random.Random, length: int) -> Example:
-        task = rng.choices(self.tasks, self.weights)[0]
-        if task == "facts":
-            return self.facts_example(rng, length)
-        for _ in range(20):  # a long story may not fit a short length: draw another
+        """A sample of a task drawn from the mix; a sample that cannot fit `length` (a long
+        story early in the curriculum) is redrawn, task included."""
+        for _ in range(50):
+            task = rng.choices(self.tasks, self.weights)[0]
+            if task == "facts":
+                return self.facts_example(rng, length)
             try:
                 sample, answer = self.long_sample(task, rng, length)
                 break
             except ValueError:
                 continue
         else:
-            raise ValueError(f"data.curriculum length {length} is too short for {task} samples")
+            raise ValueError(f"data.curriculum length {length} is too short for the tasks {self.tasks}")
         prompt = self.tokenizer.encode(sample.prompt)
         tail = self.tokenizer.encode(answer) + [self.tokenizer.eos_id]
         weights = [0.0] + [self.cfg.text_weight] * (len(prompt) - 1) + [self.cfg.answer_weight] * len(tail)

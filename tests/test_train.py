@@ -1,0 +1,148 @@
+"""Training: resume continues the run exactly, divergence stops cleanly, signals save, DDP agrees."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import memviz
+from memviz import train as train_module
+from memviz.checkpoint import read_weights
+from memviz.train import TrainConfig, Trainer, TrainingDiverged
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def tiny_config(out, steps=6, **overrides):
+    data = {
+        "name": "tiny",
+        "model": {"family": "sliding_window", "d_model": 32, "n_layers": 2, "n_heads": 2, "d_mlp": 64, "window": 16},
+        "tokenizer": "byte",
+        "data": {"mix": {"facts": 1.0}, "curriculum": [[0, 48]], "n_entities": 20},
+        "optim": {"steps": steps, "batch_size": 2, "lr": 0.01, "warmup": 2},
+        "out": str(out),
+        "save_every": 1,
+        "log_every": 1,
+        "threads": 1,
+    }
+    for key, value in overrides.items():
+        data[key] = {**data[key], **value} if isinstance(value, dict) else value
+    return TrainConfig.from_dict(data)
+
+
+def losses(out):
+    rows = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+def test_resume_continues_as_if_never_stopped(tmp_path):
+    straight = Trainer(tiny_config(tmp_path / "a"), progress=False).run()
+
+    def stop_at_three(record):
+        if record.get("step") == 3:
+            interrupted.stop.set()
+
+    interrupted = Trainer(tiny_config(tmp_path / "b"), progress=False, on_log=stop_at_three)
+    interrupted.run()
+    assert interrupted.step == 3 and (tmp_path / "b/checkpoints/latest").read_text() == "step-0000003"
+    resumed = Trainer(tiny_config(tmp_path / "b"), resume=True, progress=False).run()
+    assert resumed.step == 6
+    assert losses(tmp_path / "b") == pytest.approx(losses(tmp_path / "a"), abs=1e-6)
+    for name, p in straight.model.state_dict().items():
+        torch.testing.assert_close(resumed.model.state_dict()[name], p, atol=1e-6, rtol=1e-5)
+
+
+def test_resume_without_a_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="no checkpoint under"):
+        Trainer(tiny_config(tmp_path / "none"), resume=True, progress=False)
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+    real = train_module.weighted_loss
+    calls = {"n": 0}
+
+    def poisoned(logits, tokens, weights):
+        calls["n"] += 1
+        loss, answer = real(logits, tokens, weights)
+        return (loss * float("nan") if calls["n"] == 4 else loss), answer
+
+    monkeypatch.setattr(train_module, "weighted_loss", poisoned)
+    trainer = Trainer(tiny_config(tmp_path / "nan"), progress=False)
+    with pytest.raises(TrainingDiverged, match="loss became nan at step 3"):
+        trainer.run()
+    latest = tmp_path / "nan/checkpoints" / (tmp_path / "nan/checkpoints/latest").read_text()
+    assert latest.name == "step-0000003"
+    weights = read_weights(latest / "model.safetensors")
+    assert all(torch.isfinite(w).all() for w in weights.values())
+    assert memviz.load(latest).cfg.name == "tiny"  # the last good checkpoint still loads
+
+
+def test_sigterm_saves_and_exits_then_export_writes_a_card(tmp_path):
+    config = tiny_config(tmp_path / "run", steps=100_000)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**config.to_dict(), "save_every": 1000}))
+    proc = subprocess.Popen([sys.executable, "-m", "memviz.train", "--config", str(path), "--no-progress"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "run/metrics.jsonl"
+    deadline = time.time() + 120
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+        assert time.time() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "saving a checkpoint" in err
+    step = int((tmp_path / "run/checkpoints/latest").read_text().split("-")[1])
+    assert step >= 3
+    trainer = Trainer(TrainConfig.load(path), resume=True, progress=False)
+    assert trainer.step == step
+    exported = trainer.export(tmp_path / "exported", final_eval=False)
+    card = json.loads((exported / "card.json").read_text())
+    assert card["steps"] == step and card["family"] == "sliding_window" and "CPU" in card["machine"]
+    assert memviz.load(exported).cfg.window == 16
+
+
+def test_bad_training_configs():
+    with pytest.raises(ValueError, match="unknown training config fields"):
+        TrainConfig.from_dict({"name": "x", "model": {}, "colour": 1})
+    with pytest.raises(ValueError, match="unknown data tasks"):
+        TrainConfig.from_dict({"name": "x", "model": {}, "data": {"mix": {"qa9": 1.0}}})
+    with pytest.raises(ValueError, match="optim.steps must be a positive integer"):
+        TrainConfig.from_dict({"name": "x", "model": {}, "optim": {"steps": 0}})
+    with pytest.raises(ValueError, match="does not exist"):
+        TrainConfig.load("/no/such/config.json")
+
+
+DDP_SCRIPT = """
+import json, sys, torch
+from safetensors.torch import save_file
+from memviz.train import TrainConfig, Trainer
+cfg = TrainConfig.from_dict(json.loads(open(sys.argv[1]).read()))
+trainer = Trainer(cfg, progress=False).run()
+rank = torch.distributed.get_rank()
+save_file({k: v.contiguous() for k, v in trainer.model.state_dict().items() if k != "unembed.weight"},
+          f"{cfg.out}/rank{rank}.safetensors")
+torch.distributed.destroy_process_group()
+"""
+
+
+def test_ddp_two_cpu_processes_end_with_identical_weights(tmp_path):
+    config = tiny_config(tmp_path / "ddp", steps=4)
+    (tmp_path / "config.json").write_text(json.dumps(config.to_dict()))
+    (tmp_path / "ddp_train.py").write_text(DDP_SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+                          str(tmp_path / "ddp_train.py"), str(tmp_path / "config.json")],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    a, b = read_weights(tmp_path / "ddp/rank0.safetensors"), read_weights(tmp_path / "ddp/rank1.safetensors")
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    start = Trainer(tiny_config(tmp_path / "fresh", steps=4), progress=False).model.state_dict()
+    assert any(not torch.equal(a[n], start[n]) for n in a)  # they trained, and agree
