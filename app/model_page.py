@@ -5,12 +5,8 @@ import pandas as pd
 import streamlit as st
 
 import memviz
+from app.common import default_sample, load_model
 from memviz.model import generic_hook_name
-
-
-@st.cache_resource(show_spinner="Loading checkpoint…")
-def load_model(path: str):
-    return memviz.load(path)
 
 
 def hook_table(model) -> pd.DataFrame:
@@ -23,7 +19,8 @@ def render() -> None:
     st.title("memviz")
     samples = memviz.list_samples()
     options = [*samples, "a local path…"]
-    choice = st.selectbox("Checkpoint", options, key="checkpoint_choice")
+    default = default_sample()
+    choice = st.selectbox("Checkpoint", options, index=options.index(default) if default else 0, key="checkpoint_choice")
     path = st.text_input("Checkpoint folder", key="checkpoint_path") if choice == options[-1] else choice
     if not path:
         st.info("Give the path of a checkpoint folder (config.json, model.safetensors, tokenizer.json).")

@@ -1,8 +1,8 @@
 """memviz workbench: `streamlit run app`.
 
-The app is thin: it loads checkpoints through `memviz.load` and shows what the library
-computes. The Model page is the first of the workbench's pages; the trace, intervene,
-compare, probe and train views build on it.
+The app is thin: it loads checkpoints through `memviz.load`, traces through `memviz.trace`
+and draws with `memviz.viz`. Pages: Model (pick a checkpoint, see its card and hooks) and
+Trace (stream an input through the model and see its memory at work).
 """
 from __future__ import annotations
 
@@ -13,8 +13,11 @@ import streamlit as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app import model_page  # noqa: E402
+from app import model_page, trace_page  # noqa: E402
 
 st.set_page_config(page_title="memviz", layout="wide")
-page = st.navigation([st.Page(model_page.render, title="Model", url_path="model", default=True)])
+page = st.navigation([
+    st.Page(model_page.render, title="Model", url_path="model", default=True),
+    st.Page(trace_page.render, title="Trace", url_path="trace"),
+])
 page.run()

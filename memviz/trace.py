@@ -124,21 +124,24 @@ class Trace:
             raise ValueError(f"reduce must be 'max', 'mean' or 'first', got {reduce!r}")
         return Pooled(positions, values, bin_size)
 
-    def save(self, path: str | Path) -> Path:
-        """Write an .npz (no pickles) that `Trace.load` and `memviz.Trace.load` read back."""
-        path = Path(path)
+    def to_bytes(self) -> bytes:
+        """The .npz (no pickles) that `save` writes."""
+        import io
+
         meta = {"meta": self.meta, "vocab": self.vocab, "names": self.names}
         payload = {f"array:{n}": a for n, a in self.arrays.items()}
         payload["tokens"] = self.tokens
         payload["meta_json"] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
-        import io
-
-        from memviz.checkpoint import atomic_write_bytes
-
         buffer = io.BytesIO()
         np.savez_compressed(buffer, **payload)
-        atomic_write_bytes(path, buffer.getvalue())
-        return path
+        return buffer.getvalue()
+
+    def save(self, path: str | Path) -> Path:
+        """Write an .npz that `Trace.load` (and `memviz.Trace.load`) reads back."""
+        from memviz.checkpoint import atomic_write_bytes
+
+        atomic_write_bytes(path, self.to_bytes())
+        return Path(path)
 
     @classmethod
     def load(cls, path: str | Path) -> "Trace":
@@ -177,8 +180,10 @@ def trace(
     chunk_len: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     max_tokens: int = MAX_TRACE_TOKENS,
+    evidence: Sequence[Sequence[int]] = (),
 ) -> Trace:
-    """Run `text` (a string or token ids) through `model` chunk by chunk and keep `names`."""
+    """Run `text` (a string or token ids) through `model` chunk by chunk and keep `names`.
+    `evidence` (token spans, e.g. a probe sample's needle) is kept for figures to mark."""
     ids = model.tokenizer.encode(text) if isinstance(text, str) else [int(i) for i in text]
     if not ids:
         raise ValueError("empty input: there is nothing to trace")
@@ -213,5 +218,6 @@ def trace(
         "model": model.cfg.name or model.card.get("name", ""),
         "reducers": reducers,
         "chunk_len": chunk_len or model.chunk_len,
+        "evidence": [[int(a), int(b)] for a, b in evidence],
     }
     return Trace(np.asarray(ids, dtype=np.int32), arrays, vocab, meta)

@@ -45,3 +45,63 @@ def test_model_page_reports_bad_checkpoints(tmp_path, corrupt):
     at = choose_path(open_app(), str(path))
     assert len(at.error) == 1 and "Cannot load this checkpoint" in at.error[0].value
     assert not at.metric
+
+
+def trace_page_script():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path.cwd()))
+    from app import trace_page
+
+    trace_page.render()
+
+
+@pytest.fixture(scope="module")
+def infini_checkpoint(tmp_path_factory):
+    model = small_model("infini", segment_len=16)
+    return str(memviz.save(model, tmp_path_factory.mktemp("ckpt") / "infini"))
+
+
+def open_trace_page(path: str) -> AppTest:
+    at = AppTest.from_function(trace_page_script, default_timeout=120)
+    at.session_state["model_path"] = path
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def chart_titles(at: AppTest) -> list[str]:
+    import json
+
+    return [json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart")]
+
+
+def test_trace_page_traces_the_default_passkey_sample(infini_checkpoint):
+    at = open_trace_page(infini_checkpoint)
+    titles = chart_titles(at)
+    assert any("sigmoid(beta)" in t for t in titles) and any("memory share" in t for t in titles), titles
+    assert "answer" in at.caption[0].value
+    at.slider(key="zoom").set_value((100, 300)).run()  # zoom re-pools the same cached trace
+    assert not at.exception
+    assert len(at.get("plotly_chart")) == len(titles)
+
+
+def test_trace_page_text_and_error_paths(infini_checkpoint):
+    at = open_trace_page(infini_checkpoint)
+    at.radio(key="source").set_value("text").run()
+    assert "Give an input" in at.info[0].value  # empty input
+    at.text_area(key="text_input").input("The pass key is 12345. " * 10).run()
+    assert not at.exception and at.get("plotly_chart")
+    at.radio(key="source").set_value("file").run()
+    at.get("file_uploader")[0].set_value(("bad.txt", b"\xff\xfe\xfa not utf-8", "text/plain")).run()
+    assert "not UTF-8" in at.error[0].value
+    at.get("file_uploader")[0].set_value(("big.txt", b"a" * (21 * 1024 * 1024), "text/plain")).run()
+    assert "the limit is 20 MB" in at.error[0].value
+    at.get("file_uploader")[0].set_value(("ok.txt", "Grüße aus dem Speicher. ".encode() * 20, "text/plain")).run()
+    assert not at.error and at.get("plotly_chart")
+
+
+def test_trace_page_reports_a_bad_checkpoint(tmp_path):
+    at = open_trace_page(str(tmp_path / "missing"))
+    assert "Cannot load this checkpoint" in at.error[0].value

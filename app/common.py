@@ -1,0 +1,35 @@
+"""What the pages share: the loaded model (cached per path) and the default checkpoint."""
+from __future__ import annotations
+
+import streamlit as st
+
+import memviz
+
+#: the sample shown first: a long-context model, so a new user sees memory at work at once
+PREFERRED_SAMPLES = ("infini", "titans", "lm2", "longmem", "memory_plus", "sliding_window")
+
+
+@st.cache_resource(show_spinner="Loading checkpoint…")
+def load_model(path: str):
+    return memviz.load(path)
+
+
+def default_sample() -> str | None:
+    samples = memviz.list_samples()
+    for name in PREFERRED_SAMPLES:
+        if name in samples:
+            return name
+    return samples[0] if samples else None
+
+
+def current_model():
+    """The model chosen on the Model page (or the default sample); None with an error shown."""
+    path = st.session_state.get("model_path") or default_sample()
+    if path is None:
+        st.warning("No checkpoint chosen: pick one on the Model page.")
+        return None
+    try:
+        return load_model(path)
+    except memviz.CheckpointError as exc:
+        st.error(f"Cannot load this checkpoint: {exc}")
+        return None

@@ -1,0 +1,86 @@
+"""Trace page: stream an input through the model and show its memory at work."""
+from __future__ import annotations
+
+import streamlit as st
+
+import memviz
+from app.common import current_model, default_sample, load_model
+from memviz import viz
+from probes import babilong, passkey
+
+MAX_UPLOAD_BYTES = 20 * 1024 * 1024
+MAX_TOKENS = 1_000_000
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def cached_trace(model_path: str, text: str, evidence: tuple[tuple[int, int], ...]) -> memviz.Trace:
+    model = load_model(model_path)
+    bar = st.progress(0.0, text="Streaming through the model…")
+    tr = memviz.trace(model, text, evidence=evidence, max_tokens=MAX_TOKENS,
+                      progress=lambda done, total: bar.progress(done / total, text=f"Streaming: {done:,} / {total:,} tokens"))
+    bar.empty()
+    return tr
+
+
+def choose_input(model) -> tuple[str, tuple[tuple[int, int], ...]] | None:
+    """The text to trace and its evidence spans, from the source the user picks."""
+    source = st.radio("Input", ["pass-key sample", "BABILong sample", "text", "file"], horizontal=True, key="source")
+    if source == "pass-key sample":
+        c1, c2, c3 = st.columns(3)
+        length = c1.number_input("length (tokens)", 100, 200_000, 1024, step=256, key="pk_length")
+        depth = c2.slider("needle depth", 0.0, 1.0, 0.5, key="pk_depth")
+        seed = c3.number_input("seed", 0, 10_000, 0, key="pk_seed")
+        sample = passkey.seeded_sample(model.tokenizer, int(length), float(depth), int(seed), 0)
+    elif source == "BABILong sample":
+        c1, c2, c3 = st.columns(3)
+        task = c1.selectbox("task", babilong.TASKS, key="bl_task")
+        length = c2.number_input("length (tokens)", 200, 200_000, 1000, step=250, key="bl_length")
+        seed = c3.number_input("seed", 0, 10_000, 0, key="bl_seed")
+        sample = babilong.seeded_sample(model.tokenizer, task, int(length), int(seed), 0)
+    elif source == "text":
+        text = st.text_area("Text", key="text_input", height=150)
+        return (text, ()) if text.strip() else None
+    else:
+        upload = st.file_uploader("A UTF-8 text file", type=["txt", "md"], key="upload")
+        if upload is None:
+            return None
+        data = upload.getvalue()
+        if len(data) > MAX_UPLOAD_BYTES:
+            st.error(f"The file is {len(data) / 2**20:.1f} MB; the limit is {MAX_UPLOAD_BYTES // 2**20} MB.")
+            return None
+        try:
+            return data.decode("utf-8"), ()
+        except UnicodeDecodeError as exc:
+            st.error(f"The file is not UTF-8 text ({exc.reason} at byte {exc.start}).")
+            return None
+    st.caption(f"{sample.n_tokens:,} tokens · answer **{sample.answer}** · model says "
+               f"**{model.generate(sample.prompt, 8).strip()!r}**" if sample.n_tokens <= 20_000 else
+               f"{sample.n_tokens:,} tokens · answer **{sample.answer}**")
+    return sample.prompt, tuple(map(tuple, sample.evidence))
+
+
+def render() -> None:
+    st.title("Trace")
+    model = current_model()
+    if model is None:
+        return
+    chosen = choose_input(model)
+    if chosen is None:
+        st.info("Give an input to trace.")
+        return
+    text, evidence = chosen
+    try:
+        tr = cached_trace(st.session_state.get("model_path") or default_sample(), text, evidence)
+    except ValueError as exc:
+        st.error(str(exc))
+        return
+    start, stop = st.slider("Positions", 0, len(tr), (0, len(tr)), key="zoom") if len(tr) > 1 else (0, len(tr))
+    if stop - start < 1:
+        st.warning("Choose a non-empty range of positions.")
+        return
+    figures = viz.family_figures(model, tr, start=start, stop=stop)
+    for title, fig in figures.items():
+        st.plotly_chart(fig, use_container_width=True, key=f"fig-{title}")
+        st.download_button(f"Download {title} (HTML)", fig.to_html(include_plotlyjs=True), file_name=f"{title.replace(' ', '_')}.html",
+                           key=f"dl-{title}")
+    st.download_button("Download trace (.npz, memviz.Trace.load)", tr.to_bytes(), file_name="trace.npz", key="dl-trace")

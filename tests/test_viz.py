@@ -1,0 +1,40 @@
+"""Figures pool long traces on the server, keep true positions, and mark the evidence."""
+import numpy as np
+import pytest
+
+import memviz
+from memviz import viz
+from memviz.trace import Trace
+from tests.conftest import FAMILY_CONFIGS, small_model
+
+
+def test_long_traces_are_pooled_to_screen_width_with_true_positions():
+    n = 200_000
+    surprise = np.zeros(n, dtype=np.float32)
+    surprise[123_456] = 9.0
+    slots = np.zeros((n, 4), dtype=np.float32)
+    slots[150_000, 2] = 1.0
+    tr = Trace(np.zeros(n), {"s": surprise, "slots": slots}, meta={"evidence": [[123_450, 123_470]]})
+    fig = viz.timeline(tr, {"s": "surprise"}, "t", width=1000)
+    line = fig.data[0]
+    assert len(line.x) == 1000 and line.x[-1] == 199_800
+    assert max(line.y) == 9.0 and line.x[int(np.argmax(line.y))] == 123_400  # the spike survives pooling
+    assert fig.layout.shapes and fig.layout.shapes[0].x0 == pytest.approx(123_449.5)
+    heat = viz.position_heatmap(tr, "slots", "h", "slot", width=500)
+    assert np.asarray(heat.data[0].z).shape == (4, 500) and np.nanmax(heat.data[0].z) == 1.0
+    zoom = viz.timeline(tr, {"s": "surprise"}, "t", width=1000, start=123_400, stop=123_500)
+    assert list(zoom.data[0].x) == list(range(123_400, 123_500)) and zoom.data[0].y[56] == 9.0
+    with pytest.raises(ValueError, match="empty position range"):
+        viz.timeline(tr, {"s": "s"}, "t", start=5, stop=5)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_CONFIGS))
+def test_every_family_has_its_views(family):
+    model = small_model(family, **FAMILY_CONFIGS[family])
+    tr = memviz.trace(model, "Sandra journeyed to the kitchen. " * 20, evidence=[(3, 9)])
+    figs = viz.family_figures(model, tr, width=200)
+    expected = {"transformer": 1, "sliding_window": 1, "infini": 5, "lm2": 5, "titans": 3, "memory_layer": 2, "longmem": 3}
+    assert len(figs) == expected[family], list(figs)
+    for fig in figs.values():
+        assert fig.layout.title.text
+        fig.to_json()  # serialisable for the browser
