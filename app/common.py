@@ -1,6 +1,8 @@
 """What the pages share: the loaded model (cached per path) and the default checkpoint."""
 from __future__ import annotations
 
+import os
+
 import streamlit as st
 
 import memviz
@@ -15,6 +17,9 @@ def load_model(path: str):
 
 
 def default_sample() -> str | None:
+    """MEMVIZ_CHECKPOINT if set, else the first preferred sample checkpoint present."""
+    if os.environ.get("MEMVIZ_CHECKPOINT"):
+        return os.environ["MEMVIZ_CHECKPOINT"]
     samples = memviz.list_samples()
     for name in PREFERRED_SAMPLES:
         if name in samples:

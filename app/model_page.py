@@ -17,9 +17,11 @@ def hook_table(model) -> pd.DataFrame:
 
 def render() -> None:
     st.title("memviz")
-    samples = memviz.list_samples()
-    options = [*samples, "a local path…"]
     default = default_sample()
+    samples = memviz.list_samples()
+    if default and default not in samples:
+        samples = [default, *samples]
+    options = [*samples, "a local path…"]
     choice = st.selectbox("Checkpoint", options, index=options.index(default) if default else 0, key="checkpoint_choice")
     path = st.text_input("Checkpoint folder", key="checkpoint_path") if choice == options[-1] else choice
     if not path:
