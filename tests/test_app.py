@@ -105,3 +105,27 @@ def test_trace_page_text_and_error_paths(infini_checkpoint):
 def test_trace_page_reports_a_bad_checkpoint(tmp_path):
     at = open_trace_page(str(tmp_path / "missing"))
     assert "Cannot load this checkpoint" in at.error[0].value
+
+
+def probes_page_script():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path.cwd()))
+    from app import probes_page
+
+    probes_page.render()
+
+
+def test_probes_page_runs_a_grid_and_offers_the_csv(infini_checkpoint):
+    at = AppTest.from_function(probes_page_script, default_timeout=120)
+    at.session_state["model_path"] = infini_checkpoint
+    at.run()
+    at.multiselect(key="lengths").set_value([256]).run()
+    at.number_input(key="n").set_value(2).run()
+    at.button(key="run_probe").click().run()
+    assert not at.exception, at.exception
+    assert at.metric[0].label == "accuracy" and at.dataframe[0].value.shape[0] == 6  # 3 depths x 2 samples
+    at.multiselect(key="depths").set_value([]).run()
+    at.button(key="run_probe").click().run()
+    assert "at least one length and one depth" in at.error[0].value
