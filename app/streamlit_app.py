@@ -2,8 +2,8 @@
 
 The app is thin: it loads checkpoints through `memviz.load`, traces through `memviz.trace`
 and draws with `memviz.viz`. Pages: Model (pick a checkpoint, see its card and hooks) and
-Trace (stream an input through the model and see its memory at work), Probes (pass-key and
-BABILong grids with their heatmaps).
+Trace (stream an input through the model and see its memory at work), Intervene (ablate or
+replace the memory at a segment), Probes (pass-key and BABILong grids with their heatmaps).
 """
 from __future__ import annotations
 
@@ -14,12 +14,13 @@ import streamlit as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app import model_page, probes_page, trace_page  # noqa: E402
+from app import intervene_page, model_page, probes_page, trace_page  # noqa: E402
 
 st.set_page_config(page_title="memviz", layout="wide")
 page = st.navigation([
     st.Page(model_page.render, title="Model", url_path="model", default=True),
     st.Page(trace_page.render, title="Trace", url_path="trace"),
+    st.Page(intervene_page.render, title="Intervene", url_path="intervene"),
     st.Page(probes_page.render, title="Probes", url_path="probes"),
 ])
 page.run()

@@ -178,3 +178,16 @@ def family_figures(model, trace: Trace, width: int = WIDTH, start: int = 0, stop
             figs[f"{name} usage"] = value_usage(trace, name, n_values)
     figs["loss"] = timeline(trace, {"loss": "next-token loss (nats)"}, "Next-token loss", **zoom)
     return figs
+
+
+def ablation_sweep_figure(rows, evidence: Sequence[Sequence[int]] = (), title: str = "Memory ablation sweep") -> go.Figure:
+    """Change in log p(answer) when the memory is reset at each segment boundary
+    (`memviz.interventions.ablation_sweep`); the needle's segment is where it starts to matter."""
+    fig = go.Figure(go.Bar(x=[r.position for r in rows], y=[r.delta for r in rows],
+                           customdata=[[r.segment, r.greedy] for r in rows],
+                           hovertemplate="reset at token %{x} (segment %{customdata[0]})<br>"
+                                         "delta log p %{y:.2f}<br>answer %{customdata[1]}<extra></extra>"))
+    for a, b in evidence:
+        fig.add_vrect(x0=a, x1=b, fillcolor="gold", opacity=0.35, line_width=0, annotation_text="evidence")
+    fig.update_layout(title=title, xaxis_title="memory reset at token position", yaxis_title="change in log p(answer)")
+    return fig

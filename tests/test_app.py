@@ -129,3 +129,27 @@ def test_probes_page_runs_a_grid_and_offers_the_csv(infini_checkpoint):
     at.multiselect(key="depths").set_value([]).run()
     at.button(key="run_probe").click().run()
     assert "at least one length and one depth" in at.error[0].value
+
+
+def intervene_page_script():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path.cwd()))
+    from app import intervene_page
+
+    intervene_page.render()
+
+
+def test_intervene_page_ablates_replaces_and_sweeps(infini_checkpoint):
+    at = AppTest.from_function(intervene_page_script, default_timeout=120)
+    at.session_state["model_path"] = infini_checkpoint
+    at.run()
+    assert not at.exception, at.exception
+    assert "after the edit" in at.metric[0].label
+    at.radio(key="iv_mode").set_value("replace with another sample's memory").run()
+    assert not at.exception and "donor sample's key" in at.caption[0].value
+    at.button(key="iv_sweep").click().run()
+    assert not at.exception and len(at.get("plotly_chart")) == 1
+    at.number_input(key="iv_length").set_value(100).run()
+    assert "shorter than the instruction" in at.error[0].value

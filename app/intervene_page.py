@@ -1,0 +1,56 @@
+"""Intervene page: ablate or replace the memory at a segment and watch the answer change."""
+from __future__ import annotations
+
+import streamlit as st
+
+from app.common import current_model
+from memviz import interventions, viz
+from probes import passkey
+
+
+def render() -> None:
+    st.title("Intervene")
+    model = current_model()
+    if model is None:
+        return
+    c1, c2, c3 = st.columns(3)
+    length = c1.number_input("pass-key length (tokens)", 100, 20_000, 512, step=128, key="iv_length")
+    depth = c2.slider("needle depth", 0.0, 1.0, 0.2, key="iv_depth")
+    seed = c3.number_input("seed", 0, 10_000, 0, key="iv_seed")
+    try:
+        sample = passkey.seeded_sample(model.tokenizer, int(length), float(depth), int(seed), 0)
+    except ValueError as exc:
+        st.error(str(exc))
+        return
+    answer = " " + sample.answer
+    clean = interventions.answer_logprob(model, sample.prompt, answer)
+    st.write(f"Answer **{sample.answer}** · clean run: greedy **{clean['greedy'].strip()!r}**, "
+             f"log p(answer) = **{clean['logprob']:.2f}**")
+    if model.family == "memory_layer":
+        layers = [i for i, b in enumerate(model.blocks) if hasattr(b.mlp, "keys")]
+        layer = st.selectbox("memory layer to silence", layers, key="iv_layer")
+        result = interventions.answer_logprob(model, sample.prompt, answer, fwd_hooks=interventions.topk_ablation_hooks(layer))
+        st.metric("log p(answer) with the layer's top-k selection zeroed", f"{result['logprob']:.2f}",
+                  delta=f"{result['logprob'] - clean['logprob']:.2f}")
+        return
+    try:
+        seg = interventions.segment_length(model)
+    except ValueError as exc:
+        st.info(str(exc))
+        return
+    n_segments = max(1, -(-sample.n_tokens // seg))
+    mode = st.radio("Edit", ["ablate", "replace with another sample's memory"], horizontal=True, key="iv_mode")
+    segment = st.slider("at the start of segment", 1, max(1, n_segments - 1), max(1, n_segments // 2), key="iv_segment") if n_segments > 1 else 1
+    if mode == "ablate":
+        edit = interventions.ablate_at(model, segment)
+    else:
+        donor = passkey.seeded_sample(model.tokenizer, int(length), float(depth), int(seed) + 1, 0)
+        edit = interventions.replace_at(model, segment, donor.prompt)
+        st.caption(f"donor sample's key: {donor.answer}")
+    result = interventions.answer_logprob(model, sample.prompt, answer, [edit])
+    st.metric(f"log p(answer) after the edit at token {segment * seg}", f"{result['logprob']:.2f}",
+              delta=f"{result['logprob'] - clean['logprob']:.2f}")
+    st.write(f"greedy answer after the edit: **{result['greedy'].strip()!r}**")
+    if st.button("Sweep: ablate at every segment", key="iv_sweep"):
+        rows = interventions.ablation_sweep(model, sample.prompt, answer)
+        st.plotly_chart(viz.ablation_sweep_figure(rows, sample.evidence), use_container_width=True, key="iv_sweep_fig")

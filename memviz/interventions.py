@@ -1,0 +1,134 @@
+"""Interventions on memory: prove which memory read carried an answer.
+
+A model streams its input segment by segment, carrying a state per layer. The state splits
+into the local attention's key/value cache (entries named k, v, ks, vs) and the memory: the
+Infini matrices M and z, LM2's bank, Titans' weights and momentum, LongMem's bank. An edit
+replaces the memory part at a segment boundary and leaves the local cache alone:
+
+  * `ablate_at(model, segment)`: reset the memory to its initial value (forget everything
+    before the segment);
+  * `replace_at(model, segment, donor_text)`: put in the memory the model built from another
+    text up to the same position (what would the model answer had it read that instead?).
+
+`answer_logprob` scores the answer under such edits; `ablation_sweep` ablates at each segment
+boundary in turn, so the log-probability drops where the evidence was stored. For a memory
+layer (parametric memory, no state) `topk_ablation_hooks` zeroes the weights of chosen values
+or of a whole layer's selection.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from memviz.model import ModelState, StateTree
+
+LOCAL_CACHE = ("k", "v", "ks", "vs")
+Edit = Callable[[ModelState], ModelState]
+
+
+def swap_memory(state: StateTree, donor: StateTree) -> StateTree:
+    """`state` with every entry except local key/value caches taken from `donor`."""
+    if isinstance(state, dict):
+        return {key: (value if key in LOCAL_CACHE else swap_memory(value, donor[key])) for key, value in state.items()}
+    if isinstance(state, list):
+        return [swap_memory(a, b) for a, b in zip(state, donor)]
+    return donor
+
+
+def segment_length(model) -> int:
+    seg = model.cfg.segment_len or model.cfg.window
+    if seg is None:
+        raise ValueError(f"a {model.family} model has no segments to intervene at")
+    return seg
+
+
+def ablate_at(model, segment: int) -> tuple[int, Edit]:
+    """Reset the memory to its initial value at the start of `segment`."""
+    fresh = model.init_state(1)
+    return segment * segment_length(model), lambda state: ModelState(state.pos, swap_memory(state.layers, fresh.layers))
+
+
+@torch.no_grad()
+def replace_at(model, segment: int, donor_text: str) -> tuple[int, Edit]:
+    """Put in, at the start of `segment`, the memory the model built from `donor_text` up to
+    the same position (the donor must be at least that long)."""
+    position = segment * segment_length(model)
+    ids = model.tokenizer.encode(donor_text)
+    if len(ids) < position:
+        raise ValueError(f"the donor text has {len(ids)} tokens; replacing at segment {segment} needs {position}")
+    donor = model.init_state(1)
+    if position:
+        _, donor = model(ids[:position], state=donor, return_state=True)
+    return position, lambda state: ModelState(state.pos, swap_memory(state.layers, donor.layers))
+
+
+@torch.no_grad()
+def answer_logprob(model, prompt: str, answer: str, edits: Sequence[tuple[int, Edit]] = (), fwd_hooks=()) -> dict:
+    """log p(answer | prompt) and the greedy answer, streaming the prompt and applying each
+    (position, edit) to the carried state when the stream reaches that position."""
+    ids, answer_ids = model.tokenizer.encode(prompt), model.tokenizer.encode(answer)
+    if not ids or not answer_ids:
+        raise ValueError("prompt and answer must both be non-empty")
+    tokens = ids + answer_ids
+    by_position = {p: e for p, e in edits if 0 < p < len(ids)}
+    bounds = [0, *sorted(by_position), len(tokens)]
+    was_training = model.training
+    model.eval()
+    try:
+        with model.hooks(fwd_hooks=list(fwd_hooks)):
+            state, logits = model.init_state(1), []
+            for a, b in zip(bounds[:-1], bounds[1:]):
+                if a in by_position:
+                    state = by_position[a](state)
+                chunk_logits, state = model(tokens[a:b], state=state, return_state=True)
+                logits.append(chunk_logits[0])
+    finally:
+        model.train(was_training)
+    logits = torch.cat(logits)
+    logp = F.log_softmax(logits.float(), -1)
+    answer_logp = logp[len(ids) - 1 : len(tokens) - 1].gather(1, torch.tensor(answer_ids)[:, None]).sum().item()
+    greedy = model.tokenizer.decode(logits[len(ids) - 1 : len(tokens) - 1].argmax(-1).tolist())
+    return {"logprob": answer_logp, "greedy": greedy, "correct": greedy.strip() == answer.strip()}
+
+
+@dataclass
+class SweepRow:
+    segment: int
+    position: int
+    logprob: float
+    delta: float
+    greedy: str
+
+
+def ablation_sweep(model, prompt: str, answer: str) -> list[SweepRow]:
+    """Ablate the memory at each segment boundary of the prompt in turn; `delta` is the change
+    in log p(answer) against the clean run."""
+    clean = answer_logprob(model, prompt, answer)["logprob"]
+    seg = segment_length(model)
+    n_segments = -(-len(model.tokenizer.encode(prompt)) // seg)
+    rows = []
+    for s in range(1, n_segments):
+        result = answer_logprob(model, prompt, answer, [ablate_at(model, s)])
+        rows.append(SweepRow(s, s * seg, result["logprob"], result["logprob"] - clean, result["greedy"]))
+    return rows
+
+
+def topk_ablation_hooks(layer: int, values: Sequence[int] | None = None) -> list:
+    """fwd_hooks zeroing a memory layer's selection weights: all of them, or only those that
+    select the given value indices (the remaining weights are not renormalised)."""
+    chosen = None if values is None else torch.as_tensor(list(values))
+    seen: dict[str, torch.Tensor] = {}
+
+    def remember(indices, hook):
+        seen["indices"] = indices
+        return indices
+
+    def zero(weights, hook):
+        if chosen is None:
+            return torch.zeros_like(weights)
+        return weights.masked_fill(torch.isin(seen["indices"], chosen), 0.0)
+
+    return [(f"blocks.{layer}.mlp.hook_topk_indices", remember), (f"blocks.{layer}.mlp.hook_topk_weights", zero)]

@@ -1,0 +1,73 @@
+"""Interventions: edits touch the memory only, at the right position, and change what they should."""
+import pytest
+import torch
+
+from memviz.interventions import ablate_at, ablation_sweep, answer_logprob, replace_at, topk_ablation_hooks
+from tests.conftest import scrambled, small_model
+
+SEG = 8
+
+
+def infini():
+    return scrambled(small_model("infini", segment_len=SEG), std=0.2)
+
+
+def test_answer_logprob_matches_a_plain_forward():
+    model = infini()
+    prompt, answer = "abcdefghijklmnopqrstuvwxyz", "XYZ"
+    ids = model.tokenizer.encode(prompt + answer)
+    logp = torch.log_softmax(model(ids)[0], -1)
+    expected = sum(logp[25 + i, ids[26 + i]].item() for i in range(3))
+    assert answer_logprob(model, prompt, answer)["logprob"] == pytest.approx(expected, abs=1e-4)
+
+
+def test_ablation_resets_memory_but_keeps_the_local_cache():
+    model = infini()
+    prompt, answer = "the pass key is 12345. " * 3, "12345"
+    clean = answer_logprob(model, prompt, answer)
+    late = answer_logprob(model, prompt, answer, [ablate_at(model, 7)])  # after every memory write so far
+    assert late["logprob"] != pytest.approx(clean["logprob"], abs=1e-4)
+    # ablating at segment 0 (before anything) changes nothing
+    assert answer_logprob(model, prompt, answer, [ablate_at(model, 0)])["logprob"] == pytest.approx(clean["logprob"], abs=1e-6)
+    # the sliding-window baseline has no memory: ablation is a no-op
+    base = scrambled(small_model("sliding_window", window=SEG))
+    assert answer_logprob(base, prompt, answer, [ablate_at(base, 4)])["logprob"] == pytest.approx(
+        answer_logprob(base, prompt, answer)["logprob"], abs=1e-6)
+
+
+def test_replacing_memory_with_its_own_run_is_a_no_op_and_a_donor_changes_it():
+    model = infini()
+    prompt, answer = "Mary went to the kitchen. John went to the garden. Where is Mary?", "kitchen"
+    clean = answer_logprob(model, prompt, answer)["logprob"]
+    same = answer_logprob(model, prompt, answer, [replace_at(model, 4, prompt)])["logprob"]
+    assert same == pytest.approx(clean, abs=1e-5)
+    donor = "Sandra moved to the office. Daniel went back to the hallway. " * 2
+    other = answer_logprob(model, prompt, answer, [replace_at(model, 4, donor)])["logprob"]
+    assert other != pytest.approx(clean, abs=1e-4)
+    with pytest.raises(ValueError, match="donor text has"):
+        replace_at(model, 40, "short")
+
+
+def test_sweep_covers_every_segment_boundary():
+    model = infini()
+    prompt = "x" * (5 * SEG + 3)
+    rows = ablation_sweep(model, prompt, "yz")
+    assert [r.segment for r in rows] == [1, 2, 3, 4, 5] and [r.position for r in rows] == [8, 16, 24, 32, 40]
+    assert all(isinstance(r.delta, float) for r in rows)
+
+
+def test_topk_ablation_zeroes_a_memory_layers_read():
+    model = scrambled(small_model("memory_layer", window=8, memory={"n_keys": 8, "topk": 4, "heads": 2, "d_key": 8, "layers": [1]}), std=0.2)
+    ids = torch.arange(20)[None]
+    with model.hooks(fwd_hooks=topk_ablation_hooks(1)):
+        _, ablated = model.run_with_cache(ids)
+    assert ablated["blocks.1.mlp.hook_read"].abs().max() == 0
+    _, clean = model.run_with_cache(ids)
+    target = int(clean["blocks.1.mlp.hook_topk_indices"][0, 0, 0, 0])
+    with model.hooks(fwd_hooks=topk_ablation_hooks(1, [target])):
+        _, partial = model.run_with_cache(ids)
+    w = partial["blocks.1.mlp.hook_topk_weights"]
+    hit = partial["blocks.1.mlp.hook_topk_indices"] == target
+    assert hit.any() and w[hit].abs().max() == 0 and w[~hit].abs().min() > 0
+    assert answer_logprob(model, "abcdef", "g", fwd_hooks=topk_ablation_hooks(1))["logprob"] != pytest.approx(
+        answer_logprob(model, "abcdef", "g")["logprob"], abs=1e-5)
