@@ -18,7 +18,7 @@ def hook_table(model) -> pd.DataFrame:
 def render() -> None:
     st.title("memviz")
     default = default_sample()
-    samples = memviz.list_samples()
+    samples = [*memviz.list_samples(), *memviz.list_user_checkpoints()]
     if default and default not in samples:
         samples = [default, *samples]
     options = [*samples, "a local path…"]

@@ -3,7 +3,8 @@
 The app is thin: it loads checkpoints through `memviz.load`, traces through `memviz.trace`
 and draws with `memviz.viz`. Pages: Model (pick a checkpoint, see its card and hooks) and
 Trace (stream an input through the model and see its memory at work), Intervene (ablate or
-replace the memory at a segment), Probes (pass-key and BABILong grids with their heatmaps).
+replace the memory at a segment), Compare (two checkpoints on one input), Probes (pass-key
+and BABILong grids with their heatmaps), Train (a small run, live and stoppable).
 """
 from __future__ import annotations
 
@@ -14,13 +15,15 @@ import streamlit as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app import intervene_page, model_page, probes_page, trace_page  # noqa: E402
+from app import compare_page, intervene_page, model_page, probes_page, train_page, trace_page  # noqa: E402
 
 st.set_page_config(page_title="memviz", layout="wide")
 page = st.navigation([
     st.Page(model_page.render, title="Model", url_path="model", default=True),
     st.Page(trace_page.render, title="Trace", url_path="trace"),
     st.Page(intervene_page.render, title="Intervene", url_path="intervene"),
+    st.Page(compare_page.render, title="Compare", url_path="compare"),
     st.Page(probes_page.render, title="Probes", url_path="probes"),
+    st.Page(train_page.render, title="Train", url_path="train"),
 ])
 page.run()

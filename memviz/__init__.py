@@ -1,5 +1,5 @@
 """memviz: an interpretability workbench for small memory-augmented language models."""
-from memviz.checkpoint import CheckpointError, list_samples, load, save
+from memviz.checkpoint import CheckpointError, list_samples, list_user_checkpoints, load, save
 from memviz.config import ConfigError, ModelConfig
 from memviz.model import MemoryLM, ModelState
 from memviz.registry import build_model
@@ -17,6 +17,7 @@ __all__ = [
     "Trace",
     "build_model",
     "list_samples",
+    "list_user_checkpoints",
     "load",
     "load_tokenizer",
     "save",

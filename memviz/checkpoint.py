@@ -22,6 +22,8 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 CARD_FILE = "card.json"
 SAMPLE_DIR = Path(__file__).resolve().parent.parent / "sample_checkpoints"
+#: where checkpoints trained from the app are exported (MEMVIZ_HOME, default ~/.memviz)
+USER_DIR = Path(os.environ.get("MEMVIZ_HOME", "~/.memviz")).expanduser() / "checkpoints"
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -91,6 +93,13 @@ def list_samples() -> list[str]:
     if not SAMPLE_DIR.is_dir():
         return []
     return sorted(d.name for d in SAMPLE_DIR.iterdir() if (d / CONFIG_FILE).is_file())
+
+
+def list_user_checkpoints() -> list[str]:
+    """Paths of checkpoints trained from the app (under USER_DIR)."""
+    if not USER_DIR.is_dir():
+        return []
+    return sorted(str(d) for d in USER_DIR.iterdir() if (d / CONFIG_FILE).is_file())
 
 
 def read_config(directory: Path) -> ModelConfig:

@@ -405,6 +405,34 @@ def machine_description() -> str:
     return f"{platform.machine()} CPU, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
 
 
+#: small models of each family for quick runs from the app or a notebook (byte tokenizer)
+QUICK_MODELS: dict[str, dict[str, Any]] = {
+    "sliding_window": {"window": 32},
+    "infini": {"segment_len": 32, "memory": {"update": "delta"}},
+    "lm2": {"window": 32, "memory": {"slots": 8}},
+    "titans": {"segment_len": 32, "memory": {"variant": "mac"}},
+    "memory_layer": {"window": 32, "memory": {"n_keys": 16, "topk": 4, "heads": 2, "d_key": 16, "layers": [1]}},
+}
+QUICK_LENGTHS = {"passkey": 320, "qa1": 320, "facts": 128}
+
+
+def quick_config(family: str, task: str, steps: int, name: str, out: str | Path, seed: int = 0) -> TrainConfig:
+    """A small training run of `family` on one probe task (see QUICK_MODELS)."""
+    if family not in QUICK_MODELS:
+        raise ValueError(f"quick training supports the families {sorted(QUICK_MODELS)}, got {family!r}")
+    if task not in QUICK_LENGTHS:
+        raise ValueError(f"quick training supports the tasks {sorted(QUICK_LENGTHS)}, got {task!r}")
+    model = {"family": family, "d_model": 64, "n_layers": 2, "n_heads": 2, **QUICK_MODELS[family]}
+    eval_cfg = {"passkey": {"passkey_lengths": [QUICK_LENGTHS["passkey"]]}, "qa1": {"babilong_tasks": ["qa1"], "babilong_lengths": [320]},
+                "facts": {"facts": 20}}[task]
+    return TrainConfig.from_dict({
+        "name": name, "model": model, "tokenizer": "byte", "out": str(out), "seed": seed, "save_every": 50, "log_every": 5,
+        "data": {"mix": {task: 1.0}, "curriculum": [[0, QUICK_LENGTHS[task]]], "min_len_frac": 0.9, "n_entities": 50},
+        "optim": {"steps": steps, "batch_size": 8, "lr": 3e-3, "warmup": min(50, max(1, steps // 10))},
+        "eval": {**eval_cfg, "final_n": 5},
+    })
+
+
 def train(config: TrainConfig | dict | str | Path, resume: bool = False, **kwargs: Any) -> Trainer:
     """Notebook entry: train from a TrainConfig, a dict, or a JSON file; returns the Trainer."""
     if isinstance(config, (str, Path)):

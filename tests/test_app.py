@@ -153,3 +153,72 @@ def test_intervene_page_ablates_replaces_and_sweeps(infini_checkpoint):
     assert not at.exception and len(at.get("plotly_chart")) == 1
     at.number_input(key="iv_length").set_value(100).run()
     assert "shorter than the instruction" in at.error[0].value
+
+
+def test_compare_page_shows_two_models_side_by_side(infini_checkpoint, tmp_path):
+    other = str(memviz.save(small_model("sliding_window", window=16), tmp_path / "base"))
+    at = AppTest.from_function(compare_page_script, default_timeout=120)
+    at.run()
+    at.selectbox(key="cmp_left").select("a local path…").run()
+    at.text_input(key="cmp_left_path").input(infini_checkpoint).run()
+    at.selectbox(key="cmp_right").select("a local path…").run()
+    at.text_input(key="cmp_right_path").input(other).run()
+    assert not at.exception, at.exception
+    headers = [h.value for h in at.subheader]
+    assert any("infini" in h for h in headers) and any("sliding_window" in h for h in headers)
+    titles = chart_titles(at)
+    assert sum("Next-token loss" in t for t in titles) == 2 and any("sigmoid(beta)" in t for t in titles)
+    at.text_input(key="cmp_right_path").input(str(tmp_path / "nothing")).run()
+    assert "Cannot load this checkpoint" in at.error[0].value
+
+
+def compare_page_script():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path.cwd()))
+    from app import compare_page
+
+    compare_page.render()
+
+
+def train_page_script():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path.cwd()))
+    from app import train_page
+
+    train_page.render()
+
+
+def test_train_page_trains_exports_and_lists_the_checkpoint(tmp_path, monkeypatch):
+    import time
+
+    monkeypatch.setenv("MEMVIZ_HOME", str(tmp_path))
+    import memviz.checkpoint
+
+    monkeypatch.setattr(memviz.checkpoint, "USER_DIR", tmp_path / "checkpoints")
+    import app.train_page
+
+    monkeypatch.setattr(app.train_page, "USER_DIR", tmp_path / "checkpoints")
+    at = AppTest.from_function(train_page_script, default_timeout=120)
+    at.run()
+    at.selectbox(key="tr_task").select("facts").run()
+    at.number_input(key="tr_steps").set_value(4).run()
+    at.text_input(key="tr_name").input("bad name!").run()
+    at.button(key="tr_start").click().run()
+    assert "letters, digits" in at.error[0].value
+    at.text_input(key="tr_name").input("tiny-facts").run()
+    at.button(key="tr_start").click().run()
+    deadline = time.time() + 180
+    while not (tmp_path / "checkpoints" / "tiny-facts" / "card.json").exists():
+        assert time.time() < deadline
+        time.sleep(0.5)
+    job = app.train_page.jobs()["tiny-facts"]
+    job["thread"].join(60)
+    at.run()
+    assert not at.exception, at.exception
+    assert job["status"] == "finished", job.get("error")
+    assert str(tmp_path / "checkpoints" / "tiny-facts") in memviz.list_user_checkpoints()
+    assert memviz.load(tmp_path / "checkpoints" / "tiny-facts").card["steps"] == 4

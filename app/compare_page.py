@@ -1,0 +1,58 @@
+"""Compare page: two checkpoints on the same input, timelines aligned."""
+from __future__ import annotations
+
+import streamlit as st
+
+import memviz
+from app.common import default_sample, load_model
+from app.trace_page import cached_trace
+from memviz import viz
+from probes import passkey
+
+
+def checkpoint_picker(label: str, key: str, default: str | None) -> str | None:
+    options = [*memviz.list_samples(), *memviz.list_user_checkpoints(), "a local path…"]
+    index = options.index(default) if default in options else 0
+    choice = st.selectbox(label, options, index=index, key=key)
+    return st.text_input(f"{label} folder", key=f"{key}_path") if choice == options[-1] else choice
+
+
+def render() -> None:
+    st.title("Compare")
+    samples = memviz.list_samples()
+    left_col, right_col = st.columns(2)
+    with left_col:
+        left = checkpoint_picker("Left checkpoint", "cmp_left", st.session_state.get("model_path") or default_sample())
+    with right_col:
+        right = checkpoint_picker("Right checkpoint", "cmp_right", "sliding_window" if "sliding_window" in samples else None)
+    if not left or not right:
+        st.info("Choose two checkpoints.")
+        return
+    try:
+        models = [load_model(left), load_model(right)]
+    except memviz.CheckpointError as exc:
+        st.error(f"Cannot load this checkpoint: {exc}")
+        return
+    c1, c2, c3 = st.columns(3)
+    length = c1.number_input("pass-key length (tokens)", 100, 200_000, 1024, step=256, key="cmp_length")
+    depth = c2.slider("needle depth", 0.0, 1.0, 0.5, key="cmp_depth")
+    seed = c3.number_input("seed", 0, 10_000, 0, key="cmp_seed")
+    traces = []
+    for path, model in zip((left, right), models):
+        try:
+            sample = passkey.seeded_sample(model.tokenizer, int(length), float(depth), int(seed), 0)
+            traces.append((sample, cached_trace(path, sample.prompt, tuple(map(tuple, sample.evidence)))))
+        except ValueError as exc:
+            st.error(f"{path}: {exc}")
+            return
+    n = min(len(tr) for _, tr in traces)  # tokenizers may differ: align on the shorter
+    start, stop = st.slider("Positions", 0, n, (0, n), key="cmp_zoom")
+    if stop <= start:
+        st.warning("Choose a non-empty range of positions.")
+        return
+    for column, path, model, (sample, tr) in zip(st.columns(2), (left, right), models, traces):
+        with column:
+            st.subheader(f"{path} ({model.family})")
+            st.write(f"answer **{sample.answer}** · model says **{model.generate(sample.prompt, 8).strip()!r}**")
+            for title, fig in viz.family_figures(model, tr, start=start, stop=stop).items():
+                st.plotly_chart(fig, use_container_width=True, key=f"cmp-{path}-{title}")

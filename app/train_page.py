@@ -1,0 +1,75 @@
+"""Train page: a small training run of a chosen family and task, live and stoppable."""
+from __future__ import annotations
+
+import json
+import re
+import threading
+from pathlib import Path
+
+import plotly.graph_objects as go
+import streamlit as st
+
+from memviz.checkpoint import USER_DIR
+from memviz.train import QUICK_LENGTHS, QUICK_MODELS, Trainer, quick_config
+
+
+@st.cache_resource
+def jobs() -> dict:
+    """Training jobs of this server, surviving reruns: name -> {trainer, thread, status}."""
+    return {}
+
+
+def run_job(job: dict) -> None:
+    try:
+        job["trainer"].run()
+        job["status"] = "exporting"
+        job["exported"] = str(job["trainer"].export(USER_DIR / job["name"], final_eval=not job["trainer"].stop.is_set()))
+        job["status"] = "stopped" if job["trainer"].stop.is_set() else "finished"
+    except Exception as exc:  # shown on the page; the last checkpoint stays on disk
+        job["status"], job["error"] = "failed", str(exc)
+
+
+def loss_figure(metrics: Path) -> go.Figure:
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+    steps = [r["step"] for r in rows if "loss" in r]
+    fig = go.Figure([go.Scatter(x=steps, y=[r["loss"] for r in rows if "loss" in r], name="loss"),
+                     go.Scatter(x=steps, y=[r["answer_loss"] for r in rows if "loss" in r], name="answer loss")])
+    fig.update_layout(title="Training loss", xaxis_title="step", yaxis_title="nats", height=350)
+    return fig
+
+
+@st.fragment(run_every=2.0)
+def live(name: str) -> None:
+    job = jobs()[name]
+    trainer = job["trainer"]
+    st.plotly_chart(loss_figure(trainer.out / "metrics.jsonl"), use_container_width=True, key=f"loss-{name}")
+    st.write(f"**{name}**: {job['status']} · step {trainer.step} / {trainer.cfg.optim.steps}")
+    if job["status"] == "running" and st.button("Stop (saves a checkpoint)", key=f"stop-{name}"):
+        trainer.stop.set()
+    if job.get("exported"):
+        scores = trainer.model.card.get("probe_scores")
+        st.success(f"Saved {job['exported']}; it is listed on the Model page." + (f" Probe scores: {scores}" if scores else ""))
+    if job.get("error"):
+        st.error(f"Training failed: {job['error']}")
+
+
+def render() -> None:
+    st.title("Train")
+    c1, c2, c3 = st.columns(3)
+    family = c1.selectbox("Family", sorted(QUICK_MODELS), key="tr_family")
+    task = c2.selectbox("Task", sorted(QUICK_LENGTHS), key="tr_task")
+    steps = c3.number_input("Steps", 1, 100_000, 300, key="tr_steps")
+    name = st.text_input("Name", f"{family}-{task}", key="tr_name")
+    if st.button("Start", key="tr_start"):
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name or ""):
+            st.error("The name may hold letters, digits, '.', '_' and '-' only.")
+        elif name in jobs() and jobs()[name]["status"] in ("running", "exporting"):
+            st.error(f"A run named {name!r} is still going.")
+        else:
+            cfg = quick_config(family, task, int(steps), name, USER_DIR.parent / "runs" / name)
+            job = {"name": name, "status": "running", "trainer": Trainer(cfg, progress=False)}
+            job["thread"] = threading.Thread(target=run_job, args=(job,), daemon=True)
+            jobs()[name] = job
+            job["thread"].start()
+    for name in list(jobs()):
+        live(name)
