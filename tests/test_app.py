@@ -7,7 +7,17 @@ from streamlit.testing.v1 import AppTest
 import memviz
 from tests.conftest import small_model
 
-APP = str(Path(__file__).resolve().parent.parent / "app" / "streamlit_app.py")
+ROOT = Path(__file__).resolve().parent.parent
+APP = str(ROOT / "app" / "streamlit_app.py")
+
+
+def page(module: str, model_path: str | None = None) -> AppTest:
+    """One page of the app (app/<module>.py), run headlessly, with a checkpoint chosen."""
+    at = AppTest.from_string(f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom app import {module}\n{module}.render()\n",
+                             default_timeout=120)
+    if model_path is not None:
+        at.session_state["model_path"] = model_path
+    return at
 
 
 def open_app() -> AppTest:
@@ -47,16 +57,6 @@ def test_model_page_reports_bad_checkpoints(tmp_path, corrupt):
     assert not at.metric
 
 
-def trace_page_script():
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path.cwd()))
-    from app import trace_page
-
-    trace_page.render()
-
-
 @pytest.fixture(scope="module")
 def infini_checkpoint(tmp_path_factory):
     model = small_model("infini", segment_len=16)
@@ -64,8 +64,7 @@ def infini_checkpoint(tmp_path_factory):
 
 
 def open_trace_page(path: str) -> AppTest:
-    at = AppTest.from_function(trace_page_script, default_timeout=120)
-    at.session_state["model_path"] = path
+    at = page("trace_page", path)
     at.run()
     assert not at.exception, at.exception
     return at
@@ -107,19 +106,8 @@ def test_trace_page_reports_a_bad_checkpoint(tmp_path):
     assert "Cannot load this checkpoint" in at.error[0].value
 
 
-def probes_page_script():
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path.cwd()))
-    from app import probes_page
-
-    probes_page.render()
-
-
 def test_probes_page_runs_a_grid_and_offers_the_csv(infini_checkpoint):
-    at = AppTest.from_function(probes_page_script, default_timeout=120)
-    at.session_state["model_path"] = infini_checkpoint
+    at = page("probes_page", infini_checkpoint)
     at.run()
     at.multiselect(key="lengths").set_value([256]).run()
     at.number_input(key="n").set_value(2).run()
@@ -131,19 +119,8 @@ def test_probes_page_runs_a_grid_and_offers_the_csv(infini_checkpoint):
     assert "at least one length and one depth" in at.error[0].value
 
 
-def intervene_page_script():
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path.cwd()))
-    from app import intervene_page
-
-    intervene_page.render()
-
-
 def test_intervene_page_ablates_replaces_and_sweeps(infini_checkpoint):
-    at = AppTest.from_function(intervene_page_script, default_timeout=120)
-    at.session_state["model_path"] = infini_checkpoint
+    at = page("intervene_page", infini_checkpoint)
     at.run()
     assert not at.exception, at.exception
     assert "after the edit" in at.metric[0].label
@@ -157,7 +134,7 @@ def test_intervene_page_ablates_replaces_and_sweeps(infini_checkpoint):
 
 def test_compare_page_shows_two_models_side_by_side(infini_checkpoint, tmp_path):
     other = str(memviz.save(small_model("sliding_window", window=16), tmp_path / "base"))
-    at = AppTest.from_function(compare_page_script, default_timeout=120)
+    at = page("compare_page")
     at.run()
     at.selectbox(key="cmp_left").select("a local path…").run()
     at.text_input(key="cmp_left_path").input(infini_checkpoint).run()
@@ -172,26 +149,6 @@ def test_compare_page_shows_two_models_side_by_side(infini_checkpoint, tmp_path)
     assert "Cannot load this checkpoint" in at.error[0].value
 
 
-def compare_page_script():
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path.cwd()))
-    from app import compare_page
-
-    compare_page.render()
-
-
-def train_page_script():
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path.cwd()))
-    from app import train_page
-
-    train_page.render()
-
-
 def test_train_page_trains_exports_and_lists_the_checkpoint(tmp_path, monkeypatch):
     import time
 
@@ -202,7 +159,7 @@ def test_train_page_trains_exports_and_lists_the_checkpoint(tmp_path, monkeypatc
     import app.train_page
 
     monkeypatch.setattr(app.train_page, "USER_DIR", tmp_path / "checkpoints")
-    at = AppTest.from_function(train_page_script, default_timeout=120)
+    at = page("train_page")
     at.run()
     at.selectbox(key="tr_task").select("facts").run()
     at.number_input(key="tr_steps").set_value(4).run()
