@@ -78,6 +78,9 @@ def render() -> None:
     if stop - start < 1:
         st.warning("Choose a non-empty range of positions.")
         return
+    with st.expander("Input text (evidence highlighted; hover a token for its position)", expanded=False):
+        st.html(f'<div style="max-height:300px;overflow:auto;font-family:monospace;white-space:pre-wrap">'
+                f"{viz.text_with_evidence(tr, start, stop)}</div>")
     figures = viz.family_figures(model, tr, start=start, stop=stop)
     for title, fig in figures.items():
         st.plotly_chart(fig, use_container_width=True, key=f"fig-{title}")

@@ -6,7 +6,7 @@ as a 1k one and spikes survive. `start`/`stop` zoom in, re-pooling at finer reso
 a trace carries evidence spans (the needle, the supporting facts) they are shaded.
 
 `family_figures(model, trace)` gives the views of the model's memory family, keyed by title:
-  memory_layer  value usage per memory layer, top-1 selected value over tokens
+  memory_layer  the selected values per token (which, weight, head), value usage and dead share
   lm2           slot attention (token x slot), the three gates over tokens, slot norms
   infini        sigmoid(beta) per layer x head, memory share per token and head, memory norm
   longmem       which past positions each token retrieved, coloured by score; the gate per head
@@ -144,6 +144,45 @@ def value_usage(trace: Trace, name: str, n_values: int) -> go.Figure:
     return fig
 
 
+def topk_selection_map(trace: Trace, name: str, width: int = WIDTH, start: int = 0, stop: int | None = None) -> go.Figure:
+    """A memory layer's selections: x = token, y = selected value index, colour = its weight,
+    one marker symbol per head. Long ranges show every `bin`-th token (indices do not pool)."""
+    start, stop = window_of(trace, start, stop)
+    idx = trace[name][start:stop]  # [T, H, k]
+    weights = trace[name.replace("hook_topk_indices", "hook_topk_weights")][start:stop]
+    step = max(1, -(-len(idx) // width))
+    fig = go.Figure()
+    symbols = ["circle", "square", "diamond", "cross", "x", "triangle-up", "star", "hexagon"]
+    for h in range(idx.shape[1]):
+        xs = np.repeat(np.arange(start, stop, step), idx.shape[2])
+        fig.add_trace(go.Scattergl(
+            x=xs, y=idx[::step, h].reshape(-1), mode="markers", name=f"head {h}",
+            marker={"color": weights[::step, h].reshape(-1), "colorscale": "Viridis", "cmin": 0, "cmax": 1, "size": 5,
+                    "symbol": symbols[h % len(symbols)], "colorbar": {"title": "weight"} if h == 0 else None},
+            hovertemplate=f"token %{{x}}<br>head {h} picked value %{{y}}<br>weight %{{marker.color:.3f}}<extra></extra>"))
+    fig.update_layout(title=f"{name.split('.mlp')[0]}: selected values per token (colour = weight)",
+                      xaxis_title="token position", yaxis_title="value index i * n_keys + j")
+    return fig
+
+
+def text_with_evidence(trace: Trace, start: int = 0, stop: int | None = None, limit: int = 3000) -> str:
+    """The input's text over [start, stop) (at most `limit` tokens) as HTML, evidence tokens
+    highlighted, each token's position in its tooltip."""
+    import html
+
+    start, stop = window_of(trace, start, stop)
+    stop = min(stop, start + limit)
+    marked = np.zeros(len(trace), dtype=bool)
+    for a, b in trace.meta.get("evidence", []):
+        marked[a:b] = True
+    pieces = []
+    for pos, text in zip(range(start, stop), trace.token_text(start, stop)):
+        safe = html.escape(text).replace("\n", "<br>")
+        style = ' style="background:#ffd54f"' if marked[pos] else ""
+        pieces.append(f'<span title="{pos}"{style}>{safe}</span>')
+    return "".join(pieces)
+
+
 def family_figures(model, trace: Trace, width: int = WIDTH, start: int = 0, stop: int | None = None) -> dict[str, go.Figure]:
     """The views of `model`'s memory family over `trace` (module docstring), keyed by title."""
     family, figs = model.family, {}
@@ -175,6 +214,7 @@ def family_figures(model, trace: Trace, width: int = WIDTH, start: int = 0, stop
     elif family == "memory_layer":
         n_values = model.options.n_keys**2
         for name in layer_names(trace, "mlp.hook_topk_indices"):
+            figs[f"{name} selections"] = topk_selection_map(trace, name, **zoom)
             figs[f"{name} usage"] = value_usage(trace, name, n_values)
     figs["loss"] = timeline(trace, {"loss": "next-token loss (nats)"}, "Next-token loss", **zoom)
     return figs

@@ -33,8 +33,16 @@ def test_every_family_has_its_views(family):
     model = small_model(family, **FAMILY_CONFIGS[family])
     tr = memviz.trace(model, "Sandra journeyed to the kitchen. " * 20, evidence=[(3, 9)])
     figs = viz.family_figures(model, tr, width=200)
-    expected = {"transformer": 1, "sliding_window": 1, "infini": 5, "lm2": 5, "titans": 3, "memory_layer": 2, "longmem": 3}
+    expected = {"transformer": 1, "sliding_window": 1, "infini": 5, "lm2": 5, "titans": 3, "memory_layer": 3, "longmem": 3}
     assert len(figs) == expected[family], list(figs)
     for fig in figs.values():
         assert fig.layout.title.text
         fig.to_json()  # serialisable for the browser
+
+
+def test_text_view_highlights_the_evidence_and_escapes_html():
+    tr = Trace(np.array([60, 98, 62, 65, 66]), {"loss": np.zeros(5, np.float32)},
+               vocab=[chr(i) for i in range(128)], meta={"evidence": [[3, 5]]})
+    html = viz.text_with_evidence(tr)
+    assert "&lt;" in html and "&gt;" in html and "<b>" not in html
+    assert html.count("background") == 2 and 'title="4"' in html
