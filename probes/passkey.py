@@ -63,6 +63,17 @@ def seeded_sample(tokenizer, length: int, depth: float, seed: int, index: int, h
     return make_sample(tokenizer, length, depth, key, haystack, seed=rng.randrange(2**31))
 
 
+def leading_digits(prediction: str, answer: str) -> int:
+    """How many leading digits of the first integer in `prediction` match the key: partial
+    credit that shows a model starting to retrieve before it gets whole keys right."""
+    match = FIRST_INTEGER.search(prediction)
+    digits = match.group(0) if match else ""
+    n = 0
+    while n < min(len(digits), len(answer)) and digits[n] == answer[n]:
+        n += 1
+    return n
+
+
 def score(prediction: str, sample: Sample | str) -> bool:
     answer = sample.answer if isinstance(sample, Sample) else sample
     match = FIRST_INTEGER.search(prediction)
@@ -78,7 +89,8 @@ def run(
     haystack=None,
     progress: bool | Callable[[int, int], None] = True,
 ) -> pd.DataFrame:
-    """One row per sample: length, depth, answer, prediction, correct (and n_tokens, evidence)."""
+    """One row per sample: length, depth, answer, prediction, correct, leading_digits (and
+    n_tokens, evidence)."""
     check_n(n)
     lengths, depths = list(lengths), list(depths)
     if not lengths or not depths:
@@ -100,7 +112,9 @@ def run(
         for depth in depths
         for i in range(n)
     ]
-    return run_samples(model, jobs, score, max_new_tokens=8, progress=progress, desc="passkey")
+    df = run_samples(model, jobs, score, max_new_tokens=8, progress=progress, desc="passkey")
+    df["leading_digits"] = [leading_digits(p, a) for p, a in zip(df["prediction"], df["answer"])]
+    return df
 
 
 def heatmap(df: pd.DataFrame, title: str = "Pass-key retrieval"):

@@ -78,6 +78,7 @@ def test_passkey_scoring():
     assert not passkey.score(" 714321", sample)
     assert not passkey.score(" the key", sample)
     assert not passkey.score(" 12345 or 71432", sample)
+    assert [passkey.leading_digits(p, "71432") for p in (" 71432.", " 71999", " 81432", "", " 714321")] == [5, 2, 0, 0, 5]
 
 
 class Oracle:
@@ -99,6 +100,7 @@ def test_passkey_run_scores_a_perfect_and_a_silent_model():
     perfect = passkey.run(Oracle(reads_key), **kwargs)
     silent = passkey.run(Oracle(lambda p: ""), **kwargs)
     assert len(perfect) == 18 and perfect["correct"].all() and not silent["correct"].any()
+    assert (perfect["leading_digits"] == 5).all() and (silent["leading_digits"] == 0).all()
     assert {"length", "depth", "answer", "prediction", "correct"} <= set(perfect.columns)
     assert perfect["answer"].tolist() == silent["answer"].tolist()  # deterministic for a seed
     fig = passkey.heatmap(pd.concat([perfect.assign(correct=perfect["depth"] < 0.6)]))
