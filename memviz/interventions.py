@@ -1,8 +1,9 @@
 """Interventions on memory: prove which memory read carried an answer.
 
 A model streams its input segment by segment, carrying a state per layer. The state splits
-into the local attention's key/value cache (entries named k, v, ks, vs) and the memory: the
-Infini matrices M and z, LM2's bank, Titans' weights and momentum, LongMem's bank. An edit
+into the local attention's key/value cache (entries named k, v, ks, vs: names no memory may
+use) and the memory: the Infini matrices M and z, LM2's bank, Titans' weights and momentum,
+LongMem's bank. An edit
 replaces the memory part at a segment boundary and leaves the local cache alone:
 
   * `ablate_at(model, segment)`: reset the memory to its initial value (forget everything

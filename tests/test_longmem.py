@@ -48,7 +48,7 @@ def test_tokens_read_only_earlier_segments_within_the_fifo_bank():
         assert (positions[t] >= 0).sum(-1).eq(expected).all(), (t, positions[t])
     _, state = model(random_ids(48), return_state=True)
     bank = state.layers[-1]["bank"]
-    assert bank["k"].shape[1] == 16 and bank["pos"].tolist() == list(range(32, 48))
+    assert bank["keys"].shape[1] == 16 and bank["positions"].tolist() == list(range(32, 48))
 
 
 def test_memory_attention_is_gated_with_local_attention():
@@ -107,3 +107,17 @@ def test_config_errors():
         small_model("longmem", window=8, segment_len=6, memory=OPTIONS)
     with pytest.raises(memviz.ConfigError, match="bank_size"):
         small_model("longmem", window=8, segment_len=8, memory={**OPTIONS, "bank_size": 10})
+
+
+def test_ablating_the_bank_at_a_segment_empties_it_and_keeps_the_local_caches():
+    from memviz.interventions import ablate_at, answer_logprob
+
+    model = longmem()
+    prompt = "the pass key is 12345. " * 3
+    position, edit = ablate_at(model, 8)  # token 64: the answer (tokens 69-73) would read bank 48-63
+    _, state = model(model.tokenizer.encode(prompt)[:position], return_state=True)
+    edited = edit(state)
+    assert edited.layers[-1]["bank"]["keys"].shape[1] == 0 and edited.layers[-1]["bank"]["positions"].numel() == 0
+    assert torch.equal(edited.layers[0]["attn"]["k"], state.layers[0]["attn"]["k"])
+    clean = answer_logprob(model, prompt, "12345")["logprob"]
+    assert answer_logprob(model, prompt, "12345", [(position, edit)])["logprob"] != pytest.approx(clean, abs=1e-5)

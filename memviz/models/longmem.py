@@ -217,9 +217,9 @@ class LongMemLM(MemoryLM):
         extra = {
             "side": [b.init_state(batch_size, self.device) for b in self.side_blocks],
             # the bank: cached keys/values of whole earlier segments, and their positions
-            "bank": {"k": empty, "v": empty.clone(), "pos": torch.zeros(0, dtype=torch.long, device=self.device)},
+            "bank": {"keys": empty, "values": empty.clone(), "positions": torch.zeros(0, dtype=torch.long, device=self.device)},
             # keys/values of the open segment's tokens seen so far
-            "pending": {"k": empty.clone(), "v": empty.clone()},
+            "pending": {"keys": empty.clone(), "values": empty.clone()},
         }
         state.layers = [*state.layers, extra]
         return state
@@ -235,10 +235,10 @@ class LongMemLM(MemoryLM):
             hidden.append(h)
             new_states.append(layer_state)
         bank, pending = extra["bank"], extra["pending"]
-        n_pending = pending["k"].shape[1]
-        ext_k = torch.cat([bank["k"], pending["k"], k_mem], 1)
-        ext_v = torch.cat([bank["v"], pending["v"], v_mem], 1)
-        ext_pos = torch.cat([bank["pos"], torch.arange(pos - n_pending, pos + T, device=x.device)])
+        n_pending = pending["keys"].shape[1]
+        ext_k = torch.cat([bank["keys"], pending["keys"], k_mem], 1)
+        ext_v = torch.cat([bank["values"], pending["values"], v_mem], 1)
+        ext_pos = torch.cat([bank["positions"], torch.arange(pos - n_pending, pos + T, device=x.device)])
         view = self.bank_view(ext_k, ext_v, ext_pos, torch.arange(pos, pos + T, device=x.device))
         taps, h, side_states = self.taps(), hidden[0], []
         for l, (block, s) in enumerate(zip(self.side_blocks, extra["side"])):
@@ -247,9 +247,9 @@ class LongMemLM(MemoryLM):
             side_states.append(s)
         open_from = (pos + T) - (pos + T) % cfg.segment_len  # first position of the open segment
         closed = ext_pos < open_from
-        new_bank = {"k": ext_k[:, closed][:, -o.bank_size :], "v": ext_v[:, closed][:, -o.bank_size :],
-                    "pos": ext_pos[closed][-o.bank_size :]}
-        new_pending = {"k": ext_k[:, ~closed], "v": ext_v[:, ~closed]}
+        new_bank = {"keys": ext_k[:, closed][:, -o.bank_size :], "values": ext_v[:, closed][:, -o.bank_size :],
+                    "positions": ext_pos[closed][-o.bank_size :]}
+        new_pending = {"keys": ext_k[:, ~closed], "values": ext_v[:, ~closed]}
         new_states.append({"side": side_states, "bank": new_bank, "pending": new_pending})
         return self.hook_side_out(h), new_states
 
