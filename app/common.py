@@ -38,3 +38,14 @@ def current_model():
     except memviz.CheckpointError as exc:
         st.error(f"Cannot load this checkpoint: {exc}")
         return None
+
+
+def checkpoint_picker(label: str, choice_key: str, path_key: str, default: str | None) -> str | None:
+    """Samples, app-trained checkpoints (and `default` if neither lists it) or a local path."""
+    options = [*memviz.list_samples(), *memviz.list_user_checkpoints()]
+    if default and default not in options:
+        options = [default, *options]
+    options.append("a local path…")
+    index = options.index(default) if default in options else 0
+    choice = st.selectbox(label, options, index=index, key=choice_key)
+    return st.text_input(f"{label} folder", key=path_key) if choice == options[-1] else choice

@@ -4,17 +4,10 @@ from __future__ import annotations
 import streamlit as st
 
 import memviz
-from app.common import default_sample, load_model
+from app.common import checkpoint_picker, default_sample, load_model
 from app.trace_page import cached_trace
 from memviz import viz
 from probes import passkey
-
-
-def checkpoint_picker(label: str, key: str, default: str | None) -> str | None:
-    options = [*memviz.list_samples(), *memviz.list_user_checkpoints(), "a local path…"]
-    index = options.index(default) if default in options else 0
-    choice = st.selectbox(label, options, index=index, key=key)
-    return st.text_input(f"{label} folder", key=f"{key}_path") if choice == options[-1] else choice
 
 
 def render() -> None:
@@ -22,9 +15,9 @@ def render() -> None:
     samples = memviz.list_samples()
     left_col, right_col = st.columns(2)
     with left_col:
-        left = checkpoint_picker("Left checkpoint", "cmp_left", st.session_state.get("model_path") or default_sample())
+        left = checkpoint_picker("Left checkpoint", "cmp_left", "cmp_left_path", st.session_state.get("model_path") or default_sample())
     with right_col:
-        right = checkpoint_picker("Right checkpoint", "cmp_right", "sliding_window" if "sliding_window" in samples else None)
+        right = checkpoint_picker("Right checkpoint", "cmp_right", "cmp_right_path", "sliding_window" if "sliding_window" in samples else None)
     if not left or not right:
         st.info("Choose two checkpoints.")
         return

@@ -5,7 +5,7 @@ import pandas as pd
 import streamlit as st
 
 import memviz
-from app.common import default_sample, load_model
+from app.common import checkpoint_picker, default_sample, load_model
 from memviz.model import generic_hook_name
 
 
@@ -17,13 +17,7 @@ def hook_table(model) -> pd.DataFrame:
 
 def render() -> None:
     st.title("memviz")
-    default = default_sample()
-    samples = [*memviz.list_samples(), *memviz.list_user_checkpoints()]
-    if default and default not in samples:
-        samples = [default, *samples]
-    options = [*samples, "a local path…"]
-    choice = st.selectbox("Checkpoint", options, index=options.index(default) if default else 0, key="checkpoint_choice")
-    path = st.text_input("Checkpoint folder", key="checkpoint_path") if choice == options[-1] else choice
+    path = checkpoint_picker("Checkpoint", "checkpoint_choice", "checkpoint_path", default_sample())
     if not path:
         st.info("Give the path of a checkpoint folder (config.json, model.safetensors, tokenizer.json).")
         return
