@@ -9,17 +9,30 @@ to take:
 """
 from __future__ import annotations
 
+import importlib
 import os
 
+import torch
 from torch import Tensor
 
+from kernels.infini_memory import infini_memory_reference
 from kernels.lm2_scan import ScanResult, lm2_scan_reference
 from kernels.product_keys import product_key_topk as product_key_topk_reference
 from kernels.product_keys import weighted_bag as weighted_bag_reference
+from kernels.titans_memory import titans_linear_reference
 
 CHOICES = ("auto", "triton", "reference")
-#: operations that have a Triton kernel so far
-TRITON_KERNELS: dict[str, object] = {}
+#: operation -> "module:function" of its Triton kernel, imported on first use (so importing
+#: memviz never imports triton)
+TRITON_KERNELS: dict[str, str] = {
+    "product_key_topk": "kernels.product_keys_triton:product_key_topk",
+    "weighted_bag": "kernels.product_keys_triton:weighted_bag",
+    "infini_memory": "kernels.infini_memory_triton:infini_memory",
+    "lm2_scan": "kernels.lm2_scan_triton:lm2_scan",
+    "titans_linear_memory": "kernels.titans_memory_triton:titans_linear_memory",
+}
+#: kernels without a backward: when a gradient is needed the reference runs instead
+FORWARD_ONLY = {"lm2_scan", "titans_linear_memory"}
 
 
 def kernel_mode(impl: str | None = None) -> str:
@@ -35,25 +48,54 @@ def use_triton(op: str, tensor: Tensor, impl: str | None = None) -> bool:
         return False
     if mode == "triton" and op not in TRITON_KERNELS:
         raise NotImplementedError(f"there is no Triton kernel for {op} yet; use MEMVIZ_KERNELS=reference or auto")
+    if mode == "triton" and not tensor.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError(
+            f"the Triton kernel for {op} needs CUDA tensors, or TRITON_INTERPRET=1 set before triton is "
+            "imported to run it in the interpreter on the CPU"
+        )
+    if op in FORWARD_ONLY and torch.is_grad_enabled():
+        return False
     return op in TRITON_KERNELS and (mode == "triton" or tensor.is_cuda)
 
 
+def triton_kernel(op: str):
+    module, name = TRITON_KERNELS[op].split(":")
+    return getattr(importlib.import_module(module), name)
+
+
 def lm2_scan(q_slot: Tensor, g_in: Tensor, M0: Tensor, W_V: Tensor, W_f: Tensor, b_f: Tensor, impl: str | None = None) -> ScanResult:
-    """The LM2 per-token bank scan (see kernels/lm2_scan.py)."""
+    """The LM2 per-token bank scan (see kernels/lm2_scan.py); the kernel under no_grad only."""
     if use_triton("lm2_scan", q_slot, impl):
-        return TRITON_KERNELS["lm2_scan"](q_slot, g_in, M0, W_V, W_f, b_f)
+        return triton_kernel("lm2_scan")(q_slot, g_in, M0, W_V, W_f, b_f)
     return lm2_scan_reference(q_slot, g_in, M0, W_V, W_f, b_f)
 
 
 def product_key_topk(q: Tensor, keys: Tensor, k: int, impl: str | None = None) -> tuple[Tensor, Tensor]:
     """Exact top-k over n^2 product keys (see kernels/product_keys.py)."""
     if use_triton("product_key_topk", q, impl):
-        return TRITON_KERNELS["product_key_topk"](q, keys, k)
+        return triton_kernel("product_key_topk")(q, keys, k)
     return product_key_topk_reference(q, keys, k)
 
 
 def weighted_bag(indices: Tensor, weights: Tensor, values: Tensor, impl: str | None = None) -> Tensor:
     """Softmax-weighted sum of the selected value rows (see kernels/product_keys.py)."""
     if use_triton("weighted_bag", weights, impl):
-        return TRITON_KERNELS["weighted_bag"](indices, weights, values)
+        return triton_kernel("weighted_bag")(indices, weights, values)
     return weighted_bag_reference(indices, weights, values)
+
+
+def infini_memory(sq: Tensor, sk: Tensor, v: Tensor, M: Tensor, z: Tensor, segment_len: int, rule: str,
+                  impl: str | None = None):
+    """Infini-attention's retrieval and update over whole segments (see kernels/infini_memory.py)."""
+    if use_triton("infini_memory", sq, impl):
+        return triton_kernel("infini_memory")(sq, sk, v, M, z, segment_len, rule)
+    return infini_memory_reference(sq, sk, v, M, z, segment_len, rule)
+
+
+def titans_linear_memory(q: Tensor, k: Tensor, v: Tensor, rates: Tensor, W: Tensor, S: Tensor, chunk: int,
+                         impl: str | None = None):
+    """Titans' linear memory over whole chunks (see kernels/titans_memory.py); the kernel under
+    no_grad only."""
+    if use_triton("titans_linear_memory", q, impl):
+        return triton_kernel("titans_linear_memory")(q, k, v, rates, W, S, chunk)
+    return titans_linear_reference(q, k, v, rates, W, S, chunk)

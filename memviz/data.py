@@ -92,6 +92,8 @@ class TaskSampler:
         self.tasks = [t for t, w in cfg.mix.items() if w > 0]
         self.weights = [cfg.mix[t] for t in self.tasks]
         self.kb = facts.KnowledgeBase(cfg.kb_seed, cfg.n_entities) if "facts" in self.tasks else None
+        prompt = passkey.INSTRUCTION + " " + passkey.needle(10000) + "\n" + passkey.QUESTION
+        self.passkey_full_len = len(tokenizer.encode(prompt)) + 16  # room for some filler
 
     def example(self, rng: random.Random, length: int) -> Example:
         """A sample of a task drawn from the mix; a sample that cannot fit `length` (a long
@@ -115,7 +117,10 @@ class TaskSampler:
     def long_sample(self, task: str, rng: random.Random, length: int):
         if task == "passkey":
             key, seed = rng.randrange(10000, 100000), rng.randrange(2**31)
-            sample = passkey.make_sample(self.tokenizer, length, rng.random(), key, seed=seed)
+            # lengths the instruction leaves no room in (the start of a curriculum) drop it, so
+            # needle and question can share one attention window or segment
+            instruction = passkey.INSTRUCTION if length >= self.passkey_full_len else ""
+            sample = passkey.make_sample(self.tokenizer, length, rng.random(), key, seed=seed, instruction=instruction)
             return sample, " " + sample.answer
         story = babilong.make_story(task, rng, self.cfg.names)
         sample = babilong.make_sample(self.tokenizer, task, length, story, seed=rng.randrange(2**31), names=self.cfg.names)

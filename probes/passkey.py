@@ -31,11 +31,13 @@ def needle(key: int) -> str:
     return f"The pass key is {key}. Remember it. {key} is the pass key."
 
 
-def make_sample(tokenizer, length: int, depth: float, key: int, haystack=None, seed: int = 0) -> Sample:
-    """A prompt of about `length` tokens with the needle at `depth` (0 = first, 1 = last)."""
+def make_sample(tokenizer, length: int, depth: float, key: int, haystack=None, seed: int = 0,
+                instruction: str = INSTRUCTION) -> Sample:
+    """A prompt of about `length` tokens with the needle at `depth` (0 = first, 1 = last).
+    Training may pass `instruction=""` for prompts shorter than the instruction allows."""
     if not 0.0 <= depth <= 1.0:
         raise ValueError(f"depth must lie in [0, 1], got {depth!r}")
-    fixed = len(tokenizer.encode(INSTRUCTION + " " + needle(key) + "\n" + QUESTION))
+    fixed = len(tokenizer.encode(instruction + " " + needle(key) + "\n" + QUESTION))
     check_length(length, fixed, "instruction, needle and question")
     filler = take_filler(tokenizer, make_haystack(haystack, seed).sentences(), length - fixed)
     costs = [len(tokenizer.encode(" " + s)) for s in filler]
@@ -43,7 +45,7 @@ def make_sample(tokenizer, length: int, depth: float, key: int, haystack=None, s
     while cut < len(filler) and used + costs[cut] / 2 < target:
         used += costs[cut]
         cut += 1
-    pieces = [INSTRUCTION, *(" " + s for s in filler[:cut]), " " + needle(key), *(" " + s for s in filler[cut:]), "\n" + QUESTION]
+    pieces = [instruction, *(" " + s for s in filler[:cut]), " " + needle(key), *(" " + s for s in filler[cut:]), "\n" + QUESTION]
     prompt = "".join(pieces)
     spans = spans_of(tokenizer, pieces, [cut + 1])
     return Sample(

@@ -28,13 +28,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
+from kernels import infini_memory
+from kernels.infini_memory import memory_retrieve, memory_update
 from memviz.config import ConfigError, ModelConfig
-from memviz.layers import LocalAttention, SwiGLU, segment_pieces
+from memviz.layers import LocalAttention, SwiGLU
 from memviz.model import Block, MemoryLM
 from memviz.registry import check_choice, register_family
-
-EPS = 1e-6
-
 
 @dataclass
 class InfiniOptions:
@@ -48,22 +47,6 @@ class InfiniOptions:
 def feature_map(x: Tensor) -> Tensor:
     """sigma(x) = ELU(x) + 1 > 0."""
     return F.elu(x) + 1.0
-
-
-def memory_retrieve(sq: Tensor, M: Tensor, z: Tensor) -> Tensor:
-    """A_mem = sigma(Q) M / (sigma(Q) z); zero where nothing has been stored (z = 0).
-
-    sq [B,H,T,d], M [B,H,d,dv], z [B,H,d] -> [B,H,T,dv]."""
-    num = sq @ M
-    den = (sq * z[:, :, None, :]).sum(-1, keepdim=True)
-    return num / den.clamp_min(EPS)
-
-
-def memory_update(sk: Tensor, v: Tensor, M: Tensor, z: Tensor, rule: str) -> tuple[Tensor, Tensor]:
-    """One segment's update of (M, z) from sigma(K) [B,H,S,d] and V [B,H,S,dv] (eqs. 4, 5)."""
-    if rule == "delta":
-        v = v - memory_retrieve(sk, M, z)
-    return M + sk.transpose(-1, -2) @ v, z + sk.sum(2)
 
 
 class InfiniAttention(LocalAttention):
@@ -95,15 +78,22 @@ class InfiniAttention(LocalAttention):
         local, local_state = self.attend(q, k, v, {"k": state["k"], "v": state["v"]}, pos)
         sq, sk, vh = feature_map(q.transpose(1, 2)), feature_map(k.transpose(1, 2)), v.transpose(1, 2)
         M, z, seg_k, seg_v = state["M"], state["z"], state["seg_k"], state["seg_v"]
-        mem_parts, norm_parts = [], []
-        for a, b in segment_pieces(pos, T, self.segment_len):
-            mem_parts.append(memory_retrieve(sq[:, :, a:b], M, z))
-            norm_parts.append(M.flatten(2).norm(dim=-1)[:, None, :].expand(B, b - a, self.n_heads))
-            seg_k = torch.cat([seg_k, sk[:, :, a:b]], dim=2)
-            seg_v = torch.cat([seg_v, vh[:, :, a:b]], dim=2)
-            if (pos + b) % self.segment_len == 0:
-                M, z = memory_update(seg_k, seg_v, M, z, self.options.update)
+        S, rule = self.segment_len, self.options.update
+        mem_parts, norm_parts, start = [], [], 0
+        if seg_k.shape[2]:  # finish the segment an earlier chunk left open
+            start = min(T, S - seg_k.shape[2])
+            mem_parts.append(memory_retrieve(sq[:, :, :start], M, z))
+            norm_parts.append(M.flatten(2).norm(dim=-1)[:, None, :].expand(B, start, self.n_heads))
+            seg_k, seg_v = torch.cat([seg_k, sk[:, :, :start]], dim=2), torch.cat([seg_v, vh[:, :, :start]], dim=2)
+            if seg_k.shape[2] == S:
+                M, z = memory_update(seg_k, seg_v, M, z, rule)
                 seg_k, seg_v = seg_k[:, :, :0], seg_v[:, :, :0]
+        if start < T:  # whole segments from a boundary: one dispatcher call
+            read, norms, M, z = infini_memory(sq[:, :, start:], sk[:, :, start:], vh[:, :, start:], M, z, S, rule)
+            mem_parts.append(read)
+            norm_parts.append(norms.repeat_interleave(S, dim=-1)[..., : T - start].transpose(1, 2))
+            open_len = (T - start) % S
+            seg_k, seg_v = sk[:, :, T - open_len:], vh[:, :, T - open_len:]
         mem = self.hook_mem_out(torch.cat(mem_parts, dim=2).transpose(1, 2))
         self.hook_mem_norm(torch.cat(norm_parts, dim=1))
         local = self.hook_local_out(local)

@@ -48,6 +48,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
+from kernels import titans_linear_memory
+from kernels.titans_memory import chunk_update
 from memviz.config import ConfigError, ModelConfig
 from memviz.layers import LocalAttention, RMSNorm, SwiGLU, segment_pieces
 from memviz.model import Block, MemoryLM, StateTree
@@ -90,29 +92,6 @@ def memory_grad_factors(params: dict[str, Tensor], k: Tensor, r: Tensor, cache: 
     sig = torch.sigmoid(z)
     dz = dh * sig * (1 + z * (1 - sig))  # silu'(z)
     return {"W1": (k, dz), "W2": (h, 2 * r)}
-
-
-def chunk_update(params, momentum, factors, eta: Tensor, theta: Tensor, alpha: Tensor):
-    """Apply eqs. 10 and 13 over one chunk of b tokens in closed form (module docstring).
-
-    eta, theta, alpha [B,b]; factors {name: (a [B,b,m], g [B,b,n])}. Returns new params, momentum."""
-    log_eta = torch.log(eta.clamp_min(1e-12)).cumsum(1)  # L_t = sum_{j<=t} log eta_j
-    log_keep = torch.log((1 - alpha).clamp_min(1e-12)).cumsum(1)  # Lambda_t
-    b = eta.shape[1]
-    diff = log_eta[:, :, None] - log_eta[:, None, :]  # L_t - L_i
-    causal = torch.ones(b, b, dtype=torch.bool, device=eta.device).tril()
-    w = torch.where(causal, diff, torch.full_like(diff, -torch.inf)).exp()  # w[t,i]
-    c = (log_keep[:, -1:] - log_keep).exp()  # c_t = prod_{t<j<=b} (1 - alpha_j)
-    beta = torch.einsum("bt,bti->bi", c, w)
-    carry_S = (c * log_eta.exp()).sum(1)  # sum_t c_t prod_{j<=t} eta_j
-    keep_all, eta_all = log_keep[:, -1].exp(), log_eta[:, -1].exp()
-    new_params, new_momentum = {}, {}
-    for name, (a, g) in factors.items():
-        write_M = torch.einsum("bim,bi,bin->bmn", a, beta * theta, g)
-        write_S = torch.einsum("bim,bi,bin->bmn", a, w[:, -1] * theta, g)
-        new_params[name] = keep_all[:, None, None] * params[name] + carry_S[:, None, None] * momentum[name] - write_M
-        new_momentum[name] = eta_all[:, None, None] * momentum[name] - write_S
-    return new_params, new_momentum
 
 
 class NeuralMemory(nn.Module):
@@ -184,6 +163,13 @@ class NeuralMemory(nn.Module):
         params, momentum = self.start_params(state), state["momentum"]
         pending = state["pending"]
         query = x if query is None else query
+        if "W" in params and pending.shape[1] == 0:  # linear memory from a chunk boundary: one call
+            q = F.normalize(F.silu(self.W_Q(query)), dim=-1)
+            read, surprise, loss, loss_after, W, S = titans_linear_memory(q, k, v, rates, params["W"], momentum["W"], self.chunk)
+            open_len = x.shape[1] % self.chunk
+            pending = torch.cat([k, v, rates], dim=-1)[:, x.shape[1] - open_len:]
+            stats = {"surprise": surprise, "loss": loss, "loss_after": loss_after, "rates": rates}
+            return read, {"params": {"W": W}, "momentum": {"W": S}, "pending": pending}, stats
         parts: dict[str, list[Tensor]] = {n: [] for n in ("read", "surprise", "loss", "loss_after")}
         for a, b in segment_pieces(pos, x.shape[1], self.chunk):
             parts["read"].append(self.read(query[:, a:b], params))

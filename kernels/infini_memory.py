@@ -1,0 +1,51 @@
+"""Infini-attention's compressive memory over whole segments (PyTorch reference).
+
+For each (batch, head), segments of S tokens in order, with sigma-mapped queries and keys
+(memviz/models/infini.py has the paper's equations):
+
+  A_mem,s = sigma(Q_s) M_s / (sigma(Q_s) z_s)                          retrieval (eq. 3)
+  M_s+1   = M_s + sigma(K_s)^T (V_s - [sigma(K_s) M_s / (sigma(K_s) z_s)])  the bracket only
+                                                                        for the delta rule (eq. 5)
+  z_s+1   = z_s + sum_t sigma(K_s,t)
+
+The input starts at a segment boundary; a final partial segment retrieves but does not update
+(its keys wait for the rest of the segment, which the caller keeps). Also returned: ||M_s||_F,
+the size of the memory each segment reads (the trace's memory norm).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+EPS = 1e-6
+
+
+def memory_retrieve(sq: Tensor, M: Tensor, z: Tensor) -> Tensor:
+    """A_mem = sigma(Q) M / (sigma(Q) z); zero where nothing has been stored (z = 0).
+
+    sq [B,H,T,d], M [B,H,d,dv], z [B,H,d] -> [B,H,T,dv]."""
+    num = sq @ M
+    den = (sq * z[:, :, None, :]).sum(-1, keepdim=True)
+    return num / den.clamp_min(EPS)
+
+
+def memory_update(sk: Tensor, v: Tensor, M: Tensor, z: Tensor, rule: str) -> tuple[Tensor, Tensor]:
+    """One segment's update of (M, z) from sigma(K) [B,H,S,d] and V [B,H,S,dv] (eqs. 4, 5)."""
+    if rule == "delta":
+        v = v - memory_retrieve(sk, M, z)
+    return M + sk.transpose(-1, -2) @ v, z + sk.sum(2)
+
+
+def infini_memory_reference(sq: Tensor, sk: Tensor, v: Tensor, M: Tensor, z: Tensor, segment_len: int,
+                            rule: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """sq, sk [B,H,T,d], v [B,H,T,dv], M [B,H,d,dv], z [B,H,d] -> (A_mem [B,H,T,dv],
+    ||M_s||_F for each segment [B,H,n_segments], M and z after the last complete segment)."""
+    reads, norms = [], []
+    T = sq.shape[2]
+    for a in range(0, T, segment_len):
+        b = min(T, a + segment_len)
+        reads.append(memory_retrieve(sq[:, :, a:b], M, z))
+        norms.append(M.flatten(2).norm(dim=-1))
+        if b - a == segment_len:
+            M, z = memory_update(sk[:, :, a:b], v[:, :, a:b], M, z, rule)
+    return torch.cat(reads, dim=2), torch.stack(norms, dim=-1), M, z

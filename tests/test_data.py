@@ -1,0 +1,39 @@
+"""Training batches: reproducible per step, weighted towards the answer, and short passkey
+prompts (a curriculum's start) drop the instruction so needle and question fit one window."""
+import random
+
+import torch
+
+from memviz.data import DataConfig, TaskSampler
+from memviz.tokenizer import ByteTokenizer
+from probes import passkey
+
+
+def sampler(**data) -> TaskSampler:
+    return TaskSampler(ByteTokenizer(), DataConfig(mix={"passkey": 1.0}, text_weight=0.1, answer_weight=5.0, **data))
+
+
+def test_a_step_always_sees_the_same_batch_and_other_steps_differ():
+    s = sampler(curriculum=[[0, 400]])
+    a, b, c = s.batch(3, 4), s.batch(3, 4), s.batch(4, 4)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert not torch.equal(a[0][:, :50], c[0][:, :50])
+
+
+def test_weights_put_the_answer_above_the_prompt():
+    s = sampler()
+    example = s.example(random.Random(0), 400)
+    text = ByteTokenizer().decode(example.tokens)
+    answer = text.rsplit(passkey.QUESTION, 1)[1]
+    n_answer = len(ByteTokenizer().encode(answer)) + 1  # and eos
+    assert example.weights[-n_answer:] == [5.0] * n_answer
+    assert set(example.weights[1:-n_answer]) == {0.1} and example.weights[0] == 0.0
+
+
+def test_short_passkey_prompts_drop_the_instruction_long_ones_keep_it():
+    s = sampler()
+    rng = random.Random(1)
+    short = ByteTokenizer().decode(s.example(rng, s.passkey_full_len - 1).tokens)
+    long = ByteTokenizer().decode(s.example(rng, s.passkey_full_len + 40).tokens)
+    assert passkey.INSTRUCTION not in short and "The pass key is" in short
+    assert long.startswith(passkey.INSTRUCTION)
