@@ -7,12 +7,19 @@ appends them to benchmarks/RESULTS.md with the machine and versions. Sections:
                  projects the whole bank every token; target >= 20x at 8k tokens
   product_keys   product-key top-k + embedding bag against exhaustive top-k over all n^2 keys
                  + a dense gather
+  titans_update  Titans' closed-form chunk update (kernels/titans_memory.py) against the
+                 token-by-token rule written with torch.autograd (chunk 1: the same numbers)
+  peers          our PyTorch paths against the peers on PyPI on matched shapes (product-key-memory,
+                 infini-transformer-pytorch, titans-pytorch; benchmarks/peers.txt), forward and
+                 backward; --install-peers installs them into benchmarks/.peers first
   streaming      trace a long pass-key input through the long-context sample with all its memory
                  hooks: time per token at the longest length against the shortest, and peak RSS
   app            cold start of the Trace page to its first heatmap, and re-drawing a 100k-token
                  trace's figures from the cached trace
 
-Only CPU numbers are measured here; GPU kernels are not written yet (see RESULTS.md).
+Only CPU numbers are measured here, on the PyTorch references (the Triton kernels run on the
+CPU only in the interpreter, whose timings mean nothing); the GPU columns of RESULTS.md stay
+empty until a GPU run fills them.
 """
 from __future__ import annotations
 
@@ -86,6 +93,112 @@ def product_keys(quick: bool) -> list[dict]:
     return rows
 
 
+def titans_update(quick: bool) -> list[dict]:
+    import torch.nn.functional as F
+
+    from kernels.titans_memory import titans_linear_reference
+
+    def per_token_autograd(q, k, v, rates, W, S):
+        """Eqs. 10, 12, 13 one token at a time, the gradient from torch.autograd."""
+        reads = []
+        for t in range(k.shape[1]):
+            reads.append(q[:, t] @ W)
+            Wg = W.detach().requires_grad_()
+            loss = (torch.einsum("bd,bde->be", k[:, t], Wg) - v[:, t]).pow(2).sum()
+            (grad,) = torch.autograd.grad(loss, Wg)
+            eta, theta, alpha = (rates[:, t, i, None, None] for i in range(3))
+            S = eta * S - theta * grad
+            W = (1 - alpha) * W + S
+        return torch.stack(reads, 1), W
+
+    rows = []
+    d = 128
+    for T in ([256] if quick else [256, 2048]):
+        g = torch.Generator().manual_seed(0)
+        q, k = (F.normalize(torch.randn(1, T, d, generator=g), dim=-1) for _ in range(2))
+        v, rates = torch.randn(1, T, d, generator=g), torch.rand(1, T, 3, generator=g) * 0.5
+        W, S = torch.zeros(1, d, d), torch.zeros(1, d, d)
+        naive = best_of(lambda: per_token_autograd(q, k, v, rates, W, S), 1)
+        with torch.no_grad():
+            chunk1 = best_of(lambda: titans_linear_reference(q, k, v, rates, W, S, 1), 1)
+            chunk16 = best_of(lambda: titans_linear_reference(q, k, v, rates, W, S, 16), 2)
+        rows.append({"tokens": T, "d": d, "autograd_per_token_s": round(naive, 3), "closed_form_chunk1_s": round(chunk1, 3),
+                     "closed_form_chunk16_s": round(chunk16, 4), "speedup_chunk1": round(naive / chunk1, 2),
+                     "speedup_chunk16": round(naive / chunk16, 1)})
+    return rows
+
+
+PEERS_DIR = ROOT / "benchmarks" / ".peers"
+
+
+def install_peers() -> None:
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(PEERS_DIR),
+                    "-r", str(ROOT / "benchmarks" / "peers.txt")], check=True)
+
+
+def peers(quick: bool) -> list[dict]:
+    if not (PEERS_DIR / "titans_pytorch").exists():
+        return [{"note": "peers not installed: run with --install-peers (benchmarks/peers.txt)"}]
+    sys.path.insert(0, str(PEERS_DIR))
+    from infini_transformer_pytorch import InfiniTransformer
+    from product_key_memory import PKM
+    from titans_pytorch import NeuralMemory as PeerNeuralMemory
+
+    import memviz
+    from memviz.models.memory_layer import MemoryLayerOptions, ProductKeyMemory
+    from memviz.models.titans import NeuralMemory, TitansOptions
+
+    def fwd_bwd(module_call, params):
+        def run():
+            out = module_call()
+            out.float().pow(2).mean().backward()
+            for p in params:
+                p.grad = None
+        return best_of(run, 2)
+
+    rows = []
+    T = 256 if quick else 1024
+    # product keys: 4 heads, 64 x 64 = 4096 values, top-16, 32-dim half keys, d_model 256
+    x = torch.randn(2, T, 256)
+    cfg = memviz.ModelConfig(family="memory_layer", d_model=256, n_layers=1, n_heads=4, vocab_size=256)
+    opts = MemoryLayerOptions(n_keys=64, topk=16, heads=4, d_key=64, swilu=False, qk_norm=False)
+    ours = ProductKeyMemory(cfg, opts, torch.nn.Parameter(torch.randn(64 * 64, 256) / 16))
+    ours.reset_memory_parameters()
+    peer = PKM(256, heads=4, num_keys=64, topk=16, dim_head=32)
+    a = fwd_bwd(lambda: ours(x), list(ours.parameters()))
+    b = fwd_bwd(lambda: peer(x), list(peer.parameters()))
+    rows.append({"op": "product-key memory fwd+bwd", "shape": f"2x{T}x256, 4 heads, 4096 values, top-16",
+                 "ours_s": round(a, 4), "peer": "product-key-memory 0.3.0", "peer_s": round(b, 4), "peer_over_ours": round(b / a, 2)})
+    # Infini-attention: 2 layers, d 128, 4 heads of 32, segments of 64, delta rule; inference over T tokens
+    ids = torch.randint(0, 256, (1, 4 * T))
+    cfg = memviz.ModelConfig(family="infini", d_model=128, n_layers=2, n_heads=4, d_mlp=512, vocab_size=256, segment_len=64,
+                             memory={"update": "delta"})
+    ours = memviz.build_model(cfg).eval()
+    peer = InfiniTransformer(num_tokens=256, dim=128, depth=2, dim_head=32, heads=4, use_mem_delta_rule=True).eval()
+
+    def peer_segments():
+        memories = None
+        for segment in ids.split(64, dim=1):
+            _, _, memories = peer(segment, past_memories=memories, return_new_memories=True)
+
+    with torch.no_grad():
+        a, b = best_of(lambda: ours(ids), 2), best_of(peer_segments, 2)
+    rows.append({"op": "Infini-attention model forward", "shape": f"1x{4 * T} tokens, 2 layers, d 128, segment 64, delta",
+                 "ours_s": round(a, 4), "peer": "infini-transformer-pytorch 0.2.1", "peer_s": round(b, 4), "peer_over_ours": round(b / a, 2)})
+    # Titans neural memory: MLP memory (2 layers, hidden 2d), d 128, chunks of 16
+    x = torch.randn(1, T, 128)
+    cfg = memviz.ModelConfig(family="titans", d_model=128, n_layers=1, n_heads=4, vocab_size=256, segment_len=16)
+    ours = NeuralMemory(cfg, TitansOptions(variant="lmm", memory="mlp", chunk=16), 16)
+    ours.reset_memory_parameters()
+    peer = PeerNeuralMemory(dim=128, chunk_size=16)
+    with torch.no_grad():
+        a = best_of(lambda: ours.step(x, {**ours.init_state(1, x.device), "fresh": True}, 0), 2)
+        b = best_of(lambda: peer(x), 2)
+    rows.append({"op": "Titans neural memory forward", "shape": f"1x{T}x128, MLP memory, chunk 16",
+                 "ours_s": round(a, 4), "peer": "titans-pytorch 0.5.5", "peer_s": round(b, 4), "peer_over_ours": round(b / a, 2)})
+    return rows
+
+
 STREAM_SCRIPT = """
 import json, resource, sys, time
 sys.path.insert(0, {root!r})
@@ -156,7 +269,8 @@ def app(quick: bool) -> list[dict]:
              "note": "cold start includes importing torch, TransformerLens and Streamlit"}]
 
 
-SECTIONS = {"lm2_scan": lm2_scan, "product_keys": product_keys, "streaming": streaming, "app": app}
+SECTIONS = {"lm2_scan": lm2_scan, "product_keys": product_keys, "titans_update": titans_update, "peers": peers,
+            "streaming": streaming, "app": app}
 
 
 def table(rows: list[dict]) -> str:
@@ -171,7 +285,10 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes (a minute)")
     parser.add_argument("--only", nargs="+", choices=sorted(SECTIONS))
     parser.add_argument("--record", action="store_true", help="append the tables to benchmarks/RESULTS.md")
+    parser.add_argument("--install-peers", action="store_true", help="pip-install benchmarks/peers.txt into benchmarks/.peers")
     args = parser.parse_args()
+    if args.install_peers:
+        install_peers()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     header = (f"## {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC · {platform.machine()} CPU, {torch.get_num_threads()} threads · "
               f"torch {torch.__version__} · python {platform.python_version()}{' · --quick' if args.quick else ''}\n")

@@ -22,16 +22,13 @@ from torch import Tensor
 def product_key_topk(q: Tensor, keys: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """q [..., H, d_k], keys [H, 2, n, d_k/2] -> (scores [..., H, k], indices [..., H, k]) of the
     k best full keys per head, best first; indices address a table of n^2 values."""
-    half = q.shape[-1] // 2
     n = keys.shape[2]
-    s1 = torch.einsum("...hd,hnd->...hn", q[..., :half], keys[:, 0])
-    s2 = torch.einsum("...hd,hnd->...hn", q[..., half:], keys[:, 1])
-    top1, idx1 = s1.topk(k, dim=-1)
-    top2, idx2 = s2.topk(k, dim=-1)
-    sums = (top1[..., :, None] + top2[..., None, :]).flatten(-2)  # [..., H, k*k]
+    halves = q.unflatten(-1, (2, q.shape[-1] // 2))  # [..., H, 2, d_k/2]
+    sub_scores = torch.einsum("...hpd,hpnd->...hpn", halves, keys)  # both halves in one product
+    top, idx = sub_scores.topk(k, dim=-1)  # [..., H, 2, k]
+    sums = (top[..., 0, :, None] + top[..., 1, None, :]).flatten(-2)  # [..., H, k*k]
     best, flat = sums.topk(k, dim=-1)
-    rows, cols = flat // k, flat % k
-    indices = idx1.gather(-1, rows) * n + idx2.gather(-1, cols)
+    indices = idx[..., 0, :].gather(-1, flat // k) * n + idx[..., 1, :].gather(-1, flat % k)
     return best, indices
 
 
