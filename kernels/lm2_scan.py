@@ -30,30 +30,50 @@ from torch import Tensor
 ScanResult = tuple[Tensor, Tensor, Tensor, Tensor, Tensor]
 
 
+def _factored_steps(q_slot: Tensor, g_in: Tensor, M0: Tensor, W_read: Tensor, b_f: Tensor) -> list[Tensor]:
+    """The sequential part: per token the slot attention, the read and the forget gate, and the
+    (D_t, c_t) each token reads: eleven small ops a token."""
+    B, T, d = q_slot.shape
+    D = torch.ones(B, d, dtype=M0.dtype, device=M0.device)
+    c = torch.zeros(B, d, dtype=M0.dtype, device=M0.device)
+    M0_t = M0.transpose(1, 2)
+    attn: list[Tensor] = []
+    reads: list[Tensor] = []
+    forgets: list[Tensor] = []
+    decays: list[Tensor] = []
+    commons: list[Tensor] = []
+    for t in range(T):
+        a = torch.softmax(torch.bmm((q_slot[:, t] * D).unsqueeze(1), M0_t), dim=-1)  # [B,1,N]
+        read_pre = torch.matmul(D * torch.bmm(a, M0).squeeze(1) + c, W_read)  # [e | e W_f]
+        e = read_pre[:, :d]
+        g_f = torch.sigmoid(read_pre[:, d:] + b_f)
+        attn.append(a.squeeze(1))
+        reads.append(e)
+        forgets.append(g_f)
+        decays.append(D)
+        commons.append(c)
+        D = g_f * D
+        c = torch.addcmul(g_f * c, g_in[:, t], torch.tanh(e))
+    return [torch.stack(attn, 1), torch.stack(reads, 1), torch.stack(forgets, 1), torch.stack(decays, 1),
+            torch.stack(commons, 1), D, c]
+
+
 def lm2_scan_reference(q_slot: Tensor, g_in: Tensor, M0: Tensor, W_V: Tensor, W_f: Tensor, b_f: Tensor) -> ScanResult:
     """Scan tokens in order using the factored bank.
 
     q_slot [B,T,d] = q W_K^T / sqrt(d);  g_in [B,T,d] input gates;  M0 [B,N,d];  W_V, W_f [d,d];
     b_f [d]. Returns (slot attention [B,T,N], memory read E_mem [B,T,d], forget gate [B,T,d],
     slot norms of the bank each token reads [B,T,N], the bank after the last token [B,N,d]).
+    The loop carries only D and c; the read and the forget gate's input come from one product
+    with [W_V | W_V W_f], and the slot norms are formed for all tokens after the loop:
+    ||D*M0[n] + c||^2 = (D^2).M0[n]^2 + 2 (D*c).M0[n] + c.c.
     """
-    B, T, d = q_slot.shape
-    D = torch.ones(B, d, dtype=M0.dtype, device=M0.device)
-    c = torch.zeros(B, d, dtype=M0.dtype, device=M0.device)
-    M0_sq = M0.pow(2)  # for ||D*M0[n] + c||^2 = (D^2) . M0[n]^2 + 2 (D*c) . M0[n] + c.c
-    attn, reads, forgets, norms = [], [], [], []
-    for t in range(T):
-        a = torch.softmax(torch.einsum("bd,bnd->bn", q_slot[:, t] * D, M0), dim=-1)
-        e = (D * torch.einsum("bn,bnd->bd", a, M0) + c) @ W_V
-        g_f = torch.sigmoid(e @ W_f + b_f)
-        sq = torch.einsum("bd,bnd->bn", D * D, M0_sq) + 2 * torch.einsum("bd,bnd->bn", D * c, M0) + (c * c).sum(-1, keepdim=True)
-        norms.append(sq.clamp_min(0).sqrt())
-        attn.append(a)
-        reads.append(e)
-        forgets.append(g_f)
-        D, c = g_f * D, g_f * c + g_in[:, t] * torch.tanh(e)
-    M_last = D[:, None, :] * M0 + c[:, None, :]
-    return torch.stack(attn, 1), torch.stack(reads, 1), torch.stack(forgets, 1), torch.stack(norms, 1), M_last
+    W_read = torch.cat([W_V, W_V @ W_f], dim=1)
+    attn, reads, forgets, D, c, D_last, c_last = _factored_steps(q_slot, g_in, M0, W_read, b_f)
+    sq = (torch.einsum("btd,bnd->btn", D * D, M0.pow(2)) + 2 * torch.einsum("btd,bnd->btn", D * c, M0)
+          + (c * c).sum(-1, keepdim=True))
+    M_last = D_last[:, None, :] * M0 + c_last[:, None, :]
+    return attn, reads, forgets, sq.clamp_min(0).sqrt(), M_last
 
 
 def lm2_scan_naive(q: Tensor, g_in: Tensor, M0: Tensor, W_K: Tensor, W_V: Tensor, W_f: Tensor, b_f: Tensor) -> ScanResult:

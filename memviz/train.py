@@ -235,6 +235,8 @@ class Trainer:
         model = build_model(model_cfg, tokenizer=tokenizer)
         if cfg.init_from and checkpoint is None and hasattr(model, "init_from_checkpoint"):
             model.init_from_checkpoint(cfg.init_from)
+        if cfg.data.mix.get("facts"):  # the facts probe asks the knowledge base named here
+            model.card["facts"] = {"kb_seed": cfg.data.kb_seed, "n_entities": cfg.data.n_entities}
         return model.to(self.device).train()
 
     def latest_checkpoint(self) -> Path | None:
@@ -373,8 +375,6 @@ class Trainer:
             "trainable_parameters": self.model.num_parameters(trainable_only=True),
             "seed": self.cfg.seed,
         }
-        if self.cfg.data.mix.get("facts"):
-            card["facts"] = {"kb_seed": self.cfg.data.kb_seed, "n_entities": self.cfg.data.n_entities}
         self.model.card.update(card)
         if final_eval:
             self.model.card["probe_scores"] = self.evaluate(self.cfg.eval.final_n, progress=self.progress)
