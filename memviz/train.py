@@ -458,7 +458,9 @@ def main(argv: list[str] | None = None) -> int:
             cfg.optim.steps = args.steps
         if args.out:
             cfg.out = args.out
-        command = "python -m memviz.train " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+        # resuming is exact, so the card records the one-shot command that gives the same model
+        given = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--resume"]
+        command = "python -m memviz.train " + " ".join(shlex.quote(a) for a in given)
         trainer = Trainer(cfg, resume=args.resume, command=command, progress=not args.no_progress).run()
     except (ValueError, TrainingDiverged) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -99,12 +99,14 @@ def test_sigterm_saves_and_exits_then_export_writes_a_card(tmp_path):
     assert "saving a checkpoint" in err
     step = int((tmp_path / "run/checkpoints/latest").read_text().split("-")[1])
     assert step >= 3
-    trainer = Trainer(TrainConfig.load(path), resume=True, progress=False)
-    assert trainer.step == step
-    exported = trainer.export(tmp_path / "exported", final_eval=False)
-    card = json.loads((exported / "card.json").read_text())
+    # a resumed run at its last step exports; its card names the one-shot command (resume is exact)
+    done = subprocess.run([sys.executable, "-m", "memviz.train", "--config", str(path), "--resume", "--steps", str(step),
+                           "--export", str(tmp_path / "exported"), "--no-progress"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    card = json.loads((tmp_path / "exported/card.json").read_text())
     assert card["steps"] == step and card["family"] == "sliding_window" and "CPU" in card["machine"]
-    assert memviz.load(exported).cfg.window == 16
+    assert card["train_command"] == f"python -m memviz.train --config {path} --steps {step} --export {tmp_path / 'exported'} --no-progress"
+    assert memviz.load(tmp_path / "exported").cfg.window == 16
 
 
 def test_bad_training_configs():
