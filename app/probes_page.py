@@ -26,7 +26,7 @@ def render() -> None:
     if model is None:
         return
     probe = st.radio("Probe", ["passkey", "babilong"], horizontal=True, key="probe")
-    lengths = st.multiselect("Lengths (tokens)", [256, 512, 1024, 2048, 4096, 8192], default=[256, 1024], key="lengths")
+    lengths = st.multiselect("Lengths (tokens)", [256, 512, 1024, 2048, 4096, 8192], default=[256, 512], key="lengths")
     if probe == "passkey":
         axis = st.multiselect("Needle depths", [0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0], default=[0.1, 0.5, 0.9], key="depths")
     else:

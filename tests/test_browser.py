@@ -1,5 +1,6 @@
-"""The app in a real browser: Debian's chromium driven by playwright opens the Trace page,
-waits for the heatmaps of the default pass-key trace, and saves screenshots."""
+"""The app in a real browser: Debian's chromium driven by playwright opens the app on its default
+sample checkpoint, runs the default pass-key trace, checks the model's answer is the key, waits
+for the memory figures, and saves screenshots."""
 import os
 import shutil
 import socket
@@ -11,7 +12,8 @@ from pathlib import Path
 import pytest
 
 import memviz
-from tests.conftest import small_model
+from app.common import default_sample
+from probes import passkey
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
@@ -28,10 +30,9 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def app_url(tmp_path_factory):
-    checkpoint = memviz.save(small_model("infini", segment_len=16), tmp_path_factory.mktemp("ckpt") / "infini")
+def app_url():
     port = free_port()
-    env = {**os.environ, "MEMVIZ_CHECKPOINT": str(checkpoint)}
+    env = {k: v for k, v in os.environ.items() if k != "MEMVIZ_CHECKPOINT"}  # the app's own default
     proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app/streamlit_app.py", "--server.headless", "true",
                              "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -63,7 +64,9 @@ def test_default_trace_renders_heatmaps_in_chromium(app_url):
         page.locator(".js-plotly-plot").nth(2).wait_for(timeout=180_000)
         page.wait_for_timeout(1500)
         page.screenshot(path=str(SCREENSHOTS / "trace_page.png"), full_page=True)
-        heatmaps = page.locator(".js-plotly-plot .heatmaplayer")
-        assert heatmaps.count() >= 2  # the gate grid and the memory-share maps
+        model = memviz.load(default_sample())
+        key = passkey.seeded_sample(model.tokenizer, 512, 0.5, 3, 0).answer  # the page's default example
+        assert page.get_by_text(f"model says '{key}'").count() == 1, "the default sample misses the default pass key"
+        assert page.locator(".js-plotly-plot").count() >= 3  # the family's memory figures
         assert page.get_by_text("Traceback").count() == 0
         browser.close()
