@@ -159,9 +159,17 @@ class LocalAttention(nn.Module):
             all_k.insert(0, self.heads(self.W_K(self.persistent)).permute(1, 0, 2).expand(B, -1, -1, -1))
             all_v.insert(0, self.heads(self.W_V(self.persistent)).permute(1, 0, 2).expand(B, -1, -1, -1))
             all_mask.insert(0, torch.ones(T, n, dtype=torch.bool, device=q.device))
-        z = F.scaled_dot_product_attention(
-            q.transpose(1, 2), torch.cat(all_k, dim=2), torch.cat(all_v, dim=2), attn_mask=torch.cat(all_mask, dim=1)
-        )
+        q, keys, values, mask = q.transpose(1, 2), torch.cat(all_k, dim=2), torch.cat(all_v, dim=2), torch.cat(all_mask, dim=1)
+        span = self.window or self.segment_len
+        if span is None or T <= 2 * span:
+            z = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        else:  # blocks of `span` queries, each against only the keys it may see: O(T span), not O(T^2)
+            parts = []
+            for a in range(0, T, span):
+                cols = mask[a : a + span].any(0).nonzero().squeeze(1)
+                parts.append(F.scaled_dot_product_attention(q[:, :, a : a + span], keys[:, :, cols], values[:, :, cols],
+                                                            attn_mask=mask[a : a + span, cols]))
+            z = torch.cat(parts, dim=2)
         return z.transpose(1, 2), new_state
 
     def _cache_keep(self, next_pos: int, k_pos: Tensor) -> int:
