@@ -33,17 +33,24 @@ def _tile(ptr, rows, cols, row_mask, D):
 
 
 @triton.jit
+def _square_state(m_ptr, z_ptr, bh, D, offs_d):
+    """Head bh's [D, D] matrix and [D] vector, with the offsets and masks to store such a pair."""
+    d_ok = offs_d < D
+    m_offs = offs_d[:, None] * D + offs_d[None, :]
+    m_mask = d_ok[:, None] & d_ok[None, :]
+    M = tl.load(m_ptr + bh * D * D + m_offs, mask=m_mask, other=0.0).to(tl.float32)
+    z = tl.load(z_ptr + bh * D + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+    return M, z, m_offs, m_mask, d_ok
+
+
+@triton.jit
 def infini_forward_kernel(sq_ptr, sk_ptr, v_ptr, m0_ptr, z0_ptr, a_ptr, m_states_ptr, z_states_ptr, norm_ptr,
                           m_out_ptr, z_out_ptr, T, D, S, n_seg,
                           DELTA: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
     bh = tl.program_id(0)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < D
-    m_offs = offs_d[:, None] * D + offs_d[None, :]
-    m_mask = d_ok[:, None] & d_ok[None, :]
-    M = tl.load(m0_ptr + bh * D * D + m_offs, mask=m_mask, other=0.0).to(tl.float32)
-    z = tl.load(z0_ptr + bh * D + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+    M, z, m_offs, m_mask, d_ok = _square_state(m0_ptr, z0_ptr, bh, D, offs_d)
     base = bh * T * D
     for s in range(0, n_seg):
         t = s * S + offs_s
@@ -77,11 +84,7 @@ def infini_backward_kernel(sq_ptr, sk_ptr, v_ptr, m_states_ptr, z_states_ptr, da
     bh = tl.program_id(0)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < D
-    m_offs = offs_d[:, None] * D + offs_d[None, :]
-    m_mask = d_ok[:, None] & d_ok[None, :]
-    dM = tl.load(dm_out_ptr + bh * D * D + m_offs, mask=m_mask, other=0.0).to(tl.float32)
-    dz = tl.load(dz_out_ptr + bh * D + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+    dM, dz, m_offs, m_mask, d_ok = _square_state(dm_out_ptr, dz_out_ptr, bh, D, offs_d)
     base = bh * T * D
     for i in range(0, n_seg):
         s = n_seg - 1 - i

@@ -79,6 +79,15 @@ def pk_topk_kernel(q_ptr, keys_ptr, score_ptr, index_ptr, n_rows, H, n, HALF,
 
 
 @triton.jit
+def _selections(idx_ptr, w_ptr, row, n_rows, K, offs_k):
+    """Row `row`'s k value indices and weights (masked past K and past the last row)."""
+    sel = (offs_k < K) & ((offs_k * 0 + row) < n_rows)
+    idx = tl.load(idx_ptr + row * K + offs_k, mask=sel, other=0)
+    w = tl.load(w_ptr + row * K + offs_k, mask=sel, other=0.0).to(tl.float32)
+    return sel, idx, w
+
+
+@triton.jit
 def bag_forward_kernel(idx_ptr, w_ptr, v_ptr, out_ptr, n_rows, K, D,
                        BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
     pid = tl.program_id(0)
@@ -86,9 +95,7 @@ def bag_forward_kernel(idx_ptr, w_ptr, v_ptr, out_ptr, n_rows, K, D,
     offs_d = tl.arange(0, BLOCK_D)
     for r in tl.static_range(ROWS):
         row = pid * ROWS + r
-        sel = (offs_k < K) & ((offs_k * 0 + row) < n_rows)
-        idx = tl.load(idx_ptr + row * K + offs_k, mask=sel, other=0)
-        w = tl.load(w_ptr + row * K + offs_k, mask=sel, other=0.0).to(tl.float32)
+        sel, idx, w = _selections(idx_ptr, w_ptr, row, n_rows, K, offs_k)
         for d0 in range(0, D, BLOCK_D):
             cols = d0 + offs_d
             rows_v = tl.load(v_ptr + idx[:, None] * D + cols[None, :], mask=sel[:, None] & (cols[None, :] < D), other=0.0)
@@ -144,9 +151,7 @@ def bag_value_grad_atomic_kernel(idx_ptr, w_ptr, dout_ptr, dv_ptr, n_rows, K, D,
     offs_d = tl.arange(0, BLOCK_D)
     for r in tl.static_range(ROWS):
         row = pid * ROWS + r
-        sel = (offs_k < K) & ((offs_k * 0 + row) < n_rows)
-        idx = tl.load(idx_ptr + row * K + offs_k, mask=sel, other=0)
-        w = tl.load(w_ptr + row * K + offs_k, mask=sel, other=0.0).to(tl.float32)
+        sel, idx, w = _selections(idx_ptr, w_ptr, row, n_rows, K, offs_k)
         for d0 in range(0, D, BLOCK_D):
             cols = d0 + offs_d
             g = tl.load(dout_ptr + row * D + cols, mask=(cols < D) & ((cols * 0 + row) < n_rows), other=0.0).to(tl.float32)
