@@ -27,9 +27,20 @@ def default_sample() -> str | None:
     return samples[0] if samples else None
 
 
+@st.cache_data(show_spinner=False, max_entries=64)
+def greedy_answer(model_path: str, prompt: str, max_new_tokens: int = 8) -> str:
+    """The model's greedy continuation, computed once per (checkpoint, prompt), not on every rerun."""
+    return load_model(model_path).generate(prompt, max_new_tokens).strip()
+
+
+def current_path() -> str | None:
+    """The checkpoint chosen on the Model page, else the default sample."""
+    return st.session_state.get("model_path") or default_sample()
+
+
 def current_model():
     """The model chosen on the Model page (or the default sample); None with an error shown."""
-    path = st.session_state.get("model_path") or default_sample()
+    path = current_path()
     if path is None:
         st.warning("No checkpoint chosen: pick one on the Model page.")
         return None

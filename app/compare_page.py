@@ -4,7 +4,7 @@ from __future__ import annotations
 import streamlit as st
 
 import memviz
-from app.common import checkpoint_picker, default_sample, load_model
+from app.common import checkpoint_picker, current_path, greedy_answer, load_model
 from app.trace_page import cached_trace
 from memviz import viz
 from probes import passkey
@@ -15,7 +15,7 @@ def render() -> None:
     samples = memviz.list_samples()
     left_col, right_col = st.columns(2)
     with left_col:
-        left = checkpoint_picker("Left checkpoint", "cmp_left", "cmp_left_path", st.session_state.get("model_path") or default_sample())
+        left = checkpoint_picker("Left checkpoint", "cmp_left", "cmp_left_path", current_path())
     with right_col:
         right = checkpoint_picker("Right checkpoint", "cmp_right", "cmp_right_path", "sliding_window" if "sliding_window" in samples else None)
     if not left or not right:
@@ -46,6 +46,6 @@ def render() -> None:
     for column, path, model, (sample, tr) in zip(st.columns(2), (left, right), models, traces):
         with column:
             st.subheader(f"{path} ({model.family})")
-            st.write(f"answer **{sample.answer}** · model says **{model.generate(sample.prompt, 8).strip()!r}**")
+            st.write(f"answer **{sample.answer}** · model says **{greedy_answer(path, sample.prompt)!r}**")
             for title, fig in viz.family_figures(model, tr, start=start, stop=stop).items():
                 st.plotly_chart(fig, use_container_width=True, key=f"cmp-{path}-{title}")

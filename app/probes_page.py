@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app.common import current_model, default_sample, load_model
+from app.common import current_model, current_path, load_model
 from probes import babilong, passkey
 
 
@@ -40,7 +40,7 @@ def render() -> None:
         st.error("Choose at least one length and one " + ("depth." if probe == "passkey" else "task."))
         return
     try:
-        df = run_grid(st.session_state.get("model_path") or default_sample(), probe, tuple(sorted(lengths)),
+        df = run_grid(current_path(), probe, tuple(sorted(lengths)),
                       tuple(sorted(axis)), int(n), int(seed))
     except ValueError as exc:
         st.error(str(exc))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import streamlit as st
 
 import memviz
-from app.common import current_model, default_sample, load_model
+from app.common import current_model, current_path, greedy_answer, load_model
 from memviz import viz
 from probes import babilong, passkey
 
@@ -22,7 +22,7 @@ def cached_trace(model_path: str, text: str, evidence: tuple[tuple[int, int], ..
     return tr
 
 
-def choose_input(model) -> tuple[str, tuple[tuple[int, int], ...]] | None:
+def choose_input(model, model_path: str) -> tuple[str, tuple[tuple[int, int], ...]] | None:
     """The text to trace and its evidence spans, from the source the user picks."""
     source = st.radio("Input", ["pass-key sample", "BABILong sample", "text", "file"], horizontal=True, key="source")
     if source == "pass-key sample":
@@ -55,7 +55,7 @@ def choose_input(model) -> tuple[str, tuple[tuple[int, int], ...]] | None:
             st.error(f"The file is not UTF-8 text ({exc.reason} at byte {exc.start}).")
             return None
     st.caption(f"{sample.n_tokens:,} tokens · answer **{sample.answer}** · model says "
-               f"**{model.generate(sample.prompt, 8).strip()!r}**" if sample.n_tokens <= 20_000 else
+               f"**{greedy_answer(model_path, sample.prompt)!r}**" if sample.n_tokens <= 20_000 else
                f"{sample.n_tokens:,} tokens · answer **{sample.answer}**")
     return sample.prompt, tuple(map(tuple, sample.evidence))
 
@@ -65,13 +65,14 @@ def render() -> None:
     model = current_model()
     if model is None:
         return
-    chosen = choose_input(model)
+    path = current_path()
+    chosen = choose_input(model, path)
     if chosen is None:
         st.info("Give an input to trace.")
         return
     text, evidence = chosen
     try:
-        tr = cached_trace(st.session_state.get("model_path") or default_sample(), text, evidence)
+        tr = cached_trace(path, text, evidence)
     except ValueError as exc:
         st.error(str(exc))
         return

@@ -1,14 +1,11 @@
 """Train page: a small training run of a chosen family and task, live and stoppable."""
 from __future__ import annotations
 
-import json
 import re
 import threading
-from pathlib import Path
-
-import plotly.graph_objects as go
 import streamlit as st
 
+from memviz import viz
 from memviz.checkpoint import USER_DIR
 from memviz.train import QUICK_LENGTHS, QUICK_MODELS, Trainer, quick_config
 
@@ -29,20 +26,11 @@ def run_job(job: dict) -> None:
         job["status"], job["error"] = "failed", str(exc)
 
 
-def loss_figure(metrics: Path) -> go.Figure:
-    rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
-    steps = [r["step"] for r in rows if "loss" in r]
-    fig = go.Figure([go.Scatter(x=steps, y=[r["loss"] for r in rows if "loss" in r], name="loss"),
-                     go.Scatter(x=steps, y=[r["answer_loss"] for r in rows if "loss" in r], name="answer loss")])
-    fig.update_layout(title="Training loss", xaxis_title="step", yaxis_title="nats", height=350)
-    return fig
-
-
 @st.fragment(run_every=2.0)
 def live(name: str) -> None:
     job = jobs()[name]
     trainer = job["trainer"]
-    st.plotly_chart(loss_figure(trainer.out / "metrics.jsonl"), use_container_width=True, key=f"loss-{name}")
+    st.plotly_chart(viz.training_loss(trainer.out / "metrics.jsonl"), use_container_width=True, key=f"loss-{name}")
     st.write(f"**{name}**: {job['status']} · step {trainer.step} / {trainer.cfg.optim.steps}")
     if job["status"] == "running" and st.button("Stop (saves a checkpoint)", key=f"stop-{name}"):
         trainer.stop.set()

@@ -14,6 +14,8 @@ a trace carries evidence spans (the needle, the supporting facts) they are shade
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -230,4 +232,16 @@ def ablation_sweep_figure(rows, evidence: Sequence[Sequence[int]] = (), title: s
     for a, b in evidence:
         fig.add_vrect(x0=a, x1=b, fillcolor="gold", opacity=0.35, line_width=0, annotation_text="evidence")
     fig.update_layout(title=title, xaxis_title="memory reset at token position", yaxis_title="change in log p(answer)")
+    return fig
+
+
+def training_loss(metrics: str | Path) -> go.Figure:
+    """Loss and answer loss over steps from a training run's metrics.jsonl (empty while absent)."""
+    metrics = Path(metrics)
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+    rows = [r for r in rows if "loss" in r]
+    steps = [r["step"] for r in rows]
+    fig = go.Figure([go.Scatter(x=steps, y=[r["loss"] for r in rows], name="loss"),
+                     go.Scatter(x=steps, y=[r["answer_loss"] for r in rows], name="answer loss")])
+    fig.update_layout(title="Training loss", xaxis_title="step", yaxis_title="nats", height=350)
     return fig

@@ -46,3 +46,16 @@ def test_text_view_highlights_the_evidence_and_escapes_html():
     html = viz.text_with_evidence(tr)
     assert "&lt;" in html and "&gt;" in html and "<b>" not in html
     assert html.count("background") == 2 and 'title="4"' in html
+
+
+def test_training_loss_reads_the_metrics_log(tmp_path):
+    import json
+
+    from memviz import viz
+
+    log = tmp_path / "metrics.jsonl"
+    assert len(viz.training_loss(log).data[0].x) == 0  # no run yet: an empty figure
+    rows = [{"step": 10, "loss": 2.0, "answer_loss": 3.0}, {"step": 10, "eval": {}}, {"step": 20, "loss": 1.5, "answer_loss": 2.5}]
+    log.write_text("\n".join(json.dumps(r) for r in rows))
+    fig = viz.training_loss(log)
+    assert list(fig.data[0].x) == [10, 20] and list(fig.data[1].y) == [3.0, 2.5]
