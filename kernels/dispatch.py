@@ -1,11 +1,12 @@
-"""Choose between a Triton kernel and its PyTorch reference.
+"""Choose between a Triton kernel, a compiled CPU kernel and the PyTorch reference.
 
 Models call the functions here (never a kernel directly); each asks `kernel_mode` which path
 to take:
-  * `impl="triton"` or `"reference"` forces a path for one call;
-  * otherwise the environment variable MEMVIZ_KERNELS ("triton", "reference" or "auto");
-  * "auto" (the default) takes the kernel for CUDA tensors where one exists, the reference
-    elsewhere.
+  * `impl="triton"`, `"native"` or `"reference"` forces a path for one call;
+  * otherwise the environment variable MEMVIZ_KERNELS ("triton", "native", "reference" or "auto");
+  * "auto" (the default) takes the Triton kernel for CUDA tensors where one exists, the
+    compiled CPU kernel for CPU tensors where one exists and builds (the LM2 scan, forward
+    only), and the reference elsewhere.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from kernels.product_keys import product_key_topk as product_key_topk_reference
 from kernels.product_keys import weighted_bag as weighted_bag_reference
 from kernels.titans_memory import titans_linear_reference
 
-CHOICES = ("auto", "triton", "reference")
+CHOICES = ("auto", "triton", "native", "reference")
 #: operation -> "module:function" of its Triton kernel, imported on first use (so importing
 #: memviz never imports triton)
 TRITON_KERNELS: dict[str, str] = {
@@ -31,8 +32,10 @@ TRITON_KERNELS: dict[str, str] = {
     "lm2_scan": "kernels.lm2_scan_triton:lm2_scan",
     "titans_linear_memory": "kernels.titans_memory_triton:titans_linear_memory",
 }
+#: operation -> "module:function" of its compiled CPU kernel; the module has `available()`
+NATIVE_KERNELS: dict[str, str] = {"lm2_scan": "kernels.lm2_scan_cpu:lm2_scan"}
 #: kernels without a backward: when a gradient is needed the reference runs instead
-FORWARD_ONLY = {"lm2_scan", "titans_linear_memory"}
+FORWARD_ONLY = {"lm2_scan", "titans_linear_memory"}  # Triton and native alike
 
 
 def kernel_mode(impl: str | None = None) -> str:
@@ -44,7 +47,7 @@ def kernel_mode(impl: str | None = None) -> str:
 
 def use_triton(op: str, tensor: Tensor, impl: str | None = None) -> bool:
     mode = kernel_mode(impl)
-    if mode == "reference":
+    if mode in ("reference", "native"):
         return False
     if mode == "triton" and op not in TRITON_KERNELS:
         raise NotImplementedError(f"there is no Triton kernel for {op} yet; use MEMVIZ_KERNELS=reference or auto")
@@ -58,15 +61,42 @@ def use_triton(op: str, tensor: Tensor, impl: str | None = None) -> bool:
     return op in TRITON_KERNELS and (mode == "triton" or tensor.is_cuda)
 
 
+def use_native(op: str, tensor: Tensor, impl: str | None = None) -> bool:
+    """The compiled CPU kernel: forced by "native" (an error where it cannot run), taken by
+    "auto" for CPU tensors when it builds on this machine; never when a gradient is needed."""
+    mode = kernel_mode(impl)
+    if mode not in ("auto", "native"):
+        return False
+    if op not in NATIVE_KERNELS:
+        if mode == "native":
+            raise NotImplementedError(f"there is no compiled CPU kernel for {op}; use MEMVIZ_KERNELS=reference or auto")
+        return False
+    module = importlib.import_module(NATIVE_KERNELS[op].split(":")[0])
+    if mode == "native":
+        if not module.supports(tensor):
+            raise ValueError(f"the CPU kernel for {op} takes float32 or float64 CPU tensors, got {tensor.dtype} on {tensor.device}")
+        module.library()  # raises with the compiler's message
+    if op in FORWARD_ONLY and torch.is_grad_enabled():
+        return False
+    return module.supports(tensor) and module.available()
+
+
+def native_kernel(op: str):
+    module, name = NATIVE_KERNELS[op].split(":")
+    return getattr(importlib.import_module(module), name)
+
+
 def triton_kernel(op: str):
     module, name = TRITON_KERNELS[op].split(":")
     return getattr(importlib.import_module(module), name)
 
 
 def lm2_scan(q_slot: Tensor, g_in: Tensor, M0: Tensor, W_V: Tensor, W_f: Tensor, b_f: Tensor, impl: str | None = None) -> ScanResult:
-    """The LM2 per-token bank scan (see kernels/lm2_scan.py); the kernel under no_grad only."""
+    """The LM2 per-token bank scan (see kernels/lm2_scan.py); the kernels under no_grad only."""
     if use_triton("lm2_scan", q_slot, impl):
         return triton_kernel("lm2_scan")(q_slot, g_in, M0, W_V, W_f, b_f)
+    if use_native("lm2_scan", q_slot, impl):
+        return native_kernel("lm2_scan")(q_slot, g_in, M0, W_V, W_f, b_f)
     return lm2_scan_reference(q_slot, g_in, M0, W_V, W_f, b_f)
 
 

@@ -20,7 +20,7 @@ and the common vector c_t adds the same score to every slot, which the softmax c
 so a step costs O(N d + d^2) with no bank-sized projection, against O(N d^2) for projecting
 the whole bank with W_K and W_V every token (`lm2_scan_naive`, the benchmark's baseline and a
 second check of the reference). q~, the input gates and all of M_0's products are computed
-once per scan, outside the loop.
+once per scan, outside the loop. The same loop compiled for the CPU is kernels/lm2_scan_cpu.c.
 """
 from __future__ import annotations
 
@@ -68,8 +68,18 @@ def lm2_scan_reference(q_slot: Tensor, g_in: Tensor, M0: Tensor, W_V: Tensor, W_
     with [W_V | W_V W_f], and the slot norms are formed for all tokens after the loop:
     ||D*M0[n] + c||^2 = (D^2).M0[n]^2 + 2 (D*c).M0[n] + c.c.
     """
-    W_read = torch.cat([W_V, W_V @ W_f], dim=1)
-    attn, reads, forgets, D, c, D_last, c_last = _factored_steps(q_slot, g_in, M0, W_read, b_f)
+    return finish_scan(M0, *_factored_steps(q_slot, g_in, M0, read_weights(W_V, W_f), b_f))
+
+
+def read_weights(W_V: Tensor, W_f: Tensor) -> Tensor:
+    """[W_V | W_V W_f]: the memory read and the forget gate's input from one product."""
+    return torch.cat([W_V, W_V @ W_f], dim=1)
+
+
+def finish_scan(M0: Tensor, attn: Tensor, reads: Tensor, forgets: Tensor, D: Tensor, c: Tensor, D_last: Tensor,
+                c_last: Tensor) -> ScanResult:
+    """The scan's outputs from what the sequential loop carried (shared with the CPU kernel):
+    slot norms of every token's bank at once, and the bank after the last token."""
     sq = (torch.einsum("btd,bnd->btn", D * D, M0.pow(2)) + 2 * torch.einsum("btd,bnd->btn", D * c, M0)
           + (c * c).sum(-1, keepdim=True))
     M_last = D_last[:, None, :] * M0 + c_last[:, None, :]

@@ -1,4 +1,5 @@
-"""Every Triton kernel against its PyTorch reference, under TRITON_INTERPRET=1 on the CPU.
+"""Every Triton kernel against its PyTorch reference, under TRITON_INTERPRET=1 on the CPU, and
+the compiled CPU kernel (LM2 scan) against the same reference.
 
 Inputs are fresh random numbers each run (the seed is in every failure message), shapes are
 small and odd, the references run in float64, every buffer a launcher allocates starts as
@@ -6,13 +7,14 @@ NaN (so an element a kernel forgot to write fails the comparison), and gradients
 kernels that have a backward are compared with autograd through the reference.
 """
 import random
+import shutil
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import memviz
-from kernels import dispatch
+from kernels import dispatch, lm2_scan_cpu
 from kernels.infini_memory import infini_memory_reference
 from kernels.lm2_scan import lm2_scan_reference
 from kernels.product_keys import product_key_topk as topk_reference
@@ -154,6 +156,81 @@ def test_lm2_scan_kernel_matches_the_reference(seed, B, T, N, D):
         out = dispatch.lm2_scan(*args, impl="triton")
     for name, a, b in zip(("attention", "read", "forget", "norms", "bank"), out, lm2_scan_reference(*(x.double() for x in args))):
         close(a, b, seed, f"lm2 {name}")
+
+
+needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="the LM2 CPU kernel needs a C compiler (cc)")
+
+
+@needs_cc
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("B,T,N,D", [(2, 9, 5, 12), (1, 1, 3, 7), (3, 40, 17, 33)])
+def test_lm2_scan_cpu_kernel_matches_the_reference(seed, B, T, N, D, dtype):
+    # weights scaled by 1/sqrt(D): larger gains make the recurrence amplify float32 rounding,
+    # in the float32 reference as much as in the kernel
+    args = [torch.randn(B, T, D), torch.rand(B, T, D), torch.randn(B, N, D), torch.randn(D, D) / D**0.5,
+            torch.randn(D, D) / D**0.5, torch.randn(D)]
+    with torch.no_grad():
+        out = dispatch.lm2_scan(*(x.to(dtype) for x in args), impl="native")
+    for name, a, b in zip(("attention", "read", "forget", "norms", "bank"), out, lm2_scan_reference(*(x.double() for x in args))):
+        assert a.dtype == dtype, name
+        close(a, b, seed, f"lm2 cpu {name}")
+
+
+@pytest.fixture
+def fresh_native_build(monkeypatch, tmp_path):
+    """An empty build cache, and the loader's memo cleared before and after."""
+    monkeypatch.setenv("MEMVIZ_CACHE", str(tmp_path))
+    for memo in (lm2_scan_cpu.library, lm2_scan_cpu.available):
+        memo.cache_clear()
+    yield tmp_path
+    for memo in (lm2_scan_cpu.library, lm2_scan_cpu.available):
+        memo.cache_clear()
+
+
+@needs_cc
+def test_auto_takes_the_cpu_kernel_for_inference_only(fresh_native_build, monkeypatch):
+    q = torch.randn(1, 3, 4)
+    assert not dispatch.use_native("lm2_scan", q), "training needs the reference's gradients"
+    with torch.no_grad():
+        assert dispatch.use_native("lm2_scan", q)
+        assert list(fresh_native_build.glob("lm2_scan_cpu-*.so")), "the kernel is built into the cache folder"
+        assert not dispatch.use_native("lm2_scan", q.half()), "float16 falls back to the reference"
+        assert not dispatch.use_native("lm2_scan", q, impl="reference")
+        with pytest.raises(ValueError, match="float32 or float64 CPU tensors"):
+            dispatch.use_native("lm2_scan", q.half(), impl="native")
+        with pytest.raises(NotImplementedError, match="no compiled CPU kernel for weighted_bag"):
+            dispatch.use_native("weighted_bag", q, impl="native")
+        assert not dispatch.use_triton("lm2_scan", q, impl="native")
+
+
+def test_without_a_compiler_auto_falls_back_and_native_says_why(fresh_native_build, monkeypatch):
+    monkeypatch.setenv("CC", "no-such-compiler-here")
+    q = torch.randn(1, 3, 4)
+    args = (q, torch.rand(1, 3, 4), torch.randn(1, 2, 4), torch.randn(4, 4), torch.randn(4, 4), torch.randn(4))
+    with torch.no_grad():
+        assert not dispatch.use_native("lm2_scan", q)
+        for a, b in zip(dispatch.lm2_scan(*args), lm2_scan_reference(*args)):
+            assert torch.equal(a, b)
+        with pytest.raises(lm2_scan_cpu.NativeKernelError, match="needs a C compiler"):
+            dispatch.lm2_scan(*args, impl="native")
+
+
+@needs_cc
+def test_lm2_model_gives_the_same_logits_and_trace_with_the_cpu_kernel(monkeypatch, seed):
+    model = scrambled(small_model("lm2", **MODELS["lm2"]))
+    ids = torch.randint(0, 256, (2, 15))
+    monkeypatch.setenv("MEMVIZ_KERNELS", "reference")
+    ref_logits, ref_cache = model.run_with_cache(ids)
+    monkeypatch.setenv("MEMVIZ_KERNELS", "auto")
+    used = []
+    kernel = dispatch.native_kernel
+    monkeypatch.setattr(dispatch, "native_kernel", lambda op: used.append(op) or kernel(op))
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(ids)
+    assert used and set(used) == {"lm2_scan"}
+    close(logits, ref_logits, seed, "lm2 logits")
+    for name in ref_cache:
+        close(cache[name], ref_cache[name], seed, f"lm2 {name}")
 
 
 @pytest.mark.parametrize("T,chunk", [(19, 5), (10, 5), (3, 4)])
