@@ -215,24 +215,6 @@ def test_without_a_compiler_auto_falls_back_and_native_says_why(fresh_native_bui
             dispatch.lm2_scan(*args, impl="native")
 
 
-@needs_cc
-def test_lm2_model_gives_the_same_logits_and_trace_with_the_cpu_kernel(monkeypatch, seed):
-    model = scrambled(small_model("lm2", **MODELS["lm2"]))
-    ids = torch.randint(0, 256, (2, 15))
-    monkeypatch.setenv("MEMVIZ_KERNELS", "reference")
-    ref_logits, ref_cache = model.run_with_cache(ids)
-    monkeypatch.setenv("MEMVIZ_KERNELS", "auto")
-    used = []
-    kernel = dispatch.native_kernel
-    monkeypatch.setattr(dispatch, "native_kernel", lambda op: used.append(op) or kernel(op))
-    with torch.no_grad():
-        logits, cache = model.run_with_cache(ids)
-    assert used and set(used) == {"lm2_scan"}
-    close(logits, ref_logits, seed, "lm2 logits")
-    for name in ref_cache:
-        close(cache[name], ref_cache[name], seed, f"lm2 {name}")
-
-
 @pytest.mark.parametrize("T,chunk", [(19, 5), (10, 5), (3, 4)])
 def test_titans_linear_kernel_matches_the_reference(seed, T, chunk):
     B, D = 2, 6
@@ -257,18 +239,25 @@ KERNELS_OF = {"memory_layer": {"product_key_topk", "weighted_bag"}, "infini": {"
               "titans": {"titans_linear_memory"}}
 
 
+def run_on_both_paths(model, ids, monkeypatch, mode: str, loader: str):
+    """The reference run, then the `mode` run under no_grad, recording which kernels the
+    dispatcher's `loader` (triton_kernel or native_kernel) handed out."""
+    monkeypatch.setenv("MEMVIZ_KERNELS", "reference")
+    ref_logits, ref_cache = model.run_with_cache(ids)
+    monkeypatch.setenv("MEMVIZ_KERNELS", mode)
+    used = []
+    kernel = getattr(dispatch, loader)
+    monkeypatch.setattr(dispatch, loader, lambda op: used.append(op) or kernel(op))
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(ids)
+    return ref_logits, ref_cache, logits, cache, used
+
+
 @pytest.mark.parametrize("family", sorted(MODELS))
 def test_a_model_gives_the_same_logits_and_trace_on_both_paths(family, monkeypatch, seed):
     model = scrambled(small_model(family, **MODELS[family]))
     ids = torch.randint(0, 256, (1, 12))
-    monkeypatch.setenv("MEMVIZ_KERNELS", "reference")
-    ref_logits, ref_cache = model.run_with_cache(ids)
-    monkeypatch.setenv("MEMVIZ_KERNELS", "triton")
-    used = []
-    kernel = dispatch.triton_kernel
-    monkeypatch.setattr(dispatch, "triton_kernel", lambda op: used.append(op) or kernel(op))
-    with torch.no_grad():
-        logits, cache = model.run_with_cache(ids)
+    ref_logits, ref_cache, logits, cache, used = run_on_both_paths(model, ids, monkeypatch, "triton", "triton_kernel")
     assert set(used) == KERNELS_OF[family]
     close(logits, ref_logits, seed, f"{family} logits")
     assert cache.keys() == ref_cache.keys()
@@ -282,6 +271,17 @@ def test_a_model_gives_the_same_logits_and_trace_on_both_paths(family, monkeypat
         model(ids).logsumexp(-1).mean().backward()
         assert set(used) == KERNELS_OF[family]
         assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)
+
+
+@needs_cc
+def test_lm2_model_gives_the_same_logits_and_trace_with_the_cpu_kernel(monkeypatch, seed):
+    model = scrambled(small_model("lm2", **MODELS["lm2"]))
+    ids = torch.randint(0, 256, (2, 15))
+    ref_logits, ref_cache, logits, cache, used = run_on_both_paths(model, ids, monkeypatch, "auto", "native_kernel")
+    assert used and set(used) == {"lm2_scan"}, "auto takes the CPU kernel for inference"
+    close(logits, ref_logits, seed, "lm2 logits")
+    for name in ref_cache:
+        close(cache[name], ref_cache[name], seed, f"lm2 {name}")
 
 
 def test_memviz_import_does_not_import_triton():
