@@ -36,6 +36,16 @@ def cache_dir() -> Path:
     return Path(os.environ.get("MEMVIZ_CACHE") or Path.home() / ".cache" / "memviz")
 
 
+def cpu_name() -> str:
+    """The processor model: -march=native builds differ between CPUs sharing one cache folder."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.machine() + platform.processor()
+
+
 @functools.cache
 def library() -> ctypes.CDLL:
     """Compile (once per source version and machine) and load the shared library."""
@@ -43,7 +53,7 @@ def library() -> ctypes.CDLL:
     if compiler is None:
         raise NativeKernelError("the LM2 CPU kernel needs a C compiler (set $CC or install cc); "
                                 "use MEMVIZ_KERNELS=reference to run the PyTorch reference instead")
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS + [platform.machine()]).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS + [cpu_name()]).encode()).hexdigest()[:16]
     target = cache_dir() / f"lm2_scan_cpu-{digest}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
