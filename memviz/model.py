@@ -277,6 +277,20 @@ class MemoryLM(HookedRootModule):
         finally:
             self.train(was_training)
 
+    def init_from_checkpoint(self, path) -> None:
+        """Start from a trained checkpoint of the same family and shape (a second training
+        stage, `init_from` in a training config); LongMem overrides this to load its backbone."""
+        from memviz.checkpoint import CheckpointError, load
+
+        base = load(path)
+        ours, theirs = ({k: v for k, v in cfg.to_dict().items() if k != "name"} for cfg in (self.cfg, base.cfg))
+        if base.family != self.family or ours != theirs:
+            differ = sorted(k for k in ours if ours[k] != theirs.get(k))
+            raise CheckpointError(f"{path}: init_from needs a {self.family} checkpoint with the same config; "
+                                  f"it is a {base.family} model differing in {differ or 'family'}")
+        self.load_state_dict(base.state_dict())
+        self._tokenizer = base.tokenizer
+
     # ----- introspection ------------------------------------------------------------------
     def default_trace_reducers(self) -> dict[str, str]:
         """The family's memory hooks, expanded over layers: what `memviz.trace` keeps by default."""

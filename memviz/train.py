@@ -93,7 +93,7 @@ class TrainConfig:
     name: str
     model: dict[str, Any]
     tokenizer: str = "byte"
-    init_from: str | None = None  # a checkpoint to start from (LongMem: the frozen backbone)
+    init_from: str | None = None  # a checkpoint to start from: the same model's weights (a second stage), or LongMem's frozen backbone
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -233,7 +233,7 @@ class Trainer:
             tokenizer = build_tokenizer(cfg.tokenizer)
         model_cfg = ModelConfig.from_dict({**cfg.model, "vocab_size": tokenizer.vocab_size, "name": cfg.name})
         model = build_model(model_cfg, tokenizer=tokenizer)
-        if cfg.init_from and checkpoint is None and hasattr(model, "init_from_checkpoint"):
+        if cfg.init_from and checkpoint is None:
             model.init_from_checkpoint(cfg.init_from)
         if cfg.data.mix.get("facts"):  # the facts probe asks the knowledge base named here
             model.card["facts"] = {"kb_seed": cfg.data.kb_seed, "n_entities": cfg.data.n_entities}

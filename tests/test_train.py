@@ -57,6 +57,19 @@ def test_resume_continues_as_if_never_stopped(tmp_path):
         torch.testing.assert_close(resumed.model.state_dict()[name], p, atol=1e-6, rtol=1e-5)
 
 
+def test_a_second_stage_starts_from_the_first_stages_weights(tmp_path):
+    first = Trainer(tiny_config(tmp_path / "one", steps=3), progress=False).run()
+    exported = memviz.save(first.model, tmp_path / "stage1")
+    second = Trainer(tiny_config(tmp_path / "two", steps=2, init_from=str(exported)), progress=False)
+    for name, p in first.model.state_dict().items():
+        assert torch.equal(second.model.state_dict()[name], p), name
+    fresh = Trainer(tiny_config(tmp_path / "three", steps=2), progress=False)
+    assert not torch.equal(fresh.model.embed.weight, first.model.embed.weight), "without init_from it starts fresh"
+    wider = {"model": {"d_mlp": 96}, "init_from": str(exported)}
+    with pytest.raises(memviz.CheckpointError, match=r"same config; it is a sliding_window model differing in \['d_mlp'\]"):
+        Trainer(tiny_config(tmp_path / "four", **wider), progress=False)
+
+
 def test_resume_without_a_checkpoint_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="no checkpoint under"):
         Trainer(tiny_config(tmp_path / "none"), resume=True, progress=False)
