@@ -23,11 +23,13 @@ SEED, N, DEPTHS = 21, 5, (0.1, 0.5, 0.9)
 
 def partial_credit(model, lengths):
     df = passkey.run(model, lengths, DEPTHS, n=N, seed=SEED, progress=False)
-    return {
-        "mean_leading_digits": {str(k): round(float(v), 2) for k, v in df.groupby("length")["leading_digits"].mean().items()},
-        "first_digit_right": {str(k): round(float(v), 2) for k, v in df.assign(f=df["leading_digits"] > 0).groupby("length")["f"].mean().items()},
-        "exact": {str(k): round(float(v), 2) for k, v in df.groupby("length")["correct"].mean().items()},
-    }
+    df = df.assign(first_digit_right=df["leading_digits"] > 0)
+
+    def per_length(column):
+        return {str(k): round(float(v), 2) for k, v in df.groupby("length")[column].mean().items()}
+
+    return {"mean_leading_digits": per_length("leading_digits"), "first_digit_right": per_length("first_digit_right"),
+            "exact": per_length("correct")}
 
 
 def memory_resets(model, length, n=15):

@@ -20,8 +20,8 @@ appends them to benchmarks/RESULTS.md with the machine and versions. Sections:
                  trace's figures from the cached trace
 
 Only CPU numbers are measured here, on the PyTorch references and the compiled CPU kernel (the
-Triton kernels run on the CPU only in the interpreter, whose timings mean nothing); the GPU columns of RESULTS.md stay
-empty until a GPU run fills them.
+Triton kernels run on the CPU only in the interpreter, whose timings mean nothing); the GPU
+columns of RESULTS.md stay empty until a GPU run fills them.
 """
 from __future__ import annotations
 

@@ -71,7 +71,7 @@ def use_native(op: str, tensor: Tensor, impl: str | None = None) -> bool:
         if mode == "native":
             raise NotImplementedError(f"there is no compiled CPU kernel for {op}; use MEMVIZ_KERNELS=reference or auto")
         return False
-    module = importlib.import_module(NATIVE_KERNELS[op].split(":")[0])
+    module = importlib.import_module(NATIVE_KERNELS[op].partition(":")[0])
     if mode == "native":
         if not module.supports(tensor):
             raise ValueError(f"the CPU kernel for {op} takes float32 or float64 CPU tensors, got {tensor.dtype} on {tensor.device}")
@@ -81,14 +81,18 @@ def use_native(op: str, tensor: Tensor, impl: str | None = None) -> bool:
     return module.supports(tensor) and module.available()
 
 
-def native_kernel(op: str):
-    module, name = NATIVE_KERNELS[op].split(":")
+def _resolve(spec: str):
+    """The function named by "module:function", imported on first use."""
+    module, _, name = spec.partition(":")
     return getattr(importlib.import_module(module), name)
+
+
+def native_kernel(op: str):
+    return _resolve(NATIVE_KERNELS[op])
 
 
 def triton_kernel(op: str):
-    module, name = TRITON_KERNELS[op].split(":")
-    return getattr(importlib.import_module(module), name)
+    return _resolve(TRITON_KERNELS[op])
 
 
 def lm2_scan(q_slot: Tensor, g_in: Tensor, M0: Tensor, W_V: Tensor, W_f: Tensor, b_f: Tensor, impl: str | None = None) -> ScanResult:
