@@ -67,13 +67,13 @@ def main(names):
     for name in names:
         model = memviz.load(name)
         out[name] = partial_credit(model, [256, 512, 1024])
-        if name != "sliding_window":
+        if model.family != "sliding_window":
             out[name]["memory_resets_at_512"] = memory_resets(model, 512)
-        if name == "longmem":
+        if model.family == "longmem":
             out[name]["needle_chunk_retrieved_at_question_share_of_heads"] = longmem_needle_hits(model, [512, 1024])
         print(name, json.dumps(out[name]), flush=True)
     print(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["sliding_window", "titans", "longmem"])
+    main(sys.argv[1:] or ["sliding_window", "infini", "lm2", "titans", "longmem"])
