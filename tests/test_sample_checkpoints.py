@@ -18,7 +18,7 @@ CARD_FIELDS = {"train_command", "train_config", "steps", "wall_time_s", "machine
 
 
 def test_the_zoo_ships_a_memory_model_and_its_control():
-    assert {"infini", "titans", "longmem", "sliding_window", "memory_plus", "dense"} <= set(SAMPLES)
+    assert {"infini", "lm2", "titans", "longmem", "sliding_window", "memory_plus", "dense"} <= set(SAMPLES)
 
 
 @pytest.mark.parametrize("name", SAMPLES)
@@ -36,7 +36,9 @@ def test_each_sample_loads_and_its_card_matches_its_recipe(name):
     assert model.num_parameters() == card["parameters"]
 
 
-LONG_CONTEXT_MEMORY = [name for name in ("infini", "lm2", "titans", "longmem") if name in SAMPLES]
+#: samples whose memory carries the key (resetting it at the question loses the answer; LM2's
+#: does not, see its card's passkey_diagnostics, so it is held only to its card and recipe here)
+LONG_CONTEXT_MEMORY = [name for name in ("infini", "titans", "longmem") if name in SAMPLES]
 
 
 @pytest.fixture(scope="module")
