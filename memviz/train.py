@@ -58,9 +58,12 @@ class OptimConfig:
     weight_decay: float = 0.1
     betas: tuple[float, float] = (0.9, 0.95)
     clip: float = 1.0
+    memory_value_lr: float | None = None  # memory layers' value tables: own peak lr, no decay (None: as the rest)
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)
+        if self.memory_value_lr is not None and not self.memory_value_lr > 0:
+            raise ValueError(f"optim.memory_value_lr must be > 0, got {self.memory_value_lr!r}")
         for name in ("steps", "batch_size"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
                 raise ValueError(f"optim.{name} must be a positive integer, got {getattr(self, name)!r}")
@@ -165,14 +168,21 @@ def optimizer_from_files(optimizer: torch.optim.Optimizer, tensors: dict[str, to
 
 
 def make_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
-    """AdamW; matrices decay, vectors (norms, gates) and embeddings do not."""
-    decay, no_decay, seen = [], [], set()
+    """AdamW; matrices decay, vectors (norms, gates) and embeddings do not. With
+    `memory_value_lr`, memory-layer value tables form a third group: that peak lr on the same
+    schedule, no decay (each row is updated only when selected, like an embedding)."""
+    decay, no_decay, values, seen = [], [], [], set()
     for name, p in model.named_parameters():
         if not p.requires_grad or id(p) in seen:
             continue
         seen.add(id(p))
-        (decay if p.dim() >= 2 and "embed" not in name else no_decay).append(p)
+        if cfg.memory_value_lr is not None and name.split(".")[-1] == "values":
+            values.append(p)
+        else:
+            (decay if p.dim() >= 2 and "embed" not in name else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if values:
+        groups.append({"params": values, "weight_decay": 0.0, "lr_scale": cfg.memory_value_lr / cfg.lr})
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
 
 
@@ -285,7 +295,7 @@ class Trainer:
         tokens, weights = tokens.to(self.device), weights.to(self.device)
         lr = cfg.optim.lr_at(self.step)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_scale", 1.0)
         logits = self.ddp(tokens)
         loss, answer_loss = weighted_loss(logits, tokens, weights)
         if not torch.isfinite(loss):

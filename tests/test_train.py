@@ -131,6 +131,26 @@ def test_bad_training_configs():
         TrainConfig.from_dict({"name": "x", "model": {}, "optim": {"steps": 0}})
     with pytest.raises(ValueError, match="does not exist"):
         TrainConfig.load("/no/such/config.json")
+    with pytest.raises(ValueError, match="memory_value_lr must be > 0"):
+        TrainConfig.from_dict({"name": "x", "model": {}, "optim": {"memory_value_lr": 0}})
+
+
+def test_memory_values_get_their_own_lr_and_no_decay(tmp_path):
+    memory = {"family": "memory_layer", "d_model": 32, "n_layers": 2, "n_heads": 2, "d_mlp": 64, "window": 16,
+              "memory": {"n_keys": 8, "topk": 2, "heads": 2, "d_key": 8, "layers": [1]}}
+    trainer = Trainer(tiny_config(tmp_path / "m", steps=3, model=memory, optim={"memory_value_lr": 0.05}), progress=False)
+    values = trainer.model.values
+    before = values.detach().clone()
+    trainer.run()
+    groups = trainer.optimizer.param_groups
+    [own] = [g for g in groups if any(p is values for p in g["params"])]
+    assert len(own["params"]) == 1 and own["weight_decay"] == 0.0
+    assert all(not any(p is values for p in g["params"]) for g in groups if g is not own)
+    last_lr = trainer.cfg.optim.lr_at(2)
+    assert own["lr"] == pytest.approx(5 * last_lr) and groups[0]["lr"] == pytest.approx(last_lr)
+    assert not torch.equal(values.detach(), before)
+    plain = Trainer(tiny_config(tmp_path / "p", steps=1, model=memory), progress=False).optimizer
+    assert len(plain.param_groups) == 2, "without memory_value_lr the values decay with the other matrices"
 
 
 DDP_SCRIPT = """
