@@ -277,6 +277,11 @@ class MemoryLM(HookedRootModule):
         finally:
             self.train(was_training)
 
+    def value_tables(self) -> list[nn.Parameter]:
+        """Tables read a few rows at a time, so each row is trained only when selected (memory
+        layers' values); `optim.memory_value_lr` trains them at their own lr without decay."""
+        return []
+
     def init_from_checkpoint(self, path) -> None:
         """Start from a trained checkpoint of the same family and shape (a second training
         stage, `init_from` in a training config); LongMem overrides this to load its backbone."""

@@ -172,11 +172,12 @@ def make_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Adam
     `memory_value_lr`, memory-layer value tables form a third group: that peak lr on the same
     schedule, no decay (each row is updated only when selected, like an embedding)."""
     decay, no_decay, values, seen = [], [], [], set()
+    tables = {id(p) for p in model.value_tables()} if cfg.memory_value_lr is not None else set()
     for name, p in model.named_parameters():
         if not p.requires_grad or id(p) in seen:
             continue
         seen.add(id(p))
-        if cfg.memory_value_lr is not None and name.split(".")[-1] == "values":
+        if id(p) in tables:
             values.append(p)
         else:
             (decay if p.dim() >= 2 and "embed" not in name else no_decay).append(p)

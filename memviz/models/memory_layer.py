@@ -123,6 +123,11 @@ class MemoryLayerLM(MemoryLM):
             self.values = nn.Parameter(torch.randn(n_values, d) / math.sqrt(d))
         self.blocks = nn.ModuleList(self.make_block(layer) for layer in range(self.cfg.n_layers))
 
+    def value_tables(self) -> list[nn.Parameter]:
+        if self.options.shared_values:
+            return [self.values]
+        return [self.blocks[layer].mlp.values for layer in self.memory_layers]
+
     def make_block(self, layer: int) -> nn.Module:
         cfg, o = self.cfg, self.options
         if layer not in self.memory_layers:
