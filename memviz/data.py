@@ -8,6 +8,9 @@ sees the same batch: resuming regenerates exactly the data the run would have se
 A sample is the prompt followed by its answer and eos. Its loss weights are `text_weight`
 on the prompt's tokens and `answer_weight` on the answer's, so a small model is pushed
 towards the retrieval the probes measure while still modelling the background text.
+With `drill` > 0, qa1/qa2 samples go on after the answer with more questions on the same
+story (bAbI's own format asks several): each answer is one more retrieval to learn from,
+and most of them cannot be answered by the last room mentioned.
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ class DataConfig:
     min_len_frac: float = 0.5  # a batch's length is drawn from [min_len_frac * max_len, max_len]
     text_weight: float = 1.0
     answer_weight: float = 5.0
+    drill: int = 0  # qa1/qa2: up to this many more questions on the same story after the answer
     names: str = "babi"  # bAbI vocabulary for qa tasks
     kb_seed: int = 0  # facts: which knowledge base
     n_entities: int = 1000
@@ -45,6 +49,8 @@ class DataConfig:
             raise ValueError("data.mix needs non-negative weights with a positive sum")
         if not self.curriculum or any(len(c) != 2 or c[1] <= 0 for c in self.curriculum):
             raise ValueError("data.curriculum is a list of [from_step, max_len] with max_len > 0")
+        if self.drill < 0:
+            raise ValueError(f"data.drill must be >= 0, got {self.drill}")
         if not 0 < self.min_len_frac <= 1:
             raise ValueError(f"data.min_len_frac must lie in (0, 1], got {self.min_len_frac}")
 
@@ -103,16 +109,19 @@ class TaskSampler:
             if task == "facts":
                 return self.facts_example(rng, length)
             try:
-                sample, answer = self.long_sample(task, rng, length)
+                sample, answer, drills = self.long_sample(task, rng, length)
                 break
             except ValueError:
                 continue
         else:
             raise ValueError(f"data.curriculum length {length} is too short for the tasks {self.tasks}")
-        prompt = self.tokenizer.encode(sample.prompt)
-        tail = self.tokenizer.encode(answer) + [self.tokenizer.eos_id]
-        weights = [0.0] + [self.cfg.text_weight] * (len(prompt) - 1) + [self.cfg.answer_weight] * len(tail)
-        return Example(prompt + tail, weights)
+        tokens = self.tokenizer.encode(sample.prompt)
+        weights = [0.0] + [self.cfg.text_weight] * (len(tokens) - 1)
+        for question, reply in [("", answer), *drills]:
+            q, a = self.tokenizer.encode(question), self.tokenizer.encode(reply)
+            tokens += q + a
+            weights += [self.cfg.text_weight] * len(q) + [self.cfg.answer_weight] * len(a)
+        return Example(tokens + [self.tokenizer.eos_id], weights + [self.cfg.answer_weight])
 
     def long_sample(self, task: str, rng: random.Random, length: int):
         if task == "passkey":
@@ -121,10 +130,14 @@ class TaskSampler:
             # needle and question can share one attention window or segment
             instruction = passkey.INSTRUCTION if length >= self.passkey_full_len else ""
             sample = passkey.make_sample(self.tokenizer, length, rng.random(), key, seed=seed, instruction=instruction)
-            return sample, " " + sample.answer
+            return sample, " " + sample.answer, []
         story = babilong.make_story(task, rng, self.cfg.names)
         sample = babilong.make_sample(self.tokenizer, task, length, story, seed=rng.randrange(2**31), names=self.cfg.names)
-        return sample, " " + sample.answer + "."
+        drills = []
+        if self.cfg.drill and story.more:  # drawn only when asked, so other recipes keep their data
+            drills = [(babilong.question_suffix(q), f" {a}.")
+                      for q, a in rng.sample(story.more, min(self.cfg.drill, len(story.more)))]
+        return sample, " " + sample.answer + ".", drills
 
     def facts_example(self, rng: random.Random, length: int) -> Example:
         docs = facts.documents(self.kb, rng.randrange(2**31))

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -100,6 +100,7 @@ class Story:
     question: str
     answer: str
     supporting: list[int]  # indices into facts
+    more: list[tuple[str, str]] = field(default_factory=list)  # other (question, answer) pairs the story settles
 
 
 class World:
@@ -159,7 +160,8 @@ def story_qa1(rng: random.Random, vocab: Vocabulary) -> Story:
         world.move(rng.choice(vocab.actors))
     actor = rng.choice(sorted(world.where))
     room, i = world.where[actor]
-    return Story(world.facts, f"Where is {actor}?", room, [i])
+    more = [(f"Where is {a}?", r) for a, (r, _) in sorted(world.where.items()) if a != actor]
+    return Story(world.facts, f"Where is {actor}?", room, [i], more)
 
 
 def story_qa2(rng: random.Random, vocab: Vocabulary) -> Story:
@@ -171,12 +173,17 @@ def story_qa2(rng: random.Random, vocab: Vocabulary) -> Story:
         if known:
             break
     obj = rng.choice(known)
+
+    def room_of(o: str) -> str:
+        return world.where[world.holder[o][0]][0] if o in world.holder else world.dropped[o][0]
+
+    more = [(f"Where is the {o}?", room_of(o)) for o in known if o != obj]
     if obj in world.holder:
         actor, i_grab = world.holder[obj]
         room, i_move = world.where[actor]
-        return Story(world.facts, f"Where is the {obj}?", room, sorted({i_grab, i_move}))
+        return Story(world.facts, f"Where is the {obj}?", room, sorted({i_grab, i_move}), more)
     room, i_drop = world.dropped[obj]
-    return Story(world.facts, f"Where is the {obj}?", room, [i_drop])
+    return Story(world.facts, f"Where is the {obj}?", room, [i_drop], more)
 
 
 def story_qa3(rng: random.Random, vocab: Vocabulary) -> Story:

@@ -37,3 +37,29 @@ def test_short_passkey_prompts_drop_the_instruction_long_ones_keep_it():
     long = ByteTokenizer().decode(s.example(rng, s.passkey_full_len + 40).tokens)
     assert passkey.INSTRUCTION not in short and "The pass key is" in short
     assert long.startswith(passkey.INSTRUCTION)
+
+
+def test_drill_asks_more_questions_on_the_same_story_and_weights_their_answers():
+    tok = ByteTokenizer()
+    drilled = TaskSampler(tok, DataConfig(mix={"qa1": 1.0}, text_weight=0.1, answer_weight=5.0, drill=3))
+    plain = TaskSampler(tok, DataConfig(mix={"qa1": 1.0}, text_weight=0.1, answer_weight=5.0))
+    asked = []
+    for seed in range(20):
+        example = drilled.example(random.Random(seed), 300)
+        text = tok.decode(example.tokens)
+        blocks = text.split("\nQuestion: ")
+        story, qa = blocks[0], blocks[1:]
+        # the plain sampler draws the same story and first question, then stops after its answer
+        plain_text = tok.decode(plain.example(random.Random(seed), 300).tokens)
+        assert plain_text == story + "\nQuestion: " + qa[0]
+        names = [b.split("?")[0].removeprefix("Where is ") for b in qa]
+        assert len(set(names)) == len(names) <= 4
+        facts = [f.strip() + "." for f in story.split(".") if f.strip()]
+        for block, name in zip(qa, names):
+            answer = block.split("Answer: ")[1].rstrip(".")
+            last_move = [f for f in facts if f.startswith(name + " ") and " to the " in f][-1]
+            assert last_move.endswith(f" the {answer}.")
+        answered = sum(w == 5.0 for w in example.weights)
+        assert answered == sum(len(tok.encode(" " + b.split("Answer: ")[1])) for b in qa) + 1  # and eos
+        asked.append(len(qa))
+    assert max(asked) == 4 and min(asked) >= 1

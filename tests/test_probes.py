@@ -192,6 +192,8 @@ def test_babi_answers_are_right_by_construction(task, names):
         assert solve(story.facts, story.question) == story.answer, story
         assert story.answer in babilong.task_labels(task, names)
         assert all(0 <= i < len(story.facts) for i in story.supporting)
+        for question, answer in story.more:  # the further questions training drills on
+            assert question != story.question and solve(story.facts, question) == answer
 
 
 def test_babilong_sample_keeps_facts_in_order_and_marks_support():
