@@ -13,6 +13,7 @@
 `python benchmarks/qa1_diagnostics.py CHECKPOINT [--toy STEPS]` prints JSON.
 """
 import argparse
+import functools
 import json
 import random
 
@@ -34,7 +35,9 @@ def answer_logits(model, text):
     return torch.log_softmax(logits[room_ids(model)], -1)
 
 
+@functools.cache
 def room_ids(model):
+    """Token ids of the six rooms, encoded once per model."""
     return [model.tokenizer.encode(" " + r)[0] for r in ROOMS]
 
 

@@ -10,7 +10,7 @@ on the prompt's tokens and `answer_weight` on the answer's, so a small model is 
 towards the retrieval the probes measure while still modelling the background text.
 With `drill` > 0, qa1/qa2 samples go on after the answer with more questions on the same
 story (bAbI's own format asks several): each answer is one more retrieval to learn from,
-and most of them cannot be answered by the last room mentioned.
+and many have an answer other than the last room mentioned.
 """
 from __future__ import annotations
 
