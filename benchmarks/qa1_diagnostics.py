@@ -9,8 +9,10 @@
   * with --toy STEPS: trains a fresh model of the checkpoint's shape on two-fact stories
     ("A went to the X. B went to the Y." then "Where is A?") and prints loss and accuracy;
     a model that binds reaches ~100%, one that only finds the rooms stays at ln 2.
+    --fan-in trains it with init "fan_in" and embed_scale sqrt(d_model) instead of the
+    checkpoint's own init.
 
-`python benchmarks/qa1_diagnostics.py CHECKPOINT [--toy STEPS]` prints JSON.
+`python benchmarks/qa1_diagnostics.py CHECKPOINT [--toy STEPS [--fan-in]]` prints JSON.
 """
 import argparse
 import functools
@@ -101,10 +103,11 @@ def binding(model, n=400):
     return out
 
 
-def toy(model, steps, lr=1e-3, batch=32):
+def toy(model, steps, fan_in=False, lr=1e-3, batch=32):
     """Train a fresh model of this shape on two-fact stories; loss and accuracy every 250 steps."""
     torch.manual_seed(0)
-    fresh, tok, rng, log = build_model(model.cfg), model.tokenizer, random.Random(0), []
+    cfg = model.cfg.replace(init="fan_in", embed_scale=model.cfg.d_model**0.5) if fan_in else model.cfg
+    fresh, tok, rng, log = build_model(cfg), model.tokenizer, random.Random(0), []
     rid = torch.tensor(room_ids(model))
     opt = torch.optim.AdamW(fresh.parameters(), lr=lr)
     for step in range(steps + 1):
@@ -129,12 +132,13 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("checkpoint")
     parser.add_argument("--toy", type=int, default=0, metavar="STEPS")
+    parser.add_argument("--fan-in", action="store_true", help="train the toy with init fan_in and embed_scale sqrt(d_model)")
     args = parser.parse_args()
     model = memviz.load(args.checkpoint).eval()
     report = {"checkpoint": args.checkpoint, "recency": recency(model), "name_use": name_use(model),
               "binding": binding(model)}
     if args.toy:
-        report["toy"] = toy(model, args.toy)
+        report["toy"] = toy(model, args.toy, fan_in=args.fan_in)
     print(json.dumps(report, indent=2))
 
 

@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+INIT_SCHEMES = ("gpt2", "fan_in")
+
+
 class ConfigError(ValueError):
     """A configuration that cannot build a model."""
 
@@ -30,6 +33,8 @@ class ModelConfig:
     rope_base: float = 10000.0
     norm_eps: float = 1e-5
     tie_embeddings: bool = True
+    embed_scale: float = 1.0  # input embeddings are multiplied by this (sqrt(d_model) in Vaswani et al. 3.4)
+    init: str = "gpt2"  # "gpt2": every weight N(0, 0.02); "fan_in": N(0, 1/fan_in), see MemoryLM.reset_parameters
     memory: dict[str, Any] = field(default_factory=dict)
     name: str = ""
 
@@ -52,6 +57,10 @@ class ModelConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
                 raise ConfigError(f"config field {name!r} must be a positive integer or null, got {value!r}")
+        if isinstance(self.embed_scale, bool) or not isinstance(self.embed_scale, (int, float)) or not self.embed_scale > 0:
+            raise ConfigError(f"config field 'embed_scale' must be a positive number, got {self.embed_scale!r}")
+        if self.init not in INIT_SCHEMES:
+            raise ConfigError(f"config field 'init' must be one of {list(INIT_SCHEMES)}, got {self.init!r}")
         if not isinstance(self.memory, dict):
             raise ConfigError(f"config field 'memory' must be an object, got {type(self.memory).__name__}")
 

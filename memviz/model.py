@@ -149,11 +149,19 @@ class MemoryLM(HookedRootModule):
         return Block(cfg, LocalAttention(cfg, window=cfg.window), SwiGLU(cfg.d_model, cfg.d_mlp))
 
     def reset_parameters(self) -> None:
-        """GPT-2 style: N(0, 0.02), output projections scaled by 1/sqrt(2 n_layers)."""
-        out_std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
+        """Weights N(0, std^2), output projections' std scaled by 1/sqrt(2 n_layers) (GPT-2).
+
+        init "gpt2": std 0.02 everywhere, embeddings included (the GPT-2 value for d_model 768).
+        init "fan_in": std 1/sqrt(fan_in) for linear maps and 1/sqrt(d_model) for the embedding;
+        with embed_scale sqrt(d_model) the token embedding then dominates the residual stream at
+        initialisation, which small models need to learn to bind facts (see README, qa1).
+        """
+        out_scale = 1 / math.sqrt(2 * self.cfg.n_layers)
         for name, module in self.named_modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
-                std = out_std if name.endswith(("W_O", "W_down", "W_mem_out", "W_2")) else 0.02
+                std = 0.02 if self.cfg.init == "gpt2" else module.weight.shape[1] ** -0.5  # [out, in] or [vocab, d]
+                if name.endswith(("W_O", "W_down", "W_mem_out", "W_2")):
+                    std *= out_scale
                 nn.init.normal_(module.weight, std=std)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
@@ -207,7 +215,7 @@ class MemoryLM(HookedRootModule):
         tokens = self.as_tokens(tokens)
         if state is None:
             state = self.init_state(tokens.shape[0])
-        x = self.hook_embed(self.embed(tokens))
+        x = self.hook_embed(self.embed(tokens) * self.cfg.embed_scale)
         x, layer_states = self.run_blocks(x, tokens, state)
         logits = self.unembed(self.ln_final(x))
         outputs: list[Any] = []

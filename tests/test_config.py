@@ -1,4 +1,5 @@
 import pytest
+import torch
 
 from memviz import ConfigError, ModelConfig, build_model
 
@@ -19,6 +20,9 @@ def test_config_round_trips_through_json():
         ({"d_head": 7}, "even"),
         ({"memory": []}, "memory"),
         ({"colour": "red"}, "unknown config fields"),
+        ({"embed_scale": 0}, "embed_scale"),
+        ({"embed_scale": "big"}, "embed_scale"),
+        ({"init": "xavier"}, "init"),
     ],
 )
 def test_bad_config_fields_raise_config_error(fields, message):
@@ -35,3 +39,22 @@ def test_unknown_family_and_bad_json():
         build_model(ModelConfig(family="sliding_window"))
     with pytest.raises(ConfigError, match="unknown sliding_window memory options"):
         build_model(ModelConfig(family="sliding_window", window=8, memory={"slots": 4}))
+
+
+@pytest.mark.parametrize("family, window", [("transformer", None), ("sliding_window", 16)])
+def test_fan_in_init_and_embed_scale(family, window):
+    """fan_in draws each weight with std 1/sqrt(fan_in) (output projections / sqrt(2 L)),
+    and embed_scale multiplies the embedding that enters the residual stream."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(family=family, window=window, d_model=64, n_layers=2, init="fan_in", embed_scale=8.0)
+    model = build_model(cfg)
+    block = model.blocks[0]
+    assert abs(model.embed.weight.std().item() - 64**-0.5) < 0.005
+    assert abs(block.attn.W_Q.weight.std().item() - 64**-0.5) < 0.01
+    assert abs(block.mlp.W_down.weight.std().item() - cfg.d_mlp**-0.5 / 2) < 0.01
+    tokens = torch.tensor([[1, 2, 3]])
+    _, cache = model.run_with_cache(tokens)
+    torch.testing.assert_close(cache["hook_embed"], model.embed.weight[tokens] * 8.0)
+    torch.manual_seed(0)
+    gpt2 = build_model(cfg.replace(init="gpt2", embed_scale=1.0))
+    assert abs(gpt2.blocks[0].attn.W_Q.weight.std().item() - 0.02) < 0.002
