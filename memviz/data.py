@@ -10,7 +10,10 @@ on the prompt's tokens and `answer_weight` on the answer's, so a small model is 
 towards the retrieval the probes measure while still modelling the background text.
 With `drill` > 0, qa1/qa2 samples go on after the answer with more questions on the same
 story (bAbI's own format asks several): each answer is one more retrieval to learn from,
-and many have an answer other than the last room mentioned.
+and many have an answer other than the last room mentioned. `max_facts` is a second
+curriculum, over story size: a qa story with more facts than the stage allows is redrawn,
+so a model first meets two- and three-fact stories, where binding a name to its room is
+learnt quickly, before stories of ten moves.
 """
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ class DataConfig:
     text_weight: float = 1.0
     answer_weight: float = 5.0
     drill: int = 0  # qa1/qa2: up to this many more questions on the same story after the answer
+    max_facts: list[list[int]] = field(default_factory=list)  # [from_step, most facts a qa story has]; [] = any
     names: str = "babi"  # bAbI vocabulary for qa tasks
     kb_seed: int = 0  # facts: which knowledge base
     n_entities: int = 1000
@@ -49,17 +53,27 @@ class DataConfig:
             raise ValueError("data.mix needs non-negative weights with a positive sum")
         if not self.curriculum or any(len(c) != 2 or c[1] <= 0 for c in self.curriculum):
             raise ValueError("data.curriculum is a list of [from_step, max_len] with max_len > 0")
+        if any(len(c) != 2 or c[1] < 1 for c in self.max_facts):
+            raise ValueError("data.max_facts is a list of [from_step, n] with n >= 1")
         if self.drill < 0:
             raise ValueError(f"data.drill must be >= 0, got {self.drill}")
         if not 0 < self.min_len_frac <= 1:
             raise ValueError(f"data.min_len_frac must lie in (0, 1], got {self.min_len_frac}")
 
     def max_len(self, step: int) -> int:
-        length = self.curriculum[0][1]
-        for start, max_len in self.curriculum:
-            if step >= start:
-                length = max_len
-        return length
+        return stage(self.curriculum, step)
+
+    def facts_limit(self, step: int) -> int | None:
+        return stage(self.max_facts, step) if self.max_facts else None
+
+
+def stage(schedule: list[list[int]], step: int) -> int:
+    """The value of the last [from_step, value] stage that has started (the first before any)."""
+    value = schedule[0][1]
+    for start, v in schedule:
+        if step >= start:
+            value = v
+    return value
 
 
 @dataclass
@@ -101,7 +115,7 @@ class TaskSampler:
         prompt = passkey.INSTRUCTION + " " + passkey.needle(10000) + "\n" + passkey.QUESTION
         self.passkey_full_len = len(tokenizer.encode(prompt)) + 16  # room for some filler
 
-    def example(self, rng: random.Random, length: int) -> Example:
+    def example(self, rng: random.Random, length: int, max_facts: int | None = None) -> Example:
         """A sample of a task drawn from the mix; a sample that cannot fit `length` (a long
         story early in the curriculum) is redrawn, task included."""
         for _ in range(50):
@@ -109,12 +123,13 @@ class TaskSampler:
             if task == "facts":
                 return self.facts_example(rng, length)
             try:
-                sample, answer, drills = self.long_sample(task, rng, length)
+                sample, answer, drills = self.long_sample(task, rng, length, max_facts)
                 break
             except ValueError:
                 continue
         else:
-            raise ValueError(f"data.curriculum length {length} is too short for the tasks {self.tasks}")
+            limit = f" and at most {max_facts} facts a story (data.max_facts)" if max_facts else ""
+            raise ValueError(f"data.curriculum length {length}{limit} is too short for the tasks {self.tasks}")
         tokens = self.tokenizer.encode(sample.prompt)
         weights = [0.0] + [self.cfg.text_weight] * (len(tokens) - 1)
         for question, reply in [("", answer), *drills]:
@@ -123,7 +138,7 @@ class TaskSampler:
             weights += [self.cfg.text_weight] * len(q) + [self.cfg.answer_weight] * len(a)
         return Example(tokens + [self.tokenizer.eos_id], weights + [self.cfg.answer_weight])
 
-    def long_sample(self, task: str, rng: random.Random, length: int):
+    def long_sample(self, task: str, rng: random.Random, length: int, max_facts: int | None = None):
         if task == "passkey":
             key, seed = rng.randrange(10000, 100000), rng.randrange(2**31)
             # lengths the instruction leaves no room in (the start of a curriculum) drop it, so
@@ -131,13 +146,21 @@ class TaskSampler:
             instruction = passkey.INSTRUCTION if length >= self.passkey_full_len else ""
             sample = passkey.make_sample(self.tokenizer, length, rng.random(), key, seed=seed, instruction=instruction)
             return sample, " " + sample.answer, []
-        story = babilong.make_story(task, rng, self.cfg.names)
+        story = self.story(task, rng, max_facts)
         sample = babilong.make_sample(self.tokenizer, task, length, story, seed=rng.randrange(2**31), names=self.cfg.names)
         drills = []
         if self.cfg.drill and story.more:  # drawn only when asked, so other recipes keep their data
             drills = [(babilong.question_suffix(q), f" {a}.")
                       for q, a in rng.sample(story.more, min(self.cfg.drill, len(story.more)))]
         return sample, " " + sample.answer + ".", drills
+
+    def story(self, task: str, rng: random.Random, max_facts: int | None) -> babilong.Story:
+        """A story of `task`, redrawn until it has at most `max_facts` facts."""
+        for _ in range(1000):
+            story = babilong.make_story(task, rng, self.cfg.names)
+            if max_facts is None or len(story.facts) <= max_facts:
+                return story
+        raise ValueError(f"no {task} story of at most {max_facts} facts in 1000 draws")
 
     def facts_example(self, rng: random.Random, length: int) -> Example:
         docs = facts.documents(self.kb, rng.randrange(2**31))
@@ -152,7 +175,7 @@ class TaskSampler:
         rng = random.Random(f"train|{self.cfg.seed}|{step}|{rank}")
         max_len = self.cfg.max_len(step)
         length = rng.randint(max(1, int(self.cfg.min_len_frac * max_len)), max_len)
-        examples = [self.example(rng, length) for _ in range(batch_size)]
+        examples = [self.example(rng, length, self.cfg.facts_limit(step)) for _ in range(batch_size)]
         width = max(len(e.tokens) for e in examples)
         tokens = torch.full((batch_size, width), self.tokenizer.pad_id, dtype=torch.long)
         weights = torch.zeros(batch_size, width)

@@ -63,3 +63,16 @@ def test_drill_asks_more_questions_on_the_same_story_and_weights_their_answers()
         assert answered == sum(len(tok.encode(" " + b.split("Answer: ")[1])) for b in qa) + 1  # and eos
         asked.append(len(qa))
     assert max(asked) == 4 and min(asked) >= 1
+
+
+def test_max_facts_limits_story_size_by_stage_and_leaves_other_recipes_alone():
+    tok = ByteTokenizer()
+    staged = TaskSampler(tok, DataConfig(mix={"qa1": 1.0}, curriculum=[[0, 300]], max_facts=[[0, 2], [5, 4]]))
+    plain = TaskSampler(tok, DataConfig(mix={"qa1": 1.0}, curriculum=[[0, 300]]))
+
+    def facts_per_story(sampler, step):
+        return [tok.decode(row.tolist()).split("\nQuestion:")[0].count(" to the ") for row in sampler.batch(step, 16)[0]]
+
+    assert max(facts_per_story(staged, 0)) <= 2
+    assert max(facts_per_story(staged, 5)) <= 4 and max(facts_per_story(staged, 5)) > 2
+    assert max(facts_per_story(plain, 0)) > 4  # without a schedule stories keep their full size

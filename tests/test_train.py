@@ -135,6 +135,8 @@ def test_bad_training_configs():
         TrainConfig.from_dict({"name": "x", "model": {}, "optim": {"memory_value_lr": 0}})
     with pytest.raises(ValueError, match="data.drill must be >= 0"):
         TrainConfig.from_dict({"name": "x", "model": {}, "data": {"drill": -1}})
+    with pytest.raises(ValueError, match="data.max_facts"):
+        TrainConfig.from_dict({"name": "x", "model": {}, "data": {"max_facts": [[0, 0]]}})
 
 
 def test_memory_values_get_their_own_lr_and_no_decay(tmp_path):
