@@ -98,6 +98,8 @@ def test_backbone_is_frozen_and_loaded_from_a_baseline(tmp_path):
     assert model.side_blocks[1].attn.gate.abs().max() == 0
     with pytest.raises(CheckpointError, match="same"):
         small_model("longmem", window=8, segment_len=8, d_mlp=96, memory=OPTIONS).init_from_checkpoint(path)
+    with pytest.raises(CheckpointError, match="embed_scale"):  # the backbone would see its embeddings at another scale
+        small_model("longmem", window=8, segment_len=8, embed_scale=4.0, memory=OPTIONS).init_from_checkpoint(path)
 
 
 def test_config_errors():

@@ -194,7 +194,7 @@ class LongMemLM(MemoryLM):
         from memviz.checkpoint import CheckpointError, load
 
         base = load(path)
-        mismatch = [f for f in ("d_model", "n_layers", "n_heads", "d_head", "d_mlp", "window", "vocab_size")
+        mismatch = [f for f in ("d_model", "n_layers", "n_heads", "d_head", "d_mlp", "window", "vocab_size", "embed_scale")
                     if getattr(base.cfg, f) != getattr(self.cfg, f)]
         if base.family not in ("transformer", "sliding_window") or mismatch:
             raise CheckpointError(f"{path}: a LongMem backbone must be a baseline with the same {mismatch or 'family'}")
