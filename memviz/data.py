@@ -175,7 +175,8 @@ class TaskSampler:
         rng = random.Random(f"train|{self.cfg.seed}|{step}|{rank}")
         max_len = self.cfg.max_len(step)
         length = rng.randint(max(1, int(self.cfg.min_len_frac * max_len)), max_len)
-        examples = [self.example(rng, length, self.cfg.facts_limit(step)) for _ in range(batch_size)]
+        max_facts = self.cfg.facts_limit(step)
+        examples = [self.example(rng, length, max_facts) for _ in range(batch_size)]
         width = max(len(e.tokens) for e in examples)
         tokens = torch.full((batch_size, width), self.tokenizer.pad_id, dtype=torch.long)
         weights = torch.zeros(batch_size, width)

@@ -185,4 +185,3 @@ def test_ddp_two_cpu_processes_end_with_identical_weights(tmp_path):
         assert torch.equal(a[name], b[name]), name
     start = Trainer(tiny_config(tmp_path / "fresh", steps=4), progress=False).model.state_dict()
     assert any(not torch.equal(a[n], start[n]) for n in a)  # they trained, and agree
-
