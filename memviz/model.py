@@ -27,6 +27,9 @@ from memviz.registry import parse_options, register_family
 from memviz.tokenizer import ByteTokenizer, Tokenizer
 
 StateTree = Any  # nested dicts/lists of tensors
+BASELINE_FAMILIES = ("transformer", "sliding_window")  # no memory: what a memory family can start from
+BACKBONE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "d_head", "d_mlp", "rope_base", "norm_eps",
+                   "tie_embeddings", "embed_scale")  # what a backbone's weights mean
 
 
 def map_tree(fn: Callable[[Tensor], Tensor], tree: StateTree) -> StateTree:
@@ -291,18 +294,34 @@ class MemoryLM(HookedRootModule):
         return []
 
     def init_from_checkpoint(self, path) -> None:
-        """Start from a trained checkpoint of the same family and shape (a second training
-        stage, `init_from` in a training config); LongMem overrides this to load its backbone."""
+        """Start from a trained checkpoint: the same family and config (a second training stage,
+        `init_from` in a training config), or a baseline of the same shape, whose attention and
+        MLP weights become this model's backbone while the memory keeps its fresh init (the
+        continual pre-training of Munkhdalai et al. 2024, §4); LongMem overrides this."""
         from memviz.checkpoint import CheckpointError, load
 
         base = load(path)
-        ours, theirs = ({k: v for k, v in cfg.to_dict().items() if k != "name"} for cfg in (self.cfg, base.cfg))
-        if base.family != self.family or ours != theirs:
-            differ = sorted(k for k in ours if ours[k] != theirs.get(k))
-            raise CheckpointError(f"{path}: init_from needs a {self.family} checkpoint with the same config; "
-                                  f"it is a {base.family} model differing in {differ or 'family'}")
-        self.load_state_dict(base.state_dict())
+        if base.family in BASELINE_FAMILIES and self.family not in BASELINE_FAMILIES:
+            self._load_baseline_backbone(base, path)
+        else:
+            ours, theirs = ({k: v for k, v in cfg.to_dict().items() if k != "name"} for cfg in (self.cfg, base.cfg))
+            if base.family != self.family or ours != theirs:
+                differ = sorted(k for k in ours if ours[k] != theirs.get(k))
+                raise CheckpointError(f"{path}: init_from needs a {self.family} checkpoint with the same config; "
+                                      f"it is a {base.family} model differing in {differ or 'family'}")
+            self.load_state_dict(base.state_dict())
         self._tokenizer = base.tokenizer
+
+    def _load_baseline_backbone(self, base: "MemoryLM", path) -> None:
+        from memviz.checkpoint import CheckpointError
+
+        mismatch = [f for f in BACKBONE_FIELDS if getattr(base.cfg, f) != getattr(self.cfg, f)]
+        ours = self.state_dict()
+        missing = [k for k, v in base.state_dict().items() if k not in ours or ours[k].shape != v.shape]
+        if mismatch or missing:
+            raise CheckpointError(f"{path}: a {self.family} model can start from a {base.family} baseline only with "
+                                  f"the same shape; they differ in {mismatch or missing[:5]}")
+        self.load_state_dict(base.state_dict(), strict=False)
 
     # ----- introspection ------------------------------------------------------------------
     def default_trace_reducers(self) -> dict[str, str]:

@@ -1,5 +1,6 @@
 """Training: resume continues the run exactly, divergence stops cleanly, signals save, DDP agrees."""
 import json
+import math
 import os
 import signal
 import subprocess
@@ -185,3 +186,20 @@ def test_ddp_two_cpu_processes_end_with_identical_weights(tmp_path):
         assert torch.equal(a[name], b[name]), name
     start = Trainer(tiny_config(tmp_path / "fresh", steps=4), progress=False).model.state_dict()
     assert any(not torch.equal(a[n], start[n]) for n in a)  # they trained, and agree
+
+
+@pytest.mark.parametrize("family, options", [("infini", {"segment_len": 8}), ("lm2", {"window": 8}),
+                                             ("titans", {"segment_len": 8, "memory": {"chunk": 8}})])
+def test_a_memory_model_starts_from_a_baselines_backbone(tmp_path, family, options):
+    baseline = Trainer(tiny_config(tmp_path / "base", steps=2), progress=False).run()
+    exported = memviz.save(baseline.model, tmp_path / "baseline")
+    config = {"model": {"family": family, "window": None, **options}, "init_from": str(exported)}
+    warm = Trainer(tiny_config(tmp_path / "warm", steps=2, **config), progress=False)
+    ours, theirs = warm.model.state_dict(), baseline.model.state_dict()
+    for name, p in theirs.items():
+        assert torch.equal(ours[name], p), name
+    assert [name for name in ours if name not in theirs], "the memory's own weights start fresh"
+    assert math.isfinite(losses(warm.run().out)[2])  # and it trains
+    deeper = config | {"model": {**config["model"], "n_layers": 3}}
+    with pytest.raises(memviz.CheckpointError, match=rf"a {family} model can start from a sliding_window baseline only with the same shape; they differ in \['n_layers'\]"):
+        Trainer(tiny_config(tmp_path / "deeper", **deeper), progress=False)

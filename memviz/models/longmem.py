@@ -40,7 +40,7 @@ from transformer_lens.hook_points import HookPoint
 
 from memviz.config import ConfigError, ModelConfig
 from memviz.layers import LocalAttention, SwiGLU
-from memviz.model import Block, MemoryLM, StateTree
+from memviz.model import BACKBONE_FIELDS, BASELINE_FAMILIES, Block, MemoryLM, StateTree
 from memviz.registry import check_positive, register_family
 
 
@@ -194,9 +194,8 @@ class LongMemLM(MemoryLM):
         from memviz.checkpoint import CheckpointError, load
 
         base = load(path)
-        mismatch = [f for f in ("d_model", "n_layers", "n_heads", "d_head", "d_mlp", "window", "vocab_size", "embed_scale")
-                    if getattr(base.cfg, f) != getattr(self.cfg, f)]
-        if base.family not in ("transformer", "sliding_window") or mismatch:
+        mismatch = [f for f in (*BACKBONE_FIELDS, "window") if getattr(base.cfg, f) != getattr(self.cfg, f)]
+        if base.family not in BASELINE_FAMILIES or mismatch:
             raise CheckpointError(f"{path}: a LongMem backbone must be a baseline with the same {mismatch or 'family'}")
         with torch.no_grad():
             self.embed.load_state_dict(base.embed.state_dict())
