@@ -6,13 +6,17 @@
     (0 when the answer ignores the name asked) and how often the top answer stays the same;
   * binding: a linear probe per layer that reads each move's actor from the residual stream at
     the period ending the move (chance 1/4), trained on 70% of the moves, scored on the rest;
+  * with --resets LENGTH (a model with segments or a bank): qa1 at LENGTH tokens answered clean,
+    with the memory reset at the start of the question's segment (the question can read nothing
+    the memory stored), and, as a control, reset at the start of the answer's fact's segment
+    (the memory still stores that fact and what follows it);
   * with --toy STEPS: trains a fresh model of the checkpoint's shape on two-fact stories
     ("A went to the X. B went to the Y." then "Where is A?") and prints loss and accuracy;
     a model that binds reaches ~100%, one that only finds the rooms stays at ln 2.
     --fan-in trains it with init "fan_in" and embed_scale sqrt(d_model) instead of the
     checkpoint's own init.
 
-`python benchmarks/qa1_diagnostics.py CHECKPOINT [--toy STEPS [--fan-in]]` prints JSON.
+`python benchmarks/qa1_diagnostics.py CHECKPOINT [--resets LENGTH] [--toy STEPS [--fan-in]]` prints JSON.
 """
 import argparse
 import functools
@@ -23,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 import memviz
+from memviz.interventions import ablate_at, answer_logprob, segment_length
 from memviz.registry import build_model
 from probes import babilong
 
@@ -103,6 +108,23 @@ def binding(model, n=400):
     return out
 
 
+def memory_resets(model, length, n=60, seed=11):
+    """Exact-answer rate on qa1 at `length` tokens: clean, memory reset at the question's segment,
+    and reset at the segment of the fact that holds the answer."""
+    seg = segment_length(model)
+    rates = {"clean": [], "reset_at_question_segment": [], "reset_at_answer_fact_segment": []}
+    for i in range(n):
+        s = babilong.seeded_sample(model.tokenizer, "qa1", length, seed, i)
+        question_seg, fact_seg = (s.n_tokens - 1) // seg, s.evidence[-1][0] // seg
+        answer = " " + s.answer
+        rates["clean"].append(answer_logprob(model, s.prompt, answer)["correct"])
+        rates["reset_at_question_segment"].append(
+            answer_logprob(model, s.prompt, answer, [ablate_at(model, question_seg)])["correct"])
+        rates["reset_at_answer_fact_segment"].append(
+            answer_logprob(model, s.prompt, answer, [ablate_at(model, fact_seg)])["correct"] if fact_seg > 0 else True)
+    return {k: round(sum(v) / n, 2) for k, v in rates.items()}
+
+
 def toy(model, steps, fan_in=False, lr=1e-3, batch=32):
     """Train a fresh model of this shape on two-fact stories; loss and accuracy every 250 steps."""
     torch.manual_seed(0)
@@ -131,12 +153,15 @@ def toy(model, steps, fan_in=False, lr=1e-3, batch=32):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("checkpoint")
+    parser.add_argument("--resets", type=int, default=0, metavar="LENGTH")
     parser.add_argument("--toy", type=int, default=0, metavar="STEPS")
     parser.add_argument("--fan-in", action="store_true", help="train the toy with init fan_in and embed_scale sqrt(d_model)")
     args = parser.parse_args()
     model = memviz.load(args.checkpoint).eval()
     report = {"checkpoint": args.checkpoint, "recency": recency(model), "name_use": name_use(model),
               "binding": binding(model)}
+    if args.resets:
+        report["memory_resets"] = memory_resets(model, args.resets)
     if args.toy:
         report["toy"] = toy(model, args.toy, fan_in=args.fan_in)
     print(json.dumps(report, indent=2))
