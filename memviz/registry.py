@@ -3,6 +3,7 @@ family's options dataclass. Families register themselves when `memviz.models` is
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from memviz.config import ConfigError, ModelConfig
@@ -59,3 +60,9 @@ def check_positive(**values: Any) -> None:
     for name, value in values.items():
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
             raise ValueError(f"{name} must be positive, got {value!r}")
+
+
+def check_finite(**values: Any) -> None:
+    for name, value in values.items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value!r}")

@@ -105,3 +105,14 @@ def test_the_bank_carries_information_past_the_window():
     with torch.no_grad():
         diff = (model(ids) - model(changed)).abs().amax(-1)[0]
     assert diff[30:].min() > 1e-4  # 2 layers x window 8 cannot reach back 28 tokens; the bank does
+
+
+def test_forget_bias_sets_how_long_a_fresh_bank_remembers():
+    for bias in (2.0, 6.0):
+        model = small_model("lm2", window=8, memory={"slots": SLOTS, "forget_bias": bias, "input_bias": -4.0})
+        _, cache = model.run_with_cache(random_ids(16))
+        g_f, g_in = cache["blocks.0.memory.hook_forget_gate"], cache["blocks.0.memory.hook_input_gate"]
+        assert abs(g_f.mean().item() - torch.sigmoid(torch.tensor(bias)).item()) < 0.02
+        assert abs(g_in.mean().item() - torch.sigmoid(torch.tensor(-4.0)).item()) < 0.01
+    with pytest.raises(ValueError, match="forget_bias must be a finite number, got nan"):
+        small_model("lm2", window=8, memory={"forget_bias": float("nan")})
