@@ -19,7 +19,7 @@ CARD_FIELDS = {"train_command", "train_config", "steps", "wall_time_s", "machine
 
 def test_the_zoo_ships_a_memory_model_and_its_control():
     assert {"infini", "lm2", "titans", "longmem", "sliding_window", "memory_plus", "dense",
-            "longmem_qa1", "infini_qa1", "sliding_window_qa1"} <= set(SAMPLES)
+            "longmem_qa1", "infini_qa1", "titans_qa1", "sliding_window_qa1"} <= set(SAMPLES)
 
 
 @pytest.mark.parametrize("name", SAMPLES)
@@ -74,10 +74,10 @@ def qa1_control():
     return qa1_at_1000("sliding_window_qa1")
 
 
-@pytest.mark.parametrize("name", ["longmem_qa1", "infini_qa1"])
+@pytest.mark.parametrize("name", ["longmem_qa1", "infini_qa1", "titans_qa1"])
 def test_a_qa1_memory_sample_answers_beyond_the_reach_of_its_backbone(name, qa1_control):
     """qa1 at 1000 tokens on a fresh seed: the facts lie far outside the window of 64. The
-    backbone both samples start from answers 100% of bare stories (its card) but cannot see them
-    here; LongMem retrieving past chunks, and Infini reading its compressive memory, can."""
+    backbone these samples start from answers 100% of bare stories (its card) but cannot see them
+    here; LongMem retrieving past chunks, Infini and Titans reading their memories, can."""
     memory = qa1_at_1000(name)
     assert memory >= 0.6 and qa1_control <= 0.45, (memory, qa1_control)
