@@ -15,7 +15,7 @@ import sys
 import numpy as np
 
 import memviz
-from memviz.interventions import ablate_at, answer_logprob, segment_length
+from memviz.interventions import reset_rates
 from probes import passkey
 
 SEED, N, DEPTHS = 21, 5, (0.1, 0.5, 0.9)
@@ -34,18 +34,8 @@ def partial_credit(model, lengths):
 
 def memory_resets(model, length, n=15):
     """Exact-answer rate clean, with memory reset at the question's segment, and at the needle's."""
-    seg = segment_length(model)
-    rates = {"clean": [], "reset_at_question_segment": [], "reset_at_needle_segment": []}
-    for i in range(n):
-        s = passkey.seeded_sample(model.tokenizer, length, DEPTHS[i % 3], SEED, i)
-        n_tokens = len(model.tokenizer.encode(s.prompt))
-        question_seg, needle_seg = (n_tokens - 1) // seg, s.evidence[0][0] // seg
-        answer = " " + s.answer
-        rates["clean"].append(answer_logprob(model, s.prompt, answer)["correct"])
-        rates["reset_at_question_segment"].append(answer_logprob(model, s.prompt, answer, [ablate_at(model, question_seg)])["correct"])
-        rates["reset_at_needle_segment"].append(
-            answer_logprob(model, s.prompt, answer, [ablate_at(model, needle_seg)])["correct"] if needle_seg > 0 else True)
-    return {k: round(float(np.mean(v)), 2) for k, v in rates.items()}
+    samples = [passkey.seeded_sample(model.tokenizer, length, DEPTHS[i % 3], SEED, i) for i in range(n)]
+    return reset_rates(model, samples, "needle")
 
 
 def longmem_needle_hits(model, lengths, n=15):

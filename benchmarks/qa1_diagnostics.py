@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 import memviz
-from memviz.interventions import ablate_at, answer_logprob, segment_length
+from memviz.interventions import reset_rates
 from memviz.registry import build_model
 from probes import babilong
 
@@ -110,19 +110,9 @@ def binding(model, n=400):
 
 def memory_resets(model, length, n=60, seed=11):
     """Exact-answer rate on qa1 at `length` tokens: clean, memory reset at the question's segment,
-    and reset at the segment of the fact that holds the answer."""
-    seg = segment_length(model)
-    rates = {"clean": [], "reset_at_question_segment": [], "reset_at_answer_fact_segment": []}
-    for i in range(n):
-        s = babilong.seeded_sample(model.tokenizer, "qa1", length, seed, i)
-        question_seg, fact_seg = (s.n_tokens - 1) // seg, s.evidence[-1][0] // seg
-        answer = " " + s.answer
-        rates["clean"].append(answer_logprob(model, s.prompt, answer)["correct"])
-        rates["reset_at_question_segment"].append(
-            answer_logprob(model, s.prompt, answer, [ablate_at(model, question_seg)])["correct"])
-        rates["reset_at_answer_fact_segment"].append(
-            answer_logprob(model, s.prompt, answer, [ablate_at(model, fact_seg)])["correct"] if fact_seg > 0 else True)
-    return {k: round(sum(v) / n, 2) for k, v in rates.items()}
+    and reset at the segment of the fact that holds the answer (qa1's one supporting fact)."""
+    samples = [babilong.seeded_sample(model.tokenizer, "qa1", length, seed, i) for i in range(n)]
+    return reset_rates(model, samples, "answer_fact")
 
 
 def toy(model, steps, fan_in=False, lr=1e-3, batch=32):
