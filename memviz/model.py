@@ -317,11 +317,17 @@ class MemoryLM(HookedRootModule):
 
         mismatch = [f for f in BACKBONE_FIELDS if getattr(base.cfg, f) != getattr(self.cfg, f)]
         ours = self.state_dict()
-        missing = [k for k, v in base.state_dict().items() if k not in ours or ours[k].shape != v.shape]
+        theirs = {k: v for k, v in base.state_dict().items() if not self.replaces_baseline_weight(k)}
+        missing = [k for k, v in theirs.items() if k not in ours or ours[k].shape != v.shape]
         if mismatch or missing:
             raise CheckpointError(f"{path}: a {self.family} model can start from a {base.family} baseline only with "
                                   f"the same shape; they differ in {mismatch or missing[:5]}")
-        self.load_state_dict(base.state_dict(), strict=False)
+        self.load_state_dict(theirs, strict=False)
+
+    def replaces_baseline_weight(self, name: str) -> bool:
+        """Whether a baseline's weight `name` has no counterpart here because the memory takes
+        its place (a memory layer in place of an FFN); such weights are left out of a warm start."""
+        return False
 
     # ----- introspection ------------------------------------------------------------------
     def default_trace_reducers(self) -> dict[str, str]:

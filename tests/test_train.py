@@ -189,15 +189,19 @@ def test_ddp_two_cpu_processes_end_with_identical_weights(tmp_path):
 
 
 @pytest.mark.parametrize("family, options", [("infini", {"segment_len": 8}), ("lm2", {"window": 8}),
-                                             ("titans", {"segment_len": 8, "memory": {"chunk": 8}})])
+                                             ("titans", {"segment_len": 8, "memory": {"chunk": 8}}),
+                                             ("memory_layer", {"memory": {"n_keys": 8, "topk": 4, "d_key": 16, "layers": [1]}})])
 def test_a_memory_model_starts_from_a_baselines_backbone(tmp_path, family, options):
     baseline = Trainer(tiny_config(tmp_path / "base", steps=2), progress=False).run()
     exported = memviz.save(baseline.model, tmp_path / "baseline")
     config = {"model": {"family": family, "window": None, **options}, "init_from": str(exported)}
     warm = Trainer(tiny_config(tmp_path / "warm", steps=2, **config), progress=False)
     ours, theirs = warm.model.state_dict(), baseline.model.state_dict()
+    replaced = [name for name in theirs if warm.model.replaces_baseline_weight(name)]
+    assert replaced == (["blocks.1.mlp.W_gate.weight", "blocks.1.mlp.W_up.weight", "blocks.1.mlp.W_down.weight"]
+                        if family == "memory_layer" else []), "a memory layer takes its FFN's place"
     for name, p in theirs.items():
-        assert torch.equal(ours[name], p), name
+        assert name in replaced or torch.equal(ours[name], p), name
     assert [name for name in ours if name not in theirs], "the memory's own weights start fresh"
     assert math.isfinite(losses(warm.run().out)[2])  # and it trains
     deeper = config | {"model": {**config["model"], "n_layers": 3}}

@@ -123,6 +123,9 @@ class MemoryLayerLM(MemoryLM):
             self.values = nn.Parameter(torch.randn(n_values, d) / math.sqrt(d))
         self.blocks = nn.ModuleList(self.make_block(layer) for layer in range(self.cfg.n_layers))
 
+    def replaces_baseline_weight(self, name: str) -> bool:
+        return any(name.startswith(f"blocks.{layer}.mlp.") for layer in self.memory_layers)
+
     def value_tables(self) -> list[nn.Parameter]:
         if self.options.shared_values:
             return [self.values]
