@@ -43,6 +43,11 @@ class DataConfig:
     names: str = "babi"  # bAbI vocabulary for qa tasks
     kb_seed: int = 0  # facts: which knowledge base
     n_entities: int = 1000
+    # share of batches whose length is rounded down to a multiple of `align_to` tokens: the
+    # prompt then ends at a segment boundary and the answer is read from memory alone, the
+    # case a probe at a length of whole segments measures (see README, pass key)
+    aligned_frac: float = 0.0
+    align_to: int = 64
     seed: int = 1
 
     def __post_init__(self) -> None:
@@ -59,6 +64,9 @@ class DataConfig:
             raise ValueError(f"data.drill must be >= 0, got {self.drill}")
         if not 0 < self.min_len_frac <= 1:
             raise ValueError(f"data.min_len_frac must lie in (0, 1], got {self.min_len_frac}")
+        if not 0 <= self.aligned_frac <= 1 or not isinstance(self.align_to, int) or self.align_to < 1:
+            raise ValueError(f"data.aligned_frac must lie in [0, 1] and data.align_to be a positive integer, "
+                             f"got {self.aligned_frac!r} and {self.align_to!r}")
 
     def max_len(self, step: int) -> int:
         return stage(self.curriculum, step)
@@ -170,11 +178,19 @@ class TaskSampler:
         tokens = tokens[:length]
         return Example(tokens, [0.0] + [self.cfg.text_weight] * (len(tokens) - 1))
 
+    def draw_length(self, step: int, rng: random.Random) -> int:
+        """A batch's prompt length: uniform in [min_len_frac, 1] x the curriculum's length, and
+        with probability `aligned_frac` rounded down to whole `align_to` segments."""
+        max_len = self.cfg.max_len(step)
+        length = rng.randint(max(1, int(self.cfg.min_len_frac * max_len)), max_len)
+        if self.cfg.aligned_frac and rng.random() < self.cfg.aligned_frac:  # drawn only when asked
+            length = max(self.cfg.align_to, length // self.cfg.align_to * self.cfg.align_to)
+        return length
+
     def batch(self, step: int, batch_size: int, rank: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """(tokens [B, T], weights [B, T]) for this step and rank, padded on the right."""
         rng = random.Random(f"train|{self.cfg.seed}|{step}|{rank}")
-        max_len = self.cfg.max_len(step)
-        length = rng.randint(max(1, int(self.cfg.min_len_frac * max_len)), max_len)
+        length = self.draw_length(step, rng)
         max_facts = self.cfg.facts_limit(step)
         examples = [self.example(rng, length, max_facts) for _ in range(batch_size)]
         width = max(len(e.tokens) for e in examples)

@@ -2,6 +2,7 @@
 prompts (a curriculum's start) drop the instruction so needle and question fit one window."""
 import random
 
+import pytest
 import torch
 
 from memviz.data import DataConfig, TaskSampler
@@ -76,3 +77,19 @@ def test_max_facts_limits_story_size_by_stage_and_leaves_other_recipes_alone():
     assert max(facts_per_story(staged, 0)) <= 2
     assert max(facts_per_story(staged, 5)) <= 4 and max(facts_per_story(staged, 5)) > 2
     assert max(facts_per_story(plain, 0)) > 4  # without a schedule stories keep their full size
+
+
+def test_aligned_batches_end_on_a_segment_boundary_and_other_recipes_keep_their_lengths():
+    def lengths(s):
+        return [s.draw_length(7, random.Random(i)) for i in range(400)]
+
+    plain = lengths(sampler(curriculum=[[0, 256]], min_len_frac=0.3))
+    aligned = lengths(sampler(curriculum=[[0, 256]], min_len_frac=0.3, aligned_frac=1.0))
+    half = lengths(sampler(curriculum=[[0, 256]], min_len_frac=0.3, aligned_frac=0.5))
+    assert set(aligned) == {64, 128, 192, 256}
+    assert sum(n % 64 != 0 for n in plain) > 380 and min(plain) >= 76 and max(plain) <= 256
+    assert plain == [random.Random(i).randint(76, 256) for i in range(400)], "no extra draw unless asked"
+    assert 150 < sum(n % 64 == 0 for n in half) < 250
+    for bad in ({"aligned_frac": 1.5}, {"aligned_frac": 0.5, "align_to": 0}):
+        with pytest.raises(ValueError, match="data.aligned_frac must lie in"):
+            DataConfig(**bad)
