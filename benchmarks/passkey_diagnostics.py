@@ -5,9 +5,12 @@
     start of the question's segment (the question can no longer read what memory stored), and,
     as a control, when it is reset at the start of the needle's segment (memory keeps the needle,
     loses only the text before it);
-  * LongMem: how often its retrieval holds the needle's chunk at the question.
+  * LongMem: how often its retrieval holds the needle's chunk at the question;
+  * `--boundary LENGTH` (segmented models): the exact rate split by whether every token of the
+    key is predicted inside the question's segment, or some from the next segment, which sees
+    the question only through memory.
 
-`python benchmarks/passkey_diagnostics.py [SAMPLE ...]` prints JSON.
+`python benchmarks/passkey_diagnostics.py [--boundary LENGTH] [SAMPLE ...]` prints JSON.
 """
 import json
 import sys
@@ -52,6 +55,25 @@ def longmem_needle_hits(model, lengths, n=15):
     return hits
 
 
+def crosses_segment(n_prompt: int, n_answer: int, segment_len: int) -> bool:
+    """Whether an answer of `n_answer` tokens after a prompt of `n_prompt` is partly predicted
+    from a later segment than the question's last token (position n_prompt - 1)."""
+    return (n_prompt - 1) % segment_len + n_answer > segment_len
+
+
+def exact_by_boundary(model, length, n=150):
+    """Exact-answer rate where the key stays in the question's segment and where it crosses."""
+    if not model.cfg.segment_len:
+        raise ValueError(f"{model.cfg.name} has no segments")
+    cells = {"in_question_segment": [], "crosses_into_next_segment": []}
+    for i in range(n):
+        s = passkey.seeded_sample(model.tokenizer, length, DEPTHS[i % 3], SEED, i)
+        n_answer = len(model.tokenizer.encode(" " + s.answer))
+        cell = "crosses_into_next_segment" if crosses_segment(s.n_tokens, n_answer, model.cfg.segment_len) else "in_question_segment"
+        cells[cell].append(passkey.score(model.generate(s.prompt, 8), s))
+    return {k: {"exact": round(float(np.mean(v)), 2) if v else None, "n": len(v)} for k, v in cells.items()}
+
+
 def main(names):
     out = {}
     for name in names:
@@ -66,4 +88,9 @@ def main(names):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["sliding_window", "infini", "lm2", "titans", "longmem"])
+    args = sys.argv[1:]
+    if args[:1] == ["--boundary"]:
+        length, names = int(args[1]), args[2:] or ["infini"]
+        print(json.dumps({name: exact_by_boundary(memviz.load(name), length) for name in names}, indent=1))
+    else:
+        main(args or ["sliding_window", "infini", "lm2", "titans", "longmem"])

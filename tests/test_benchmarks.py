@@ -11,3 +11,14 @@ def test_benchmark_command_prints_a_ratio_table():
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "### product_keys" in out.stdout and "| speedup |" in out.stdout
+
+
+def test_a_key_crosses_the_segment_boundary_only_when_its_tokens_reach_the_next_segment():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from passkey_diagnostics import crosses_segment
+
+    # prompt of 58 tokens, segment 64: the last token sits at 57, answer tokens predicted at 57..62
+    assert not crosses_segment(58, 6, 64)
+    assert not crosses_segment(59, 6, 64)  # predicted at 58..63: the last position of the segment
+    assert crosses_segment(60, 6, 64)  # predicted at 59..64: the last one from the next segment
+    assert crosses_segment(64, 6, 64) and not crosses_segment(65, 6, 64)  # the question opens a segment
