@@ -96,13 +96,13 @@ def answer_logprob(model, prompt: str, answer: str, edits: Sequence[tuple[int, E
 
 
 def reset_rates(model, samples, evidence_name: str) -> dict[str, float]:
-    """Exact-answer rate over probe samples (prompt, answer, evidence spans): clean, with the memory
+    """Exact-answer rate over probe samples (prompt, answer, n_tokens, evidence spans): clean, with the memory
     reset at the start of the question's segment, and at the start of the segment where the
     evidence begins (`reset_at_{evidence_name}_segment`, counted right when that is segment 0)."""
     seg = segment_length(model)
     rates = {"clean": [], "reset_at_question_segment": [], f"reset_at_{evidence_name}_segment": []}
     for s in samples:
-        question_seg, evidence_seg = (len(model.tokenizer.encode(s.prompt)) - 1) // seg, s.evidence[0][0] // seg
+        question_seg, evidence_seg = (s.n_tokens - 1) // seg, s.evidence[0][0] // seg
         answer = " " + s.answer
         rates["clean"].append(answer_logprob(model, s.prompt, answer)["correct"])
         rates["reset_at_question_segment"].append(
