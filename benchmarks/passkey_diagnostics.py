@@ -64,7 +64,7 @@ def crosses_segment(n_prompt: int, n_answer: int, segment_len: int) -> bool:
 def exact_by_boundary(model, length, n=150):
     """Exact-answer rate where the key stays in the question's segment and where it crosses."""
     if not model.cfg.segment_len:
-        raise ValueError(f"{model.cfg.name} has no segments")
+        raise ValueError(f"a {model.family} model has no segments")
     cells = {"in_question_segment": [], "crosses_into_next_segment": []}
     for i in range(n):
         s = passkey.seeded_sample(model.tokenizer, length, DEPTHS[i % 3], SEED, i)

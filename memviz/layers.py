@@ -75,6 +75,12 @@ def local_mask(q_pos: Tensor, k_pos: Tensor, window: int | None, segment_len: in
     return mask
 
 
+def local_span(segment_len: int, local: str) -> tuple[int | None, int | None]:
+    """(window, segment_len) of a segmented memory model's local attention: within its segment
+    (`local="segment"`, the papers) or over a sliding window of the segment's length ("window")."""
+    return (segment_len, None) if local == "window" else (None, segment_len)
+
+
 def segment_pieces(pos: int, length: int, segment_len: int | None) -> list[tuple[int, int]]:
     """Split the chunk [pos, pos+length) at segment boundaries; offsets are chunk-relative."""
     if segment_len is None:

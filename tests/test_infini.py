@@ -48,10 +48,10 @@ def test_delta_rule_leaves_a_stored_binding_unchanged():
     torch.testing.assert_close(M_new - M, sk.transpose(-1, -2) @ (new - stored))
 
 
-@pytest.mark.parametrize("update", ["linear", "delta"])
+@pytest.mark.parametrize("update,local", [("linear", "segment"), ("delta", "segment"), ("delta", "window")])
 @pytest.mark.parametrize("chunk_len", [1, 5, 8, 13])
-def test_streamed_run_equals_one_pass(update, chunk_len):
-    model = scrambled(small_model("infini", segment_len=SEG, memory={"update": update}), std=0.2)
+def test_streamed_run_equals_one_pass(update, local, chunk_len):
+    model = scrambled(small_model("infini", segment_len=SEG, memory={"update": update, "local": local}), std=0.2)
     ids = random_ids(5 * SEG + 3)
     with torch.no_grad():
         one_pass = model(ids)
@@ -69,6 +69,23 @@ def test_memory_carries_information_across_segments_and_state_is_bounded():
     torch.testing.assert_close(stateless[:, :SEG], one_pass[:, :SEG])  # nothing to remember yet
     assert (stateless[:, SEG:] - one_pass[:, SEG:]).abs().max() > 1e-2  # later segments read memory
     assert len(set(sizes)) == 1  # M, z and an empty segment buffer after each whole segment
+
+
+@pytest.mark.parametrize("local", ["segment", "window"])
+def test_local_window_sees_across_the_segment_boundary_and_the_memory_still_works_per_segment(local):
+    model = scrambled(small_model("infini", segment_len=SEG, memory={"local": local}), std=0.2)
+    ids = random_ids(3 * SEG)
+    edited = ids.clone()
+    edited[0, SEG - 1] = (ids[0, SEG - 1] + 1) % 256
+    _, cache = model.run_with_cache(ids)
+    _, cache_edited = model.run_with_cache(edited)
+    local_out = cache["blocks.0.attn.hook_local_out"][0, SEG]
+    changed = (local_out - cache_edited["blocks.0.attn.hook_local_out"][0, SEG]).abs().max()
+    assert (changed > 1e-4) == (local == "window")  # the first token of segment 2 sees the last of segment 1
+    far = (cache["blocks.0.attn.hook_local_out"][0, 2 * SEG] - cache_edited["blocks.0.attn.hook_local_out"][0, 2 * SEG])
+    assert far.abs().max() == 0  # SEG tokens later, out of either window
+    norms = cache["blocks.0.attn.hook_mem_norm"][0, :, 0]
+    assert norms[SEG - 1] == 0 and norms[SEG] > 0 and torch.equal(norms[SEG : 2 * SEG], norms[SEG].expand(SEG))
 
 
 def test_hooks_show_gate_memory_and_local_paths():
@@ -95,3 +112,5 @@ def test_infini_config_errors():
         small_model("infini")
     with pytest.raises(ConfigError, match="update must be one of"):
         small_model("infini", segment_len=SEG, memory={"update": "quadratic"})
+    with pytest.raises(ConfigError, match="local"):
+        small_model("infini", segment_len=SEG, memory={"local": "global"})

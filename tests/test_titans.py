@@ -5,11 +5,18 @@ import torch
 from memviz.models.titans import memory_forward
 from tests.conftest import random_ids, scrambled, small_model
 
-VARIANTS = [("lmm", {}), ("mal", {"window": 8}), ("mag", {"window": 8}), ("mac", {"segment_len": 8})]
+VARIANTS = [("lmm", {}), ("mal", {"window": 8}), ("mag", {"window": 8}), ("mac", {"segment_len": 8}),
+            ("mac-window", {"segment_len": 8})]
+
+
+def titans_options(variant, memory="linear", chunk=4):
+    """`variant` "mac-window" is MAC with local="window"."""
+    variant, _, local = variant.partition("-")
+    return {"variant": variant, "memory": memory, "chunk": chunk, "local": local or "segment"}
 
 
 def titans(variant="lmm", memory="linear", chunk=4, std=0.1, **extra):
-    model = small_model("titans", memory={"variant": variant, "memory": memory, "chunk": chunk}, **extra)
+    model = small_model("titans", memory=titans_options(variant, memory, chunk), **extra)
     return scrambled(model, std=std).double()
 
 
@@ -110,7 +117,7 @@ def test_memory_carries_information_beyond_attention(variant, extra):
 
 @pytest.mark.parametrize("variant, extra", VARIANTS)
 def test_every_variant_trains_every_parameter(variant, extra):
-    model = small_model("titans", memory={"variant": variant, "chunk": 4}, **extra).train()
+    model = small_model("titans", memory=titans_options(variant), **extra).train()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
     for step in range(20):
@@ -122,6 +129,17 @@ def test_every_variant_trains_every_parameter(variant, extra):
     assert not [n for n, p in model.named_parameters() if torch.equal(p.detach(), before[n])]
 
 
+def test_mac_window_sees_across_the_segment_boundary_and_agrees_within_the_first_segment():
+    segment_local = titans("mac", segment_len=8, std=0.3)
+    windowed = titans("mac-window", segment_len=8, std=0.3)
+    windowed.load_state_dict(segment_local.state_dict())
+    ids = random_ids(24)
+    with torch.no_grad():
+        diff = (segment_local(ids) - windowed(ids)).abs().amax(-1)[0]
+    assert diff[:8].max() < 1e-12  # a window of 8 and the first segment of 8 are the same context
+    assert diff[8] > 1e-6  # the first token of segment 2 now also sees segment 1's tokens
+
+
 def test_config_errors():
     from memviz import ConfigError
 
@@ -129,5 +147,7 @@ def test_config_errors():
         small_model("titans", memory={"variant": "mac"})
     with pytest.raises(ConfigError, match="'mag' needs config.window"):
         small_model("titans", memory={"variant": "mag"})
+    with pytest.raises(ConfigError, match="local='window' is a MAC option"):
+        small_model("titans", memory={"variant": "mag", "local": "window"}, window=8)
     with pytest.raises(ConfigError, match="variant must be one of"):
         small_model("titans", memory={"variant": "mad"}, segment_len=8)

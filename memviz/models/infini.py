@@ -9,7 +9,11 @@ built from all earlier segments, with sigma(x) = ELU(x) + 1:
   normaliser          z_s = z_{s-1} + sum_t sigma(K_t)
   gating (eq. 6)      A = sigmoid(beta) * A_mem + (1 - sigmoid(beta)) * A_dot
 
-A_dot is ordinary causal attention within the current segment. Q, K, V are the same
+A_dot is ordinary causal attention within the current segment (`local="segment"`, the paper).
+`local="window"` lets A_dot see the last `segment_len` tokens across the segment boundary
+instead (a sliding window as in the baselines; Transformer-XL's cache of the previous
+segment, trimmed to a window): a token at the start of a segment then still sees the text
+just before it, while the memory is written per segment as before. Q, K, V are the same
 projections for both paths; the memory sees them before RoPE (rotary phases would make the
 memory's content depend on absolute position), the local path after. On the first segment
 z = 0 and M = 0, so retrieval is defined as zero rather than 0/0. The memory is updated when
@@ -31,7 +35,7 @@ from transformer_lens.hook_points import HookPoint
 from kernels import infini_memory
 from kernels.infini_memory import memory_retrieve, memory_update
 from memviz.config import ConfigError, ModelConfig
-from memviz.layers import LocalAttention, SwiGLU
+from memviz.layers import LocalAttention, SwiGLU, local_span
 from memviz.model import Block, MemoryLM
 from memviz.registry import check_choice, register_family
 
@@ -39,9 +43,11 @@ from memviz.registry import check_choice, register_family
 class InfiniOptions:
     update: str = "delta"  # "linear" (eq. 4) or "delta" (eq. 5)
     gate_init: float = 0.0  # initial beta; sigmoid(0) = 0.5 mixes both paths equally
+    local: str = "segment"  # A_dot within the segment (paper) or over a "window" of segment_len
 
     def __post_init__(self) -> None:
         check_choice("update", self.update, ("linear", "delta"))
+        check_choice("local", self.local, ("segment", "window"))
 
 
 def feature_map(x: Tensor) -> Tensor:
@@ -51,8 +57,9 @@ def feature_map(x: Tensor) -> Tensor:
 
 class InfiniAttention(LocalAttention):
     def __init__(self, cfg: ModelConfig, options: InfiniOptions) -> None:
-        super().__init__(cfg, window=None, segment_len=cfg.segment_len)
-        self.options = options
+        window, segment = local_span(cfg.segment_len, options.local)
+        super().__init__(cfg, window=window, segment_len=segment)
+        self.options, self.memory_segment_len = options, cfg.segment_len
         self.beta = nn.Parameter(torch.zeros(cfg.n_heads))
         self.hook_mem_out = HookPoint()  # [batch, pos, head, d_head]  A_mem
         self.hook_local_out = HookPoint()  # [batch, pos, head, d_head]  A_dot
@@ -78,7 +85,7 @@ class InfiniAttention(LocalAttention):
         local, local_state = self.attend(q, k, v, {"k": state["k"], "v": state["v"]}, pos)
         sq, sk, vh = feature_map(q.transpose(1, 2)), feature_map(k.transpose(1, 2)), v.transpose(1, 2)
         M, z, seg_k, seg_v = state["M"], state["z"], state["seg_k"], state["seg_v"]
-        S, rule = self.segment_len, self.options.update
+        S, rule = self.memory_segment_len, self.options.update
         mem_parts, norm_parts, start = [], [], 0
         if seg_k.shape[2]:  # finish the segment an earlier chunk left open
             start = min(T, S - seg_k.shape[2])

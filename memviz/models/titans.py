@@ -34,7 +34,9 @@ The ways of joining memory and attention (Section 4), `variant`:
     previous segments; attention within the segment runs over [persistent, h, segment] (token t
     sees h_j and x_j for j <= t); the memory is then trained on the attention output y, and the
     output is y * sigmoid(norm(M*(y))), read with the segment-start weights. MAC updates once
-    per segment, so `chunk` must equal `segment_len`.
+    per segment, so `chunk` must equal `segment_len`. `local="window"` (MAC only; the paper is
+    `"segment"`) lets the attention see the last `segment_len` tokens and their h across the
+    segment boundary, so a segment's first tokens still see the text just before them.
 Departures from the paper, said here: no 1-D depthwise convolution after the projections; MAC
 and MAG read the output gate's memory with segment/chunk-start weights (the paper's M*_t(y_t)
 would let a token see later tokens of its chunk).
@@ -51,7 +53,7 @@ from transformer_lens.hook_points import HookPoint
 from kernels import titans_linear_memory
 from kernels.titans_memory import chunk_update
 from memviz.config import ConfigError, ModelConfig
-from memviz.layers import LocalAttention, RMSNorm, SwiGLU, segment_pieces
+from memviz.layers import LocalAttention, RMSNorm, SwiGLU, local_span, segment_pieces
 from memviz.model import Block, MemoryLM, StateTree
 from memviz.registry import check_choice, check_positive, register_family
 
@@ -64,10 +66,14 @@ class TitansOptions:
     chunk: int = 16  # tokens per parallel update (MAC: the segment)
     persistent: int = 4  # persistent memory tokens per attention layer
     theta_max: float = 0.5  # largest inner learning rate
+    local: str = "segment"  # MAC's attention: within the segment (paper) or a "window" of segment_len
 
     def __post_init__(self) -> None:
         check_choice("variant", self.variant, ("lmm", "mac", "mag", "mal"))
         check_choice("memory", self.memory, ("linear", "mlp"))
+        check_choice("local", self.local, ("segment", "window"))
+        if self.local == "window" and self.variant != "mac":
+            raise ValueError(f"local='window' is a MAC option; {self.variant!r} attends over config.window already")
         check_positive(chunk=self.chunk, theta_max=self.theta_max)
         if self.persistent < 0 or self.mlp_hidden < 0:
             raise ValueError("persistent and mlp_hidden must be non-negative")
@@ -211,11 +217,10 @@ class TitansBlock(Block):
 
     def __init__(self, cfg: ModelConfig, options: TitansOptions) -> None:
         variant = options.variant
-        window = cfg.segment_len if variant == "mac" else cfg.window
-        segment = cfg.segment_len if variant == "mac" else None
+        window, segment = local_span(cfg.segment_len, options.local) if variant == "mac" else (cfg.window, None)
         attn = None
         if variant != "lmm":  # the memory alone replaces attention
-            attn = LocalAttention(cfg, window=None if variant == "mac" else window, segment_len=segment,
+            attn = LocalAttention(cfg, window=window, segment_len=segment,
                                   n_persistent=options.persistent, side_keys=variant == "mac")
         super().__init__(cfg, attn, SwiGLU(cfg.d_model, cfg.d_mlp))
         self.variant = variant
@@ -269,7 +274,7 @@ class TitansBlock(Block):
         q, k, v = self.attn.project(e)
         attn_state, memory_state = state["attn"], state["memory"]
         zs, hs, gate_reads, stats = [], [], [], []
-        for a, b in segment_pieces(pos, e.shape[1], self.attn.segment_len):
+        for a, b in segment_pieces(pos, e.shape[1], self.memory.chunk):
             h = self.memory.read(e[:, a:b], self.memory.start_params(memory_state))
             side = (self.attn.heads(self.attn.W_K(h)), self.attn.heads(self.attn.W_V(h)))
             z, attn_state = self.attn.attend(q[:, a:b], k[:, a:b], v[:, a:b], attn_state, pos + a, side=side)
