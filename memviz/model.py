@@ -294,22 +294,26 @@ class MemoryLM(HookedRootModule):
         return []
 
     def init_from_checkpoint(self, path) -> None:
-        """Start from a trained checkpoint: the same family and config (a second training stage,
-        `init_from` in a training config), or a baseline of the same shape, whose attention and
-        MLP weights become this model's backbone while the memory keeps its fresh init (the
-        continual pre-training of Munkhdalai et al. 2024, §4); LongMem overrides this."""
+        """Start from a trained checkpoint: the same family with weights of the same names and
+        shapes (a second training stage, `init_from` in a training config, which may change
+        options that hold no weights, e.g. a window or a memory's update rule), or a baseline of
+        the same shape, whose attention and MLP weights become this model's backbone while the
+        memory keeps its fresh init (the continual pre-training of Munkhdalai et al. 2024, §4);
+        LongMem overrides this."""
         from memviz.checkpoint import CheckpointError, load
 
         base = load(path)
         if base.family in BASELINE_FAMILIES and self.family not in BASELINE_FAMILIES:
             self._load_baseline_backbone(base, path)
         else:
-            ours, theirs = ({k: v for k, v in cfg.to_dict().items() if k != "name"} for cfg in (self.cfg, base.cfg))
-            if base.family != self.family or ours != theirs:
-                differ = sorted(k for k in ours if ours[k] != theirs.get(k))
-                raise CheckpointError(f"{path}: init_from needs a {self.family} checkpoint with the same config; "
-                                      f"it is a {base.family} model differing in {differ or 'family'}")
-            self.load_state_dict(base.state_dict())
+            ours, theirs = self.state_dict(), base.state_dict()
+            same_weights = ours.keys() == theirs.keys() and all(ours[k].shape == theirs[k].shape for k in ours)
+            if base.family != self.family or not same_weights:
+                base_cfg = base.cfg.to_dict()
+                differ = sorted(k for k, v in self.cfg.to_dict().items() if k != "name" and v != base_cfg.get(k))
+                raise CheckpointError(f"{path}: init_from needs a {self.family} checkpoint with weights of the same "
+                                      f"shapes; it is a {base.family} model differing in {differ or 'family'}")
+            self.load_state_dict(theirs)
         self._tokenizer = base.tokenizer
 
     def _load_baseline_backbone(self, base: "MemoryLM", path) -> None:

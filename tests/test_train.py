@@ -67,8 +67,12 @@ def test_a_second_stage_starts_from_the_first_stages_weights(tmp_path):
     fresh = Trainer(tiny_config(tmp_path / "three", steps=2), progress=False)
     assert not torch.equal(fresh.model.embed.weight, first.model.embed.weight), "without init_from it starts fresh"
     wider = {"model": {"d_mlp": 96}, "init_from": str(exported)}
-    with pytest.raises(memviz.CheckpointError, match=r"same config; it is a sliding_window model differing in \['d_mlp'\]"):
+    with pytest.raises(memviz.CheckpointError, match=r"same shapes; it is a sliding_window model differing in \['d_mlp'\]"):
         Trainer(tiny_config(tmp_path / "four", **wider), progress=False)
+    narrower_window = Trainer(tiny_config(tmp_path / "five", steps=2, model={"window": 4}, init_from=str(exported)),
+                              progress=False)  # an option that holds no weights may change between stages
+    assert narrower_window.model.cfg.window == 4 and first.model.cfg.window != 4
+    assert torch.equal(narrower_window.model.embed.weight, first.model.embed.weight)
 
 
 def test_resume_without_a_checkpoint_is_a_clear_error(tmp_path):
