@@ -13,6 +13,14 @@ from memviz import ModelConfig
 
 torch.set_num_threads(2)
 
+
+@pytest.fixture(autouse=True)
+def restore_torch_threads():
+    """A Trainer sets torch's thread count for the whole process (`threads` in its config); the
+    tests after it get the suite's 2 threads back."""
+    yield
+    torch.set_num_threads(2)
+
 #: the smallest extra config each family needs to build
 FAMILY_CONFIGS = {
     "transformer": {},
