@@ -8,7 +8,7 @@ import streamlit as st
 import memviz
 
 #: the sample shown first: a long-context model, so a new user sees memory at work at once
-PREFERRED_SAMPLES = ("titans", "infini", "lm2", "longmem", "memory_plus", "sliding_window")
+PREFERRED_SAMPLES = ("infini", "titans", "lm2", "longmem", "memory_plus", "sliding_window")
 
 
 @st.cache_resource(show_spinner="Loading checkpoint…")

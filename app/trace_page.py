@@ -27,7 +27,7 @@ def choose_input(model, model_path: str) -> tuple[str, tuple[tuple[int, int], ..
     source = st.radio("Input", ["pass-key sample", "BABILong sample", "text", "file"], horizontal=True, key="source")
     if source == "pass-key sample":
         c1, c2, c3 = st.columns(3)
-        # the default is an example the default sample (titans) answers right; Probes gives the rates
+        # the default is an example the default sample (infini) answers right; Probes gives the rates
         length = c1.number_input("length (tokens)", 100, 200_000, 512, step=256, key="pk_length")
         depth = c2.slider("needle depth", 0.0, 1.0, 0.5, key="pk_depth")
         seed = c3.number_input("seed", 0, 10_000, 3, key="pk_seed")
