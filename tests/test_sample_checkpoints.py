@@ -37,6 +37,19 @@ def test_each_sample_loads_and_its_card_matches_its_recipe(name):
     assert model.num_parameters() == card["parameters"]
 
 
+@pytest.mark.parametrize("name", SAMPLES)
+def test_a_sample_trained_in_stages_is_reproduced_by_its_cards_command_alone(name):
+    """A recipe that starts from another checkpoint (`init_from`) starts from a shipped sample,
+    or from one that its card's command exports before the recipe's own stage runs."""
+    init_from = TrainConfig.load(ROOT / f"{name}.train.json").init_from
+    if init_from is None or (ROOT.parent / init_from / "card.json").exists():
+        return
+    command = json.loads((ROOT / name / "card.json").read_text())["train_command"]
+    stage = f"--export {init_from} "
+    assert stage in command, f"{name} starts from {init_from}, which neither ships nor is trained by {command!r}"
+    assert command.index(stage) < command.index(f"--config sample_checkpoints/{name}.train.json")
+
+
 #: samples whose memory carries the key (resetting it at the question loses the answer; LM2's
 #: does not, see its card's passkey_diagnostics, so it is held only to its card and recipe here)
 LONG_CONTEXT_MEMORY = ("infini", "titans", "longmem")
@@ -61,8 +74,8 @@ def test_the_control_cannot_reach_a_needle_two_windows_back(passkey_two_windows_
 def test_each_memory_sample_reads_the_key_from_its_memory(name, passkey_two_windows_back):
     exact, digits = passkey_two_windows_back[name]
     control_exact, control_digits = passkey_two_windows_back["sliding_window"]
-    assert exact >= 0.45 and exact >= control_exact + 0.3, (exact, control_exact)
-    assert digits >= 3.5 and digits >= control_digits + 1.5, (digits, control_digits)
+    assert exact >= 0.8 and exact >= control_exact + 0.5, (exact, control_exact)
+    assert digits >= 4.5 and digits >= control_digits + 2.5, (digits, control_digits)
 
 
 def qa1_at_1000(name):
