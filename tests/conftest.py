@@ -21,6 +21,7 @@ def restore_torch_threads():
     yield
     torch.set_num_threads(2)
 
+
 #: the smallest extra config each family needs to build
 FAMILY_CONFIGS = {
     "transformer": {},
