@@ -84,7 +84,37 @@ def test_segment_update_changes_the_bank_only_at_segment_ends():
     assert not torch.equal(norms[0], norms[8])
 
 
-@pytest.mark.parametrize("memory", [{}, {"update": "segment"}, {"output_gate": "bank"}])
+def test_addressed_write_follows_the_documented_update_slot_by_slot():
+    """Rebuild M[n] <- sum_t b[n, t] (g_in,t * tanh(E_t W_write) + g_forget,t * M[n]), b the
+    softmax over the segment's tokens of the read logits, and compare with the bank after two segments."""
+    model = lm2(update="segment", write="slots")
+    ids = random_ids(16)
+    _, cache = model.run_with_cache(ids)
+    _, state = model(ids, return_state=True)
+    mem = model.blocks[0].memory
+    e = model.blocks[0].ln1(cache["blocks.0.hook_resid_pre"])[0]
+    M = torch.eye(SLOTS, model.cfg.d_model)
+    for a in (0, 8):
+        seg = e[a : a + 8]
+        logits = mem.W_Q(seg) @ mem.W_K(M).T / model.cfg.d_model**0.5  # [t, n]
+        read = torch.softmax(logits, -1) @ mem.W_V(M)
+        g_in, g_f = torch.sigmoid(mem.W_in(seg)), torch.sigmoid(mem.W_forget(read))
+        b = torch.softmax(logits, 0)  # over tokens, per slot
+        M = b.T @ (g_in * torch.tanh(mem.W_write(seg))) + (b.T @ g_f) * M
+        torch.testing.assert_close(cache["blocks.0.memory.hook_read"][0, a : a + 8], read, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(state.layers[0]["memory"]["M"][0], M, atol=1e-5, rtol=1e-4)
+    assert (M[0] - M[1]).abs().max() > 1e-3  # slots receive different writes
+
+
+def test_an_addressed_write_needs_segment_updates():
+    with pytest.raises(ValueError, match="write='slots' needs update='segment'"):
+        small_model("lm2", window=8, memory={"write": "slots"})
+    with pytest.raises(ValueError, match="write"):
+        small_model("lm2", window=8, segment_len=8, memory={"update": "segment", "write": "everywhere"})
+
+
+@pytest.mark.parametrize("memory", [{}, {"update": "segment"}, {"output_gate": "bank"},
+                                    {"update": "segment", "write": "slots"}])
 @pytest.mark.parametrize("chunk_len", [1, 5, 16])
 def test_streamed_run_equals_one_pass(memory, chunk_len):
     model = lm2(**memory)

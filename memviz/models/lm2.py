@@ -52,12 +52,16 @@ class LM2Options:
     # how far back a fresh memory reaches and gradient flows (cf. Tallec & Ollivier 2018)
     forget_bias: float = 2.0
     input_bias: float = -2.0
+    write: str = "read"  # "read" (paper: every slot gets g_in * tanh(E_mem)) or "slots" (addressed)
 
     def __post_init__(self) -> None:
         check_positive(slots=self.slots)
         check_finite(forget_bias=self.forget_bias, input_bias=self.input_bias)
         check_choice("update", self.update, ("token", "segment"))
         check_choice("output_gate", self.output_gate, ("read", "bank"))
+        check_choice("write", self.write, ("read", "slots"))
+        if self.write == "slots" and self.update != "segment":
+            raise ValueError("lm2 write='slots' needs update='segment' (a slot's write is a softmax over a segment's tokens)")
 
 
 class LM2Memory(nn.Module):
@@ -72,6 +76,8 @@ class LM2Memory(nn.Module):
         self.W_out = nn.Linear(d, d)
         self.W_in = nn.Linear(d, d)
         self.W_forget = nn.Linear(d, d)
+        if options.write == "slots":
+            self.W_write = nn.Linear(d, d, bias=False)
         self.hook_slot_attn = HookPoint()  # [batch, pos, slot]
         self.hook_read = HookPoint()  # [batch, pos, d_model]  E_mem
         self.hook_input_gate = HookPoint()  # [batch, pos, d_model]
@@ -92,8 +98,15 @@ class LM2Memory(nn.Module):
         bank = torch.eye(self.options.slots, d, device=device).expand(batch, -1, -1).clone()
         if self.options.update == "token":
             return {"M": bank}
-        pending = torch.zeros(batch, d, device=device)
-        return {"M": bank, "count": 0, "f_sum": pending, "w_sum": pending.clone()}
+        return {"M": bank, **self.empty_segment_sums(bank)}
+
+    @staticmethod
+    def empty_segment_sums(M: Tensor) -> StateTree:
+        """Running softmax sums of an open segment's update, per slot: the largest logit so far,
+        the normaliser, and the unnormalised sums of g_forget and of the write."""
+        return {"max": torch.full(M.shape[:2], -torch.inf, device=M.device, dtype=M.dtype),
+                "denom": torch.zeros(M.shape[:2], device=M.device, dtype=M.dtype),
+                "f_sum": torch.zeros_like(M), "w_sum": torch.zeros_like(M)}
 
     def forward(self, e: Tensor, state: StateTree, pos: int) -> tuple[Tensor, StateTree]:
         g_in = self.hook_input_gate(torch.sigmoid(self.W_in(e)))
@@ -131,29 +144,43 @@ class LM2Memory(nn.Module):
         return torch.stack(means, 1)
 
     def segment_scan(self, e: Tensor, g_in: Tensor, state: StateTree, pos: int):
-        """update="segment": every token of a segment reads the bank of the segment start;
-        when a segment completes, M <- mean(g_in * tanh(E_mem)) + mean(g_forget) * M."""
-        M, count, f_sum, w_sum = state["M"], state["count"], state["f_sum"], state["w_sum"]
+        """update="segment": every token of a segment reads the bank of the segment start; when
+        the segment completes, M[n] <- sum_t b[n, t] (g_in,t * tanh(content_t) + g_forget,t * M[n]),
+        with b uniform and content E_mem (write="read") or b = softmax over tokens of the read
+        logits and content E_t W_write (write="slots"). The softmax is accumulated online, so a
+        segment split across calls gives the same bank."""
+        M = state["M"]
+        sums = {k: state[k] for k in ("max", "denom", "f_sum", "w_sum")}
         q = self.W_Q(e)
+        slots = self.options.write == "slots"
         parts: dict[str, list[Tensor]] = {"attn": [], "read": [], "g_f": [], "norms": [], "mean": []}
         for a, b in segment_pieces(pos, e.shape[1], self.segment_len):
-            K, V = self.W_K(M), self.W_V(M)
-            attn = torch.softmax(torch.einsum("btd,bnd->btn", q[:, a:b], K) / e.shape[-1] ** 0.5, dim=-1)
-            read = attn @ V
+            logits = torch.einsum("btd,bnd->btn", q[:, a:b], self.W_K(M)) / e.shape[-1] ** 0.5
+            attn = torch.softmax(logits, dim=-1)
+            read = attn @ self.W_V(M)
             g_f = torch.sigmoid(self.W_forget(read))
             for key, value in (("attn", attn), ("read", read), ("g_f", g_f)):
                 parts[key].append(value)
             parts["norms"].append(M.norm(dim=-1)[:, None].expand(-1, b - a, -1))
             parts["mean"].append(M.mean(1)[:, None].expand(-1, b - a, -1))
-            count += b - a
-            f_sum = f_sum + g_f.sum(1)
-            w_sum = w_sum + (g_in[:, a:b] * torch.tanh(read)).sum(1)
+            write = g_in[:, a:b] * torch.tanh(self.W_write(e[:, a:b]) if slots else read)
+            sums = self.accumulate(sums, logits if slots else torch.zeros_like(logits), g_f, write)
             if (pos + b) % self.segment_len == 0:
-                M = w_sum[:, None] / count + (f_sum / count)[:, None] * M
-                count, f_sum, w_sum = 0, torch.zeros_like(f_sum), torch.zeros_like(w_sum)
+                M = (sums["w_sum"] + sums["f_sum"] * M) / sums["denom"][..., None]
+                sums = self.empty_segment_sums(M)
         cat = {k: torch.cat(v, dim=1) for k, v in parts.items()}
-        new_state = {"M": M, "count": count, "f_sum": f_sum, "w_sum": w_sum}
-        return cat["attn"], cat["read"], cat["g_f"], cat["norms"], cat["mean"], new_state
+        return cat["attn"], cat["read"], cat["g_f"], cat["norms"], cat["mean"], {"M": M, **sums}
+
+    @staticmethod
+    def accumulate(sums: StateTree, logits: Tensor, g_f: Tensor, write: Tensor) -> StateTree:
+        """Add a piece's tokens to the running per-slot softmax sums (logits [B, T, N])."""
+        new_max = torch.maximum(sums["max"], logits.amax(1))
+        rescale = torch.exp(sums["max"] - new_max)  # 0 while the segment is empty
+        w = torch.exp(logits - new_max[:, None])  # [B, T, N]
+        return {"max": new_max,
+                "denom": sums["denom"] * rescale + w.sum(1),
+                "f_sum": sums["f_sum"] * rescale[..., None] + torch.einsum("btn,btd->bnd", w, g_f),
+                "w_sum": sums["w_sum"] * rescale[..., None] + torch.einsum("btn,btd->bnd", w, write)}
 
 
 class LM2Block(Block):
