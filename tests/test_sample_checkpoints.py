@@ -50,9 +50,9 @@ def test_a_sample_trained_in_stages_is_reproduced_by_its_cards_command_alone(nam
     assert command.index(stage) < command.index(f"--config sample_checkpoints/{name}.train.json")
 
 
-#: samples whose memory carries the key (resetting it at the question loses the answer; LM2's
-#: does not, see its card's passkey_diagnostics, so it is held only to its card and recipe here)
-LONG_CONTEXT_MEMORY = ("infini", "titans", "longmem")
+#: samples whose memory carries the key (resetting it at the question loses the answer: each
+#: card's passkey_diagnostics)
+LONG_CONTEXT_MEMORY = ("infini", "lm2", "titans", "longmem")
 
 
 @pytest.fixture(scope="module")
