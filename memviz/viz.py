@@ -7,7 +7,8 @@ a trace carries evidence spans (the needle, the supporting facts) they are shade
 
 `family_figures(model, trace)` gives the views of the model's memory family, keyed by title:
   memory_layer  the selected values per token (which, weight, head), value usage and dead share
-  lm2           slot attention (token x slot), the three gates over tokens, slot norms
+  lm2           slot attention (token x slot), the three gates over tokens, slot norms, and with
+                write='slots' the write weights (which tokens each slot stores)
   infini        sigmoid(beta) per layer x head, memory share per token and head, memory norm
   longmem       which past positions each token retrieved, coloured by score; the gate per head
   titans        surprise over tokens with eta / theta / alpha beneath
@@ -79,6 +80,17 @@ def position_heatmap(trace: Trace, name: str, title: str, row_label: str, width:
     shade_evidence(fig, trace.meta.get("evidence", []), start, stop)
     fig.update_layout(title=title, xaxis_title="token position", yaxis_title=row_label)
     return fig
+
+
+def segment_softmax(scores: np.ndarray, segment_len: int) -> np.ndarray:
+    """Softmax over the positions of each `segment_len` segment of `scores` [pos, k] (the trace
+    starts at position 0, so segments start at multiples of `segment_len`)."""
+    out = np.empty(scores.shape, dtype=np.float64)
+    for a in range(0, len(scores), segment_len):
+        seg = scores[a : a + segment_len].astype(np.float64)
+        e = np.exp(seg - seg.max(0))
+        out[a : a + segment_len] = e / e.sum(0)
+    return out
 
 
 def layer_names(trace: Trace, suffix: str) -> list[str]:
@@ -203,6 +215,10 @@ def family_figures(model, trace: Trace, width: int = WIDTH, start: int = 0, stop
         figs["gates"] = timeline(trace, {f"{last}.memory.hook_{g}_gate": f"{last} {g} gate (mean over dims)" for g in ("input", "forget", "output")},
                                  "LM2 gates over tokens", reduce="mean", **zoom)
         figs["slot norms"] = position_heatmap(trace, f"{last}.memory.hook_slot_norm", f"{last}: slot norms", "slot", **zoom)
+        if model.options.write == "slots":
+            writes = segment_softmax(trace[f"{last}.memory.hook_write_score"], model.cfg.segment_len)
+            figs["slot writes"] = position_heatmap(with_array(trace, "writes", writes), "writes",
+                                                   f"{last}: each slot's write weights over its segment's tokens", "slot", zmin=0, **zoom)
     elif family == "titans":
         for prefix in [n[: -len(".hook_surprise")] for n in layer_names(trace, "memory.hook_surprise")]:
             figs[f"{prefix} surprise"] = timeline(trace, {

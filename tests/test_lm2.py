@@ -43,6 +43,7 @@ def test_gates_lie_in_the_open_unit_interval(update):
         assert (g > 0).all() and (g < 1).all() and g.std() > 1e-3
     attn = cache["blocks.0.memory.hook_slot_attn"]
     torch.testing.assert_close(attn.sum(-1), torch.ones(1, 24))
+    assert not cache["blocks.0.memory.hook_write_score"].any()  # the paper's write: the same for every slot
 
 
 def test_bank_follows_the_documented_update_token_by_token():
@@ -102,6 +103,7 @@ def test_addressed_write_follows_the_documented_update_slot_by_slot():
         b = torch.softmax(logits, 0)  # over tokens, per slot
         M = b.T @ (g_in * torch.tanh(mem.W_write(seg))) + (b.T @ g_f) * M
         torch.testing.assert_close(cache["blocks.0.memory.hook_read"][0, a : a + 8], read, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(cache["blocks.0.memory.hook_write_score"][0, a : a + 8], logits, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(state.layers[0]["memory"]["M"][0], M, atol=1e-5, rtol=1e-4)
     assert (M[0] - M[1]).abs().max() > 1e-3  # slots receive different writes
 

@@ -40,6 +40,17 @@ def test_every_family_has_its_views(family):
         fig.to_json()  # serialisable for the browser
 
 
+def test_lm2_with_addressed_writes_shows_which_tokens_each_slot_stores():
+    model = small_model("lm2", window=8, segment_len=8, memory={"slots": 4, "update": "segment", "write": "slots"})
+    tr = memviz.trace(model, "Sandra journeyed to the kitchen. " * 4)
+    figs = viz.family_figures(model, tr, width=1000)
+    writes = np.asarray(figs["slot writes"].data[0].z)  # [slot, pos], unpooled at this width
+    assert writes.shape == (4, len(tr))
+    for a in range(0, len(tr), 8):  # a softmax over each segment's tokens, per slot
+        np.testing.assert_allclose(writes[:, a : a + 8].sum(1), 1.0, rtol=1e-6)
+    assert writes.std() > 1e-3  # not uniform: slots pick their tokens
+
+
 def test_text_view_highlights_the_evidence_and_escapes_html():
     tr = Trace(np.array([60, 98, 62, 65, 66]), {"loss": np.zeros(5, np.float32)},
                vocab=[chr(i) for i in range(128)], meta={"evidence": [[3, 5]]})

@@ -19,13 +19,22 @@ Readings where the paper is ambiguous, each with the alternative as an option:
   * update granularity: M is indexed by t, so the bank is updated after every token, each
     token reading the bank left by the one before (`update="token"`, the default; sequential,
     see kernels/lm2_scan.py for the O(N d) step). `update="segment"` reads one bank for a whole
-    segment of `segment_len` tokens and then applies the update with the gates averaged over
-    the segment, which trains in parallel.
-The write is the same for every slot (the paper's update has no slot address); slots differ
-through their initial identity rows, decayed by the forget gates.
+    segment of `segment_len` tokens and then applies the update averaged over the segment's
+    tokens, which trains in parallel.
+  * what is written, and where: the paper's update names no slot and writes tanh(E_mem), which
+    is itself read from the bank, so every slot receives the same write (`write="read"`, the
+    default); slots differ only through their initial identity rows, decayed by the forget
+    gates. `write="slots"` (with `update="segment"`) addresses the write: slot n averages the
+    paper's update over the segment's tokens t with its own weights
+        b[n, t] = softmax_t(E_t W_Q . M[n] W_K / sqrt(d))     (the read's logits, over tokens)
+        M[n] <- sum_t b[n, t] (g_in,t * tanh(E_t W_write) + g_forget,t * M[n])
+    so a slot is written by the tokens that would read it, with the token's own content (as
+    memory slots that attend to the segment do in RMT-style memories). The default segment
+    update is the same sum with b uniform and E_mem as the content. `hook_write_score` records
+    the logits of b (0 where every slot receives the same write).
 
-State per layer: the bank M [B, N, d] (and, per segment, the tokens' pending gate sums) plus
-the local attention's key/value cache.
+State per layer: the bank M [B, N, d] (and, with segment updates, the running per-slot softmax
+sums of the open segment) plus the local attention's key/value cache.
 """
 from __future__ import annotations
 
@@ -84,6 +93,7 @@ class LM2Memory(nn.Module):
         self.hook_forget_gate = HookPoint()  # [batch, pos, d_model]
         self.hook_output_gate = HookPoint()  # [batch, pos, d_model]
         self.hook_slot_norm = HookPoint()  # [batch, pos, slot]  ||M_t[n]|| of the bank token t reads
+        self.hook_write_score = HookPoint()  # [batch, pos, slot]  logit of token t's weight in slot n's write
         self.hook_out = HookPoint()  # [batch, pos, d_model]  E_gated
 
     def reset_memory_parameters(self) -> None:
@@ -123,8 +133,10 @@ class LM2Memory(nn.Module):
             if self.options.output_gate == "bank":
                 banks_mean = self.token_bank_means(state["M"], g_in, read, g_f)
             new_state = {"M": M}
+            write_score = torch.zeros_like(attn)
         else:
-            attn, read, g_f, norms, banks_mean, new_state = self.segment_scan(e, g_in, state, pos)
+            attn, read, g_f, norms, banks_mean, write_score, new_state = self.segment_scan(e, g_in, state, pos)
+        self.hook_write_score(write_score)  # observed: the bank is already updated
         self.hook_slot_attn(attn)
         self.hook_slot_norm(norms)
         read = self.hook_read(read)
@@ -153,7 +165,7 @@ class LM2Memory(nn.Module):
         sums = {k: state[k] for k in ("max", "denom", "f_sum", "w_sum")}
         q = self.W_Q(e)
         slots = self.options.write == "slots"
-        parts: dict[str, list[Tensor]] = {"attn": [], "read": [], "g_f": [], "norms": [], "mean": []}
+        parts: dict[str, list[Tensor]] = {"attn": [], "read": [], "g_f": [], "norms": [], "mean": [], "score": []}
         for a, b in segment_pieces(pos, e.shape[1], self.segment_len):
             logits = torch.einsum("btd,bnd->btn", q[:, a:b], self.W_K(M)) / e.shape[-1] ** 0.5
             attn = torch.softmax(logits, dim=-1)
@@ -164,12 +176,14 @@ class LM2Memory(nn.Module):
             parts["norms"].append(M.norm(dim=-1)[:, None].expand(-1, b - a, -1))
             parts["mean"].append(M.mean(1)[:, None].expand(-1, b - a, -1))
             write = g_in[:, a:b] * torch.tanh(self.W_write(e[:, a:b]) if slots else read)
-            sums = self.accumulate(sums, logits if slots else torch.zeros_like(logits), g_f, write)
+            score = logits if slots else torch.zeros_like(logits)
+            parts["score"].append(score)
+            sums = self.accumulate(sums, score, g_f, write)
             if (pos + b) % self.segment_len == 0:
                 M = (sums["w_sum"] + sums["f_sum"] * M) / sums["denom"][..., None]
                 sums = self.empty_segment_sums(M)
         cat = {k: torch.cat(v, dim=1) for k, v in parts.items()}
-        return cat["attn"], cat["read"], cat["g_f"], cat["norms"], cat["mean"], {"M": M, **sums}
+        return cat["attn"], cat["read"], cat["g_f"], cat["norms"], cat["mean"], cat["score"], {"M": M, **sums}
 
     @staticmethod
     def accumulate(sums: StateTree, logits: Tensor, g_f: Tensor, write: Tensor) -> StateTree:
@@ -215,6 +229,7 @@ class LM2LM(MemoryLM):
         "blocks.{l}.memory.hook_forget_gate": "mean",
         "blocks.{l}.memory.hook_output_gate": "mean",
         "blocks.{l}.memory.hook_slot_norm": "none",
+        "blocks.{l}.memory.hook_write_score": "none",
     }
 
     def check_config(self) -> None:
