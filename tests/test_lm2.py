@@ -12,6 +12,13 @@ def lm2(**memory):
     return scrambled(small_model("lm2", window=8, segment_len=8, memory={"slots": SLOTS, **memory}), std=0.2)
 
 
+def first_layer_run(model, ids):
+    """(cache, layer 0's bank after `ids`, layer 0's memory module, its normalised input E [pos, d])."""
+    _, cache = model.run_with_cache(ids)
+    _, state = model(ids, return_state=True)
+    return cache, state.layers[0]["memory"]["M"][0], model.blocks[0].memory, model.blocks[0].ln1(cache["blocks.0.hook_resid_pre"])[0]
+
+
 def test_factored_scan_equals_the_direct_equations_in_float64():
     g = torch.Generator().manual_seed(0)
     for B, T, N, d in [(1, 1, 1, 2), (2, 13, 5, 6), (3, 7, 9, 4)]:
@@ -50,10 +57,7 @@ def test_bank_follows_the_documented_update_token_by_token():
     """Rebuild M_t+1 = g_in * tanh(E_mem) + g_forget * M_t from the hooks and compare."""
     model = lm2()
     ids = random_ids(12)
-    _, cache = model.run_with_cache(ids)
-    _, state = model(ids, return_state=True)
-    mem = model.blocks[0].memory
-    e = model.blocks[0].ln1(cache["blocks.0.hook_resid_pre"])[0]
+    cache, final_bank, mem, e = first_layer_run(model, ids)
     M = torch.eye(SLOTS, model.cfg.d_model)
     for t in range(12):
         K, V = mem.W_K(M), mem.W_V(M)
@@ -64,7 +68,7 @@ def test_bank_follows_the_documented_update_token_by_token():
         torch.testing.assert_close(cache["blocks.0.memory.hook_slot_norm"][0, t], M.norm(dim=-1), atol=1e-5, rtol=1e-4)
         g_in, g_f = torch.sigmoid(mem.W_in(e[t])), torch.sigmoid(mem.W_forget(read))
         M = g_in * torch.tanh(read) + g_f * M
-    torch.testing.assert_close(state.layers[0]["memory"]["M"][0], M, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(final_bank, M, atol=1e-5, rtol=1e-4)
     g_out = cache["blocks.0.memory.hook_output_gate"]
     torch.testing.assert_close(cache["blocks.0.memory.hook_out"], g_out * cache["blocks.0.memory.hook_read"])
 
@@ -90,10 +94,7 @@ def test_addressed_write_follows_the_documented_update_slot_by_slot():
     softmax over the segment's tokens of the read logits, and compare with the bank after two segments."""
     model = lm2(update="segment", write="slots")
     ids = random_ids(16)
-    _, cache = model.run_with_cache(ids)
-    _, state = model(ids, return_state=True)
-    mem = model.blocks[0].memory
-    e = model.blocks[0].ln1(cache["blocks.0.hook_resid_pre"])[0]
+    cache, final_bank, mem, e = first_layer_run(model, ids)
     M = torch.eye(SLOTS, model.cfg.d_model)
     for a in (0, 8):
         seg = e[a : a + 8]
@@ -104,7 +105,7 @@ def test_addressed_write_follows_the_documented_update_slot_by_slot():
         M = b.T @ (g_in * torch.tanh(mem.W_write(seg))) + (b.T @ g_f) * M
         torch.testing.assert_close(cache["blocks.0.memory.hook_read"][0, a : a + 8], read, atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(cache["blocks.0.memory.hook_write_score"][0, a : a + 8], logits, atol=1e-5, rtol=1e-4)
-    torch.testing.assert_close(state.layers[0]["memory"]["M"][0], M, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(final_bank, M, atol=1e-5, rtol=1e-4)
     assert (M[0] - M[1]).abs().max() > 1e-3  # slots receive different writes
 
 
