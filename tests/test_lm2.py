@@ -9,7 +9,8 @@ SLOTS = 4
 
 
 def lm2(**memory):
-    return scrambled(small_model("lm2", window=8, segment_len=8, memory={"slots": SLOTS, **memory}), std=0.2)
+    window = None if memory.get("local") == "segment" else 8
+    return scrambled(small_model("lm2", window=window, segment_len=8, memory={"slots": SLOTS, **memory}), std=0.2)
 
 
 def first_layer_run(model, ids):
@@ -116,8 +117,11 @@ def test_an_addressed_write_needs_segment_updates():
         small_model("lm2", window=8, segment_len=8, memory={"update": "segment", "write": "everywhere"})
 
 
+ADDRESSED = {"update": "segment", "write": "slots"}
+
+
 @pytest.mark.parametrize("memory", [{}, {"update": "segment"}, {"output_gate": "bank"},
-                                    {"update": "segment", "write": "slots"}])
+                                    ADDRESSED, {**ADDRESSED, "local": "segment"}])
 @pytest.mark.parametrize("chunk_len", [1, 5, 16])
 def test_streamed_run_equals_one_pass(memory, chunk_len):
     model = lm2(**memory)
@@ -125,9 +129,10 @@ def test_streamed_run_equals_one_pass(memory, chunk_len):
     with torch.no_grad():
         one_pass = model(ids)
         streamed = torch.cat([lg for _, lg, _ in model.stream(ids, chunk_len)], dim=1)
-        sizes = {state.nbytes() for _, _, state in model.stream(ids, 8)}
+        sizes = {state.nbytes() for _, _, state in model.stream(ids[:, :32], 8)}
     torch.testing.assert_close(streamed, one_pass, atol=2e-5, rtol=1e-5)
-    assert len(sizes) == 1  # window cache full from the first chunk, bank of fixed size
+    assert len(sizes) == 1  # after each whole segment: the window's cache full (or, segment-local,
+    # the segment's cache empty) and a bank of fixed size
 
 
 def test_the_bank_carries_information_past_the_window():
@@ -138,6 +143,34 @@ def test_the_bank_carries_information_past_the_window():
     with torch.no_grad():
         diff = (model(ids) - model(changed)).abs().amax(-1)[0]
     assert diff[30:].min() > 1e-4  # 2 layers x window 8 cannot reach back 28 tokens; the bank does
+
+
+def shut_bank(model):
+    """Input gates 0 and forget gates 1 at every token: the bank keeps its initial rows."""
+    with torch.no_grad():
+        for block in model.blocks:
+            for gate, bias in ((block.memory.W_in, -40.0), (block.memory.W_forget, 40.0)):
+                gate.weight.zero_()
+                gate.bias.fill_(bias)
+    return model
+
+
+def test_segment_local_attention_reaches_past_its_segment_only_through_the_bank():
+    """Change token 2 of segment 0: with the bank shut, the logits from segment 1 on stay put
+    (the window of 8 moves them); with the bank open they move everywhere after."""
+    ids = random_ids(32)
+    changed = ids.clone()
+    changed[0, 2] = (changed[0, 2] + 1) % 256
+
+    def moved(model):
+        with torch.no_grad():
+            return (model(ids) - model(changed)).abs().amax(-1)[0]
+
+    assert moved(shut_bank(lm2(**ADDRESSED, local="segment")))[8:].max() < 1e-5
+    assert moved(shut_bank(lm2(**ADDRESSED)))[8:10].min() > 1e-3
+    assert moved(lm2(**ADDRESSED, local="segment"))[8:].min() > 1e-3
+    with pytest.raises(ValueError, match="leave config.window null"):
+        small_model("lm2", window=8, segment_len=8, memory={**ADDRESSED, "local": "segment"})
 
 
 def test_forget_bias_sets_how_long_a_fresh_bank_remembers():

@@ -33,6 +33,11 @@ Readings where the paper is ambiguous, each with the alternative as an option:
     update is the same sum with b uniform and E_mem as the content. `hook_write_score` records
     the logits of b (0 where every slot receives the same write).
 
+The local attention is the model's sliding window (`local="window"`, as in the paper, which
+keeps full attention beside the memory) or causal attention within the current segment of
+`segment_len` tokens (`local="segment"`, as in Infini-attention and Titans), so that anything
+further back than the segment reaches a token only through the bank.
+
 State per layer: the bank M [B, N, d] (and, with segment updates, the running per-slot softmax
 sums of the open segment) plus the local attention's key/value cache.
 """
@@ -62,6 +67,7 @@ class LM2Options:
     forget_bias: float = 2.0
     input_bias: float = -2.0
     write: str = "read"  # "read" (paper: every slot gets g_in * tanh(E_mem)) or "slots" (addressed)
+    local: str = "window"  # attention over config.window, or "segment": within the current segment
 
     def __post_init__(self) -> None:
         check_positive(slots=self.slots)
@@ -69,6 +75,7 @@ class LM2Options:
         check_choice("update", self.update, ("token", "segment"))
         check_choice("output_gate", self.output_gate, ("read", "bank"))
         check_choice("write", self.write, ("read", "slots"))
+        check_choice("local", self.local, ("window", "segment"))
         if self.write == "slots" and self.update != "segment":
             raise ValueError("lm2 write='slots' needs update='segment' (a slot's write is a softmax over a segment's tokens)")
 
@@ -201,7 +208,8 @@ class LM2Block(Block):
     """x += Attn(norm x) + E_gated(norm x); x += FFN(norm x)."""
 
     def __init__(self, cfg: ModelConfig, options: LM2Options) -> None:
-        super().__init__(cfg, LocalAttention(cfg, window=cfg.window), SwiGLU(cfg.d_model, cfg.d_mlp))
+        window, segment_len = (None, cfg.segment_len) if options.local == "segment" else (cfg.window, None)
+        super().__init__(cfg, LocalAttention(cfg, window, segment_len), SwiGLU(cfg.d_model, cfg.d_mlp))
         self.memory = LM2Memory(cfg, options)
         self.hook_mem_out = HookPoint()  # [batch, pos, d_model]
 
@@ -235,6 +243,8 @@ class LM2LM(MemoryLM):
     def check_config(self) -> None:
         if self.options.update == "segment" and self.cfg.segment_len is None:
             raise ConfigError("lm2 with update='segment' needs config.segment_len")
+        if self.options.local == "segment" and (self.cfg.segment_len is None or self.cfg.window is not None):
+            raise ConfigError("lm2 with local='segment' attends within config.segment_len; set it and leave config.window null")
 
     def make_block(self, layer: int) -> nn.Module:
         return LM2Block(self.cfg, self.options)
