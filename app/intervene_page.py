@@ -5,13 +5,16 @@ import streamlit as st
 
 from app.common import current_model
 from memviz import interventions, viz
-from probes import passkey
+from probes import facts, passkey
 
 
 def render() -> None:
     st.title("Intervene")
     model = current_model()
     if model is None:
+        return
+    if model.family == "memory_layer" and "facts" in model.card:
+        render_fact_question(model)
         return
     c1, c2, c3 = st.columns(3)
     length = c1.number_input("pass-key length (tokens)", 100, 20_000, 512, step=128, key="iv_length")
@@ -27,11 +30,7 @@ def render() -> None:
     st.write(f"Answer **{sample.answer}** · clean run: greedy **{clean['greedy'].strip()!r}**, "
              f"log p(answer) = **{clean['logprob']:.2f}**")
     if model.family == "memory_layer":
-        layers = [i for i, b in enumerate(model.blocks) if hasattr(b.mlp, "keys")]
-        layer = st.selectbox("memory layer to silence", layers, key="iv_layer")
-        result = interventions.answer_logprob(model, sample.prompt, answer, fwd_hooks=interventions.topk_ablation_hooks(layer))
-        st.metric("log p(answer) with the layer's top-k selection zeroed", f"{result['logprob']:.2f}",
-                  delta=f"{result['logprob'] - clean['logprob']:.2f}")
+        silence_memory_layer(model, sample.prompt, answer, clean)
         return
     try:
         seg = interventions.segment_length(model)
@@ -54,3 +53,28 @@ def render() -> None:
     if st.button("Sweep: ablate at every segment", key="iv_sweep"):
         rows = interventions.ablation_sweep(model, sample.prompt, answer)
         st.plotly_chart(viz.ablation_sweep_figure(rows, sample.evidence), use_container_width=True, key="iv_sweep_fig")
+
+
+def render_fact_question(model) -> None:
+    """A memory layer is parametric: ask a fact of the knowledge base the model was trained on
+    (its card's `facts`) and silence a layer's top-k read."""
+    kb = facts.KnowledgeBase(model.card["facts"].get("kb_seed", 0), model.card["facts"].get("n_entities", 1000))
+    c1, c2 = st.columns(2)
+    person = c1.number_input(f"person (0-{kb.n_entities - 1})", 0, kb.n_entities - 1, 0, key="iv_person")
+    attribute = c2.selectbox("attribute", facts.ATTRIBUTES, index=1, key="iv_attribute")
+    sample = facts.make_sample(model.tokenizer, kb.entities[int(person)], attribute)
+    st.code(sample.prompt, language=None)
+    answer = " " + sample.answer
+    clean = interventions.answer_logprob(model, sample.prompt, answer)
+    st.write(f"Answer **{sample.answer}** · clean run: greedy **{clean['greedy'].strip()!r}**, "
+             f"log p(answer) = **{clean['logprob']:.2f}**")
+    silence_memory_layer(model, sample.prompt, answer, clean)
+
+
+def silence_memory_layer(model, prompt: str, answer: str, clean: dict) -> None:
+    layers = [i for i, b in enumerate(model.blocks) if hasattr(b.mlp, "keys")]
+    layer = st.selectbox("memory layer to silence", layers, key="iv_layer")
+    result = interventions.answer_logprob(model, prompt, answer, fwd_hooks=interventions.topk_ablation_hooks(layer))
+    st.metric("log p(answer) with the layer's top-k selection zeroed", f"{result['logprob']:.2f}",
+              delta=f"{result['logprob'] - clean['logprob']:.2f}")
+    st.write(f"greedy answer with the layer silenced: **{result['greedy'].strip()!r}**")

@@ -132,6 +132,20 @@ def test_intervene_page_ablates_replaces_and_sweeps(infini_checkpoint):
     assert "shorter than the instruction" in at.error[0].value
 
 
+def test_intervene_page_silences_memory_plus_on_a_fact_it_learnt():
+    """The shipped Memory+ sample on a question from its knowledge base: it answers, and with
+    its memory layer's top-k zeroed it does not."""
+    at = page("intervene_page", str(ROOT / "sample_checkpoints" / "memory_plus"))
+    at.run()
+    assert not at.exception, at.exception
+    assert "Question: Where does" in at.code[0].value
+    answer = at.markdown[0].value.split("**")[1]
+    assert f"greedy **{answer!r}**" in at.markdown[0].value
+    assert float(at.metric[0].delta) < -5 and answer not in at.markdown[1].value
+    at.selectbox(key="iv_attribute").set_value("job").run()
+    assert "What does" in at.code[0].value
+
+
 def test_compare_page_shows_two_models_side_by_side(infini_checkpoint, tmp_path):
     other = str(memviz.save(small_model("sliding_window", window=16), tmp_path / "base"))
     at = page("compare_page")
