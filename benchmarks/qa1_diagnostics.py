@@ -9,7 +9,9 @@
   * with --resets LENGTH (a model with segments or a bank): qa1 at LENGTH tokens answered clean,
     with the memory reset at the start of the question's segment (the question can read nothing
     the memory stored), and, as a control, reset at the start of the answer's fact's segment
-    (the memory still stores that fact and what follows it);
+    (the memory still stores that fact and what follows it); for an LM2 with addressed writes
+    (`write` `slots`), also how much of each slot's write in the answering fact's segment lands
+    on that fact's tokens, per layer, against the fact's share of the segment's tokens;
   * with --toy STEPS: trains a fresh model of the checkpoint's shape on two-fact stories
     ("A went to the X. B went to the Y." then "Where is A?") and prints loss and accuracy;
     a model that binds reaches ~100%, one that only finds the rooms stays at ln 2.
@@ -23,12 +25,14 @@ import functools
 import json
 import random
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 import memviz
 from memviz.interventions import reset_rates
 from memviz.registry import build_model
+from memviz.viz import segment_softmax
 from probes import babilong
 
 ACTORS, ROOMS = list(babilong.BABI.actors), list(babilong.BABI.rooms)
@@ -115,6 +119,29 @@ def memory_resets(model, length, n=60, seed=11):
     return reset_rates(model, samples, "answer_fact")
 
 
+def slot_writes(model, length, n=30, seed=13):
+    """Per layer, the mean share of a slot's write (its softmax over the segment's tokens) that
+    falls on the answering fact, over stories whose fact lies inside one segment before the
+    question's, and how many of the slots put more than half their write there."""
+    L, shares, fact_share = model.cfg.segment_len, [], []
+    for i in range(n):
+        sample = babilong.seeded_sample(model.tokenizer, "qa1", length, seed, i)
+        ids = torch.tensor([model.tokenizer.encode(sample.prompt)])
+        start, end = sample.evidence[-1]
+        seg = start // L
+        if end > (seg + 1) * L or (seg + 1) * L >= ids.shape[1]:
+            continue
+        _, cache = model.run_with_cache(ids, names_filter=lambda name: name.endswith("hook_write_score"))
+        fact_share.append((end - start) / L)
+        shares.append([segment_softmax(cache[f"blocks.{layer}.memory.hook_write_score"][0].numpy(), L)
+                       [start:end].sum(0) for layer in range(model.cfg.n_layers)])
+    shares = torch.tensor(np.array(shares))  # [stories, layers, slots]
+    return {"stories": len(fact_share), "fact_share_of_segment": round(sum(fact_share) / len(fact_share), 3),
+            **{f"layer_{layer}": {"write_on_fact": round(float(shares[:, layer].mean()), 3),
+                                  "slots_over_half": round(float((shares[:, layer] > 0.5).sum(-1).float().mean()), 1)}
+               for layer in range(model.cfg.n_layers)}}
+
+
 def toy(model, steps, fan_in=False, lr=1e-3, batch=32):
     """Train a fresh model of this shape on two-fact stories; loss and accuracy every 250 steps."""
     torch.manual_seed(0)
@@ -152,6 +179,8 @@ def main():
               "binding": binding(model)}
     if args.resets:
         report["memory_resets"] = memory_resets(model, args.resets)
+        if getattr(model.options, "write", None) == "slots":
+            report["slot_writes"] = slot_writes(model, args.resets)
     if args.toy:
         report["toy"] = toy(model, args.toy, fan_in=args.fan_in)
     print(json.dumps(report, indent=2))
