@@ -58,7 +58,7 @@ def render() -> None:
 def render_fact_question(model) -> None:
     """A memory layer is parametric: ask a fact of the knowledge base the model was trained on
     (its card's `facts`) and silence a layer's top-k read."""
-    kb = facts.KnowledgeBase(model.card["facts"].get("kb_seed", 0), model.card["facts"].get("n_entities", 1000))
+    kb = facts.knowledge_base_of(model)
     c1, c2 = st.columns(2)
     person = c1.number_input(f"person (0-{kb.n_entities - 1})", 0, kb.n_entities - 1, 0, key="iv_person")
     attribute = c2.selectbox("attribute", facts.ATTRIBUTES, index=1, key="iv_attribute")
@@ -72,8 +72,7 @@ def render_fact_question(model) -> None:
 
 
 def silence_memory_layer(model, prompt: str, answer: str, clean: dict) -> None:
-    layers = [i for i, b in enumerate(model.blocks) if hasattr(b.mlp, "keys")]
-    layer = st.selectbox("memory layer to silence", layers, key="iv_layer")
+    layer = st.selectbox("memory layer to silence", model.memory_layers, key="iv_layer")
     result = interventions.answer_logprob(model, prompt, answer, fwd_hooks=interventions.topk_ablation_hooks(layer))
     st.metric("log p(answer) with the layer's top-k selection zeroed", f"{result['logprob']:.2f}",
               delta=f"{result['logprob'] - clean['logprob']:.2f}")

@@ -135,10 +135,10 @@ def slot_writes(model, length, n=30, seed=13):
         fact_share.append((end - start) / L)
         shares.append([segment_softmax(cache[f"blocks.{layer}.memory.hook_write_score"][0].numpy(), L)
                        [start:end].sum(0) for layer in range(model.cfg.n_layers)])
-    shares = torch.tensor(np.array(shares))  # [stories, layers, slots]
-    return {"stories": len(fact_share), "fact_share_of_segment": round(sum(fact_share) / len(fact_share), 3),
+    shares = np.array(shares)  # [stories, layers, slots]
+    return {"stories": len(fact_share), "fact_share_of_segment": round(float(np.mean(fact_share)), 3),
             **{f"layer_{layer}": {"write_on_fact": round(float(shares[:, layer].mean()), 3),
-                                  "slots_over_half": round(float((shares[:, layer] > 0.5).sum(-1).float().mean()), 1)}
+                                  "slots_over_half": round(float((shares[:, layer] > 0.5).sum(-1).mean()), 1)}
                for layer in range(model.cfg.n_layers)}}
 
 

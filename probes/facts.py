@@ -120,6 +120,13 @@ def score(prediction: str, sample: Sample) -> bool:
     return prediction.split(".")[0].strip().lower() == sample.answer.lower()
 
 
+def knowledge_base_of(model, kb_seed: int | None = None, n_entities: int | None = None) -> KnowledgeBase:
+    """The knowledge base the model was trained on, as its card names it (unless given)."""
+    card = model.card.get("facts", {})
+    return KnowledgeBase(card.get("kb_seed", 0) if kb_seed is None else kb_seed,
+                         card.get("n_entities", 1000) if n_entities is None else n_entities)
+
+
 def run(
     model,
     n: int = 100,
@@ -131,10 +138,7 @@ def run(
     """Ask `n` facts drawn (by `seed`) from the knowledge base the model was trained on (named
     in its card unless given). One row per fact: entity, attribute, answer, prediction, correct."""
     check_n(n)
-    card = model.card.get("facts", {})
-    kb_seed = card.get("kb_seed", 0) if kb_seed is None else kb_seed
-    n_entities = card.get("n_entities", 1000) if n_entities is None else n_entities
-    kb = KnowledgeBase(kb_seed, n_entities)
+    kb = knowledge_base_of(model, kb_seed, n_entities)
     facts = list(kb.facts())
     picks = random.Random(f"facts-probe-{seed}").sample(range(len(facts)), min(n, len(facts)))
     jobs = [
