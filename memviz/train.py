@@ -45,7 +45,7 @@ from memviz.tokenizer import load_tokenizer
 
 
 class TrainingDiverged(RuntimeError):
-    """The loss became NaN or infinite."""
+    """The loss or its gradient became NaN or infinite."""
 
 
 @dataclass
@@ -307,6 +307,14 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.clip)
+        if not torch.isfinite(grad_norm):  # clipping by a non-finite norm would poison every weight
+            bad = [n for n, p in self.model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+            raise TrainingDiverged(
+                f"the gradient became non-finite at step {self.step} (loss {loss.item():.4g}, {tokens.shape[1]} tokens) "
+                f"in {', '.join(bad[:4])}{' ...' if len(bad) > 4 else ''}; stopped without updating or saving, so "
+                f"the last good checkpoint under {self.out / 'checkpoints'} is intact (early in training this is the "
+                f"model at its init on sequences too long for it: start data.curriculum shorter; later, lower optim.lr)"
+            )
         self.optimizer.step()
         seconds = time.perf_counter() - started
         self.step += 1
@@ -411,9 +419,23 @@ class Trainer:
 
 
 def machine_description() -> str:
+    """The card's `machine`. On a CPU it names the vector instructions torch dispatches to
+    (`torch.backends.cpu.get_cpu_capability()`): the same run on AVX2 and AVX-512 kernels
+    rounds differently (1e-7 after 20 steps), and a long run can amplify that."""
     if torch.cuda.is_available():
         return f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"
-    return f"{platform.machine()} CPU, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
+    return (f"{platform.machine()} CPU ({cpu_model()}, {torch.backends.cpu.get_cpu_capability()} kernels), "
+            f"{os.cpu_count()} cores, {torch.get_num_threads()} torch threads, torch {torch.__version__}")
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown model"
 
 
 #: small models of each family for quick runs from the app or a notebook (byte tokenizer)

@@ -2,6 +2,7 @@
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -100,6 +101,27 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch
     assert memviz.load(latest).cfg.name == "tiny"  # the last good checkpoint still loads
 
 
+
+def test_a_non_finite_gradient_stops_before_it_reaches_the_weights(tmp_path):
+    """A finite loss whose gradient overflows (Titans at its init on 512 tokens does this) must
+    stop with the parameter named, not clip every weight by a NaN norm and fail a step later."""
+    trainer = Trainer(tiny_config(tmp_path / "inf"), progress=False)
+    calls = {"n": 0}
+
+    def overflow_at_step_three(grad):
+        calls["n"] += 1
+        return grad * float("inf") if calls["n"] == 4 else grad
+
+    name, weight = next((n, p) for n, p in trainer.model.named_parameters() if n.startswith("blocks.1."))
+    weight.register_hook(overflow_at_step_three)
+    with pytest.raises(TrainingDiverged, match=rf"gradient became non-finite at step 3 \(loss [0-9.]+, 4\d tokens\) in {re.escape(name)};"):
+        trainer.run()
+    latest = tmp_path / "inf/checkpoints" / (tmp_path / "inf/checkpoints/latest").read_text()
+    assert latest.name == "step-0000003"
+    saved = read_weights(latest / "model.safetensors")
+    for name, p in trainer.model.state_dict().items():  # no step was taken with the poisoned gradient
+        if name in saved:
+            assert torch.equal(saved[name], p), name
 def test_sigterm_saves_and_exits_then_export_writes_a_card(tmp_path):
     config = tiny_config(tmp_path / "run", steps=100_000)
     path = tmp_path / "config.json"
