@@ -1,7 +1,9 @@
-"""Score a checkpoint on the probes: `python -m memviz.evaluate CHECKPOINT [--write-card]`.
+"""Score a checkpoint on the probes: `python -m memviz.evaluate CHECKPOINT [--n N] [--seed S] [--write-card]`.
 
 Without options it runs the probe grid recorded in the checkpoint's card (the training
-config's `eval` section) with `final_n` samples per cell and prints the scores; with
+config's `eval` section) with `final_n` samples per cell on the card's probe seed and prints
+the scores; `--n` and `--seed` score more or fresh samples on the same grid (two checkpoints
+whose n = 20 scores differ by a story or two are told apart at n = 100 on two seeds); with
 `--write-card` it also stores them in card.json.
 """
 from __future__ import annotations
@@ -50,8 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m memviz.evaluate", description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint")
     parser.add_argument("--n", type=int, help="samples per cell (default: the card's final_n)")
-    parser.add_argument("--write-card", action="store_true")
+    parser.add_argument("--seed", type=int, help="probe seed (default: the card's); another seed draws fresh samples")
+    parser.add_argument("--write-card", action="store_true", help="store the scores (and their seed) in the card")
     args = parser.parse_args(argv)
+    if args.n is not None and args.n < 1:
+        parser.error(f"--n must be at least 1, got {args.n}")
     try:
         model = memviz.load(args.checkpoint)
     except memviz.CheckpointError as exc:
@@ -59,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     grid = model.card.get("train_config", {}).get("eval", {})
     n = args.n or grid.get("final_n", 20)
+    seed = grid.get("seed", 0) if args.seed is None else args.seed
     scores = probe_scores(
         model,
         passkey_lengths=grid.get("passkey_lengths", []),
@@ -67,15 +73,14 @@ def main(argv: list[str] | None = None) -> int:
         babilong_lengths=grid.get("babilong_lengths", []),
         n_facts=grid.get("facts", 0),
         n=n,
-        seed=grid.get("seed", 0),
+        seed=seed,
         progress=True,
     )
     print(json.dumps(scores, indent=2))
     if args.write_card:
-        model.card["probe_scores"] = scores
         path = resolve(args.checkpoint) / CARD_FILE
         card = json.loads(path.read_text()) if path.exists() else {}
-        card["probe_scores"] = scores
+        card["probe_scores"], card["probe_seed"] = scores, seed
         atomic_write_text(path, json.dumps(card, indent=2, sort_keys=True))
     return 0
 
