@@ -22,3 +22,16 @@ def test_a_key_crosses_the_segment_boundary_only_when_its_tokens_reach_the_next_
     assert not crosses_segment(59, 6, 64)  # predicted at 58..63: the last position of the segment
     assert crosses_segment(60, 6, 64)  # predicted at 59..64: the last one from the next segment
     assert crosses_segment(64, 6, 64) and not crosses_segment(65, 6, 64)  # the question opens a segment
+
+
+def test_train_time_times_each_curriculum_stage_of_a_recipe():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from train_time import stages
+
+    from memviz.train import TrainConfig
+
+    titans = TrainConfig.load(ROOT / "sample_checkpoints/titans_qa1.train.json")
+    assert stages(titans) == [(0, 400), (400, 1000), (1000, 2000)]
+    control = TrainConfig.load(ROOT / "sample_checkpoints/sliding_window_qa1.train.json")  # lengths and story sizes
+    assert stages(control) == [(0, 500), (500, 1000), (1000, 1500), (1500, 2000), (2000, 2500), (2500, 3000),
+                               (3000, 3500), (3500, 5000)]

@@ -1,0 +1,98 @@
+"""How long a sample's recipe takes to train alone on this machine, estimated without the full run.
+
+The cards' wall times were taken with other runs sharing the two cores. This script times a few
+real training steps in each stage of a recipe's length curriculum (the batches the run itself
+draws at those steps, on the shipped sample's weights so a late stage's long sequences are as
+stable as they were in the run) and sums mean step time x steps per stage:
+
+    python benchmarks/train_time.py titans_qa1 sliding_window_qa1 --threads 1 2
+
+Run it with nothing else on the machine. It prints one row per recipe and thread count and
+appends them to benchmarks/RESULTS.md with --record. Two stage recipes name their stages
+(titans_stage1 titans_stage2 titans, lm2_qa1_stage1 lm2_qa1).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from memviz.checkpoint import load_weights, read_weights
+from memviz.train import TrainConfig, Trainer, cpu_model
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT / "sample_checkpoints"
+
+
+def stages(cfg: TrainConfig) -> list[tuple[int, int]]:
+    """(first step, last step + 1) of each stage of the length and story-size curricula."""
+    starts = sorted({0, *(s for s, _ in cfg.data.curriculum), *(s for s, _ in (cfg.data.max_facts or []))})
+    starts = [s for s in starts if s < cfg.optim.steps]
+    return list(zip(starts, [*starts[1:], cfg.optim.steps]))
+
+
+def stage_weights(recipe: str) -> Path | None:
+    """Weights to time on: the sample the recipe makes, or for a first stage the sample its
+    last stage makes (same shapes)."""
+    for name in (recipe, recipe.rsplit("_stage", 1)[0]):
+        if (SAMPLES / name / "model.safetensors").is_file():
+            return SAMPLES / name / "model.safetensors"
+    return None
+
+
+def estimate(recipe: str, threads: int, per_stage: int) -> dict:
+    data = json.loads((SAMPLES / f"{recipe}.train.json").read_text())
+    data.update(out=tempfile.mkdtemp(prefix="train_time-"), threads=threads)
+    data["eval"] = {**data.get("eval", {}), "every": 0}
+    cfg = TrainConfig.from_dict(data)
+    trainer = Trainer(cfg, progress=False)
+    weights = stage_weights(recipe)
+    if weights is not None:
+        load_weights(trainer.model, read_weights(weights), weights)
+    trainer.train_step()  # warm-up: first-call allocations
+    total, rows = 0.0, []
+    for first, end in stages(cfg):
+        picks = sorted({first + (end - first) * (i + 1) // (per_stage + 1) for i in range(per_stage)})
+        seconds = []
+        for step in picks:
+            trainer.step = step
+            started = time.perf_counter()
+            trainer.train_step()
+            seconds.append(time.perf_counter() - started)
+        mean = statistics.mean(seconds)
+        total += mean * (end - first)
+        rows.append((first, end, round(mean, 3)))
+    return {"recipe": recipe, "threads": threads, "steps": cfg.optim.steps, "minutes": round(total / 60, 1), "stages": rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("recipes", nargs="+", help="names of sample_checkpoints/NAME.train.json")
+    parser.add_argument("--threads", type=int, nargs="+", default=[1])
+    parser.add_argument("--per-stage", type=int, default=4, help="steps timed in each curriculum stage")
+    parser.add_argument("--record", action="store_true", help="append the rows to benchmarks/RESULTS.md")
+    args = parser.parse_args()
+    lines = []
+    for recipe in args.recipes:
+        if not (SAMPLES / f"{recipe}.train.json").is_file():
+            parser.error(f"no recipe sample_checkpoints/{recipe}.train.json")
+        for threads in args.threads:
+            result = estimate(recipe, threads, args.per_stage)
+            line = f"| `{recipe}` | {threads} | {result['steps']} | {result['minutes']} min |"
+            print(line, json.dumps(result["stages"]), flush=True)
+            lines.append(line)
+    if args.record:
+        machine = f"{cpu_model()}, {torch.backends.cpu.get_cpu_capability()} kernels, torch {torch.__version__}"
+        with open(ROOT / "benchmarks" / "RESULTS.md", "a", encoding="utf-8") as fh:
+            fh.write(f"\n## Training time alone, estimated ({machine})\n\n"
+                     "`python benchmarks/train_time.py ...`: mean step time in each curriculum stage x its steps.\n\n"
+                     "| recipe | threads | steps | estimate |\n|---|---|---|---|\n" + "\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
