@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -49,9 +50,11 @@ def estimate(recipe: str, threads: int, per_stage: int) -> dict:
     data = json.loads((SAMPLES / f"{recipe}.train.json").read_text())
     data.update(out=tempfile.mkdtemp(prefix="train_time-"), threads=threads)
     data["eval"] = {**data.get("eval", {}), "every": 0}
+    weights = stage_weights(recipe)
+    if data.get("init_from") and not (ROOT / data["init_from"]).exists() and weights is not None:
+        data["init_from"] = str(weights.parent)  # an earlier stage's export, not kept: its sample has the shapes
     cfg = TrainConfig.from_dict(data)
     trainer = Trainer(cfg, progress=False)
-    weights = stage_weights(recipe)
     if weights is not None:
         load_weights(trainer.model, read_weights(weights), weights)
     trainer.train_step()  # warm-up: first-call allocations
@@ -77,6 +80,7 @@ def main() -> None:
     parser.add_argument("--per-stage", type=int, default=4, help="steps timed in each curriculum stage")
     parser.add_argument("--record", action="store_true", help="append the rows to benchmarks/RESULTS.md")
     args = parser.parse_args()
+    os.chdir(ROOT)  # recipes name their tokenizer and init_from relative to the repository
     lines = []
     for recipe in args.recipes:
         if not (SAMPLES / f"{recipe}.train.json").is_file():
