@@ -19,6 +19,7 @@ import os
 import statistics
 import tempfile
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -93,7 +94,7 @@ def main() -> None:
     if args.record:
         machine = f"{cpu_model()}, {torch.backends.cpu.get_cpu_capability()} kernels, torch {torch.__version__}"
         with open(ROOT / "benchmarks" / "RESULTS.md", "a", encoding="utf-8") as fh:
-            fh.write(f"\n## Training time alone, estimated ({machine})\n\n"
+            fh.write(f"\n## {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC · training time alone, estimated ({machine})\n\n"
                      "`python benchmarks/train_time.py ...`: mean step time in each curriculum stage x its steps.\n\n"
                      "| recipe | threads | steps | estimate |\n|---|---|---|---|\n" + "\n".join(lines) + "\n")
 

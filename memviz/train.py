@@ -475,12 +475,21 @@ def train(config: TrainConfig | dict | str | Path, resume: bool = False, **kwarg
     return Trainer(config, resume=resume, **kwargs).run()
 
 
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m memviz.train", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True, help="training config (JSON)")
     parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     parser.add_argument("--steps", type=int, help="override optim.steps")
     parser.add_argument("--out", help="override the run folder")
+    parser.add_argument("--threads", type=positive_int, help="override the config's torch threads (another count "
+                        "rounds differently: the weights differ from a card's, the scores by a few points)")
     parser.add_argument("--export", help="write the final model as a checkpoint folder here")
     parser.add_argument("--export-dtype", default="float16", choices=["float32", "float16", "bfloat16"])
     parser.add_argument("--no-progress", action="store_true")
@@ -491,6 +500,8 @@ def main(argv: list[str] | None = None) -> int:
             cfg.optim.steps = args.steps
         if args.out:
             cfg.out = args.out
+        if args.threads:
+            cfg.threads = args.threads
         # resuming is exact, so the card records the one-shot command that gives the same model
         given = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--resume"]
         command = "python -m memviz.train " + " ".join(shlex.quote(a) for a in given)

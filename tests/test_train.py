@@ -140,16 +140,20 @@ def test_sigterm_saves_and_exits_then_export_writes_a_card(tmp_path):
     step = int((tmp_path / "run/checkpoints/latest").read_text().split("-")[1])
     assert step >= 3
     # a resumed run at its last step exports; its card names the one-shot command (resume is exact)
+    # --threads overrides the config's 1 and the card says so
     done = subprocess.run([sys.executable, "-m", "memviz.train", "--config", str(path), "--resume", "--steps", str(step),
-                           "--export", str(tmp_path / "exported"), "--no-progress"], cwd=ROOT, capture_output=True, text=True)
+                           "--threads", "2", "--export", str(tmp_path / "exported"), "--no-progress"],
+                          cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     card = json.loads((tmp_path / "exported/card.json").read_text())
     assert card["steps"] == step and card["family"] == "sliding_window" and "CPU" in card["machine"]
-    assert card["train_command"] == f"python -m memviz.train --config {path} --steps {step} --export {tmp_path / 'exported'} --no-progress"
+    assert "2 torch threads" in card["machine"] and card["train_config"]["threads"] == 2
+    assert card["train_command"] == (f"python -m memviz.train --config {path} --steps {step} --threads 2 "
+                                     f"--export {tmp_path / 'exported'} --no-progress")
     assert memviz.load(tmp_path / "exported").cfg.window == 16
 
 
-def test_bad_training_configs():
+def test_bad_training_configs(capsys):
     with pytest.raises(ValueError, match="unknown training config fields"):
         TrainConfig.from_dict({"name": "x", "model": {}, "colour": 1})
     with pytest.raises(ValueError, match="unknown data tasks"):
@@ -158,6 +162,9 @@ def test_bad_training_configs():
         TrainConfig.from_dict({"name": "x", "model": {}, "optim": {"steps": 0}})
     with pytest.raises(ValueError, match="does not exist"):
         TrainConfig.load("/no/such/config.json")
+    with pytest.raises(SystemExit):
+        train_module.main(["--config", "/no/such/config.json", "--threads", "0"])
+    assert "--threads: must be a positive integer, got 0" in capsys.readouterr().err
     with pytest.raises(ValueError, match="memory_value_lr must be > 0"):
         TrainConfig.from_dict({"name": "x", "model": {}, "optim": {"memory_value_lr": 0}})
     with pytest.raises(ValueError, match="data.drill must be >= 0"):
