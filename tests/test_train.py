@@ -101,7 +101,6 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch
     assert memviz.load(latest).cfg.name == "tiny"  # the last good checkpoint still loads
 
 
-
 def test_a_non_finite_gradient_stops_before_it_reaches_the_weights(tmp_path):
     """A finite loss whose gradient overflows (Titans at its init on 512 tokens does this) must
     stop with the parameter named, not clip every weight by a NaN norm and fail a step later."""
@@ -122,6 +121,8 @@ def test_a_non_finite_gradient_stops_before_it_reaches_the_weights(tmp_path):
     for name, p in trainer.model.state_dict().items():  # no step was taken with the poisoned gradient
         if name in saved:
             assert torch.equal(saved[name], p), name
+
+
 def test_sigterm_saves_and_exits_then_export_writes_a_card(tmp_path):
     config = tiny_config(tmp_path / "run", steps=100_000)
     path = tmp_path / "config.json"
