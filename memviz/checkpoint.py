@@ -121,8 +121,12 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{path}: not a readable safetensors file ({exc})") from exc
 
 
-def load(path: str | Path, device: str | torch.device = "cpu"):
-    """Load a checkpoint folder (or a sample checkpoint's name) into a model in eval mode."""
+def load(path: str | Path, device: str | torch.device = "cpu", **overrides: Any):
+    """Load a checkpoint folder (or a sample checkpoint's name) into a model in eval mode.
+
+    `overrides` replace memory options that hold no weights, e.g. a LongMem bank's size and
+    search: `load("longmem", bank_size=2**20, search="hnsw")`. An option the family does not
+    know, a bad value, or one that changes the weights' shapes raises `CheckpointError`."""
     from memviz.registry import build_model
 
     directory = resolve(path)
@@ -133,6 +137,11 @@ def load(path: str | Path, device: str | torch.device = "cpu"):
         if not (directory / name).is_file():
             raise CheckpointError(f"{directory / name}: missing; a checkpoint folder needs {CONFIG_FILE}, {WEIGHTS_FILE} and {TOKENIZER_FILE}")
     cfg = read_config(directory)
+    if overrides:
+        try:
+            cfg = ModelConfig.from_dict({**cfg.to_dict(), "memory": {**cfg.memory, **overrides}})
+        except ConfigError as exc:
+            raise CheckpointError(f"{directory / CONFIG_FILE} with overrides {overrides}: {exc}") from exc
     try:
         tokenizer = load_tokenizer(directory / TOKENIZER_FILE)
     except (OSError, UnicodeDecodeError, ValueError) as exc:
@@ -147,9 +156,16 @@ def load(path: str | Path, device: str | torch.device = "cpu"):
     try:
         model = build_model(cfg, tokenizer=tokenizer, card=card)
     except ConfigError as exc:
-        raise CheckpointError(f"{directory / CONFIG_FILE}: {exc}") from exc
+        where = f" with overrides {overrides}" if overrides else ""
+        raise CheckpointError(f"{directory / CONFIG_FILE}{where}: {exc}") from exc
     weights = read_weights(directory / WEIGHTS_FILE)
-    load_weights(model, weights, directory / WEIGHTS_FILE)
+    try:
+        load_weights(model, weights, directory / WEIGHTS_FILE)
+    except CheckpointError as exc:
+        if not overrides:
+            raise
+        raise CheckpointError(f"{exc}; the overrides {overrides} change the weights, and only options that hold "
+                              "none can be set when loading") from exc
     model.card.setdefault("path", str(directory))
     return model.to(device).eval()
 

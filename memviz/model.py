@@ -26,7 +26,7 @@ from memviz.layers import LocalAttention, RMSNorm, SwiGLU
 from memviz.registry import parse_options, register_family
 from memviz.tokenizer import ByteTokenizer, Tokenizer
 
-StateTree = Any  # nested dicts/lists of tensors
+StateTree = Any  # nested dicts/lists of tensors; a leaf may be a value object (memviz.bank.ChunkBank)
 BASELINE_FAMILIES = ("transformer", "sliding_window")  # no memory: what a memory family can start from
 BACKBONE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "d_head", "d_mlp", "rope_base", "norm_eps",
                    "tie_embeddings", "embed_scale")  # what a backbone's weights mean
@@ -45,6 +45,8 @@ def map_tree(fn: Callable[[Tensor], Tensor], tree: StateTree) -> StateTree:
 def tree_tensors(tree: StateTree) -> Iterator[Tensor]:
     if isinstance(tree, Tensor):
         yield tree
+    elif hasattr(tree, "tensors"):  # a leaf that holds tensors of its own (LongMem's ChunkBank)
+        yield from tree.tensors()
     elif isinstance(tree, dict):
         for v in tree.values():
             yield from tree_tensors(v)

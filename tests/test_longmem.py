@@ -48,7 +48,7 @@ def test_tokens_read_only_earlier_segments_within_the_fifo_bank():
         assert (positions[t] >= 0).sum(-1).eq(expected).all(), (t, positions[t])
     _, state = model(random_ids(48), return_state=True)
     bank = state.layers[-1]["bank"]
-    assert bank["keys"].shape[1] == 16 and bank["positions"].tolist() == list(range(32, 48))
+    assert bank.keys.shape[1] == 16 and bank.positions.tolist() == list(range(32, 48))
 
 
 def test_memory_attention_is_gated_with_local_attention():
@@ -102,6 +102,23 @@ def test_backbone_is_frozen_and_loaded_from_a_baseline(tmp_path):
         small_model("longmem", window=8, segment_len=8, embed_scale=4.0, memory=OPTIONS).init_from_checkpoint(path)
 
 
+def test_a_second_stage_starts_from_a_longmem_checkpoint_with_a_larger_bank(tmp_path):
+    first = longmem()
+    path = memviz.save(first, tmp_path / "stage1")
+    second = small_model("longmem", window=8, segment_len=8, memory={**OPTIONS, "bank_size": 64})
+    second.init_from_checkpoint(path)
+    for name, tensor in first.state_dict().items():
+        assert torch.equal(second.state_dict()[name], tensor), name
+    assert all(not p.requires_grad for n, p in second.named_parameters() if n.startswith(("embed", "blocks", "unembed")))
+    assert all(p.requires_grad for n, p in second.named_parameters() if n.startswith(("side_blocks", "ln_final")))
+    ids = random_ids(60)
+    with torch.no_grad():  # the larger bank reads further back: the same up to 16 + 8 tokens, then not
+        diff = (first(ids) - second(ids)).abs().amax(-1)[0]
+    assert diff[:24].max() == 0 and diff[24:].max() > 1e-4
+    with pytest.raises(CheckpointError, match="weights of the same shapes"):
+        small_model("longmem", window=8, segment_len=8, memory={**OPTIONS, "side_layers": 1}).init_from_checkpoint(path)
+
+
 def test_config_errors():
     with pytest.raises(memviz.ConfigError, match="needs config.segment_len"):
         small_model("longmem", window=8, memory=OPTIONS)
@@ -119,7 +136,7 @@ def test_ablating_the_bank_at_a_segment_empties_it_and_keeps_the_local_caches():
     position, edit = ablate_at(model, 8)  # token 64: the answer (tokens 69-73) would read bank 48-63
     _, state = model(model.tokenizer.encode(prompt)[:position], return_state=True)
     edited = edit(state)
-    assert edited.layers[-1]["bank"]["keys"].shape[1] == 0 and edited.layers[-1]["bank"]["positions"].numel() == 0
+    assert len(edited.layers[-1]["bank"]) == 0 and edited.layers[-1]["bank"].positions.numel() == 0
     assert torch.equal(edited.layers[0]["attn"]["k"], state.layers[0]["attn"]["k"])
     clean = answer_logprob(model, prompt, "12345")["logprob"]
     assert answer_logprob(model, prompt, "12345", [(position, edit)])["logprob"] != pytest.approx(clean, abs=1e-5)

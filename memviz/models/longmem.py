@@ -41,7 +41,8 @@ from transformer_lens.hook_points import HookPoint
 from memviz.config import ConfigError, ModelConfig
 from memviz.layers import LocalAttention, SwiGLU
 from memviz.model import BACKBONE_FIELDS, BASELINE_FAMILIES, Block, MemoryLM, StateTree
-from memviz.registry import check_positive, register_family
+from memviz.bank import SEARCHES, ChunkBank
+from memviz.registry import check_choice, check_positive, register_family
 
 
 @dataclass
@@ -52,10 +53,17 @@ class LongMemOptions:
     chunk_size: int = 4
     topk_chunks: int = 8
     bank_size: int = 4096  # tokens kept (FIFO), a multiple of chunk_size
+    search: str = "exact"  # "exact" top-k over the bank, or "hnsw" (faiss, approximate; memviz.bank)
+    ef_search: int = 64  # hnsw: candidates kept while searching (more: higher recall, slower)
+    exact_below: int = 4096  # hnsw: a query that sees at most this many chunks is answered exactly
 
     def __post_init__(self) -> None:
-        check_positive(side_layers=self.side_layers, chunk_size=self.chunk_size,
-                       topk_chunks=self.topk_chunks, bank_size=self.bank_size)
+        check_positive(side_layers=self.side_layers, chunk_size=self.chunk_size, topk_chunks=self.topk_chunks,
+                       bank_size=self.bank_size, ef_search=self.ef_search, exact_below=self.exact_below)
+        for name in ("side_layers", "chunk_size", "topk_chunks", "bank_size", "ef_search", "exact_below"):
+            if not isinstance(getattr(self, name), int):
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        check_choice("search", self.search, SEARCHES)
         if self.bank_size % self.chunk_size:
             raise ValueError(f"bank_size ({self.bank_size}) must be a multiple of chunk_size ({self.chunk_size})")
 
@@ -85,33 +93,33 @@ class MemoryAugmentedAttention(LocalAttention):
         self.hook_mem_out = HookPoint()  # [batch, pos, head, d_head]
         self.hook_local_out = HookPoint()  # [batch, pos, head, d_head]
 
-    def memory_attend(self, q: Tensor, bank: StateTree) -> tuple[Tensor, Tensor, Tensor]:
-        """A_mem for queries q [B,T,H,d] over the chunks each token may read (`bank["visible"]`);
-        zero where a token may read none. Also the retrieved chunks' first positions (-1 where
-        none) and scores (NaN where none), padded to topk_chunks."""
+    def memory_attend(self, q: Tensor, view: "BankView") -> tuple[Tensor, Tensor, Tensor]:
+        """A_mem for queries q [B,T,H,d] over the top-K chunks each token may read (those of
+        whole segments before its own, at most bank_size tokens back); zero where it may read
+        none. Also the retrieved chunks' first positions (-1 where none) and scores (NaN)."""
         B, T, H, d = q.shape
-        K, cs = self.options.topk_chunks, self.options.chunk_size
-        if bank["k"].shape[1] == 0:
+        K = self.options.topk_chunks
+        if all(hi <= lo for *_, lo, hi in view.groups):  # nothing to read yet
             return q.new_zeros(B, T, H, d), q.new_full((B, T, H, K), -1, dtype=torch.long), q.new_full((B, T, H, K), float("nan"))
-        scores, chunks = retrieve_chunks(q, bank["k"], cs, K, bank["visible"])
+        scores = q.new_full((B, T, H, K), -torch.inf)
+        entries = torch.zeros(B, T, H, K, dtype=torch.long, device=q.device)
+        with torch.no_grad():  # which chunks: a discrete choice; the attention below carries the gradient
+            for start, stop, lo, hi in view.groups:
+                s, e = view.bank.search(q[:, start:stop].detach(), lo, hi, K)
+                scores[:, start:stop, :, : s.shape[-1]], entries[:, start:stop, :, : e.shape[-1]] = s, e
         valid = torch.isfinite(scores)
-        token_idx = (chunks[..., None] * cs + torch.arange(cs, device=q.device)).flatten(-2)  # [B,T,H,K*cs]
-        heads = torch.arange(H, device=q.device)[None, None, :, None]
-        batch = torch.arange(B, device=q.device)[:, None, None, None]
-        keys, values = bank["k"][batch, token_idx, heads], bank["v"][batch, token_idx, heads]  # [B,T,H,K*cs,d]
-        logits = torch.einsum("bthd,bthmd->bthm", q, keys) / d**0.5
+        keys, values, first = view.bank.gather(entries)  # [B,T,H,K*cs,d]
+        cs = self.options.chunk_size
+        logits = torch.einsum("bthd,bthmd->bthm", q, keys.to(q.dtype)) / d**0.5
         logits = logits.masked_fill(~valid.repeat_interleave(cs, dim=-1), -torch.inf)
         any_valid = valid.any(-1, keepdim=True)
         attn = torch.where(any_valid, torch.softmax(logits.masked_fill(~any_valid, 0.0), dim=-1), 0.0)
-        out = torch.einsum("bthm,bthmd->bthd", attn, values)
-        positions = torch.where(valid, bank["chunk_pos"][chunks], -1)
+        out = torch.einsum("bthm,bthmd->bthd", attn, values.to(q.dtype))
+        positions = torch.where(valid, first, -1)
         scores = torch.where(valid, scores, float("nan"))
-        if chunks.shape[-1] < K:  # fewer chunks stored than asked for: pad the hooks
-            positions = F.pad(positions, (0, K - chunks.shape[-1]), value=-1)
-            scores = F.pad(scores, (0, K - chunks.shape[-1]), value=float("nan"))
         return out, positions, scores
 
-    def forward_with_bank(self, x: Tensor, state: StateTree, pos: int, bank: StateTree) -> tuple[Tensor, StateTree]:
+    def forward_with_bank(self, x: Tensor, state: StateTree, pos: int, bank: "BankView") -> tuple[Tensor, StateTree]:
         q, k, v = self.project(x)
         local, new_state = self.attend(q, k, v, state, pos)
         mem, positions, scores = self.memory_attend(q, bank)
@@ -127,7 +135,7 @@ class MemoryAugmentedAttention(LocalAttention):
 class SideBlock(Block):
     """A SideNet block; the augmented one reads the memory bank."""
 
-    def forward(self, x: Tensor, state: StateTree, pos: int, bank: StateTree | None = None) -> tuple[Tensor, StateTree]:
+    def forward(self, x: Tensor, state: StateTree, pos: int, bank: "BankView | None" = None) -> tuple[Tensor, StateTree]:
         x = self.hook_resid_pre(x)
         if isinstance(self.attn, MemoryAugmentedAttention):
             a, attn_state = self.attn.forward_with_bank(self.ln1(x), state["attn"], pos, bank)
@@ -190,10 +198,15 @@ class LongMemLM(MemoryLM):
                 p.requires_grad_(False)
 
     def init_from_checkpoint(self, path) -> None:
-        """Load a trained baseline into the backbone; side block l starts as backbone block b(l)."""
+        """Load a trained baseline into the backbone; side block l starts as backbone block b(l).
+        A LongMem checkpoint is a second stage instead: all its weights, new bank options."""
         from memviz.checkpoint import CheckpointError, load
 
         base = load(path)
+        if base.family == self.family:
+            super().init_from_checkpoint(path)
+            self.freeze_backbone()
+            return
         mismatch = [f for f in (*BACKBONE_FIELDS, "window") if getattr(base.cfg, f) != getattr(self.cfg, f)]
         if base.family not in BASELINE_FAMILIES or mismatch:
             raise CheckpointError(f"{path}: a LongMem backbone must be a baseline with the same {mismatch or 'family'}")
@@ -212,19 +225,21 @@ class LongMemLM(MemoryLM):
 
     def init_state(self, batch_size: int = 1):
         state = super().init_state(batch_size)  # backbone blocks
-        empty = torch.zeros(batch_size, 0, self.cfg.n_heads, self.cfg.d_head, device=self.device)
+        o, cfg = self.options, self.cfg
+        empty = torch.zeros(batch_size, 0, cfg.n_heads, cfg.d_head, device=self.device)
         extra = {
             "side": [b.init_state(batch_size, self.device) for b in self.side_blocks],
-            # the bank: cached keys/values of whole earlier segments, and their positions
-            "bank": {"keys": empty, "values": empty.clone(), "positions": torch.zeros(0, dtype=torch.long, device=self.device)},
+            # the bank: cached keys/values of whole earlier segments (memviz.bank.ChunkBank)
+            "bank": ChunkBank.empty(batch_size, cfg.n_heads, cfg.d_head, o.chunk_size, o.bank_size, o.search,
+                                    o.ef_search, o.exact_below, device=self.device, dtype=self.embed.weight.dtype),
             # keys/values of the open segment's tokens seen so far
-            "pending": {"keys": empty.clone(), "values": empty.clone()},
+            "pending": {"keys": empty, "values": empty.clone()},
         }
         state.layers = [*state.layers, extra]
         return state
 
     def run_blocks(self, x: Tensor, tokens: Tensor, state) -> tuple[Tensor, list[StateTree]]:
-        cfg, o, pos, T = self.cfg, self.options, state.pos, x.shape[1]
+        cfg, pos, T, seg = self.cfg, state.pos, x.shape[1], self.cfg.segment_len
         extra = state.layers[cfg.n_layers]
         hidden, new_states = [x], []
         for layer, (block, layer_state) in enumerate(zip(self.blocks, state.layers[: cfg.n_layers])):
@@ -233,35 +248,44 @@ class LongMemLM(MemoryLM):
             h, layer_state = block(hidden[-1], layer_state, pos)
             hidden.append(h)
             new_states.append(layer_state)
-        bank, pending = extra["bank"], extra["pending"]
+        # the segments this chunk completes join the bank first; each token then searches only
+        # the chunks of segments before its own (the bank as it was when its segment began)
+        pending = extra["pending"]
         n_pending = pending["keys"].shape[1]
-        ext_k = torch.cat([bank["keys"], pending["keys"], k_mem], 1)
-        ext_v = torch.cat([bank["values"], pending["values"], v_mem], 1)
-        ext_pos = torch.cat([bank["positions"], torch.arange(pos - n_pending, pos + T, device=x.device)])
-        view = self.bank_view(ext_k, ext_v, ext_pos, torch.arange(pos, pos + T, device=x.device))
+        ext_k = torch.cat([pending["keys"], k_mem.detach()], 1)
+        ext_v = torch.cat([pending["values"], v_mem.detach()], 1)
+        open_from = (pos + T) - (pos + T) % seg  # first position of the open segment
+        n_closed = max(0, open_from - (pos - n_pending))
+        bank = extra["bank"].append(ext_k[:, :n_closed], ext_v[:, :n_closed], pos - n_pending)
+        view = BankView(bank, self.query_groups(bank, pos, T))
         taps, h, side_states = self.taps(), hidden[0], []
         for l, (block, s) in enumerate(zip(self.side_blocks, extra["side"])):
             h, s = block(h, s, pos, view)
             h = h + (hidden[taps[l + 1]] - hidden[taps[l]])
             side_states.append(s)
-        open_from = (pos + T) - (pos + T) % cfg.segment_len  # first position of the open segment
-        closed = ext_pos < open_from
-        new_bank = {"keys": ext_k[:, closed][:, -o.bank_size :], "values": ext_v[:, closed][:, -o.bank_size :],
-                    "positions": ext_pos[closed][-o.bank_size :]}
-        new_pending = {"keys": ext_k[:, ~closed], "values": ext_v[:, ~closed]}
-        new_states.append({"side": side_states, "bank": new_bank, "pending": new_pending})
+        new_pending = {"keys": ext_k[:, n_closed:], "values": ext_v[:, n_closed:]}
+        bank = bank.trimmed(open_from - self.options.bank_size)
+        new_states.append({"side": side_states, "bank": bank, "pending": new_pending})
         return self.hook_side_out(h), new_states
 
-    def bank_view(self, k: Tensor, v: Tensor, positions: Tensor, query_pos: Tensor) -> StateTree:
-        """What the memory attention reads: the keys/values padded to whole chunks, each chunk's
-        first position, and which chunks each token may read: those of whole segments before
-        its own, at most bank_size tokens back (the bank as it was when its segment began)."""
-        cs = self.options.chunk_size
-        pad = -k.shape[1] % cs
-        if pad:
-            k, v = F.pad(k, (0, 0, 0, 0, 0, pad)), F.pad(v, (0, 0, 0, 0, 0, pad))
-            positions = F.pad(positions, (0, pad), value=torch.iinfo(torch.long).max)
-        chunk_pos = positions[::cs]
-        segment_start = query_pos - query_pos % self.cfg.segment_len
-        visible = (chunk_pos[None, :] < segment_start[:, None]) & (chunk_pos[None, :] >= segment_start[:, None] - self.options.bank_size)
-        return {"k": k, "v": v, "chunk_pos": chunk_pos, "visible": visible}
+    def query_groups(self, bank: ChunkBank, pos: int, T: int) -> list[tuple[int, int, int, int]]:
+        """(start, stop, lo, hi) per segment of the chunk: its tokens start:stop read bank
+        entries [lo, hi), the chunks of whole segments before theirs within bank_size tokens."""
+        seg, groups = self.cfg.segment_len, []
+        start = 0
+        while start < T:
+            segment_start = (pos + start) - (pos + start) % seg
+            stop = min(T, segment_start + seg - pos)
+            lo, hi = bank.visible_range(segment_start - self.options.bank_size, segment_start)
+            groups.append((start, stop, lo, hi))
+            start = stop
+        return groups
+
+
+@dataclass
+class BankView:
+    """What the memory attention reads in one forward: the bank and, per segment of the
+    input, the range of bank entries its tokens may search."""
+
+    bank: ChunkBank
+    groups: list[tuple[int, int, int, int]]

@@ -1,0 +1,235 @@
+"""LongMem's cached memory: a FIFO key/value bank searched for the top-k chunks per query.
+
+The bank keeps the attention keys and values of the last `capacity` tokens, cut into chunks of
+`chunk_size` tokens; a chunk's key is the mean of its tokens' keys per head (LongMem, Wang et
+al. 2023, Section 3.3, token-to-chunk retrieval). A query reads the top-k chunks by
+q . chunk_key among the chunks it may see: those whose first position lies in [lo, hi).
+
+Search:
+  * "exact": every visible chunk is scored (a matrix product and torch.topk). This is the
+    specification and the mode for training and small banks; its cost per query grows with
+    the bank.
+  * "hnsw": a faiss HNSW graph (inner product; one per batch row and head), as LongMem's own
+    code searches its bank with faiss. A query's cost grows with the logarithm of the bank.
+    It is approximate; `benchmarks/longmem_bank.py` measures its recall against "exact".
+    A query that sees at most `exact_below` chunks is answered exactly, so short inputs give
+    the exact result in either mode.
+
+A `ChunkBank` is a value, as model states are: appending returns a new bank and leaves the old
+one as it was. Storage is shared and grows in place (amortised O(1) a token); a bank that is
+appended to after a later one was made from it (a second continuation of a saved state, an
+intervention) first copies what it holds, so no state ever sees another's writes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+SEARCHES = ("exact", "hnsw")
+
+
+@dataclass(eq=False)
+class _Storage:
+    """Token keys/values, chunk keys and chunk positions; entry i is global chunk base + i."""
+
+    keys: Tensor  # [B, capacity_tokens, H, d]
+    values: Tensor
+    chunk_keys: Tensor  # [B, capacity_chunks, H, d]
+    positions: Tensor  # [capacity_chunks] first token position of each chunk
+    chunk_size: int
+    base: int = 0
+    size: int = 0  # chunks stored
+    owner: object = field(default_factory=object)  # the bank allowed to append in place
+    graphs: list | None = None  # faiss indexes [B][H] over entries 0..indexed-1
+    indexed: int = 0
+
+    def reserve(self, chunks: int) -> None:
+        if chunks <= self.chunk_keys.shape[1]:
+            return
+        new = max(chunks, 2 * self.chunk_keys.shape[1], 64)
+        cs = self.chunk_size
+
+        def grow(t: Tensor, n: int) -> Tensor:
+            out = t.new_empty((t.shape[0], n, *t.shape[2:]))
+            out[:, : t.shape[1]] = t
+            return out
+
+        self.keys, self.values = grow(self.keys, new * cs), grow(self.values, new * cs)
+        self.chunk_keys = grow(self.chunk_keys, new)
+        positions = self.positions.new_empty(new)
+        positions[: self.positions.shape[0]] = self.positions
+        self.positions = positions
+
+
+class ChunkBank:
+    """The chunks 0..n-1 of a stream, of which the last `capacity` tokens are kept."""
+
+    def __init__(self, storage: _Storage, n_chunks: int, capacity: int, search: str, ef_search: int, exact_below: int) -> None:
+        self._storage, self.n_chunks, self.capacity = storage, n_chunks, capacity
+        self.search_kind, self.ef_search, self.exact_below = search, ef_search, exact_below
+
+    @classmethod
+    def empty(cls, batch: int, heads: int, d_head: int, chunk_size: int, capacity: int, search: str = "exact",
+              ef_search: int = 64, exact_below: int = 4096, device=None, dtype=torch.float32) -> "ChunkBank":
+        if search not in SEARCHES:
+            raise ValueError(f"search must be one of {list(SEARCHES)}, got {search!r}")
+        none = torch.zeros(batch, 0, heads, d_head, device=device, dtype=dtype)
+        storage = _Storage(none, none.clone(), none.clone(), torch.zeros(0, dtype=torch.long, device=device), chunk_size)
+        return cls(storage, 0, capacity, search, ef_search, exact_below)
+
+    # ----- what the bank holds --------------------------------------------------------------
+    @property
+    def chunk_size(self) -> int:
+        return self._storage.chunk_size
+
+    def _kept(self) -> tuple[int, int]:
+        """Storage entries [a, b) of the chunks this bank keeps (the last `capacity` tokens)."""
+        s = self._storage
+        b = self.n_chunks - s.base
+        return max(0, b - self.capacity // s.chunk_size), b
+
+    @property
+    def keys(self) -> Tensor:
+        a, b = self._kept()
+        return self._storage.keys[:, a * self.chunk_size : b * self.chunk_size]
+
+    @property
+    def values(self) -> Tensor:
+        a, b = self._kept()
+        return self._storage.values[:, a * self.chunk_size : b * self.chunk_size]
+
+    @property
+    def positions(self) -> Tensor:
+        """Token positions of the kept keys."""
+        a, b = self._kept()
+        first = self._storage.positions[a:b]
+        return (first[:, None] + torch.arange(self.chunk_size, device=first.device)).flatten()
+
+    def tensors(self) -> list[Tensor]:
+        return [self.keys, self.values]
+
+    def __len__(self) -> int:
+        """Tokens kept."""
+        a, b = self._kept()
+        return (b - a) * self.chunk_size
+
+    # ----- appending ------------------------------------------------------------------------
+    def _own_storage(self) -> _Storage:
+        """The storage, copied first when another bank has appended to it since this one."""
+        s = self._storage
+        if s.owner is self and s.base + s.size == self.n_chunks:
+            return s
+        a, b = self._kept()
+        cs = s.chunk_size
+        return _Storage(s.keys[:, a * cs : b * cs].clone(), s.values[:, a * cs : b * cs].clone(),
+                        s.chunk_keys[:, a:b].clone(), s.positions[a:b].clone(), cs, base=s.base + a, size=b - a)
+
+    def append(self, keys: Tensor, values: Tensor, first_position: int) -> "ChunkBank":
+        """The bank with tokens first_position.. (keys/values [B, T, H, d], T whole chunks) added."""
+        cs = self.chunk_size
+        if keys.shape[1] % cs:
+            raise ValueError(f"append whole chunks of {cs} tokens, got {keys.shape[1]}")
+        n_new = keys.shape[1] // cs
+        if n_new == 0:
+            return self
+        s = self._own_storage()
+        s.reserve(s.size + n_new)
+        keys, values = keys.detach(), values.detach()
+        s.keys[:, s.size * cs : (s.size + n_new) * cs] = keys
+        s.values[:, s.size * cs : (s.size + n_new) * cs] = values
+        s.chunk_keys[:, s.size : s.size + n_new] = keys.unflatten(1, (n_new, cs)).mean(2)
+        s.positions[s.size : s.size + n_new] = first_position + cs * torch.arange(n_new, device=s.positions.device)
+        s.size += n_new
+        bank = ChunkBank(s, self.n_chunks + n_new, self.capacity, self.search_kind, self.ef_search, self.exact_below)
+        s.owner = bank
+        return bank
+
+    def trimmed(self, keep_from: int) -> "ChunkBank":
+        """Drop storage of chunks that start before token `keep_from`, once they are most of it
+        (amortised: storage stays within about twice what is read)."""
+        s = self._storage
+        if s.owner is not self or s.size < 128:
+            return self
+        first_needed = int(torch.searchsorted(s.positions[: s.size], keep_from))
+        if first_needed < s.size // 2:
+            return self
+        cs = s.chunk_size
+        fresh = _Storage(s.keys[:, first_needed * cs : s.size * cs].clone(), s.values[:, first_needed * cs : s.size * cs].clone(),
+                         s.chunk_keys[:, first_needed : s.size].clone(), s.positions[first_needed : s.size].clone(), cs,
+                         base=s.base + first_needed, size=s.size - first_needed)
+        bank = ChunkBank(fresh, self.n_chunks, self.capacity, self.search_kind, self.ef_search, self.exact_below)
+        fresh.owner = bank
+        return bank
+
+    # ----- search ---------------------------------------------------------------------------
+    def visible_range(self, lo_position: int, hi_position: int) -> tuple[int, int]:
+        """Storage entries of the chunks whose first position lies in [lo_position, hi_position).
+        Storage may hold chunks older than the last `capacity` tokens (a chunk of input spanning
+        several segments reads each segment's own window); positions decide what is visible."""
+        pos = self._storage.positions[: self.n_chunks - self._storage.base]
+        return int(torch.searchsorted(pos, lo_position)), int(torch.searchsorted(pos, hi_position))
+
+    def search(self, q: Tensor, lo: int, hi: int, topk: int, kind: str | None = None) -> tuple[Tensor, Tensor]:
+        """Top-k chunks among storage entries [lo, hi) for queries q [B, T, H, d]: (scores,
+        entries) [B, T, H, min(topk, hi - lo)], best first. Entries index `gather`."""
+        kind = kind or self.search_kind
+        if hi - lo <= 0:
+            shape = (*q.shape[:3], 0)
+            return q.new_zeros(shape), torch.zeros(shape, dtype=torch.long, device=q.device)
+        if kind == "exact" or hi - lo <= self.exact_below:
+            scores = torch.einsum("bthd,bchd->bthc", q, self._storage.chunk_keys[:, lo:hi].to(q.dtype))
+            scores, entries = scores.topk(min(topk, hi - lo), dim=-1)
+            return scores, entries + lo
+        return self._graph_search(q, lo, hi, min(topk, hi - lo))
+
+    def _graph_search(self, q: Tensor, lo: int, hi: int, k: int) -> tuple[Tensor, Tensor]:
+        import faiss
+
+        s = self._storage
+        B, T, H, d = q.shape
+        if s.graphs is None:
+            s.graphs = [[faiss.IndexHNSWFlat(d, 32, faiss.METRIC_INNER_PRODUCT) for _ in range(H)] for _ in range(B)]
+            for row in s.graphs:
+                for graph in row:
+                    graph.hnsw.efConstruction = 64
+        if s.indexed < s.size:  # index what was appended since the last search
+            new = s.chunk_keys[:, s.indexed : s.size].detach().float().cpu().numpy()
+            for b in range(B):
+                for h in range(H):
+                    s.graphs[b][h].add(np.ascontiguousarray(new[b, :, h]))
+            s.indexed = s.size
+        params = faiss.SearchParametersHNSW(efSearch=max(self.ef_search, k), sel=faiss.IDSelectorRange(lo, hi))
+        queries = q.detach().float().cpu().numpy()
+        entries = torch.empty(B, T, H, k, dtype=torch.long)
+        for b in range(B):
+            for h in range(H):
+                _, found = s.graphs[b][h].search(np.ascontiguousarray(queries[b, :, h]), k, params=params)
+                entries[b, :, h] = torch.from_numpy(found)
+        entries = entries.to(q.device)
+        missing = entries < 0  # fewer than k found (never when k <= hi - lo on a connected graph)
+        entries = entries.clamp_min(lo)
+        chunk_keys = self.gather_chunk_keys(entries)
+        scores = torch.einsum("bthd,bthkd->bthk", q, chunk_keys.to(q.dtype)).masked_fill(missing, -torch.inf)
+        scores, order = scores.sort(dim=-1, descending=True)
+        return scores, entries.gather(-1, order)
+
+    # ----- reading --------------------------------------------------------------------------
+    def gather_chunk_keys(self, entries: Tensor) -> Tensor:
+        """Chunk keys of storage entries [B, T, H, K] -> [B, T, H, K, d]."""
+        B, T, H, K = entries.shape
+        batch = torch.arange(B, device=entries.device)[:, None, None, None]
+        heads = torch.arange(H, device=entries.device)[None, None, :, None]
+        return self._storage.chunk_keys[batch, entries, heads]
+
+    def gather(self, entries: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Keys and values [B, T, H, K * chunk_size, d] of the chunks at storage entries
+        [B, T, H, K], and their first positions [B, T, H, K]."""
+        s, cs = self._storage, self.chunk_size
+        B, T, H, K = entries.shape
+        tokens = (entries[..., None] * cs + torch.arange(cs, device=entries.device)).flatten(-2)
+        batch = torch.arange(B, device=entries.device)[:, None, None, None]
+        heads = torch.arange(H, device=entries.device)[None, None, :, None]
+        return s.keys[batch, tokens, heads], s.values[batch, tokens, heads], s.positions[entries]

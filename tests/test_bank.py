@@ -1,0 +1,108 @@
+"""LongMem's bank (memviz.bank): exact search against the exhaustive reference, HNSW recall,
+states that never see each other's writes, and the bank's options when loading."""
+import pytest
+import torch
+
+import memviz
+from memviz.bank import ChunkBank
+from memviz.checkpoint import CheckpointError
+from memviz.models.longmem import retrieve_chunks
+from tests.conftest import random_ids, scrambled, small_model
+
+
+def filled_bank(chunks: int, search: str = "exact", seed: int = 0, H: int = 2, d: int = 8, cs: int = 4, **kw) -> tuple[ChunkBank, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    keys = torch.randn(1, chunks * cs, H, d, generator=g)
+    bank = ChunkBank.empty(1, H, d, cs, capacity=chunks * cs, search=search, **kw)
+    for start in range(0, chunks * cs, 64):  # appended a segment at a time
+        bank = bank.append(keys[:, start : start + 64], -keys[:, start : start + 64], start)
+    return bank, keys
+
+
+@pytest.mark.parametrize("lo_hi", [(0, 40), (8, 33), (20, 21)])
+def test_exact_search_is_the_exhaustive_top_k_over_the_visible_chunks(lo_hi):
+    bank, keys = filled_bank(40, seed=lo_hi[0])
+    lo, hi = lo_hi
+    q = torch.randn(1, 5, 2, 8, generator=torch.Generator().manual_seed(9))
+    scores, entries = bank.search(q, lo, hi, topk=6)
+    visible = torch.zeros(5, 40, dtype=torch.bool)
+    visible[:, lo:hi] = True
+    ref_scores, ref_chunks = retrieve_chunks(q, keys, 4, 6, visible)
+    n = min(6, hi - lo)
+    assert torch.equal(entries, ref_chunks[..., :n])
+    torch.testing.assert_close(scores, ref_scores[..., :n])
+    k, v, first = bank.gather(entries)
+    assert torch.equal(first, entries * 4)  # one chunk = 4 token positions, appended from 0
+    torch.testing.assert_close(k.unflatten(-2, (n, 4)).mean(-2), bank.gather_chunk_keys(entries))
+    torch.testing.assert_close(v, -k)
+
+
+def test_hnsw_recall_against_exact_search():
+    bank, _ = filled_bank(3000, search="hnsw", exact_below=16, ef_search=64)
+    q = torch.randn(1, 200, 2, 8, generator=torch.Generator().manual_seed(3))
+    exact = bank.search(q, 100, 2900, 8, kind="exact")[1]
+    approx_scores, approx = bank.search(q, 100, 2900, 8)
+    assert ((approx >= 100) & (approx < 2900)).all()  # only what the query may see
+    assert (approx_scores[..., :-1] >= approx_scores[..., 1:]).all()  # best first
+    hits = (approx[..., :, None] == exact[..., None, :]).any(-1).float().mean()
+    assert hits >= 0.95, hits
+    small = bank.search(q, 10, 20, 8)[1]  # ten chunks: answered exactly
+    assert torch.equal(small, bank.search(q, 10, 20, 8, kind="exact")[1])
+
+
+def test_a_bank_appended_to_twice_keeps_both_continuations_apart():
+    bank, keys = filled_bank(16)
+    a = bank.append(torch.ones(1, 8, 2, 8), torch.ones(1, 8, 2, 8), 64)
+    b = bank.append(torch.full((1, 8, 2, 8), 2.0), torch.full((1, 8, 2, 8), 2.0), 64)  # a branch from the same state
+    a2 = a.append(torch.full((1, 4, 2, 8), 3.0), torch.full((1, 4, 2, 8), 3.0), 72)
+    assert len(bank) == 64 and torch.equal(bank.keys, keys)
+    assert torch.equal(a.keys[:, -8:], torch.ones(1, 8, 2, 8)) and torch.equal(b.keys[:, -8:], torch.full((1, 8, 2, 8), 2.0))
+    assert torch.equal(a2.keys[:, -12:-4], torch.ones(1, 8, 2, 8)) and a2.positions[-1].item() == 75
+
+
+def test_a_fifo_bank_keeps_its_last_capacity_tokens_and_trims_its_storage():
+    bank = ChunkBank.empty(1, 1, 2, 4, capacity=16)
+    for start in range(0, 4096, 64):
+        bank = bank.append(torch.full((1, 64, 1, 2), float(start)), torch.zeros(1, 64, 1, 2), start)
+        bank = bank.trimmed(start + 64 - 16)
+    assert bank.positions.tolist() == list(range(4080, 4096))
+    assert bank._storage.keys.shape[1] <= 4 * 256  # not every token ever seen
+
+
+def longmem(**options):
+    base = {"chunk_size": 4, "topk_chunks": 3, "bank_size": 64, "side_layers": 2}
+    return scrambled(small_model("longmem", window=8, segment_len=8, memory={**base, **options}), std=0.2)
+
+
+def test_hnsw_search_on_a_small_bank_gives_the_exact_run_streamed_and_in_one_pass():
+    exact, approx = longmem(), longmem(search="hnsw", exact_below=1)
+    approx.load_state_dict(exact.state_dict())
+    ids = random_ids(120)
+    with torch.no_grad():
+        reference = exact(ids)
+        torch.testing.assert_close(approx(ids), reference, atol=1e-5, rtol=1e-5)
+        streamed = torch.cat([lg for _, lg, _ in approx.stream(ids, 13)], dim=1)
+    torch.testing.assert_close(streamed, reference, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("bad, field", [({"search": "annoy"}, "search"), ({"bank_size": 0}, "bank_size"),
+                                        ({"bank_size": "big"}, "bank_size"), ({"bank_size": 4.0}, "bank_size"),
+                                        ({"ef_search": -3}, "ef_search"), ({"topk_chunks": 0}, "topk_chunks")])
+def test_bad_bank_options_name_their_field(bad, field):
+    with pytest.raises(memviz.ConfigError, match=field):
+        longmem(**bad)
+
+
+def test_load_overrides_set_options_that_hold_no_weights(tmp_path):
+    model = longmem()
+    memviz.save(model, tmp_path / "m")
+    big = memviz.load(tmp_path / "m", bank_size=2**20, search="hnsw")
+    assert big.options.bank_size == 2**20 and big.options.search == "hnsw"
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(big.state_dict()[name], tensor), name
+    with pytest.raises(CheckpointError, match="bank_size"):
+        memviz.load(tmp_path / "m", bank_size=-1)
+    with pytest.raises(CheckpointError, match="unknown longmem memory options"):
+        memviz.load(tmp_path / "m", bank_sise=4096)
+    with pytest.raises(CheckpointError, match="side_layers"):  # holds weights: the shapes no longer match
+        memviz.load(tmp_path / "m", side_layers=1)
