@@ -1,10 +1,13 @@
-"""Probes page: the pass-key and BABILong grids for the loaded model, with CSV download."""
+"""Probes page: the pass-key and BABILong grids for the loaded model, and retention over
+distance beside other checkpoints (the control among them), with CSV download."""
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
+import memviz
 from app.common import current_model, current_path, load_model
-from probes import babilong, passkey
+from probes import babilong, passkey, retention
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
@@ -20,12 +23,52 @@ def run_grid(model_path: str, probe: str, lengths: tuple[int, ...], depths_or_ta
     return df
 
 
+@st.cache_data(show_spinner=False, max_entries=16)
+def run_retention(model_paths: tuple[str, ...], distances: tuple[int, ...], n: int, seed: int):
+    bar = st.progress(0.0, text="Running the probe…")
+    frames = []
+    for k, path in enumerate(model_paths):
+        def progress(done, total, k=k):
+            bar.progress((k + done / total) / len(model_paths), text=f"{path}: {done} / {total} samples")
+        frames.append(retention.run(load_model(path), distances, n=n, seed=seed, progress=progress).assign(model=path))
+    bar.empty()
+    return pd.concat(frames, ignore_index=True)
+
+
+def render_retention() -> None:
+    st.caption("A pass key written once, then `distance` tokens of filler, then the question: how far back "
+               "each memory still finds it. A model without memory falls to chance past its attention window.")
+    others = [s for s in memviz.list_samples() if s != current_path()]
+    control = [s for s in ("sliding_window",) if s in others]
+    compare = st.multiselect("Beside", others, default=control, key="rt_models")
+    distances = st.multiselect("Distances (tokens)", list(retention.DISTANCES), default=[64, 256, 1024, 4096], key="rt_distances")
+    c1, c2 = st.columns(2)
+    n = c1.number_input("Samples per distance", 1, 200, 5, key="rt_n")
+    seed = c2.number_input("Seed", 0, 10_000, 0, key="rt_seed")
+    if not st.button("Run", key="run_retention"):
+        return
+    if not distances:
+        st.error("Choose at least one distance.")
+        return
+    try:
+        df = run_retention((current_path(), *compare), tuple(sorted(distances)), int(n), int(seed))
+    except (ValueError, memviz.CheckpointError) as exc:
+        st.error(str(exc))
+        return
+    st.plotly_chart(retention.curve(df), use_container_width=True, key="retention_curve")
+    st.download_button("Download CSV", df.drop(columns=["evidence"]).to_csv(index=False), file_name="retention.csv", key="rt_csv")
+    st.dataframe(df.pivot_table(index="model", columns="distance", values="correct", sort=False), use_container_width=True)
+
+
 def render() -> None:
     st.title("Probes")
     model = current_model()
     if model is None:
         return
-    probe = st.radio("Probe", ["passkey", "babilong"], horizontal=True, key="probe")
+    probe = st.radio("Probe", ["passkey", "babilong", "retention"], horizontal=True, key="probe")
+    if probe == "retention":
+        render_retention()
+        return
     lengths = st.multiselect("Lengths (tokens)", [256, 512, 1024, 2048, 4096, 8192], default=[256, 512], key="lengths")
     if probe == "passkey":
         axis = st.multiselect("Needle depths", [0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0], default=[0.1, 0.5, 0.9], key="depths")

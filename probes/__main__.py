@@ -3,10 +3,12 @@
     python -m probes passkey  CHECKPOINT --lengths 512 2048 --depths 0 0.5 1 --n 10 --out results/
     python -m probes babilong CHECKPOINT --tasks qa1 qa2 --lengths 1000 2000 [--data-path DIR]
     python -m probes facts    CHECKPOINT --n 200
+    python -m probes retention CHECKPOINT [CHECKPOINT ...] --distances 64 1024 16384 --n 30
 
 CHECKPOINT is a checkpoint folder or the name of a sample checkpoint. Each run writes
-`<out>/<probe>.csv` (one row per sample) and `<out>/<probe>.html` (the heatmap, or the bar
-chart for facts) and prints the accuracy table.
+`<out>/<probe>.csv` (one row per sample) and `<out>/<probe>.html` (the heatmap, the bar chart
+for facts, the accuracy-against-distance curve for retention, one line per checkpoint) and
+prints the accuracy table.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from probes import babilong, facts, passkey
+from probes import babilong, facts, passkey, retention
 
 
 def parser() -> argparse.ArgumentParser:
@@ -36,6 +38,10 @@ def parser() -> argparse.ArgumentParser:
     bl.add_argument("--data-path", help="released BABILong files (JSON/JSONL/parquet) instead of generated samples")
     bl.add_argument("--haystack", help="a local plain-text file to use as filler")
     sub.add_parser("facts", parents=[common], help="factual recall on the model's knowledge base")
+    rt = sub.add_parser("retention", parents=[common], help="pass key against the distance to the question, per checkpoint")
+    rt.add_argument("more", nargs="*", metavar="CHECKPOINT", help="more checkpoints, one line each")
+    rt.add_argument("--distances", type=int, nargs="+", default=list(retention.DISTANCES[:5]))
+    rt.add_argument("--haystack", help="a local plain-text file to use as filler")
     return p
 
 
@@ -53,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
             df = babilong.run(model, args.tasks, args.lengths, n=args.n, seed=args.seed, data_path=args.data_path,
                               haystack=args.haystack, progress=progress)
             fig, table = babilong.heatmap(df), df.pivot_table(index="task", columns="length", values="correct")
+        elif args.probe == "retention":
+            models = {args.checkpoint: model, **{path: memviz.load(path) for path in args.more}}
+            df = retention.compare(models, args.distances, n=args.n, seed=args.seed, haystack=args.haystack, progress=progress)
+            fig, table = retention.curve(df), df.pivot_table(index="model", columns="distance", values="correct", sort=False)
         else:
             df = facts.run(model, n=args.n, seed=args.seed, progress=progress)
             fig, table = facts.bar(df), df.groupby("attribute")["correct"].mean()

@@ -119,6 +119,23 @@ def test_probes_page_runs_a_grid_and_offers_the_csv(infini_checkpoint):
     assert "at least one length and one depth" in at.error[0].value
 
 
+def test_probes_page_draws_retention_beside_the_control(infini_checkpoint):
+    at = page("probes_page", infini_checkpoint)
+    at.run()
+    at.radio(key="probe").set_value("retention").run()
+    assert at.multiselect(key="rt_models").value == ["sliding_window"]
+    at.multiselect(key="rt_distances").set_value([64, 1024]).run()
+    at.number_input(key="rt_n").set_value(2).run()
+    at.button(key="run_retention").click().run()
+    assert not at.exception, at.exception
+    table = at.dataframe[0].value
+    assert list(table.columns) == [64, 1024] and len(table) == 2  # this model and the control
+    assert len(at.get("plotly_chart")) == 1
+    at.multiselect(key="rt_distances").set_value([]).run()
+    at.button(key="run_retention").click().run()
+    assert "at least one distance" in at.error[0].value
+
+
 def test_intervene_page_ablates_replaces_and_sweeps(infini_checkpoint):
     at = page("intervene_page", infini_checkpoint)
     at.run()

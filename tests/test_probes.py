@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from memviz.tokenizer import ByteTokenizer
-from probes import babilong, facts, passkey
+from probes import babilong, facts, passkey, retention
 from probes.haystack import FileHaystack, ProceduralHaystack
 
 TOK = ByteTokenizer()
@@ -324,3 +324,44 @@ def test_facts_run_against_a_model_that_knows_the_base():
     wrong_base = Oracle(lambda p: " 1800.")
     assert not facts.run(wrong_base, n=30, seed=0, progress=False)["correct"].any()
     assert facts.bar(df).data[0].y.tolist() == [1.0, 1.0, 1.0]
+
+
+# ----- retention ----------------------------------------------------------------------------
+@pytest.mark.parametrize("distance", [64, 500, 3000])
+def test_retention_puts_the_needle_its_distance_before_the_question(distance):
+    sample = retention.seeded_sample(TOK, distance, seed=0, index=1)
+    needle_end = sample.evidence[0][1]
+    question = TOK.encode(sample.prompt).__len__() - len(TOK.encode("\n" + passkey.QUESTION))
+    assert sample.meta["distance"] == question - needle_end
+    assert distance - 200 < sample.meta["distance"] <= distance  # short by less than a sentence
+    assert TOK.decode(TOK.encode(sample.prompt)[slice(*sample.evidence[0])]).strip() == passkey.needle(int(sample.answer))
+    assert sample.prompt.count(sample.answer) == 2  # the needle states the key twice; nothing else does
+
+
+def test_retention_run_against_a_solver_and_a_model_with_a_window():
+    def reads_key(prompt):
+        return " " + re.search(r"The pass key is (\d+)\.", prompt).group(1)
+
+    def sees_last(window):  # attention over the last `window` tokens only (bytes here)
+        return lambda prompt: reads_key(prompt) if re.search(r"The pass key is (\d+)\.", prompt[-window:]) else " 0"
+
+    kwargs = dict(distances=[64, 400, 2000], n=3, seed=0, progress=False)
+    df = retention.compare({"solver": Oracle(reads_key), "window": Oracle(sees_last(600)), "silent": Oracle(lambda p: "")}, **kwargs)
+    by = df.groupby(["model", "distance"])["correct"].mean()
+    assert by["solver"].eq(1).all() and by["silent"].eq(0).all()
+    assert by["window"].tolist() == [1.0, 1.0, 0.0]  # within its window, then gone
+    assert (df["gap"] <= df["distance"]).all() and {"length", "depth", "answer", "prediction", "correct"} <= set(df.columns)
+    fig = retention.curve(df)
+    assert [t.name for t in fig.data] == ["solver", "window", "silent"] and fig.layout.xaxis.type == "log"
+    assert list(fig.data[1].y) == [1.0, 1.0, 0.0] and list(fig.data[1].x) == [64, 400, 2000]
+
+
+@pytest.mark.parametrize("kwargs, message", [(dict(distances=[]), "at least one distance"),
+                                             (dict(distances=[0]), "distances are whole numbers"),
+                                             (dict(distances=[10**9]), "distances are whole numbers"),
+                                             (dict(distances=[64.5]), "distances are whole numbers"),
+                                             (dict(distances=[64], n=0), "n must be a positive integer"),
+                                             (dict(distances=[64], prefix=-1), "prefix")])
+def test_retention_bad_input(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        retention.run(Oracle(lambda p: ""), progress=False, **kwargs)
