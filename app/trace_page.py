@@ -22,6 +22,12 @@ def cached_trace(model_path: str, text: str, evidence: tuple[tuple[int, int], ..
     return tr
 
 
+@st.cache_data(show_spinner="Measuring how much of the evidence the memory holds…", max_entries=8)
+def cached_needle_hold(model_path: str, text: str, span: tuple[int, int]):
+    model = load_model(model_path)
+    return model.needle_hold(model.tokenizer.encode(text), span)
+
+
 def choose_input(model, model_path: str) -> tuple[str, tuple[tuple[int, int], ...]] | None:
     """The text to trace and its evidence spans, from the source the user picks."""
     source = st.radio("Input", ["pass-key sample", "BABILong sample", "text", "file"], horizontal=True, key="source")
@@ -88,4 +94,11 @@ def render() -> None:
         st.plotly_chart(fig, use_container_width=True, key=f"fig-{title}")
         st.download_button(f"Download {title} (HTML)", fig.to_html(include_plotlyjs=True), file_name=f"{title.replace(' ', '_')}.html",
                            key=f"dl-{title}")
+    if evidence:
+        hold = cached_needle_hold(path, text, tuple(evidence[0]))
+        if hold is not None:
+            fig = viz.needle_hold_figure(tr, hold, start=start, stop=stop)
+            st.plotly_chart(fig, use_container_width=True, key="fig-needle-hold")
+            st.caption("Where the evidence was written (shaded) and, at every later token, how much of it the "
+                       "memory's read still carries: where this falls to zero, the model can no longer answer from memory.")
     st.download_button("Download trace (.npz, memviz.Trace.load)", tr.to_bytes(), file_name="trace.npz", key="dl-trace")

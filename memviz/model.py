@@ -336,6 +336,12 @@ class MemoryLM(HookedRootModule):
         return False
 
     # ----- introspection ------------------------------------------------------------------
+    def needle_hold(self, tokens: Tensor | Sequence[int], span: tuple[int, int]) -> dict[str, Any] | None:
+        """How much of what the tokens `span` = [start, end) wrote the memory still holds, at
+        every token of `tokens`: {label: array [pos] in [0, 1]}, streaming the input once.
+        None for a family that does not define it (the baselines have no memory to hold it)."""
+        return None
+
     def default_trace_reducers(self) -> dict[str, str]:
         """The family's memory hooks, expanded over layers: what `memviz.trace` keeps by default."""
         return {

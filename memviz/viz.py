@@ -238,6 +238,19 @@ def family_figures(model, trace: Trace, width: int = WIDTH, start: int = 0, stop
     return figs
 
 
+def needle_hold_figure(trace: Trace, hold: dict[str, np.ndarray], width: int = WIDTH, start: int = 0,
+                       stop: int | None = None) -> go.Figure:
+    """What the memory still holds of the evidence at each later token (`model.needle_hold`),
+    one panel per quantity, max-pooled per bin to `width` columns; the evidence is shaded."""
+    derived = trace
+    for label, values in hold.items():
+        derived = with_array(derived, label, np.asarray(values, dtype=np.float32))
+    fig = timeline(derived, {label: label for label in hold}, "How much of the evidence the memory still holds",
+                   width=width, start=start, stop=stop)
+    fig.update_yaxes(range=[-0.02, 1.02])
+    return fig
+
+
 def ablation_sweep_figure(rows, evidence: Sequence[Sequence[int]] = (), title: str = "Memory ablation sweep") -> go.Figure:
     """Change in log p(answer) when the memory is reset at each segment boundary
     (`memviz.interventions.ablation_sweep`); the needle's segment is where it starts to matter."""

@@ -80,6 +80,7 @@ def test_trace_page_traces_the_default_passkey_sample(infini_checkpoint):
     at = open_trace_page(infini_checkpoint)
     titles = chart_titles(at)
     assert any("sigmoid(beta)" in t for t in titles) and any("memory share" in t for t in titles), titles
+    assert "How much of the evidence the memory still holds" in titles  # the needle's share of the read
     assert "answer" in at.caption[0].value
     at.slider(key="zoom").set_value((100, 300)).run()  # zoom re-pools the same cached trace
     assert not at.exception

@@ -114,3 +114,25 @@ def test_infini_config_errors():
         small_model("infini", segment_len=SEG, memory={"update": "quadratic"})
     with pytest.raises(ConfigError, match="local"):
         small_model("infini", segment_len=SEG, memory={"local": "global"})
+
+
+def test_needle_hold_is_the_span_weight_in_the_linear_memory_read():
+    """Under the linear update, A_mem_t = sum_j w_tj v_j / sum_j w_tj over the keys written before
+    t's segment, w_tj = sigma(q_t) . sigma(k_j): rebuilt from the cached q, k, v it equals the
+    model's read, and the span's part of the weights is what needle_hold reports."""
+    model = scrambled(small_model("infini", segment_len=SEG, memory={"update": "linear"}), std=0.1)
+    ids, span = random_ids(45), (9, 14)
+    hold = model.needle_hold(ids, span)
+    _, cache = model.run_with_cache(ids)
+    for layer in range(model.cfg.n_layers):
+        sq, sk = feature_map(cache[f"blocks.{layer}.attn.hook_q"][0]), feature_map(cache[f"blocks.{layer}.attn.hook_k"][0])
+        v = cache[f"blocks.{layer}.attn.hook_v"][0]
+        w = torch.einsum("thd,jhd->thj", sq, sk)  # [t, head, j]
+        written = torch.arange(45)[None, :] < (torch.arange(45) - torch.arange(45) % SEG)[:, None]  # [t, j]
+        w = w * written[:, None, :]
+        read = torch.einsum("thj,jhd->thd", w, v) / w.sum(-1, keepdim=True).clamp_min(1e-30)
+        torch.testing.assert_close(read[SEG:], cache[f"blocks.{layer}.attn.hook_mem_out"][0, SEG:], atol=1e-4, rtol=1e-4)
+        share = (w[..., span[0]:span[1]].sum(-1) / w.sum(-1).clamp_min(1e-30)).amax(-1)
+        got = next(v for k, v in hold.items() if k.startswith(f"layer {layer}:"))
+        torch.testing.assert_close(torch.from_numpy(got), share.float(), atol=1e-5, rtol=1e-4)
+        assert got[:16].max() == 0 and got[16:].min() > 0  # the span's segment (8-15) is written at 16

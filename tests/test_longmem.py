@@ -140,3 +140,15 @@ def test_ablating_the_bank_at_a_segment_empties_it_and_keeps_the_local_caches():
     assert torch.equal(edited.layers[0]["attn"]["k"], state.layers[0]["attn"]["k"])
     clean = answer_logprob(model, prompt, "12345")["logprob"]
     assert answer_logprob(model, prompt, "12345", [(position, edit)])["logprob"] != pytest.approx(clean, abs=1e-5)
+
+
+def test_needle_hold_counts_the_heads_that_retrieve_a_chunk_of_the_span():
+    model = longmem(bank_size=64)
+    ids, span = random_ids(60), (10, 13)
+    hold = next(iter(model.needle_hold(ids, span).values()))
+    _, cache = model.run_with_cache(ids)
+    first = cache["side_blocks.1.attn.hook_retrieved_pos"][0]  # [pos, head, topk]
+    brute = [sum(any(p >= 0 and p < 13 and p + 4 > 10 for p in first[t, h].tolist()) for h in range(first.shape[1])) / first.shape[1]
+             for t in range(60)]
+    assert hold.tolist() == pytest.approx(brute)
+    assert max(brute[:16]) == 0 and max(brute[16:]) > 0  # chunks 8-11 and 12-15 are readable from segment 16 on

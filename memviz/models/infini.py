@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -131,3 +132,46 @@ class InfiniLM(MemoryLM):
     def make_block(self, layer: int) -> nn.Module:
         cfg = self.cfg
         return Block(cfg, InfiniAttention(cfg, self.options), SwiGLU(cfg.d_model, cfg.d_mlp))
+
+    @torch.no_grad()
+    def needle_hold(self, tokens, span: tuple[int, int]) -> dict[str, np.ndarray]:
+        """Per layer, the span's share of each token's memory read, the largest over heads:
+        sigma(q_t) . n_t / sigma(q_t) . z_t, with z_t the normaliser of eq. 3 (every key written
+        before t's segment) and n_t the part of it the span's keys wrote. Under the linear update
+        (eq. 4) this is exactly the weight of the span's values in A_mem; under the delta rule
+        (eq. 5) it is their weight in the normaliser, which later writes dilute."""
+        ids = self.as_tokens(tokens)
+        a, b = span
+        S, H, d, L, T = self.cfg.segment_len, self.cfg.n_heads, self.cfg.d_head, self.cfg.n_layers, ids.shape[1]
+        shares = np.zeros((L, T), dtype=np.float32)
+        # per layer: written normaliser z, its span part n, the open segment's parts, tokens seen
+        sums = [{"z": torch.zeros(H, d), "n": torch.zeros(H, d), "pz": torch.zeros(H, d), "pn": torch.zeros(H, d), "seen": 0}
+                for _ in range(L)]
+        queries: dict[int, Tensor] = {}
+
+        def keep_q(q: Tensor, hook) -> None:
+            queries[int(hook.name.split(".")[1])] = q[0].float().cpu()
+
+        def read_k(k: Tensor, hook) -> None:
+            layer = int(hook.name.split(".")[1])
+            acc, sq, sk = sums[layer], feature_map(queries.pop(layer)), feature_map(k[0].float().cpu())
+            t, pos = 0, acc["seen"]
+            while t < sk.shape[0]:
+                g = pos + t
+                stop = min(sk.shape[0], g - g % S + S - pos)
+                num, den = (sq[t:stop] * acc["n"]).sum(-1), (sq[t:stop] * acc["z"]).sum(-1)  # [tokens, H]
+                shares[layer, g : pos + stop] = torch.where(den > 0, num / den.clamp_min(1e-30), 0.0).amax(-1).numpy()
+                in_span = ((torch.arange(g, pos + stop) >= a) & (torch.arange(g, pos + stop) < b)).float()
+                acc["pz"] += sk[t:stop].sum(0)
+                acc["pn"] += (sk[t:stop] * in_span[:, None, None]).sum(0)
+                if (pos + stop) % S == 0:  # the segment is complete: its keys are written
+                    acc["z"], acc["n"] = acc["z"] + acc["pz"], acc["n"] + acc["pn"]
+                    acc["pz"], acc["pn"] = torch.zeros(H, d), torch.zeros(H, d)
+                t = stop
+            acc["seen"] = pos + sk.shape[0]
+
+        hooks = [(f"blocks.{l}.attn.hook_{w}", fn) for l in range(L) for w, fn in (("q", keep_q), ("k", read_k))]
+        with self.hooks(fwd_hooks=hooks):
+            for _ in self.stream(ids):
+                pass
+        return {f"layer {l}: span's share of the memory read (max over heads)": shares[l] for l in range(L)}

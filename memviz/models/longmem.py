@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -217,6 +218,20 @@ class LongMemLM(MemoryLM):
             for side, tap in zip(self.side_blocks, self.taps()):
                 side.load_state_dict(base.blocks[tap].state_dict(), strict=False)  # the gate stays at 0
         self._tokenizer = base.tokenizer
+
+    @torch.no_grad()
+    def needle_hold(self, tokens, span: tuple[int, int]) -> dict[str, np.ndarray]:
+        """The share of heads whose top-k retrieved chunks include one that overlaps the span."""
+        a, b = span
+        cs, hits = self.options.chunk_size, []
+
+        def retrieved(positions: Tensor, hook) -> None:
+            hits.append(((positions[0] >= 0) & (positions[0] < b) & (positions[0] + cs > a)).any(-1).float().mean(-1).cpu())
+
+        with self.hooks(fwd_hooks=[(f"side_blocks.{self.augmented_layer}.attn.hook_retrieved_pos", retrieved)]):
+            for _ in self.stream(tokens):
+                pass
+        return {"heads that retrieve a chunk of the span (share)": torch.cat(hits).numpy()}
 
     def taps(self) -> list[int]:
         """b(l): the backbone depth whose hidden state side block l's residual ends at."""
