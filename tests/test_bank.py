@@ -50,6 +50,18 @@ def test_hnsw_recall_against_exact_search():
     assert torch.equal(small, bank.search(q, 10, 20, 8, kind="exact")[1])
 
 
+def test_hnsw_graphs_are_rebuilt_when_a_longer_key_arrives():
+    bank, _ = filled_bank(500, search="hnsw", exact_below=16)
+    q = torch.randn(1, 50, 2, 8, generator=torch.Generator().manual_seed(5))
+    bank.search(q, 0, 500, 4)  # builds the graphs over keys of norm about 3
+    radius = bank._storage.radius
+    far = 40 * torch.randn(1, 64, 2, 8, generator=torch.Generator().manual_seed(6))
+    bank = bank.append(far, far, 2000)
+    approx, exact = bank.search(q, 0, 516, 4)[1], bank.search(q, 0, 516, 4, kind="exact")[1]
+    assert bank._storage.radius > radius
+    assert (approx[..., 0] == exact[..., 0]).float().mean() >= 0.95  # the long keys win, and are found
+
+
 def test_a_bank_appended_to_twice_keeps_both_continuations_apart():
     bank, keys = filled_bank(16)
     a = bank.append(torch.ones(1, 8, 2, 8), torch.ones(1, 8, 2, 8), 64)

@@ -55,7 +55,7 @@ class LongMemOptions:
     topk_chunks: int = 8
     bank_size: int = 4096  # tokens kept (FIFO), a multiple of chunk_size
     search: str = "exact"  # "exact" top-k over the bank, or "hnsw" (faiss, approximate; memviz.bank)
-    ef_search: int = 64  # hnsw: candidates kept while searching (more: higher recall, slower)
+    ef_search: int = 128  # hnsw: candidates kept while searching (more: higher recall, slower)
     exact_below: int = 4096  # hnsw: a query that sees at most this many chunks is answered exactly
 
     def __post_init__(self) -> None:
