@@ -55,11 +55,15 @@ def test_hnsw_graphs_are_rebuilt_when_a_longer_key_arrives():
     q = torch.randn(1, 50, 2, 8, generator=torch.Generator().manual_seed(5))
     bank.search(q, 0, 500, 4)  # builds the graphs over keys of norm about 3
     radius = bank._storage.radius
-    far = 40 * torch.randn(1, 64, 2, 8, generator=torch.Generator().manual_seed(6))
+    far = 5 * torch.randn(1, 64, 2, 8, generator=torch.Generator().manual_seed(6))
     bank = bank.append(far, far, 2000)
     approx, exact = bank.search(q, 0, 516, 4)[1], bank.search(q, 0, 516, 4, kind="exact")[1]
-    assert bank._storage.radius > radius
-    assert (approx[..., 0] == exact[..., 0]).float().mean() >= 0.95  # the long keys win, and are found
+    assert bank._storage.radius > radius and all(g.ntotal == 516 for row in bank._storage.graphs for g in row)
+    assert (exact >= 500).float().mean() > 0.5  # the longer keys win most places
+    every = bank._storage.keys[:, : 516 * 4]
+    fresh = ChunkBank.empty(1, 2, 8, 4, capacity=10**6, search="hnsw", exact_below=16).append(every, every, 0)
+    assert torch.equal(approx, fresh.search(q, 0, 516, 4)[1])  # the same graph as one built over all the keys at once
+    assert (approx[..., :, None] == exact[..., None, :]).any(-1).float().mean() >= 0.75
 
 
 def test_a_bank_appended_to_twice_keeps_both_continuations_apart():
