@@ -117,3 +117,21 @@ def test_memory_plus_recalls_twice_the_facts_of_a_dense_model_of_the_same_comput
     assert with_memory >= 0.8 and with_memory >= 2 * dense_recall, (with_memory, dense_recall)
     silenced = recall(memory_plus, topk_ablation_hooks(1))
     assert silenced <= 0.1, silenced
+
+
+#: samples trained to keep a pass key far past the first stages' lengths (docs/long_context.md)
+LONG_RANGE = ("infini_long", "longmem_long")
+
+
+@pytest.fixture(scope="module")
+def passkey_at_4k():
+    """Pass key at 4096 tokens, needle at depth 0.1 or 0.5 (thousands of tokens before the
+    question, 30-60 windows back), on a fresh seed: the exact share per sample."""
+    def measure(name):
+        return float(passkey.run(memviz.load(ROOT / name), [4096], [0.1, 0.5], n=4, seed=13, progress=False)["correct"].mean())
+    return {name: measure(name) for name in [*LONG_RANGE, "sliding_window"]}
+
+
+@pytest.mark.parametrize("name", LONG_RANGE)
+def test_a_long_range_sample_keeps_the_key_at_4k_where_the_control_cannot(name, passkey_at_4k):
+    assert passkey_at_4k[name] >= 0.75 and passkey_at_4k["sliding_window"] <= 0.25, passkey_at_4k
