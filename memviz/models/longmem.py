@@ -22,7 +22,10 @@ backbone's window) and to memory retrieved per token (Section 3.3):
 
 The bank holds earlier segments only: a token retrieves from the bank as it was when its
 segment began, and a segment's keys and values join the bank when the segment completes
-(retrieve before adding). Because the backbone is frozen and runs first, a whole chunk's keys
+(retrieve before adding). The bank is a `memviz.bank.ChunkBank` in the state: chunk keys are
+kept as chunks arrive, and the top-K search is exact (every visible chunk scored: training and
+the default) or faiss HNSW (`search="hnsw"`, approximate, for banks of millions of tokens);
+`bank_size` and `search` hold no weights and can be set when loading. Because the backbone is frozen and runs first, a whole chunk's keys
 and values are known before the side network runs, so every token retrieves in one pass from
 the bank extended by the chunk, masked to what it may read. Memory attention uses un-rotated keys and queries (cached tokens
 have no position relative to the reader); local attention uses RoPE.
@@ -70,7 +73,8 @@ class LongMemOptions:
 
 
 def retrieve_chunks(q: Tensor, bank_k: Tensor, chunk_size: int, topk: int, visible: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """Token-to-chunk retrieval: q [B,T,H,d], bank_k [B,M,H,d] (M a multiple of chunk_size)
+    """Token-to-chunk retrieval written out over a whole bank: the reference that
+    `memviz.bank.ChunkBank.search` is tested against. q [B,T,H,d], bank_k [B,M,H,d] (M a multiple of chunk_size)
     -> (scores [B,T,H,K], chunk indices [B,T,H,K]) of the top-K chunks by q . mean(chunk keys),
     best first. `visible` [T, C] bars chunks a token may not read (their score is -inf)."""
     B, M, H, d = bank_k.shape
