@@ -161,7 +161,8 @@ class InfiniLM(MemoryLM):
                 stop = min(sk.shape[0], g - g % S + S - pos)
                 num, den = (sq[t:stop] * acc["n"]).sum(-1), (sq[t:stop] * acc["z"]).sum(-1)  # [tokens, H]
                 shares[layer, g : pos + stop] = torch.where(den > 0, num / den.clamp_min(1e-30), 0.0).amax(-1).numpy()
-                in_span = ((torch.arange(g, pos + stop) >= a) & (torch.arange(g, pos + stop) < b)).float()
+                positions = torch.arange(g, pos + stop)
+                in_span = ((positions >= a) & (positions < b)).float()
                 acc["pz"] += sk[t:stop].sum(0)
                 acc["pn"] += (sk[t:stop] * in_span[:, None, None]).sum(0)
                 if (pos + stop) % S == 0:  # the segment is complete: its keys are written

@@ -25,9 +25,9 @@ segment began, and a segment's keys and values join the bank when the segment co
 (retrieve before adding). The bank is a `memviz.bank.ChunkBank` in the state: chunk keys are
 kept as chunks arrive, and the top-K search is exact (every visible chunk scored: training and
 the default) or faiss HNSW (`search="hnsw"`, approximate, for banks of millions of tokens);
-`bank_size` and `search` hold no weights and can be set when loading. Because the backbone is frozen and runs first, a whole chunk's keys
-and values are known before the side network runs, so every token retrieves in one pass from
-the bank extended by the chunk, masked to what it may read. Memory attention uses un-rotated keys and queries (cached tokens
+`bank_size` and `search` hold no weights and can be set when loading. Because the backbone is
+frozen and runs first, the segments an input chunk completes join the bank before the side
+network runs, and each segment's tokens search only the bank entries before their segment. Memory attention uses un-rotated keys and queries (cached tokens
 have no position relative to the reader); local attention uses RoPE.
 `init_from_checkpoint` copies a trained baseline into the backbone and initialises side block l
 from backbone block b(l), as the paper initialises the SideNet from the backbone.
@@ -205,13 +205,13 @@ class LongMemLM(MemoryLM):
     def init_from_checkpoint(self, path) -> None:
         """Load a trained baseline into the backbone; side block l starts as backbone block b(l).
         A LongMem checkpoint is a second stage instead: all its weights, new bank options."""
-        from memviz.checkpoint import CheckpointError, load
+        from memviz.checkpoint import CheckpointError, load, read_config, resolve
 
-        base = load(path)
-        if base.family == self.family:
+        if read_config(resolve(path)).family == self.family:
             super().init_from_checkpoint(path)
             self.freeze_backbone()
             return
+        base = load(path)
         mismatch = [f for f in (*BACKBONE_FIELDS, "window") if getattr(base.cfg, f) != getattr(self.cfg, f)]
         if base.family not in BASELINE_FAMILIES or mismatch:
             raise CheckpointError(f"{path}: a LongMem backbone must be a baseline with the same {mismatch or 'family'}")
