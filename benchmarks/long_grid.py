@@ -1,8 +1,9 @@
-"""The long pass-key grid: `python benchmarks/long_grid.py NAME [NAME ...] [--lengths ...] [--n N] [--record]`.
+"""The long grid: `python benchmarks/long_grid.py NAME [NAME ...] [--lengths ...] [--n N] [--babilong qa1] [--record]`.
 
 Pass key at long lengths (default 1k, 4k, 16k and 64k tokens) with the needle at depths 0.1, 0.5
 and 0.9, `n` samples per depth (so 3n a cell) on a probe seed apart from the cards' (default 11),
-for each named checkpoint. `--set KEY=VALUE` loads with an option that holds no weights (e.g.
+for each named checkpoint. With `--babilong TASK` the grid is that BABILong-style task instead
+(default lengths 4k, 8k and 16k, `n` samples a cell, facts spread over the input). `--set KEY=VALUE` loads with an option that holds no weights (e.g.
 `--set bank_size=1048576 --set search=hnsw` for LongMem), applied to the checkpoints whose family
 knows it. With `--record` the scores, the command and the wall time go into each sample's card
 under `long_grid` (one entry per length set). Prints one row per checkpoint.
@@ -36,18 +37,22 @@ def parse_setting(text: str) -> tuple[str, object]:
 def main(argv: list[str] | None = None) -> int:
     import memviz
     from memviz.checkpoint import CARD_FILE, atomic_write_text, resolve
-    from probes import passkey
+    from probes import babilong, passkey
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoints", nargs="+")
-    parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384, 65536])
+    parser.add_argument("--lengths", type=int, nargs="+")
     parser.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.5, 0.9])
-    parser.add_argument("--n", type=int, default=10, help="samples per depth and length")
+    parser.add_argument("--n", type=int, default=10, help="samples per depth and length (per length with --babilong)")
+    parser.add_argument("--babilong", metavar="TASK", help="a BABILong-style task (qa1..qa5) in place of the pass key")
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--set", dest="settings", type=parse_setting, action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--record", action="store_true", help="store the scores in each checkpoint's card.json")
     args = parser.parse_args(argv)
+    if args.babilong:
+        babilong.check_task(args.babilong)
+    args.lengths = args.lengths or ([4096, 8192, 16384] if args.babilong else [1024, 4096, 16384, 65536])
     torch.set_num_threads(args.threads)
     command = "python benchmarks/long_grid.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     for name in args.checkpoints:
@@ -59,19 +64,26 @@ def main(argv: list[str] | None = None) -> int:
         if overrides:
             model = memviz.load(directory, **overrides)
         started = time.perf_counter()
-        df = passkey.run(model, args.lengths, args.depths, n=args.n, seed=args.seed, progress=False)
+        if args.babilong:
+            df = babilong.run(model, [args.babilong], args.lengths, n=args.n, seed=args.seed, progress=False)
+            probe, per_cell, key = args.babilong, args.n, f"{args.babilong}:" + "-".join(map(str, args.lengths))
+        else:
+            df = passkey.run(model, args.lengths, args.depths, n=args.n, seed=args.seed, progress=False)
+            probe, per_cell, key = "passkey", len(args.depths) * args.n, "-".join(map(str, args.lengths))
         wall = time.perf_counter() - started
         scores = {str(k): round(float(v), 4) for k, v in df.groupby("length")["correct"].mean().items()}
-        by_depth = {f"{k[0]}@{k[1]}": round(float(v), 4) for k, v in df.groupby(["length", "depth"])["correct"].mean().items()}
-        print(f"{name:24s} {config['family']:10s} " + "  ".join(f"{k}: {v:.0%}" for k, v in scores.items())
-              + f"  ({len(args.depths) * args.n} a cell, {wall:.0f} s)", flush=True)
+        print(f"{name:24s} {config['family']:10s} {probe:8s} " + "  ".join(f"{k}: {v:.0%}" for k, v in scores.items())
+              + f"  ({per_cell} a cell, {wall:.0f} s)", flush=True)
         if args.record:
             card_path = directory / CARD_FILE
             card = json.loads(card_path.read_text())
-            entry = {"passkey": scores, "by_length_and_depth": by_depth, "n_per_cell": len(args.depths) * args.n,
-                     "depths": args.depths, "seed": args.seed, "overrides": overrides, "command": command,
-                     "wall_time_s": round(wall, 1), "threads": args.threads}
-            card.setdefault("long_grid", {})["-".join(map(str, args.lengths))] = entry
+            entry = {probe: scores, "n_per_cell": per_cell, "seed": args.seed, "overrides": overrides,
+                     "command": command, "wall_time_s": round(wall, 1), "threads": args.threads}
+            if not args.babilong:
+                entry["by_length_and_depth"] = {f"{k[0]}@{k[1]}": round(float(v), 4)
+                                                for k, v in df.groupby(["length", "depth"])["correct"].mean().items()}
+                entry["depths"] = args.depths
+            card.setdefault("long_grid", {})[key] = entry
             atomic_write_text(card_path, json.dumps(card, indent=2, sort_keys=True))
     return 0
 

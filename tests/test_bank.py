@@ -38,7 +38,7 @@ def test_exact_search_is_the_exhaustive_top_k_over_the_visible_chunks(lo_hi):
 
 
 def test_hnsw_recall_against_exact_search():
-    bank, _ = filled_bank(3000, search="hnsw", exact_below=16, ef_search=64)
+    bank, _ = filled_bank(3000, search="hnsw", exact_below=16, ef_search=64, outliers=0)  # the graph alone
     q = torch.randn(1, 200, 2, 8, generator=torch.Generator().manual_seed(3))
     exact = bank.search(q, 100, 2900, 8, kind="exact")[1]
     approx_scores, approx = bank.search(q, 100, 2900, 8)
@@ -51,7 +51,7 @@ def test_hnsw_recall_against_exact_search():
 
 
 def test_hnsw_graphs_are_rebuilt_when_a_longer_key_arrives():
-    bank, _ = filled_bank(500, search="hnsw", exact_below=16)
+    bank, _ = filled_bank(500, search="hnsw", exact_below=16, outliers=0)
     q = torch.randn(1, 50, 2, 8, generator=torch.Generator().manual_seed(5))
     bank.search(q, 0, 500, 4)  # builds the graphs over keys of norm about 3
     radius = bank._storage.radius
@@ -61,9 +61,43 @@ def test_hnsw_graphs_are_rebuilt_when_a_longer_key_arrives():
     assert bank._storage.radius > radius and all(g.ntotal == 516 for row in bank._storage.graphs for g in row)
     assert (exact >= 500).float().mean() > 0.5  # the longer keys win most places
     every = bank._storage.keys[:, : 516 * 4]
-    fresh = ChunkBank.empty(1, 2, 8, 4, capacity=10**6, search="hnsw", exact_below=16).append(every, every, 0)
+    fresh = ChunkBank.empty(1, 2, 8, 4, capacity=10**6, search="hnsw", exact_below=16, outliers=0).append(every, every, 0)
     assert torch.equal(approx, fresh.search(q, 0, 516, 4)[1])  # the same graph as one built over all the keys at once
     assert (approx[..., :, None] == exact[..., None, :]).any(-1).float().mean() >= 0.75
+
+
+@pytest.mark.parametrize("lo_hi", [(0, 300), (37, 250)])
+def test_hnsw_with_every_chunk_an_outlier_is_the_exact_search(lo_hi):
+    """Outliers are scored exactly and merged with the graph's candidates without repeats."""
+    bank, _ = filled_bank(300, search="hnsw", exact_below=16, ef_search=8, outliers=300, seed=lo_hi[0])
+    q = torch.randn(1, 40, 2, 8, generator=torch.Generator().manual_seed(7))
+    lo, hi = lo_hi
+    scores, entries = bank.search(q, lo, hi, 8)
+    exact_scores, exact = bank.search(q, lo, hi, 8, kind="exact")
+    assert torch.equal(entries, exact)
+    torch.testing.assert_close(scores, exact_scores)
+
+
+def test_a_needle_written_first_stays_among_the_outliers_as_the_mean_drifts():
+    g = torch.Generator().manual_seed(4)
+    H, d = 2, 8
+    bank = ChunkBank.empty(1, H, d, 4, capacity=10**6, search="hnsw", exact_below=16, outliers=8)
+    first = torch.randn(1, 64, H, d, generator=g)
+    first[:, 8:12] += 6.0  # chunk 2: far from everything written later
+    bank = bank.append(first, first, 0)
+    q = torch.randn(1, 4, H, d, generator=g)
+    for start in range(64, 64 * 150, 64):
+        later = torch.randn(1, 64, H, d, generator=g) + 0.003 * start / 64  # the mean drifts
+        bank = bank.append(later, later, start)
+        if start % 1024 == 0:  # outliers are tracked when a search runs: new chunks and, on doubling, all
+            bank.search(q, 0, start // 4, 8)
+    bank.search(q, 0, 150 * 16, 8)
+    s = bank._storage
+    assert s.rescored_at > 1024 // 4 and s.tracked == s.size  # both the full and the incremental paths ran
+    assert (s.outliers == 2).any(-1).all()  # in every head
+    keys = s.chunk_keys[:, : s.size].double()
+    distance = (keys - keys.mean(1, keepdim=True)).norm(dim=-1)  # [1, C, H]
+    assert (distance[0, 2] >= distance[0].kthvalue(s.size - 8, dim=0).values).all()  # a true outlier
 
 
 def test_a_bank_appended_to_twice_keeps_both_continuations_apart():
@@ -91,7 +125,7 @@ def longmem(**options):
 
 
 def test_hnsw_search_on_a_small_bank_gives_the_exact_run_streamed_and_in_one_pass():
-    exact, approx = longmem(), longmem(search="hnsw", exact_below=1)
+    exact, approx = longmem(), longmem(search="hnsw", exact_below=1, outliers=0)
     approx.load_state_dict(exact.state_dict())
     ids = random_ids(120)
     with torch.no_grad():

@@ -1,4 +1,5 @@
 """The benchmark command runs (its numbers are recorded in benchmarks/RESULTS.md, never asserted)."""
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -35,3 +36,20 @@ def test_train_time_times_each_curriculum_stage_of_a_recipe():
     control = TrainConfig.load(ROOT / "sample_checkpoints/sliding_window_qa1.train.json")  # lengths and story sizes
     assert stages(control) == [(0, 500), (500, 1000), (1000, 1500), (1500, 2000), (2000, 2500), (2500, 3000),
                                (3000, 3500), (3500, 5000)]
+
+
+def test_long_grid_records_a_babilong_grid_equal_to_the_probe_run(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import long_grid
+
+    import memviz
+    from probes import babilong
+    from tests.conftest import small_model
+
+    memviz.save(small_model("infini", segment_len=16), tmp_path / "m")
+    (tmp_path / "m" / "card.json").write_text("{}")
+    assert long_grid.main([str(tmp_path / "m"), "--babilong", "qa1", "--lengths", "400", "500", "--n", "2", "--record"]) == 0
+    entry = json.loads((tmp_path / "m" / "card.json").read_text())["long_grid"]["qa1:400-500"]
+    df = babilong.run(memviz.load(tmp_path / "m"), ["qa1"], [400, 500], n=2, seed=11, progress=False)
+    assert entry["qa1"] == {str(k): round(float(v), 4) for k, v in df.groupby("length")["correct"].mean().items()}
+    assert entry["n_per_cell"] == 2 and "--babilong qa1" in entry["command"]

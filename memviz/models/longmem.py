@@ -60,6 +60,7 @@ class LongMemOptions:
     search: str = "exact"  # "exact" top-k over the bank, or "hnsw" (faiss, approximate; memviz.bank)
     ef_search: int = 128  # hnsw: candidates kept while searching (more: higher recall, slower)
     exact_below: int = 4096  # hnsw: a query that sees at most this many chunks is answered exactly
+    outliers: int = 1024  # hnsw: chunks per head farthest from the mean key, always scored exactly (0: none)
 
     def __post_init__(self) -> None:
         check_positive(side_layers=self.side_layers, chunk_size=self.chunk_size, topk_chunks=self.topk_chunks,
@@ -67,6 +68,8 @@ class LongMemOptions:
         for name in ("side_layers", "chunk_size", "topk_chunks", "bank_size", "ef_search", "exact_below"):
             if not isinstance(getattr(self, name), int):
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if not isinstance(self.outliers, int) or isinstance(self.outliers, bool) or self.outliers < 0:
+            raise ValueError(f"outliers must be a whole number >= 0, got {self.outliers!r}")
         check_choice("search", self.search, SEARCHES)
         if self.bank_size % self.chunk_size:
             raise ValueError(f"bank_size ({self.bank_size}) must be a multiple of chunk_size ({self.chunk_size})")
@@ -250,7 +253,7 @@ class LongMemLM(MemoryLM):
             "side": [b.init_state(batch_size, self.device) for b in self.side_blocks],
             # the bank: cached keys/values of whole earlier segments (memviz.bank.ChunkBank)
             "bank": ChunkBank.empty(batch_size, cfg.n_heads, cfg.d_head, o.chunk_size, o.bank_size, o.search,
-                                    o.ef_search, o.exact_below, device=self.device, dtype=self.embed.weight.dtype),
+                                    o.ef_search, o.exact_below, o.outliers, device=self.device, dtype=self.embed.weight.dtype),
             # keys/values of the open segment's tokens seen so far
             "pending": {"keys": empty, "values": empty.clone()},
         }
