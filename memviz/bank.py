@@ -243,18 +243,18 @@ class ChunkBank:
         s, S = self._storage, self.outliers
         if s.outliers is not None and s.tracked == s.size:
             return
-        keys = s.chunk_keys[:, : s.size].double()  # [B, C, H, d]
+        B, H = s.chunk_keys.shape[0], s.chunk_keys.shape[2]
+        device = s.chunk_keys.device
         if s.outliers is None or s.size >= 2 * max(s.rescored_at, 1):
-            s.key_sum, s.rescored_at = keys.sum(1), s.size
-            candidates = torch.arange(s.size, device=keys.device).expand(keys.shape[0], keys.shape[2], -1)
+            s.key_sum, s.rescored_at = s.chunk_keys[:, : s.size].double().sum(1), s.size
+            candidates = torch.arange(s.size, device=device).expand(B, H, -1)
         else:
-            s.key_sum = s.key_sum + keys[:, s.tracked :].sum(1)
-            fresh = torch.arange(s.tracked, s.size, device=keys.device).expand(keys.shape[0], keys.shape[2], -1)
+            s.key_sum = s.key_sum + s.chunk_keys[:, s.tracked : s.size].double().sum(1)
+            fresh = torch.arange(s.tracked, s.size, device=device).expand(B, H, -1)
             candidates = torch.cat([s.outliers, fresh], -1)
         mean = s.key_sum / s.size  # [B, H, d]
-        B, H = keys.shape[0], keys.shape[2]
-        heads = torch.arange(H, device=keys.device)[None, :, None]
-        picked = keys[torch.arange(B, device=keys.device)[:, None, None], candidates, heads]  # [B, H, n, d]
+        heads = torch.arange(H, device=device)[None, :, None]
+        picked = s.chunk_keys[torch.arange(B, device=device)[:, None, None], candidates, heads].double()  # [B, H, n, d]
         distance = (picked - mean[:, :, None]).norm(dim=-1)
         s.outliers = candidates.gather(-1, distance.topk(min(S, candidates.shape[-1]), dim=-1).indices)
         s.tracked = s.size
