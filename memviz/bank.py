@@ -22,7 +22,8 @@ Search:
     the `outliers` chunks per head farthest from the mean chunk key are also scored exactly
     for every query and merged with the graph's candidates: on `longmem_long`'s bank at 262k
     tokens, the question's top-8 held a needle chunk for 31% of (token, head) pairs with exact
-    search, 8% with the graph alone and 31% with 256 outliers added.
+    search, 8% with the graph alone, 31% with 256 outliers added and 35% with 1,024 (the default),
+    while recall@8 over filler queries rose from 0.944 to 0.962.
 
 A `ChunkBank` is a value, as model states are: appending returns a new bank and leaves the old
 one as it was. Storage is shared and grows in place (amortised O(1) a token); a bank that is
@@ -246,16 +247,16 @@ class ChunkBank:
         B, H = s.chunk_keys.shape[0], s.chunk_keys.shape[2]
         device = s.chunk_keys.device
         if s.outliers is None or s.size >= 2 * max(s.rescored_at, 1):
-            s.key_sum, s.rescored_at = s.chunk_keys[:, : s.size].double().sum(1), s.size
+            s.key_sum, s.rescored_at = s.chunk_keys[:, : s.size].sum(1, dtype=torch.float64), s.size
             candidates = torch.arange(s.size, device=device).expand(B, H, -1)
         else:
-            s.key_sum = s.key_sum + s.chunk_keys[:, s.tracked : s.size].double().sum(1)
+            s.key_sum = s.key_sum + s.chunk_keys[:, s.tracked : s.size].sum(1, dtype=torch.float64)
             fresh = torch.arange(s.tracked, s.size, device=device).expand(B, H, -1)
             candidates = torch.cat([s.outliers, fresh], -1)
-        mean = s.key_sum / s.size  # [B, H, d]
-        heads = torch.arange(H, device=device)[None, :, None]
-        picked = s.chunk_keys[torch.arange(B, device=device)[:, None, None], candidates, heads].double()  # [B, H, n, d]
-        distance = (picked - mean[:, :, None]).norm(dim=-1)
+        mean = (s.key_sum / s.size).to(s.chunk_keys.dtype)[:, :, None]  # [B, H, 1, d]
+        rows, heads = torch.arange(B, device=device)[:, None, None], torch.arange(H, device=device)[None, :, None]
+        distance = torch.cat([(s.chunk_keys[rows, block, heads] - mean).norm(dim=-1)  # blocks bound the memory
+                              for block in candidates.split(1 << 14, dim=-1)], -1)
         s.outliers = candidates.gather(-1, distance.topk(min(S, candidates.shape[-1]), dim=-1).indices)
         s.tracked = s.size
 
