@@ -34,19 +34,20 @@ class RMSNorm(nn.Module):
 def rotary_cos_sin(positions: Tensor, d_head: int, base: float) -> tuple[Tensor, Tensor]:
     """cos/sin tables [T, d_head/2] for absolute positions.
 
-    Angles are formed in float64: at position 10^6 a float32 angle is off by ~0.06 rad,
-    which would blur relative positions on long streams.
+    Angles and tables are float64: at position 10^6 a float32 angle is off by ~0.06 rad,
+    which would blur relative positions on long streams. `apply_rotary` rounds the tables to
+    the activations' dtype.
     """
     inv_freq = base ** (-torch.arange(0, d_head, 2, dtype=torch.float64, device=positions.device) / d_head)
     angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]
-    return angles.cos().float(), angles.sin().float()
+    return angles.cos(), angles.sin()
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate pairs (x_i, x_{i+d/2}) of x [B, T, H, d] by the position angles (RoFormer eq. 34)."""
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
-    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    cos, sin = cos.to(x.dtype)[None, :, None, :], sin.to(x.dtype)[None, :, None, :]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 

@@ -191,8 +191,18 @@ class MemoryLM(HookedRootModule):
         seg = self.cfg.segment_len
         return max(1, 1024 // seg) * seg if seg else 1024
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.weight.dtype
+
     def init_state(self, batch_size: int = 1) -> ModelState:
-        return ModelState(0, [block.init_state(batch_size, self.device) for block in self.blocks])
+        """A fresh state in the model's dtype (blocks build theirs in the default dtype), so that
+        `model.to(torch.float64)` or `.to(torch.bfloat16)` runs every family."""
+        return ModelState(0, self.in_model_dtype([block.init_state(batch_size, self.device) for block in self.blocks]))
+
+    def in_model_dtype(self, tree: StateTree) -> StateTree:
+        """`tree` with its floating-point tensors cast to the model's dtype."""
+        return map_tree(lambda t: t.to(self.dtype) if t.is_floating_point() else t, tree)
 
     def as_tokens(self, tokens: Tensor | Sequence[int] | Sequence[Sequence[int]]) -> Tensor:
         if not isinstance(tokens, Tensor):

@@ -38,3 +38,20 @@ def test_streamed_run_equals_one_pass_for_every_family(family):
         one_pass = model(ids)
         streamed = torch.cat([lg for _, lg, _ in model.stream(ids, 6)], dim=1)
     torch.testing.assert_close(streamed, one_pass, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_CONFIGS))
+def test_every_family_runs_in_float64_and_bfloat16_by_model_to(family):
+    """`model.to(dtype)` is enough: states are built in the model's dtype, rotary tables cast."""
+    model = small_model(family, **FAMILY_CONFIGS[family])
+    ids = random_ids(45)
+    with torch.no_grad():
+        reference = model(ids)
+        wide = model.to(torch.float64)
+        one_pass = wide(ids)
+        streamed = torch.cat([lg for _, lg, _ in wide.stream(ids, 6)], dim=1)
+        narrow = model.to(torch.bfloat16)(ids)
+    assert one_pass.dtype == torch.float64 and narrow.dtype == torch.bfloat16
+    torch.testing.assert_close(streamed, one_pass, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(one_pass.float(), reference, atol=1e-4, rtol=1e-4)
+    assert (narrow.float() - reference).abs().max() < 0.25 * reference.std()

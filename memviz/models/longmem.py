@@ -248,12 +248,12 @@ class LongMemLM(MemoryLM):
     def init_state(self, batch_size: int = 1):
         state = super().init_state(batch_size)  # backbone blocks
         o, cfg = self.options, self.cfg
-        empty = torch.zeros(batch_size, 0, cfg.n_heads, cfg.d_head, device=self.device)
+        empty = torch.zeros(batch_size, 0, cfg.n_heads, cfg.d_head, device=self.device, dtype=self.dtype)
         extra = {
-            "side": [b.init_state(batch_size, self.device) for b in self.side_blocks],
+            "side": self.in_model_dtype([b.init_state(batch_size, self.device) for b in self.side_blocks]),
             # the bank: cached keys/values of whole earlier segments (memviz.bank.ChunkBank)
             "bank": ChunkBank.empty(batch_size, cfg.n_heads, cfg.d_head, o.chunk_size, o.bank_size, o.search,
-                                    o.ef_search, o.exact_below, o.outliers, device=self.device, dtype=self.embed.weight.dtype),
+                                    o.ef_search, o.exact_below, o.outliers, device=self.device, dtype=self.dtype),
             # keys/values of the open segment's tokens seen so far
             "pending": {"keys": empty, "values": empty.clone()},
         }
