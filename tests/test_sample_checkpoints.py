@@ -120,7 +120,7 @@ def test_memory_plus_recalls_twice_the_facts_of_a_dense_model_of_the_same_comput
 
 
 #: samples trained to keep a pass key far past the first stages' lengths (docs/long_context.md)
-LONG_RANGE = ("infini_long", "longmem_long")
+LONG_RANGE = ("infini_long", "longmem_long", "titans_long", "lm2_long")
 
 
 @pytest.fixture(scope="module")
