@@ -242,39 +242,36 @@ class LM2LM(MemoryLM):
     }
 
     def needle_hold(self, tokens, span: tuple[int, int]) -> dict[str, np.ndarray]:
-        """Per layer, the share of what the tokens wrote into the bank that is the span's: the
-        input streamed three times a segment at a time, as it is (bank M), with the span's input
-        gates g_in set to zero (M', the span writes nothing) and with every token's (M_0); at each
-        token, the largest over slots n of ||M[n] - M'[n]|| / ||M[n] - M_0[n]|| for the bank the
-        token reads. What the forget gates after the span have decayed is gone from both."""
+        """Per layer, how much of the span's imprint on the bank is left: the input streamed twice
+        a segment at a time, as it is (bank M) and with the span's input gates g_in set to zero
+        (M', the span writes nothing); at each token, ||M - M'|| (Frobenius, over all slots) for
+        the bank the token reads, over its largest value so far. 1 where the imprint is whole, then
+        falling as the forget gates (and the writes that follow) wash it out."""
         ids = self.as_tokens(tokens)
         a, b = span
         L, T = self.cfg.n_layers, ids.shape[1]
         step = self.cfg.segment_len or 64
-        shares = np.zeros((L, T), dtype=np.float32)
+        held = np.zeros((L, T), dtype=np.float32)
+        peak = [0.0] * L
         where = {"start": 0}
 
-        def silence(lo: int, hi: int):
-            def hook(g_in: Tensor, hook) -> Tensor:
-                pos = torch.arange(where["start"], where["start"] + g_in.shape[1], device=g_in.device)
-                return g_in * ~((pos >= lo) & (pos < hi))[None, :, None]
-            return [(f"blocks.{l}.memory.hook_input_gate", hook) for l in range(L)]
+        def shut(g_in: Tensor, hook) -> Tensor:
+            pos = torch.arange(where["start"], where["start"] + g_in.shape[1], device=g_in.device)
+            return g_in * ~((pos >= a) & (pos < b))[None, :, None]
 
-        runs = {"full": [], "without span": silence(a, b), "without writes": silence(0, T)}
-        states = {name: self.init_state() for name in runs}
+        silenced = [(f"blocks.{l}.memory.hook_input_gate", shut) for l in range(L)]
+        full, without = self.init_state(), self.init_state()
         with torch.no_grad():
             for start in range(0, T, step):
-                banks = {name: [layer["memory"]["M"][0] for layer in state.layers] for name, state in states.items()}
                 for l in range(L):
-                    written = (banks["full"][l] - banks["without writes"][l]).norm(dim=-1)
-                    span_part = (banks["full"][l] - banks["without span"][l]).norm(dim=-1)
-                    share = torch.where(written > 0, span_part / written.clamp_min(1e-30), 0.0).amax().clamp(max=1.0)
-                    shares[l, start : start + step] = float(share)
+                    imprint = float((full.layers[l]["memory"]["M"][0] - without.layers[l]["memory"]["M"][0]).norm())
+                    peak[l] = max(peak[l], imprint)
+                    held[l, start : start + step] = imprint / peak[l] if peak[l] > 0 else 0.0
                 where["start"] = start
-                for name, hooks in runs.items():
-                    with self.hooks(fwd_hooks=hooks):
-                        _, states[name] = self(ids[:, start : start + step], state=states[name], return_state=True)
-        return {f"layer {l}: span's share of the bank's writes (max over slots)": shares[l] for l in range(L)}
+                _, full = self(ids[:, start : start + step], state=full, return_state=True)
+                with self.hooks(fwd_hooks=silenced):
+                    _, without = self(ids[:, start : start + step], state=without, return_state=True)
+        return {f"layer {l}: the span's imprint on the bank, over its largest": held[l] for l in range(L)}
 
     def check_config(self) -> None:
         if self.options.update == "segment" and self.cfg.segment_len is None:
