@@ -44,6 +44,7 @@ sums of the open segment) plus the local attention's key/value cache.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -241,37 +242,63 @@ class LM2LM(MemoryLM):
         "blocks.{l}.memory.hook_write_score": "none",
     }
 
-    def needle_hold(self, tokens, span: tuple[int, int]) -> dict[str, np.ndarray]:
-        """Per layer, how much of the span's imprint on the bank is left: the input streamed twice
-        a segment at a time, as it is (bank M) and with the span's input gates g_in set to zero
-        (M', the span writes nothing); at each token, ||M - M'|| (Frobenius, over all slots) for
-        the bank the token reads, over its largest value so far. 1 where the imprint is whole, then
-        falling as the forget gates (and the writes that follow) wash it out."""
+    def needle_hold(self, tokens, span: tuple[int, int]) -> dict[str, np.ndarray] | None:
+        """Per layer, how much of what the span wrote is still in the bank, under the run's own
+        gates (`span_in_bank`): at each token, the size of the span's part of the bank the token
+        reads (over all slots), over its largest so far: 1 where the write is whole, falling as
+        the forget gates wash it out. None with update="token" (not recorded per segment)."""
+        if self.options.update != "segment":
+            return None
         ids = self.as_tokens(tokens)
-        a, b = span
         L, T = self.cfg.n_layers, ids.shape[1]
-        step = self.cfg.segment_len or 64
         held = np.zeros((L, T), dtype=np.float32)
         peak = [0.0] * L
-        where = {"start": 0}
+        for start, parts in self.span_in_bank(ids, span):
+            for l, part in enumerate(parts):
+                peak[l] = max(peak[l], float(part.norm()))
+                held[l, start : start + self.cfg.segment_len] = float(part.norm()) / peak[l] if peak[l] > 0 else 0.0
+        return {f"layer {l}: what is left of the span's write (over its largest)": held[l] for l in range(L)}
 
-        def shut(g_in: Tensor, hook) -> Tensor:
-            pos = torch.arange(where["start"], where["start"] + g_in.shape[1], device=g_in.device)
-            return g_in * ~((pos >= a) & (pos < b))[None, :, None]
+    def span_in_bank(self, ids: Tensor, span: tuple[int, int], state=None) -> Iterator[tuple[int, list[Tensor]]]:
+        """The span's part of each layer's bank [slots, d] as the input streams a segment at a time
+        (update="segment", batch row 0): yields (start, parts) before each segment and after the
+        last whole one. Once the gates are known the bank is linear in the writes,
+            M_s+1[n] = A_s[n] * M_s[n] + W_s[n],  A_s[n] = sum_t b[n,t] g_forget,t,
+                                                   W_s[n] = sum_t b[n,t] g_in,t * tanh(content_t),
+        so the span's part follows C <- A_s * C + (the span's terms of W_s), exactly: the parts
+        of all tokens plus the initial bank decayed by the A's add up to the bank."""
+        a, b = span
+        L, T, seg = self.cfg.n_layers, ids.shape[1], self.cfg.segment_len
+        seen: dict[int, dict[str, Tensor]] = {l: {} for l in range(L)}
 
-        silenced = [(f"blocks.{l}.memory.hook_input_gate", shut) for l in range(L)]
-        full, without = self.init_state(), self.init_state()
-        with torch.no_grad():
-            for start in range(0, T, step):
-                for l in range(L):
-                    imprint = float((full.layers[l]["memory"]["M"][0] - without.layers[l]["memory"]["M"][0]).norm())
-                    peak[l] = max(peak[l], imprint)
-                    held[l, start : start + step] = imprint / peak[l] if peak[l] > 0 else 0.0
-                where["start"] = start
-                _, full = self(ids[:, start : start + step], state=full, return_state=True)
-                with self.hooks(fwd_hooks=silenced):
-                    _, without = self(ids[:, start : start + step], state=without, return_state=True)
-        return {f"layer {l}: the span's imprint on the bank, over its largest": held[l] for l in range(L)}
+        def keep(name: str):
+            def hook(value: Tensor, hook) -> None:
+                seen[int(hook.name.split(".")[1])][name] = value[0]
+            return hook
+
+        hooks = [(f"blocks.{l}.memory.hook_{name}", keep(name)) for l in range(L)
+                 for name in ("write_score", "forget_gate", "input_gate", "read")]
+        handles = [block.memory.register_forward_pre_hook(lambda module, args, l=l: seen[l].__setitem__("e", args[0][0]))
+                   for l, block in enumerate(self.blocks)]
+        parts = [torch.zeros(self.options.slots, self.cfg.d_model, dtype=self.dtype, device=self.device) for _ in range(L)]
+        state = state or self.init_state()
+        try:
+            with torch.no_grad(), self.hooks(fwd_hooks=hooks):
+                for start in range(0, T - seg + 1, seg):
+                    yield start, parts
+                    _, state = self(ids[:, start : start + seg], state=state, return_state=True)
+                    positions = torch.arange(start, start + seg, device=self.device)
+                    in_span = ((positions >= a) & (positions < b)).to(self.dtype)
+                    for l, block in enumerate(self.blocks):
+                        x = seen[l]
+                        weights = torch.softmax(x["write_score"], dim=0)  # b[n, t], over the segment's tokens
+                        content = block.memory.W_write(x["e"]) if self.options.write == "slots" else x["read"]
+                        write = x["input_gate"] * torch.tanh(content) * in_span[:, None]
+                        parts[l] = torch.einsum("tn,td->nd", weights, x["forget_gate"]) * parts[l] + weights.T @ write
+                yield T - T % seg, parts
+        finally:
+            for handle in handles:
+                handle.remove()
 
     def check_config(self) -> None:
         if self.options.update == "segment" and self.cfg.segment_len is None:
