@@ -34,8 +34,18 @@ def parse_setting(text: str) -> tuple[str, object]:
         return key, value
 
 
-def main(argv: list[str] | None = None) -> int:
+def load_with_settings(checkpoint, settings: list[tuple[str, object]]):
+    """The checkpoint loaded with those `--set` options its family knows (options that hold no
+    weights): (model, the overrides applied)."""
     import memviz
+
+    model = memviz.load(checkpoint)
+    known = {f.name for f in dataclasses.fields(model.options)}
+    overrides = {k: v for k, v in settings if k in known}
+    return (memviz.load(checkpoint, **overrides) if overrides else model), overrides
+
+
+def main(argv: list[str] | None = None) -> int:
     from memviz.checkpoint import CARD_FILE, atomic_write_text, resolve
     from probes import babilong, passkey
 
@@ -58,11 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.checkpoints:
         directory = resolve(name)
         config = json.loads((directory / "config.json").read_text())
-        model = memviz.load(directory)
-        known = {f.name for f in dataclasses.fields(model.options)}
-        overrides = {k: v for k, v in args.settings if k in known}
-        if overrides:
-            model = memviz.load(directory, **overrides)
+        model, overrides = load_with_settings(directory, args.settings)
         started = time.perf_counter()
         if args.babilong:
             df = babilong.run(model, [args.babilong], args.lengths, n=args.n, seed=args.seed, progress=False)

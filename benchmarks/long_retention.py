@@ -11,7 +11,6 @@ into the checkpoint's card under `long_grid`, key `retention:DISTANCE`.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import shlex
 import sys
@@ -23,11 +22,10 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from long_grid import parse_setting  # noqa: E402
+from long_grid import load_with_settings, parse_setting  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    import memviz
     from memviz.checkpoint import CARD_FILE, atomic_write_text, resolve
     from probes import retention
     from probes.passkey import score
@@ -46,11 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     command = "python benchmarks/long_retention.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     directory = resolve(args.checkpoint)
-    model = memviz.load(directory)
-    known = {f.name for f in dataclasses.fields(model.options)}
-    overrides = {k: v for k, v in args.settings if k in known}
-    if overrides:
-        model = memviz.load(directory, **overrides)
+    model, overrides = load_with_settings(directory, args.settings)
     log = args.log or ROOT / "runs" / "retention" / f"{directory.name}-{args.distance}-{args.seed}.jsonl"
     log.parent.mkdir(parents=True, exist_ok=True)
     done = {}

@@ -8,7 +8,6 @@ accuracy per distance; with `--png` the figure of `retention.curve` is drawn in 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import tempfile
 from pathlib import Path
@@ -18,7 +17,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from long_grid import parse_setting  # noqa: E402
+from long_grid import load_with_settings, parse_setting  # noqa: E402
 
 
 def save_png(fig, path: Path, width: int = 900, height: int = 520) -> None:
@@ -38,7 +37,6 @@ def save_png(fig, path: Path, width: int = 900, height: int = 520) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import memviz
     from probes import retention
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -51,12 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--png", type=Path)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    models = {}
-    for name in args.checkpoints:
-        model = memviz.load(name)
-        known = {f.name for f in dataclasses.fields(model.options)}
-        overrides = {k: v for k, v in args.settings if k in known}
-        models[name] = memviz.load(name, **overrides) if overrides else model
+    models = {name: load_with_settings(name, args.settings)[0] for name in args.checkpoints}
     df = retention.compare(models, args.distances, n=args.n, seed=args.seed, progress=False)
     table = df.pivot_table(index="model", columns="distance", values="correct", aggfunc="mean", sort=False)
     print(f"retention, {args.n} samples a cell, probe seed {args.seed}")

@@ -246,6 +246,9 @@ class ChunkBank:
             return
         B, H = s.chunk_keys.shape[0], s.chunk_keys.shape[2]
         device = s.chunk_keys.device
+        if S == 0:  # none asked for: nothing to track
+            s.outliers, s.tracked = torch.zeros(B, H, 0, dtype=torch.long, device=device), s.size
+            return
         if s.outliers is None or s.size >= 2 * max(s.rescored_at, 1):
             s.key_sum, s.rescored_at = s.chunk_keys[:, : s.size].sum(1, dtype=torch.float64), s.size
             candidates = torch.arange(s.size, device=device).expand(B, H, -1)

@@ -255,8 +255,9 @@ class LM2LM(MemoryLM):
         peak = [0.0] * L
         for start, parts in self.span_in_bank(ids, span):
             for l, part in enumerate(parts):
-                peak[l] = max(peak[l], float(part.norm()))
-                held[l, start : start + self.cfg.segment_len] = float(part.norm()) / peak[l] if peak[l] > 0 else 0.0
+                size = float(part.norm())
+                peak[l] = max(peak[l], size)
+                held[l, start : start + self.cfg.segment_len] = size / peak[l] if peak[l] > 0 else 0.0
         return {f"layer {l}: what is left of the span's write (over its largest)": held[l] for l in range(L)}
 
     def span_in_bank(self, ids: Tensor, span: tuple[int, int], state=None) -> Iterator[tuple[int, list[Tensor]]]:
