@@ -7,8 +7,18 @@ import streamlit as st
 
 import memviz
 
-#: the sample shown first: a long-context model, so a new user sees memory at work at once
-PREFERRED_SAMPLES = ("infini", "titans", "lm2", "longmem", "memory_plus", "sliding_window")
+
+def preferred_samples() -> list[str]:
+    """The samples that show each family, memory families first (in registration order), so a
+    new user sees memory at work at once; the control last."""
+    ordered = sorted(memviz.families(), key=lambda f: f.role != "memory")
+    return [f.sample for f in ordered if f.sample]
+
+
+def control_samples() -> list[str]:
+    """The sample checkpoints of the control families (the contrast every memory is measured against)."""
+    samples = memviz.list_samples()
+    return [f.sample for f in memviz.families() if f.role == "control" and f.sample in samples]
 
 
 @st.cache_resource(show_spinner="Loading checkpoint…")
@@ -21,7 +31,7 @@ def default_sample() -> str | None:
     if os.environ.get("MEMVIZ_CHECKPOINT"):
         return os.environ["MEMVIZ_CHECKPOINT"]
     samples = memviz.list_samples()
-    for name in PREFERRED_SAMPLES:
+    for name in preferred_samples():
         if name in samples:
             return name
     return samples[0] if samples else None

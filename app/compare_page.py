@@ -4,7 +4,7 @@ from __future__ import annotations
 import streamlit as st
 
 import memviz
-from app.common import checkpoint_picker, current_path, greedy_answer, load_model
+from app.common import checkpoint_picker, control_samples, current_path, greedy_answer, load_model
 from app.trace_page import cached_trace
 from memviz import viz
 from probes import passkey
@@ -12,12 +12,11 @@ from probes import passkey
 
 def render() -> None:
     st.title("Compare")
-    samples = memviz.list_samples()
     left_col, right_col = st.columns(2)
     with left_col:
         left = checkpoint_picker("Left checkpoint", "cmp_left", "cmp_left_path", current_path())
     with right_col:
-        right = checkpoint_picker("Right checkpoint", "cmp_right", "cmp_right_path", "sliding_window" if "sliding_window" in samples else None)
+        right = checkpoint_picker("Right checkpoint", "cmp_right", "cmp_right_path", next(iter(control_samples()), None))
     if not left or not right:
         st.info("Choose two checkpoints.")
         return
@@ -47,5 +46,5 @@ def render() -> None:
         with column:
             st.subheader(f"{path} ({model.family})")
             st.write(f"answer **{sample.answer}** · model says **{greedy_answer(path, sample.prompt)!r}**")
-            for title, fig in viz.family_figures(model, tr, start=start, stop=stop).items():
+            for title, fig in viz.family_figures(tr, start=start, stop=stop).items():
                 st.plotly_chart(fig, use_container_width=True, key=f"cmp-{path}-{title}")

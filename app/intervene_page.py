@@ -5,6 +5,7 @@ import streamlit as st
 
 from app.common import current_model
 from memviz import interventions, viz
+from memviz.registry import get_family
 from probes import facts, passkey
 
 
@@ -13,7 +14,8 @@ def render() -> None:
     model = current_model()
     if model is None:
         return
-    if model.family == "memory_layer" and "facts" in model.card:
+    points = get_family(model.family).interventions
+    if "silence" in points and "facts" in model.card:
         render_fact_question(model)
         return
     c1, c2, c3 = st.columns(3)
@@ -29,7 +31,7 @@ def render() -> None:
     clean = interventions.answer_logprob(model, sample.prompt, answer)
     st.write(f"Answer **{sample.answer}** · clean run: greedy **{clean['greedy'].strip()!r}**, "
              f"log p(answer) = **{clean['logprob']:.2f}**")
-    if model.family == "memory_layer":
+    if "silence" in points:
         silence_memory_layer(model, sample.prompt, answer, clean)
         return
     try:
@@ -73,7 +75,7 @@ def render_fact_question(model) -> None:
 
 def silence_memory_layer(model, prompt: str, answer: str, clean: dict) -> None:
     layer = st.selectbox("memory layer to silence", model.memory_layers, key="iv_layer")
-    result = interventions.answer_logprob(model, prompt, answer, fwd_hooks=interventions.topk_ablation_hooks(layer))
+    result = interventions.answer_logprob(model, prompt, answer, fwd_hooks=model.silence_hooks(layer))
     st.metric("log p(answer) with the layer's top-k selection zeroed", f"{result['logprob']:.2f}",
               delta=f"{result['logprob'] - clean['logprob']:.2f}")
     st.write(f"greedy answer with the layer silenced: **{result['greedy'].strip()!r}**")

@@ -6,7 +6,7 @@ import streamlit as st
 
 import memviz
 from app.common import checkpoint_picker, default_sample, load_model
-from memviz.model import generic_hook_name
+from memviz.trace import generic_hook_name
 
 
 def hook_table(model) -> pd.DataFrame:

@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 import memviz
-from app.common import current_model, current_path, load_model
+from app.common import control_samples, current_model, current_path, load_model
 from probes import babilong, passkey, retention
 
 
@@ -39,7 +39,7 @@ def render_retention() -> None:
     st.caption("A pass key written once, then `distance` tokens of filler, then the question: how far back "
                "each memory still finds it. A model without memory falls to chance past its attention window.")
     others = [s for s in memviz.list_samples() if s != current_path()]
-    control = [s for s in ("sliding_window",) if s in others]
+    control = [s for s in control_samples() if s in others]
     compare = st.multiselect("Beside", others, default=control, key="rt_models")
     distances = st.multiselect("Distances (tokens)", list(retention.DISTANCES), default=[64, 256, 1024, 4096], key="rt_distances")
     c1, c2 = st.columns(2)

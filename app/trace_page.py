@@ -89,7 +89,7 @@ def render() -> None:
     with st.expander("Input text (evidence highlighted; hover a token for its position)", expanded=False):
         st.html(f'<div style="max-height:300px;overflow:auto;font-family:monospace;white-space:pre-wrap">'
                 f"{viz.text_with_evidence(tr, start, stop)}</div>")
-    figures = viz.family_figures(model, tr, start=start, stop=stop)
+    figures = viz.family_figures(tr, start=start, stop=stop)
     for title, fig in figures.items():
         st.plotly_chart(fig, use_container_width=True, key=f"fig-{title}")
         st.download_button(f"Download {title} (HTML)", fig.to_html(include_plotlyjs=True), file_name=f"{title.replace(' ', '_')}.html",

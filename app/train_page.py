@@ -7,7 +7,7 @@ import streamlit as st
 
 from memviz import viz
 from memviz.checkpoint import USER_DIR
-from memviz.train import QUICK_LENGTHS, QUICK_MODELS, Trainer, quick_config
+from training import QUICK_LENGTHS, Trainer, quick_config, quick_families
 
 
 @st.cache_resource
@@ -44,7 +44,7 @@ def live(name: str) -> None:
 def render() -> None:
     st.title("Train")
     c1, c2, c3 = st.columns(3)
-    family = c1.selectbox("Family", sorted(QUICK_MODELS), key="tr_family")
+    family = c1.selectbox("Family", sorted(quick_families()), key="tr_family")
     task = c2.selectbox("Task", sorted(QUICK_LENGTHS), key="tr_task")
     steps = c3.number_input("Steps", 1, 100_000, 300, key="tr_steps")
     name = st.text_input("Name", f"{family}-{task}", key="tr_name")

@@ -31,8 +31,8 @@ import torch.nn.functional as F
 
 import memviz
 from memviz.interventions import reset_rates
-from memviz.registry import build_model
-from memviz.viz import segment_softmax
+from memviz.models import build_model
+from memviz.models.lm2 import segment_softmax
 from probes import babilong
 
 ACTORS, ROOMS = list(babilong.BABI.actors), list(babilong.BABI.rooms)

@@ -25,7 +25,8 @@ from pathlib import Path
 import torch
 
 from memviz.checkpoint import load_weights, read_weights
-from memviz.train import TrainConfig, Trainer, cpu_model
+from training import TrainConfig, Trainer
+from training.loop import cpu_model
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_checkpoints"

@@ -2,7 +2,8 @@
 from memviz.checkpoint import CheckpointError, list_samples, list_user_checkpoints, load, save
 from memviz.config import ConfigError, ModelConfig
 from memviz.model import MemoryLM, ModelState
-from memviz.registry import build_model
+from memviz.models import build_model, families
+from memviz.registry import register_family
 from memviz.tokenizer import BPETokenizer, ByteTokenizer, load_tokenizer
 from memviz.trace import Trace, trace
 
@@ -16,10 +17,12 @@ __all__ = [
     "ModelState",
     "Trace",
     "build_model",
+    "families",
     "list_samples",
     "list_user_checkpoints",
     "load",
     "load_tokenizer",
+    "register_family",
     "save",
     "trace",
 ]

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from memviz.config import ConfigError, ModelConfig
+from memviz.files import atomic_write_bytes, atomic_write_text
+from memviz.models import build_model
 from memviz.tokenizer import TOKENIZER_FILE, load_tokenizer
 
 CONFIG_FILE = "config.json"
@@ -29,26 +30,6 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 
 class CheckpointError(ValueError):
     """A checkpoint folder that cannot be loaded; the message names the file and the problem."""
-
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def weights_to_save(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -127,8 +108,6 @@ def load(path: str | Path, device: str | torch.device = "cpu", **overrides: Any)
     `overrides` replace memory options that hold no weights, e.g. a LongMem bank's size and
     search: `load("longmem", bank_size=2**20, search="hnsw")`. An option the family does not
     know, a bad value, or one that changes the weights' shapes raises `CheckpointError`."""
-    from memviz.registry import build_model
-
     directory = resolve(path)
     if not directory.is_dir():
         samples = ", ".join(list_samples()) or "none"

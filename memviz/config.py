@@ -21,7 +21,7 @@ class ConfigError(ValueError):
 
 @dataclass
 class ModelConfig:
-    family: str = "transformer"
+    family: str = ""  # a registered family's name (`python -m memviz families`)
     vocab_size: int = 259
     d_model: int = 128
     n_layers: int = 4
@@ -46,6 +46,8 @@ class ModelConfig:
         self.validate()
 
     def validate(self) -> None:
+        if not isinstance(self.family, str) or not self.family:
+            raise ConfigError(f"config field 'family' must name a model family (python -m memviz families), got {self.family!r}")
         positive = ("vocab_size", "d_model", "n_layers", "n_heads", "d_head", "d_mlp")
         for name in positive:
             value = getattr(self, name)

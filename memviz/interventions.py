@@ -1,20 +1,19 @@
 """Interventions on memory: prove which memory read carried an answer.
 
-A model streams its input segment by segment, carrying a state per layer. The state splits
-into the local attention's key/value cache (entries named k, v, ks, vs: names no memory may
-use) and the memory: the Infini matrices M and z, LM2's bank, Titans' weights and momentum,
-LongMem's bank. An edit
-replaces the memory part at a segment boundary and leaves the local cache alone:
+Each family names its intervention points in the registry (`memviz.registry.Family`). A family
+whose state carries a memory from segment to segment offers two, applied at a segment boundary
+to the memory part of the state (a `LocalCache`, the local attention's key/value cache, is left
+alone): the Infini matrices M and z, LM2's bank, Titans' weights and momentum, LongMem's bank.
 
-  * `ablate_at(model, segment)`: reset the memory to its initial value (forget everything
-    before the segment);
-  * `replace_at(model, segment, donor_text)`: put in the memory the model built from another
+  * "reset", `ablate_at(model, segment)`: the memory back to its initial value (forget
+    everything before the segment);
+  * "patch", `replace_at(model, segment, donor_text)`: the memory the model built from another
     text up to the same position (what would the model answer had it read that instead?).
 
 `answer_logprob` scores the answer under such edits; `ablation_sweep` ablates at each segment
-boundary in turn, so the log-probability drops where the evidence was stored. For a memory
-layer (parametric memory, no state) `topk_ablation_hooks` zeroes the weights of chosen values
-or of a whole layer's selection.
+boundary in turn, so the log-probability drops where the evidence was stored. A family with a
+parametric memory offers its own points as hooks instead (memory layers: "silence",
+`model.silence_hooks(layer, values)`), which `answer_logprob` takes as `fwd_hooks`.
 """
 from __future__ import annotations
 
@@ -24,22 +23,30 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from memviz.layers import LocalCache
+from memviz.registry import get_family
 from memviz.model import ModelState, StateTree
 
-LOCAL_CACHE = ("k", "v", "ks", "vs")
 Edit = Callable[[ModelState], ModelState]
 
 
 def swap_memory(state: StateTree, donor: StateTree) -> StateTree:
-    """`state` with every entry except local key/value caches taken from `donor`."""
+    """`state` with every part except local key/value caches (`LocalCache`) taken from `donor`."""
+    if isinstance(state, LocalCache):
+        return state
     if isinstance(state, dict):
-        return {key: (value if key in LOCAL_CACHE else swap_memory(value, donor[key])) for key, value in state.items()}
+        return {key: swap_memory(value, donor[key]) for key, value in state.items()}
     if isinstance(state, list):
         return [swap_memory(a, b) for a, b in zip(state, donor)]
     return donor
 
 
 def segment_length(model) -> int:
+    """The segment the "reset" and "patch" points sit at the boundaries of."""
+    points = get_family(model.family).interventions
+    if "reset" not in points:
+        offered = f"; it offers {sorted(points)}" if points else ""
+        raise ValueError(f"a {model.family} model carries no memory state to reset or patch{offered}")
     seg = model.cfg.segment_len or model.cfg.window
     if seg is None:
         raise ValueError(f"a {model.family} model has no segments to intervene at")
@@ -132,21 +139,3 @@ def ablation_sweep(model, prompt: str, answer: str) -> list[SweepRow]:
         result = answer_logprob(model, prompt, answer, [ablate_at(model, s)])
         rows.append(SweepRow(s, s * seg, result["logprob"], result["logprob"] - clean, result["greedy"]))
     return rows
-
-
-def topk_ablation_hooks(layer: int, values: Sequence[int] | None = None) -> list:
-    """fwd_hooks zeroing a memory layer's selection weights: all of them, or only those that
-    select the given value indices (the remaining weights are not renormalised)."""
-    chosen = None if values is None else torch.as_tensor(list(values))
-    seen: dict[str, torch.Tensor] = {}
-
-    def remember(indices, hook):
-        seen["indices"] = indices
-        return indices
-
-    def zero(weights, hook):
-        if chosen is None:
-            return torch.zeros_like(weights)
-        return weights.masked_fill(torch.isin(seen["indices"], chosen), 0.0)
-
-    return [(f"blocks.{layer}.mlp.hook_topk_indices", remember), (f"blocks.{layer}.mlp.hook_topk_weights", zero)]

@@ -94,6 +94,11 @@ def segment_pieces(pos: int, length: int, segment_len: int | None) -> list[tuple
     return pieces
 
 
+class LocalCache(dict):
+    """A local attention's key/value cache in a model's state: a dict whose type says it is a
+    cache, not memory, so interventions that reset or patch the memory leave it alone."""
+
+
 class LocalAttention(nn.Module):
     """Multi-head causal attention with RoPE, an optional window and optional segment locality.
 
@@ -103,8 +108,8 @@ class LocalAttention(nn.Module):
       * `side` keys/values: a second key/value pair at each position (Titans-MAC's retrieved
         memory tokens), visible under the same mask as the ordinary key at that position.
 
-    State: {"k": [B, H, L, d_head] rotated keys, "v": [B, H, L, d_head]} for the L cached
-    positions just before the chunk (plus "ks", "vs" for side keys).
+    State: a `LocalCache` {"k": [B, H, L, d_head] rotated keys, "v": [B, H, L, d_head]} for the
+    L cached positions just before the chunk (plus "ks", "vs" for side keys).
     """
 
     def __init__(self, cfg: ModelConfig, window: int | None, segment_len: int | None = None,
@@ -123,10 +128,10 @@ class LocalAttention(nn.Module):
         self.hook_v = HookPoint()
         self.hook_z = HookPoint()  # [batch, pos, head, d_head], attention output per head
 
-    def init_state(self, batch: int, device: torch.device) -> dict[str, Tensor]:
+    def init_state(self, batch: int, device: torch.device) -> LocalCache:
         empty = torch.zeros(batch, self.n_heads, 0, self.d_head, device=device)
         names = ("k", "v", "ks", "vs") if self.side_keys else ("k", "v")
-        return {name: empty.clone() for name in names}
+        return LocalCache({name: empty.clone() for name in names})
 
     def heads(self, x: Tensor) -> Tensor:
         return x.view(*x.shape[:-1], self.n_heads, self.d_head)
@@ -150,7 +155,7 @@ class LocalAttention(nn.Module):
         k_pos = torch.arange(pos - cached, pos + T, device=q.device)
         mask = local_mask(positions, k_pos, self.window, self.segment_len)
         keep = self._cache_keep(pos + T, k_pos)
-        new_state = {"k": keys[:, :, keep:], "v": values[:, :, keep:]}
+        new_state = LocalCache(k=keys[:, :, keep:], v=values[:, :, keep:])
         all_k, all_v, all_mask = [keys], [values], [mask]
         if self.side_keys:
             if side is None:

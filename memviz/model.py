@@ -11,7 +11,6 @@ boundaries themselves, so feeding an input in one call or in chunks gives the sa
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
@@ -23,11 +22,11 @@ from transformer_lens.hook_points import HookPoint
 
 from memviz.config import ConfigError, ModelConfig
 from memviz.layers import LocalAttention, RMSNorm, SwiGLU
-from memviz.registry import parse_options, register_family
+from memviz.registry import parse_options
+from memviz.trace import generic_hook_name
 from memviz.tokenizer import ByteTokenizer, Tokenizer
 
 StateTree = Any  # nested dicts/lists of tensors; a leaf may be a value object (memviz.bank.ChunkBank)
-BASELINE_FAMILIES = ("transformer", "sliding_window")  # no memory: what a memory family can start from
 BACKBONE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "d_head", "d_mlp", "rope_base", "norm_eps",
                    "tie_embeddings", "embed_scale")  # what a backbone's weights mean
 
@@ -35,8 +34,8 @@ BACKBONE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "d_head", "d_
 def map_tree(fn: Callable[[Tensor], Tensor], tree: StateTree) -> StateTree:
     if isinstance(tree, Tensor):
         return fn(tree)
-    if isinstance(tree, dict):
-        return {k: map_tree(fn, v) for k, v in tree.items()}
+    if isinstance(tree, dict):  # its type kept: a LocalCache stays one
+        return type(tree)({k: map_tree(fn, v) for k, v in tree.items()})
     if isinstance(tree, (list, tuple)):
         return type(tree)(map_tree(fn, v) for v in tree)
     return tree
@@ -112,9 +111,12 @@ class NoOptions:
 
 
 class MemoryLM(HookedRootModule):
-    """Base language model; the full-causal transformer baseline as it stands."""
+    """Base language model, the full-causal transformer as it stands; a family subclasses it
+    and registers (`memviz.registry.register_family`)."""
 
-    family = "transformer"
+    family = ""  # set by memviz.registry.register_family
+    #: a model without memory (what a memory family can start from, `warm_start`)
+    is_baseline = False
     Options: type = NoOptions
     #: generic hook names (layer index as {l}) that `memviz.trace` records by default, each
     #: with the reduction applied over its trailing axis while tracing ('none', 'mean', 'norm')
@@ -305,39 +307,34 @@ class MemoryLM(HookedRootModule):
         layers' values); `optim.memory_value_lr` trains them at their own lr without decay."""
         return []
 
-    def init_from_checkpoint(self, path) -> None:
-        """Start from a trained checkpoint: the same family with weights of the same names and
-        shapes (a second training stage, `init_from` in a training config, which may change
-        options that hold no weights, e.g. a window or a memory's update rule), or a baseline of
-        the same shape, whose attention and MLP weights become this model's backbone while the
-        memory keeps its fresh init (the continual pre-training of Munkhdalai et al. 2024, §4);
-        LongMem overrides this."""
-        from memviz.checkpoint import CheckpointError, load
-
-        base = load(path)
-        if base.family in BASELINE_FAMILIES and self.family not in BASELINE_FAMILIES:
-            self._load_baseline_backbone(base, path)
+    def warm_start(self, base: "MemoryLM") -> None:
+        """Start from a trained model `base` (a training config's `init_from`): the same family
+        with weights of the same names and shapes (a second training stage, which may change
+        options that hold no weights, e.g. a window or a memory's update rule), or a baseline
+        of the same shape, whose attention and MLP weights become this model's backbone while
+        the memory keeps its fresh init (the continual pre-training of Munkhdalai et al. 2024,
+        §4); LongMem overrides this. Raises ConfigError saying how the two differ."""
+        if base.is_baseline and not self.is_baseline:
+            self._load_baseline_backbone(base)
         else:
             ours, theirs = self.state_dict(), base.state_dict()
             same_weights = ours.keys() == theirs.keys() and all(ours[k].shape == theirs[k].shape for k in ours)
             if base.family != self.family or not same_weights:
                 base_cfg = base.cfg.to_dict()
                 differ = sorted(k for k, v in self.cfg.to_dict().items() if k != "name" and v != base_cfg.get(k))
-                raise CheckpointError(f"{path}: init_from needs a {self.family} checkpoint with weights of the same "
-                                      f"shapes; it is a {base.family} model differing in {differ or 'family'}")
+                raise ConfigError(f"init_from needs a {self.family} checkpoint with weights of the same shapes; "
+                                  f"it is a {base.family} model differing in {differ or 'family'}")
             self.load_state_dict(theirs)
         self._tokenizer = base.tokenizer
 
-    def _load_baseline_backbone(self, base: "MemoryLM", path) -> None:
-        from memviz.checkpoint import CheckpointError
-
+    def _load_baseline_backbone(self, base: "MemoryLM") -> None:
         mismatch = [f for f in BACKBONE_FIELDS if getattr(base.cfg, f) != getattr(self.cfg, f)]
         ours = self.state_dict()
         theirs = {k: v for k, v in base.state_dict().items() if not self.replaces_baseline_weight(k)}
         missing = [k for k, v in theirs.items() if k not in ours or ours[k].shape != v.shape]
         if mismatch or missing:
-            raise CheckpointError(f"{path}: a {self.family} model can start from a {base.family} baseline only with "
-                                  f"the same shape; they differ in {mismatch or missing[:5]}")
+            raise ConfigError(f"a {self.family} model can start from a {base.family} baseline only with "
+                              f"the same shape; they differ in {mismatch or missing[:5]}")
         self.load_state_dict(theirs, strict=False)
 
     def replaces_baseline_weight(self, name: str) -> bool:
@@ -370,11 +367,6 @@ class MemoryLM(HookedRootModule):
         return total
 
 
-def generic_hook_name(name: str) -> str:
-    """blocks.3.attn.hook_q -> blocks.{l}.attn.hook_q (the form the hook table documents)."""
-    return re.sub(r"(^|\.)(blocks|side_blocks)\.\d+\.", r"\1\2.{l}.", name)
-
-
 def next_token_loss(logits: Tensor, tokens: Tensor, pad_id: int) -> Tensor:
     """Mean cross-entropy of predicting tokens[t+1] from position t, padding excluded."""
     if tokens.shape[1] < 2:
@@ -382,16 +374,3 @@ def next_token_loss(logits: Tensor, tokens: Tensor, pad_id: int) -> Tensor:
     return F.cross_entropy(
         logits[:, :-1].reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1), ignore_index=pad_id
     )
-
-
-@register_family("sliding_window")
-class SlidingWindowLM(MemoryLM):
-    """Sliding-window transformer: the control every memory family is compared with."""
-
-    def check_config(self) -> None:
-        if self.cfg.window is None:
-            raise ConfigError("the 'sliding_window' family needs config.window")
-
-
-register_family("transformer")(MemoryLM)
-

@@ -1,41 +1,87 @@
-"""Family registry: a config's `family` names a model class; its `memory` dict fills the
-family's options dataclass. Families register themselves when `memviz.models` is imported."""
+"""The family registry: one `Family` record per memory family, the only place the rest of the
+workbench (tracing, figures, interventions, training presets, the app) learns what a family is.
+
+A family is one unit (one file under `memviz/models/`, or a user's own file): its model class
+(the math, its options dataclass and its state), decorated with `register_family`, which records
+  * `hooks`: the generic hook names traced by default, each with its trace reducer;
+  * `figures`: `(trace, zoom) -> {title: figure}`, reading only the trace (its arrays and the
+    `figure_settings` the trace kept), so a saved trace plots without the model;
+  * `figure_settings`: `model -> dict`, what the figures need that the arrays do not say;
+  * `interventions`: the intervention points, {name: what it does} (see `memviz.interventions`);
+  * `quick`: the small model of a quick training run (config fields);
+  * `sample`: the sample checkpoint that shows it; `role`: "memory", "baseline" or "control".
+Nothing here imports a family: `memviz.models` imports the built-in ones, which registers them.
+"""
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, TypeVar
 
-from memviz.config import ConfigError, ModelConfig
+from memviz.config import ConfigError
 
-if TYPE_CHECKING:
-    from memviz.model import MemoryLM
+#: what "reset" and "patch" do for a family whose state carries a memory across segments
+STATE_INTERVENTIONS = {
+    "reset": "put the memory back to its initial value at a segment boundary (interventions.ablate_at)",
+    "patch": "put in the memory built from another text up to the same position (interventions.replace_at)",
+}
+ROLES = ("memory", "baseline", "control")
 
-FAMILIES: dict[str, type["MemoryLM"]] = {}
+
+@dataclass(frozen=True)
+class Family:
+    """Everything the workbench knows of one family (module docstring)."""
+
+    name: str
+    model: type
+    summary: str
+    hooks: Mapping[str, str]
+    figures: Callable[..., dict] | None = None
+    figure_settings: Callable[[Any], dict] = lambda model: {}
+    interventions: Mapping[str, str] = field(default_factory=dict)
+    quick: Mapping[str, Any] | None = None
+    sample: str | None = None
+    role: str = "memory"
+
+
+FAMILIES: dict[str, Family] = {}
 M = TypeVar("M", bound=type)
 
 
-def register_family(name: str) -> Callable[[M], M]:
+def register_family(name: str, *, summary: str, figures: Callable[..., dict] | None = None,
+                    figure_settings: Callable[[Any], dict] | None = None, interventions: Mapping[str, str] | None = None,
+                    quick: Mapping[str, Any] | None = None, sample: str | None = None,
+                    role: str = "memory") -> Callable[[M], M]:
+    """Class decorator: register a model class as family `name` (module docstring). The hooks
+    are the class's `memory_hooks`; `interventions` defaults to reset and patch of the state."""
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {list(ROLES)}, got {role!r}")
+
     def decorate(cls: M) -> M:
         if name in FAMILIES:
             raise ValueError(f"family {name!r} registered twice")
         cls.family = name
-        FAMILIES[name] = cls
+        FAMILIES[name] = Family(
+            name=name, model=cls, summary=summary, hooks=dict(getattr(cls, "memory_hooks", {})), figures=figures,
+            figure_settings=figure_settings or (lambda model: {}),
+            interventions=dict(STATE_INTERVENTIONS if interventions is None else interventions),
+            quick=quick, sample=sample, role=role)
         return cls
 
     return decorate
 
 
-def family_class(name: str) -> type["MemoryLM"]:
-    import memviz.models  # noqa: F401  (registers the families)
+def unregister_family(name: str) -> None:
+    """Forget a family (a test's or a notebook's own, defined again)."""
+    FAMILIES.pop(name, None)
 
+
+def get_family(name: str) -> Family:
+    """The registered family `name` (built-in families register when `memviz.models` is imported)."""
     if name not in FAMILIES:
         raise ConfigError(f"unknown model family {name!r}; known families are {sorted(FAMILIES)}")
     return FAMILIES[name]
-
-
-def build_model(cfg: ModelConfig, **kwargs: Any) -> "MemoryLM":
-    return family_class(cfg.family)(cfg, **kwargs)
 
 
 def parse_options(options_cls: type, family: str, data: dict[str, Any]):

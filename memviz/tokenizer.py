@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from memviz.files import atomic_write_text
+
 TOKENIZER_FILE = "tokenizer.json"
 SPECIALS = ("<pad>", "<bos>", "<eos>")
 
@@ -75,8 +77,6 @@ class ByteTokenizer(Tokenizer):
 
     def save(self, directory: str | Path) -> Path:
         path = Path(directory) / TOKENIZER_FILE
-        from memviz.checkpoint import atomic_write_text
-
         atomic_write_text(path, json.dumps({"kind": self.kind}))
         return path
 
@@ -116,8 +116,6 @@ class BPETokenizer(Tokenizer):
 
     def save(self, directory: str | Path) -> Path:
         path = Path(directory) / TOKENIZER_FILE
-        from memviz.checkpoint import atomic_write_text
-
         atomic_write_text(path, self.backend.to_str())
         return path
 

@@ -12,6 +12,7 @@ default hooks.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -19,6 +20,9 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from memviz.files import atomic_write_bytes
+from memviz.registry import get_family
 
 REDUCERS = ("none", "mean", "norm")
 MAX_TRACE_TOKENS = 4_000_000
@@ -138,8 +142,6 @@ class Trace:
 
     def save(self, path: str | Path) -> Path:
         """Write an .npz that `Trace.load` (and `memviz.Trace.load`) reads back."""
-        from memviz.checkpoint import atomic_write_bytes
-
         atomic_write_bytes(path, self.to_bytes())
         return Path(path)
 
@@ -153,6 +155,11 @@ class Trace:
         except (OSError, ValueError, KeyError, json.JSONDecodeError) as exc:
             raise ValueError(f"{path}: not a memviz trace file ({exc})") from exc
         return cls(tokens, arrays, meta.get("vocab"), meta.get("meta"))
+
+
+def generic_hook_name(name: str) -> str:
+    """blocks.3.attn.hook_q -> blocks.{l}.attn.hook_q (the form the hook table documents)."""
+    return re.sub(r"(^|\.)(blocks|side_blocks)\.\d+\.", r"\1\2.{l}.", name)
 
 
 def resolve_names(model, names) -> dict[str, str]:
@@ -219,5 +226,7 @@ def trace(
         "reducers": reducers,
         "chunk_len": chunk_len or model.chunk_len,
         "evidence": [[int(a), int(b)] for a, b in evidence],
+        # what the family's figures need that the arrays do not say (a saved trace plots alone)
+        "figure_settings": get_family(model.family).figure_settings(model),
     }
     return Trace(np.asarray(ids, dtype=np.int32), arrays, vocab, meta)

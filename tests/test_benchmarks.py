@@ -29,7 +29,7 @@ def test_train_time_times_each_curriculum_stage_of_a_recipe():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from train_time import stages
 
-    from memviz.train import TrainConfig
+    from training import TrainConfig
 
     titans = TrainConfig.load(ROOT / "sample_checkpoints/titans_qa1.train.json")
     assert stages(titans) == [(0, 400), (400, 1000), (1000, 2000)]

@@ -35,6 +35,8 @@ def test_unknown_family_and_bad_json():
         build_model(ModelConfig(family="nope"))
     with pytest.raises(ConfigError, match="not valid JSON"):
         ModelConfig.from_json("{")
+    with pytest.raises(ConfigError, match="'family' must name a model family"):
+        ModelConfig.from_dict({"d_model": 64})
     with pytest.raises(ConfigError, match="needs config.window"):
         build_model(ModelConfig(family="sliding_window"))
     with pytest.raises(ConfigError, match="unknown sliding_window memory options"):

@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from memviz.data import DataConfig, TaskSampler
+from training.data import DataConfig, TaskSampler
 from memviz.tokenizer import ByteTokenizer
 from probes import passkey
 

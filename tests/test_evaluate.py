@@ -1,11 +1,11 @@
-"""`python -m memviz.evaluate` re-scores a checkpoint on the grid its card records."""
+"""`python -m training.evaluate` re-scores a checkpoint on the grid its card records."""
 import json
 
 import pytest
 
 import memviz
-from memviz import evaluate
-from memviz.evaluate import main, probe_scores
+from training import evaluate
+from training.evaluate import main, probe_scores
 from tests.conftest import small_model
 
 

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from memviz.interventions import ablate_at, ablation_sweep, answer_logprob, replace_at, topk_ablation_hooks
+from memviz.interventions import ablate_at, ablation_sweep, answer_logprob, replace_at
 from tests.conftest import scrambled, small_model
 
 SEG = 8
@@ -29,10 +29,9 @@ def test_ablation_resets_memory_but_keeps_the_local_cache():
     assert late["logprob"] != pytest.approx(clean["logprob"], abs=1e-4)
     # ablating at segment 0 (before anything) changes nothing
     assert answer_logprob(model, prompt, answer, [ablate_at(model, 0)])["logprob"] == pytest.approx(clean["logprob"], abs=1e-6)
-    # the sliding-window baseline has no memory: ablation is a no-op
-    base = scrambled(small_model("sliding_window", window=SEG))
-    assert answer_logprob(base, prompt, answer, [ablate_at(base, 4)])["logprob"] == pytest.approx(
-        answer_logprob(base, prompt, answer)["logprob"], abs=1e-6)
+    # the sliding-window baseline has no memory to reset: one clear error, not a silent no-op
+    with pytest.raises(ValueError, match="carries no memory state"):
+        ablate_at(small_model("sliding_window", window=SEG), 4)
 
 
 def test_replacing_memory_with_its_own_run_is_a_no_op_and_a_donor_changes_it():
@@ -59,15 +58,19 @@ def test_sweep_covers_every_segment_boundary():
 def test_topk_ablation_zeroes_a_memory_layers_read():
     model = scrambled(small_model("memory_layer", window=8, memory={"n_keys": 8, "topk": 4, "heads": 2, "d_key": 8, "layers": [1]}), std=0.2)
     ids = torch.arange(20)[None]
-    with model.hooks(fwd_hooks=topk_ablation_hooks(1)):
+    with model.hooks(fwd_hooks=model.silence_hooks(1)):
         _, ablated = model.run_with_cache(ids)
     assert ablated["blocks.1.mlp.hook_read"].abs().max() == 0
     _, clean = model.run_with_cache(ids)
     target = int(clean["blocks.1.mlp.hook_topk_indices"][0, 0, 0, 0])
-    with model.hooks(fwd_hooks=topk_ablation_hooks(1, [target])):
+    with model.hooks(fwd_hooks=model.silence_hooks(1, [target])):
         _, partial = model.run_with_cache(ids)
     w = partial["blocks.1.mlp.hook_topk_weights"]
     hit = partial["blocks.1.mlp.hook_topk_indices"] == target
     assert hit.any() and w[hit].abs().max() == 0 and w[~hit].abs().min() > 0
-    assert answer_logprob(model, "abcdef", "g", fwd_hooks=topk_ablation_hooks(1))["logprob"] != pytest.approx(
+    assert answer_logprob(model, "abcdef", "g", fwd_hooks=model.silence_hooks(1))["logprob"] != pytest.approx(
         answer_logprob(model, "abcdef", "g")["logprob"], abs=1e-5)
+    with pytest.raises(ValueError, match=r"layer 0 has no memory layer; the memory layers are \[1\]"):
+        model.silence_hooks(0)
+    with pytest.raises(ValueError, match=r"it offers \['silence'\]"):  # parametric: nothing to reset
+        ablate_at(model, 1)

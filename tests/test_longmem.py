@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import memviz
-from memviz.checkpoint import CheckpointError
+from memviz.config import ConfigError
 from memviz.models.longmem import retrieve_chunks
 from tests.conftest import random_ids, scrambled, small_model
 
@@ -90,23 +90,23 @@ def test_backbone_is_frozen_and_loaded_from_a_baseline(tmp_path):
     base = scrambled(small_model("sliding_window", window=8))
     path = memviz.save(base, tmp_path / "base")
     model = small_model("longmem", window=8, segment_len=8, memory=OPTIONS)
-    model.init_from_checkpoint(path)
+    model.warm_start(memviz.load(path))
     assert all(not p.requires_grad for n, p in model.named_parameters() if n.startswith(("embed", "blocks", "unembed")))
     assert all(p.requires_grad for n, p in model.named_parameters() if n.startswith(("side_blocks", "ln_final")))
     torch.testing.assert_close(model.blocks[1].attn.W_Q.weight, base.blocks[1].attn.W_Q.weight)
     torch.testing.assert_close(model.side_blocks[1].attn.W_Q.weight, base.blocks[model.taps()[1]].attn.W_Q.weight)
     assert model.side_blocks[1].attn.gate.abs().max() == 0
-    with pytest.raises(CheckpointError, match="same"):
-        small_model("longmem", window=8, segment_len=8, d_mlp=96, memory=OPTIONS).init_from_checkpoint(path)
-    with pytest.raises(CheckpointError, match="embed_scale"):  # the backbone would see its embeddings at another scale
-        small_model("longmem", window=8, segment_len=8, embed_scale=4.0, memory=OPTIONS).init_from_checkpoint(path)
+    with pytest.raises(ConfigError, match="same"):
+        small_model("longmem", window=8, segment_len=8, d_mlp=96, memory=OPTIONS).warm_start(memviz.load(path))
+    with pytest.raises(ConfigError, match="embed_scale"):  # the backbone would see its embeddings at another scale
+        small_model("longmem", window=8, segment_len=8, embed_scale=4.0, memory=OPTIONS).warm_start(memviz.load(path))
 
 
 def test_a_second_stage_starts_from_a_longmem_checkpoint_with_a_larger_bank(tmp_path):
     first = longmem()
     path = memviz.save(first, tmp_path / "stage1")
     second = small_model("longmem", window=8, segment_len=8, memory={**OPTIONS, "bank_size": 64})
-    second.init_from_checkpoint(path)
+    second.warm_start(memviz.load(path))
     for name, tensor in first.state_dict().items():
         assert torch.equal(second.state_dict()[name], tensor), name
     assert all(not p.requires_grad for n, p in second.named_parameters() if n.startswith(("embed", "blocks", "unembed")))
@@ -115,8 +115,8 @@ def test_a_second_stage_starts_from_a_longmem_checkpoint_with_a_larger_bank(tmp_
     with torch.no_grad():  # the larger bank reads further back: the same up to 16 + 8 tokens, then not
         diff = (first(ids) - second(ids)).abs().amax(-1)[0]
     assert diff[:24].max() == 0 and diff[24:].max() > 1e-4
-    with pytest.raises(CheckpointError, match="weights of the same shapes"):
-        small_model("longmem", window=8, segment_len=8, memory={**OPTIONS, "side_layers": 1}).init_from_checkpoint(path)
+    with pytest.raises(ConfigError, match="weights of the same shapes"):
+        small_model("longmem", window=8, segment_len=8, memory={**OPTIONS, "side_layers": 1}).warm_start(memviz.load(path))
 
 
 def test_config_errors():

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 import memviz
-from memviz.interventions import topk_ablation_hooks
-from memviz.train import TrainConfig
+from training import TrainConfig
 from probes import babilong, facts, passkey
 
 ROOT = Path(__file__).resolve().parent.parent / "sample_checkpoints"
@@ -115,7 +114,7 @@ def test_memory_plus_recalls_twice_the_facts_of_a_dense_model_of_the_same_comput
     memory_plus, dense = memviz.load(ROOT / "memory_plus"), memviz.load(ROOT / "dense")
     with_memory, dense_recall = recall(memory_plus), recall(dense)
     assert with_memory >= 0.8 and with_memory >= 2 * dense_recall, (with_memory, dense_recall)
-    silenced = recall(memory_plus, topk_ablation_hooks(1))
+    silenced = recall(memory_plus, memory_plus.silence_hooks(1))
     assert silenced <= 0.1, silenced
 
 

@@ -13,9 +13,10 @@ import pytest
 import torch
 
 import memviz
-from memviz import train as train_module
+from training import __main__ as training_cli
+from training import loop as train_module
 from memviz.checkpoint import read_weights
-from memviz.train import TrainConfig, Trainer, TrainingDiverged
+from training import TrainConfig, Trainer, TrainingDiverged
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -127,7 +128,7 @@ def test_sigterm_saves_and_exits_then_export_writes_a_card(tmp_path):
     config = tiny_config(tmp_path / "run", steps=100_000)
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**config.to_dict(), "save_every": 1000}))
-    proc = subprocess.Popen([sys.executable, "-m", "memviz.train", "--config", str(path), "--no-progress"], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "training", "--config", str(path), "--no-progress"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = tmp_path / "run/metrics.jsonl"
     deadline = time.time() + 120
@@ -142,14 +143,14 @@ def test_sigterm_saves_and_exits_then_export_writes_a_card(tmp_path):
     assert step >= 3
     # a resumed run at its last step exports; its card names the one-shot command (resume is exact)
     # --threads overrides the config's 1 and the card says so
-    done = subprocess.run([sys.executable, "-m", "memviz.train", "--config", str(path), "--resume", "--steps", str(step),
+    done = subprocess.run([sys.executable, "-m", "training", "--config", str(path), "--resume", "--steps", str(step),
                            "--threads", "2", "--export", str(tmp_path / "exported"), "--no-progress"],
                           cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     card = json.loads((tmp_path / "exported/card.json").read_text())
     assert card["steps"] == step and card["family"] == "sliding_window" and "CPU" in card["machine"]
     assert "2 torch threads" in card["machine"] and card["train_config"]["threads"] == 2
-    assert card["train_command"] == (f"python -m memviz.train --config {path} --steps {step} --threads 2 "
+    assert card["train_command"] == (f"python -m training --config {path} --steps {step} --threads 2 "
                                      f"--export {tmp_path / 'exported'} --no-progress")
     assert memviz.load(tmp_path / "exported").cfg.window == 16
 
@@ -164,7 +165,7 @@ def test_bad_training_configs(capsys):
     with pytest.raises(ValueError, match="does not exist"):
         TrainConfig.load("/no/such/config.json")
     with pytest.raises(SystemExit):
-        train_module.main(["--config", "/no/such/config.json", "--threads", "0"])
+        training_cli.main(["--config", "/no/such/config.json", "--threads", "0"])
     assert "--threads: must be a positive integer, got 0" in capsys.readouterr().err
     with pytest.raises(ValueError, match="memory_value_lr must be > 0"):
         TrainConfig.from_dict({"name": "x", "model": {}, "optim": {"memory_value_lr": 0}})
@@ -195,7 +196,7 @@ def test_memory_values_get_their_own_lr_and_no_decay(tmp_path):
 DDP_SCRIPT = """
 import json, sys, torch
 from safetensors.torch import save_file
-from memviz.train import TrainConfig, Trainer
+from training import TrainConfig, Trainer
 cfg = TrainConfig.from_dict(json.loads(open(sys.argv[1]).read()))
 trainer = Trainer(cfg, progress=False).run()
 rank = torch.distributed.get_rank()

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import memviz
-from memviz import viz
+from memviz import plots, viz
 from memviz.trace import Trace
 from tests.conftest import FAMILY_CONFIGS, small_model
 
@@ -15,24 +15,24 @@ def test_long_traces_are_pooled_to_screen_width_with_true_positions():
     slots = np.zeros((n, 4), dtype=np.float32)
     slots[150_000, 2] = 1.0
     tr = Trace(np.zeros(n), {"s": surprise, "slots": slots}, meta={"evidence": [[123_450, 123_470]]})
-    fig = viz.timeline(tr, {"s": "surprise"}, "t", width=1000)
+    fig = plots.timeline(tr, {"s": "surprise"}, "t", width=1000)
     line = fig.data[0]
     assert len(line.x) == 1000 and line.x[-1] == 199_800
     assert max(line.y) == 9.0 and line.x[int(np.argmax(line.y))] == 123_400  # the spike survives pooling
     assert fig.layout.shapes and fig.layout.shapes[0].x0 == pytest.approx(123_449.5)
-    heat = viz.position_heatmap(tr, "slots", "h", "slot", width=500)
+    heat = plots.position_heatmap(tr, "slots", "h", "slot", width=500)
     assert np.asarray(heat.data[0].z).shape == (4, 500) and np.nanmax(heat.data[0].z) == 1.0
-    zoom = viz.timeline(tr, {"s": "surprise"}, "t", width=1000, start=123_400, stop=123_500)
+    zoom = plots.timeline(tr, {"s": "surprise"}, "t", width=1000, start=123_400, stop=123_500)
     assert list(zoom.data[0].x) == list(range(123_400, 123_500)) and zoom.data[0].y[56] == 9.0
     with pytest.raises(ValueError, match="empty position range"):
-        viz.timeline(tr, {"s": "s"}, "t", start=5, stop=5)
+        plots.timeline(tr, {"s": "s"}, "t", start=5, stop=5)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILY_CONFIGS))
 def test_every_family_has_its_views(family):
     model = small_model(family, **FAMILY_CONFIGS[family])
     tr = memviz.trace(model, "Sandra journeyed to the kitchen. " * 20, evidence=[(3, 9)])
-    figs = viz.family_figures(model, tr, width=200)
+    figs = viz.family_figures(tr, width=200)
     expected = {"transformer": 1, "sliding_window": 1, "infini": 5, "lm2": 5, "titans": 3, "memory_layer": 3, "longmem": 3}
     assert len(figs) == expected[family], list(figs)
     for fig in figs.values():
@@ -43,12 +43,22 @@ def test_every_family_has_its_views(family):
 def test_lm2_with_addressed_writes_shows_which_tokens_each_slot_stores():
     model = small_model("lm2", window=8, segment_len=8, memory={"slots": 4, "update": "segment", "write": "slots"})
     tr = memviz.trace(model, "Sandra journeyed to the kitchen. " * 4)
-    figs = viz.family_figures(model, tr, width=1000)
+    figs = viz.family_figures(tr, width=1000)
     writes = np.asarray(figs["slot writes"].data[0].z)  # [slot, pos], unpooled at this width
     assert writes.shape == (4, len(tr))
     for a in range(0, len(tr), 8):  # a softmax over each segment's tokens, per slot
         np.testing.assert_allclose(writes[:, a : a + 8].sum(1), 1.0, rtol=1e-6)
     assert writes.std() > 1e-3  # not uniform: slots pick their tokens
+
+
+def test_a_saved_trace_plots_without_its_model(tmp_path):
+    model = small_model("lm2", window=8, segment_len=8, memory={"slots": 4, "update": "segment", "write": "slots"})
+    live = memviz.trace(model, "Sandra journeyed to the kitchen. " * 4, evidence=[(3, 9)])
+    saved = Trace.load(live.save(tmp_path / "t.npz"))
+    assert saved.meta["figure_settings"] == {"write": "slots", "segment_len": 8}
+    before, after = viz.family_figures(live, width=100), viz.family_figures(saved, width=100)
+    assert list(before) == list(after) and "slot writes" in after
+    assert all(before[t].to_json() == after[t].to_json() for t in before)
 
 
 def test_text_view_highlights_the_evidence_and_escapes_html():

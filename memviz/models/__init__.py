@@ -1,7 +1,21 @@
-"""The model families. Importing this package registers every family with `memviz.registry`."""
-from memviz import model as _baselines  # noqa: F401  (transformer, sliding_window)
-from memviz.models import infini  # noqa: F401
-from memviz.models import lm2  # noqa: F401
-from memviz.models import titans  # noqa: F401
-from memviz.models import memory_layer  # noqa: F401
-from memviz.models import longmem  # noqa: F401
+"""The built-in families; importing this package registers each with `memviz.registry`.
+
+A family defined elsewhere (a user's file) registers itself the same way, with
+`memviz.registry.register_family`, and then works everywhere a built-in one does."""
+from __future__ import annotations
+
+from typing import Any
+
+from memviz.config import ModelConfig
+from memviz.models import baselines, infini, lm2, longmem, memory_layer, titans  # noqa: F401  (they register)
+from memviz.registry import FAMILIES, Family, get_family  # noqa: F401  (the registry, filled)
+
+
+def families() -> list[Family]:
+    """Every registered family, in registration order (baselines first)."""
+    return list(FAMILIES.values())
+
+
+def build_model(cfg: ModelConfig, **kwargs: Any):
+    """A fresh model of `cfg.family` (kwargs: tokenizer, card)."""
+    return get_family(cfg.family).model(cfg, **kwargs)

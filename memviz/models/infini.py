@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import plotly.graph_objects as go
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -38,7 +39,14 @@ from kernels.infini_memory import memory_retrieve, memory_update
 from memviz.config import ConfigError, ModelConfig
 from memviz.layers import LocalAttention, SwiGLU, local_span
 from memviz.model import Block, MemoryLM
+from memviz.plots import WIDTH, layer_names, layer_prefix, position_heatmap, timeline, with_array
 from memviz.registry import check_choice, register_family
+from memviz.trace import Trace
+
+GATE = "blocks.{l}.attn.hook_gate"  # [batch, pos, head]  sigmoid(beta), the same at every token
+MEM_OUT = "blocks.{l}.attn.hook_mem_out"  # [batch, pos, head, d_head]  A_mem
+LOCAL_OUT = "blocks.{l}.attn.hook_local_out"  # [batch, pos, head, d_head]  A_dot
+MEM_NORM = "blocks.{l}.attn.hook_mem_norm"  # [batch, pos, head]  ||M|| read at the token
 
 @dataclass
 class InfiniOptions:
@@ -73,7 +81,7 @@ class InfiniAttention(LocalAttention):
     def init_state(self, batch: int, device: torch.device) -> dict[str, Tensor]:
         H, d = self.n_heads, self.d_head
         return {
-            **super().init_state(batch, device),
+            "local": super().init_state(batch, device),
             "M": torch.zeros(batch, H, d, d, device=device),
             "z": torch.zeros(batch, H, d, device=device),
             "seg_k": torch.zeros(batch, H, 0, d, device=device),
@@ -83,7 +91,7 @@ class InfiniAttention(LocalAttention):
     def forward(self, x: Tensor, state: dict[str, Tensor], pos: int) -> tuple[Tensor, dict]:
         B, T, _ = x.shape
         q, k, v = self.project(x)
-        local, local_state = self.attend(q, k, v, {"k": state["k"], "v": state["v"]}, pos)
+        local, local_state = self.attend(q, k, v, state["local"], pos)
         sq, sk, vh = feature_map(q.transpose(1, 2)), feature_map(k.transpose(1, 2)), v.transpose(1, 2)
         M, z, seg_k, seg_v = state["M"], state["z"], state["seg_k"], state["seg_v"]
         S, rule = self.memory_segment_len, self.options.update
@@ -107,21 +115,50 @@ class InfiniAttention(LocalAttention):
         local = self.hook_local_out(local)
         gate = self.hook_gate(torch.sigmoid(self.beta).expand(B, T, self.n_heads))
         z_out = self.hook_z(gate[..., None] * mem + (1 - gate[..., None]) * local)
-        new_state = {**local_state, "M": M, "z": z, "seg_k": seg_k, "seg_v": seg_v}
+        new_state = {"local": local_state, "M": M, "z": z, "seg_k": seg_k, "seg_v": seg_v}
         return self.W_O(z_out.flatten(2)), new_state
 
 
-@register_family("infini")
+def gate_heatmap(trace: Trace) -> go.Figure:
+    """sigmoid(beta) per layer x head: how much each head leans on its compressive memory."""
+    names = layer_names(trace, GATE)
+    z = np.stack([trace[n][0] for n in names])
+    fig = go.Figure(go.Heatmap(z=z, x=[f"head {h}" for h in range(z.shape[1])], y=[n.split(".attn")[0] for n in names],
+                               zmin=0, zmax=1, colorscale="RdBu_r", texttemplate="%{z:.2f}",
+                               hovertemplate="%{y} %{x}<br>sigmoid(beta) %{z:.3f}<extra></extra>"))
+    fig.update_layout(title="Infini-attention gate sigmoid(beta): memory share per head (1 = memory only)")
+    return fig
+
+
+def memory_share(trace: Trace, prefix: str) -> np.ndarray:
+    """Per token and head, the memory's share of the mixed output norm (eq. 6):
+    g |A_mem| / (g |A_mem| + (1 - g) |A_dot|), from the norm-reduced MEM_OUT and LOCAL_OUT."""
+    g = trace[f"{prefix}.hook_gate"]
+    mem, local = trace[f"{prefix}.hook_mem_out"], trace[f"{prefix}.hook_local_out"]
+    num = g * mem
+    return num / np.maximum(num + (1 - g) * local, 1e-12)
+
+
+def infini_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int | None = None) -> dict[str, go.Figure]:
+    """The gate per layer x head, each layer's memory share per token and head, and ||M||."""
+    zoom = dict(width=width, start=start, stop=stop)
+    figs = {"gates": gate_heatmap(trace)}
+    for prefix in (layer_prefix(n, GATE) for n in layer_names(trace, GATE)):
+        derived = with_array(trace, "share", memory_share(trace, prefix))
+        figs[f"{prefix} memory share"] = position_heatmap(
+            derived, "share", f"{prefix}: memory share of each head's output", "head", zmin=0, zmax=1, colorscale="RdBu_r", **zoom)
+    figs["memory norm"] = timeline(trace, {n: n for n in layer_names(trace, MEM_NORM)}, "||M|| of the memory each token reads", **zoom)
+    return figs
+
+
+@register_family("infini", summary="Infini-attention (arXiv 2404.07143): a compressive memory M, z per head beside "
+                 "segment-local attention, mixed by a learned gate", figures=infini_figures,
+                 quick={"segment_len": 32, "memory": {"update": "delta"}}, sample="infini")
 class InfiniLM(MemoryLM):
     """Transformer whose attention layers are Infini-attention layers."""
 
     Options = InfiniOptions
-    memory_hooks = {
-        "blocks.{l}.attn.hook_gate": "none",
-        "blocks.{l}.attn.hook_mem_out": "norm",
-        "blocks.{l}.attn.hook_local_out": "norm",
-        "blocks.{l}.attn.hook_mem_norm": "none",
-    }
+    memory_hooks = {GATE: "none", MEM_OUT: "norm", LOCAL_OUT: "norm", MEM_NORM: "none"}
 
     def check_config(self) -> None:
         if self.cfg.segment_len is None:

@@ -12,6 +12,10 @@ block's normalised input at token t (Section 2 of the paper):
   update           M_t+1 = g_in * tanh(E_mem) + g_forget * M_t
   initialisation   each slot is a row of the identity (M_0 = I, N x d; rows past d are zero)
 
+The bank is N slots of d numbers (N x d). The paper's Figure 2 draws each slot as a d x d
+matrix; its equations read and write M_t as [N, d] (K = M_t W_K is a key per slot), which is
+the form kept here.
+
 Readings where the paper is ambiguous, each with the alternative as an option:
   * output gate: the paper writes E_gated = g_out * M_t. With g_out per token [d] and M_t a
     bank [N, d] the shapes only agree if M_t stands for what token t read, E_mem, which is the
@@ -47,6 +51,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
+import plotly.graph_objects as go
 import torch
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
@@ -55,7 +60,14 @@ from kernels import lm2_scan
 from memviz.config import ConfigError, ModelConfig
 from memviz.layers import LocalAttention, SwiGLU, segment_pieces
 from memviz.model import Block, MemoryLM, StateTree
+from memviz.plots import WIDTH, layer_names, layer_prefix, position_heatmap, timeline, with_array
 from memviz.registry import check_choice, check_finite, check_positive, register_family
+from memviz.trace import Trace
+
+SLOT_ATTN = "blocks.{l}.memory.hook_slot_attn"  # [batch, pos, slot]  the read's attention over slots
+GATES = {g: f"blocks.{{l}}.memory.hook_{g}_gate" for g in ("input", "forget", "output")}  # [batch, pos, d_model]
+SLOT_NORM = "blocks.{l}.memory.hook_slot_norm"  # [batch, pos, slot]  ||M_n|| the token reads
+WRITE_SCORE = "blocks.{l}.memory.hook_write_score"  # [batch, pos, slot]  logit of the token in each slot's write
 
 
 @dataclass
@@ -228,19 +240,46 @@ class LM2Block(Block):
         return x, {"attn": attn_state, "memory": memory_state}
 
 
-@register_family("lm2")
+def segment_softmax(scores: np.ndarray, segment_len: int) -> np.ndarray:
+    """Each slot's write weights: softmax of `scores` [pos, slot] over the positions of each
+    `segment_len` segment (the trace starts at position 0, so segments start at its multiples)."""
+    out = np.empty(scores.shape, dtype=np.float64)
+    for a in range(0, len(scores), segment_len):
+        seg = scores[a : a + segment_len].astype(np.float64)
+        e = np.exp(seg - seg.max(0))
+        out[a : a + segment_len] = e / e.sum(0)
+    return out
+
+
+def lm2_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int | None = None) -> dict[str, go.Figure]:
+    """Slot attention per layer (token x slot); the last layer's three gates over tokens, its
+    slot norms and, with write='slots', each slot's write weights over its segment's tokens."""
+    zoom, figs = dict(width=width, start=start, stop=stop), {}
+    reads = layer_names(trace, SLOT_ATTN)
+    for name in reads:
+        figs[f"{name} slot attention"] = position_heatmap(trace, name, f"{name.split('.memory')[0]}: slot attention", "slot", zmin=0, **zoom)
+    last = layer_prefix(reads[-1], SLOT_ATTN)
+    figs["gates"] = timeline(trace, {f"{last}.hook_{g}_gate": f"{last.split('.memory')[0]} {g} gate (mean over dims)" for g in GATES},
+                             "LM2 gates over tokens", reduce="mean", **zoom)
+    figs["slot norms"] = position_heatmap(trace, f"{last}.hook_slot_norm", f"{last.split('.memory')[0]}: slot norms", "slot", **zoom)
+    settings = trace.meta.get("figure_settings", {})
+    if settings.get("write") == "slots" and f"{last}.hook_write_score" in trace:
+        writes = segment_softmax(trace[f"{last}.hook_write_score"], settings["segment_len"])
+        figs["slot writes"] = position_heatmap(with_array(trace, "writes", writes), "writes",
+                                               f"{last.split('.memory')[0]}: each slot's write weights over its segment's tokens",
+                                               "slot", zmin=0, **zoom)
+    return figs
+
+
+@register_family("lm2", summary="LM2 (arXiv 2502.06049): a bank of memory slots beside attention, read by cross-attention, "
+                 "written through input, forget and output gates", figures=lm2_figures,
+                 figure_settings=lambda model: {"write": model.options.write, "segment_len": model.cfg.segment_len},
+                 quick={"window": 32, "memory": {"slots": 8}}, sample="lm2")
 class LM2LM(MemoryLM):
     """Transformer whose every block has an LM2 memory bank beside its attention."""
 
     Options = LM2Options
-    memory_hooks = {
-        "blocks.{l}.memory.hook_slot_attn": "none",
-        "blocks.{l}.memory.hook_input_gate": "mean",
-        "blocks.{l}.memory.hook_forget_gate": "mean",
-        "blocks.{l}.memory.hook_output_gate": "mean",
-        "blocks.{l}.memory.hook_slot_norm": "none",
-        "blocks.{l}.memory.hook_write_score": "none",
-    }
+    memory_hooks = {SLOT_ATTN: "none", **{name: "mean" for name in GATES.values()}, SLOT_NORM: "none", WRITE_SCORE: "none"}
 
     def needle_hold(self, tokens, span: tuple[int, int]) -> dict[str, np.ndarray] | None:
         """Per layer, how much of what the span wrote is still in the bank, under the run's own

@@ -19,6 +19,9 @@ backbone's window) and to memory retrieved per token (Section 3.3):
   retrieval         each token's query picks the top-`topk_chunks` chunks by q . chunk_key and
                     attends over their chunk_size * topk_chunks cached tokens: A_mem
   joining           A = sigmoid(g) * A_mem + (1 - sigmoid(g)) * A_local, g one scalar per head
+                    (the official code's convention; the paper's equation puts sigmoid(g) on
+                    A_local. With g a free scalar the two are one model, g <-> -g, so no option:
+                    read the gate here as the memory's share)
 
 The bank holds earlier segments only: a token retrieves from the bank as it was when its
 segment began, and a segment's keys and values join the bank when the segment completes
@@ -29,7 +32,7 @@ the default) or faiss HNSW (`search="hnsw"`, approximate, for banks of millions 
 frozen and runs first, the segments an input chunk completes join the bank before the side
 network runs, and each segment's tokens search only the bank entries before their segment. Memory attention uses un-rotated keys and queries (cached tokens
 have no position relative to the reader); local attention uses RoPE.
-`init_from_checkpoint` copies a trained baseline into the backbone and initialises side block l
+`warm_start` copies a trained baseline into the backbone and initialises side block l
 from backbone block b(l), as the paper initialises the SideNet from the backbone.
 """
 from __future__ import annotations
@@ -37,16 +40,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import plotly.graph_objects as go
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
 from memviz.config import ConfigError, ModelConfig
 from memviz.layers import LocalAttention, SwiGLU
-from memviz.model import BACKBONE_FIELDS, BASELINE_FAMILIES, Block, MemoryLM, StateTree
 from memviz.bank import SEARCHES, ChunkBank
+from memviz.model import BACKBONE_FIELDS, Block, MemoryLM, StateTree
+from memviz.plots import WIDTH, layer_names, layer_prefix, position_heatmap
 from memviz.registry import check_choice, check_positive, register_family
+from memviz.trace import Trace
+
+RETRIEVED_POS = "side_blocks.{l}.attn.hook_retrieved_pos"  # [batch, pos, head, topk]  first position of each chunk read
+RETRIEVED_SCORES = "side_blocks.{l}.attn.hook_retrieved_scores"  # [batch, pos, head, topk]  q . chunk_key
+GATE = "side_blocks.{l}.attn.hook_gate"  # [batch, pos, head]  sigmoid(g)
+MEM_OUT = "side_blocks.{l}.attn.hook_mem_out"  # [batch, pos, head, d_head]  A_mem
+LOCAL_OUT = "side_blocks.{l}.attn.hook_local_out"  # [batch, pos, head, d_head]  A_local
 
 
 @dataclass
@@ -154,18 +165,48 @@ class SideBlock(Block):
         return x, {"attn": attn_state}
 
 
-@register_family("longmem")
+def retrieval_map(trace: Trace, prefix: str, width: int = WIDTH, start: int = 0, stop: int | None = None) -> go.Figure:
+    """Which past positions each token retrieved: x = reading token, y = retrieved chunk's first
+    position, colour = retrieval score (every `bin`-th token over long ranges)."""
+    stop = len(trace) if stop is None else min(stop, len(trace))
+    if not 0 <= start < stop:
+        raise ValueError(f"empty position range [{start}, {stop}) for a trace of {len(trace)} tokens")
+    pos = trace[f"{prefix}.hook_retrieved_pos"][start:stop]  # [T, H, K]
+    scores = trace[f"{prefix}.hook_retrieved_scores"][start:stop]
+    step = max(1, -(-len(pos) // width))
+    xs, ys, cs = [], [], []
+    for i in range(0, len(pos), step):
+        p, s = pos[i].reshape(-1), scores[i].reshape(-1)
+        keep = p >= 0
+        xs.extend([start + i] * int(keep.sum()))
+        ys.extend(p[keep].tolist())
+        cs.extend(s[keep].tolist())
+    fig = go.Figure(go.Scattergl(x=xs, y=ys, mode="markers", marker={"color": cs, "colorscale": "Viridis", "size": 4,
+                                                                     "colorbar": {"title": "score"}},
+                                 hovertemplate="token %{x} read chunk at %{y}<br>score %{marker.color:.3g}<extra></extra>"))
+    for a, b in trace.meta.get("evidence", []):
+        fig.add_hrect(y0=a - 0.5, y1=b - 0.5, fillcolor="gold", opacity=0.3, line_width=0, annotation_text="evidence")
+    fig.update_layout(title="LongMem retrieval: past chunks read by each token", xaxis_title="reading token position",
+                      yaxis_title="retrieved chunk position")
+    return fig
+
+
+def longmem_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int | None = None) -> dict[str, go.Figure]:
+    """The augmented side block's retrieval map and its gate per head."""
+    zoom, figs = dict(width=width, start=start, stop=stop), {}
+    for prefix in (layer_prefix(n, RETRIEVED_POS) for n in layer_names(trace, RETRIEVED_POS)):
+        figs["retrieval"] = retrieval_map(trace, prefix, **zoom)
+        figs["gate"] = position_heatmap(trace, f"{prefix}.hook_gate", "LongMem gate sigmoid(g) per head", "head", zmin=0, zmax=1, **zoom)
+    return figs
+
+
+@register_family("longmem", summary="LongMem (NeurIPS 2023): a frozen backbone's cached key/value bank, searched by chunk "
+                 "and read by a memory-augmented side network", figures=longmem_figures, sample="longmem")
 class LongMemLM(MemoryLM):
     """A frozen backbone, its cached key/value bank, and a trainable memory-augmented SideNet."""
 
     Options = LongMemOptions
-    memory_hooks = {
-        "side_blocks.{l}.attn.hook_retrieved_pos": "none",
-        "side_blocks.{l}.attn.hook_retrieved_scores": "none",
-        "side_blocks.{l}.attn.hook_gate": "none",
-        "side_blocks.{l}.attn.hook_mem_out": "norm",
-        "side_blocks.{l}.attn.hook_local_out": "norm",
-    }
+    memory_hooks = {RETRIEVED_POS: "none", RETRIEVED_SCORES: "none", GATE: "none", MEM_OUT: "norm", LOCAL_OUT: "norm"}
 
     def check_config(self) -> None:
         o, cfg = self.options, self.cfg
@@ -205,19 +246,16 @@ class LongMemLM(MemoryLM):
             for p in module.parameters():
                 p.requires_grad_(False)
 
-    def init_from_checkpoint(self, path) -> None:
+    def warm_start(self, base: MemoryLM) -> None:
         """Load a trained baseline into the backbone; side block l starts as backbone block b(l).
-        A LongMem checkpoint is a second stage instead: all its weights, new bank options."""
-        from memviz.checkpoint import CheckpointError, load, read_config, resolve
-
-        if read_config(resolve(path)).family == self.family:
-            super().init_from_checkpoint(path)
+        A LongMem model is a second stage instead: all its weights, new bank options."""
+        if base.family == self.family:
+            super().warm_start(base)
             self.freeze_backbone()
             return
-        base = load(path)
         mismatch = [f for f in (*BACKBONE_FIELDS, "window") if getattr(base.cfg, f) != getattr(self.cfg, f)]
-        if base.family not in BASELINE_FAMILIES or mismatch:
-            raise CheckpointError(f"{path}: a LongMem backbone must be a baseline with the same {mismatch or 'family'}")
+        if not base.is_baseline or mismatch:
+            raise ConfigError(f"a LongMem backbone must be a baseline with the same {mismatch or 'family'}")
         with torch.no_grad():
             self.embed.load_state_dict(base.embed.state_dict())
             self.blocks.load_state_dict(base.blocks.state_dict())

@@ -15,7 +15,8 @@ memory is parametric: nothing is carried across segments, so a streamed run equa
 
 `usage_report` reads the top-k indices of a trace and reports what a user inspects: the share
 of values and sub-keys ever selected, the entropy and Gini coefficient of value usage, and the
-dead values.
+dead values; `usage_figure` draws the same counts. The intervention point is "silence": zero a
+layer's selection weights, or those of chosen values (`silence_hooks`).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+import plotly.graph_objects as go
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -32,7 +34,12 @@ from kernels import product_key_topk, weighted_bag
 from memviz.config import ConfigError, ModelConfig
 from memviz.layers import LocalAttention, SwiGLU
 from memviz.model import Block, MemoryLM
+from memviz.plots import WIDTH, layer_names
 from memviz.registry import check_positive, register_family
+from memviz.trace import Trace
+
+TOPK_INDICES = "blocks.{l}.mlp.hook_topk_indices"  # [batch, pos, head, topk]  value index i * n_keys + j
+TOPK_WEIGHTS = "blocks.{l}.mlp.hook_topk_weights"  # [batch, pos, head, topk]  softmax weights
 
 
 @dataclass
@@ -100,15 +107,90 @@ class ProductKeyMemory(nn.Module):
         return self.W_2(y * F.silu(self.W_1(x))) if o.swilu else y
 
 
-@register_family("memory_layer")
+def silence_hooks(layer: int, values=None) -> list:
+    """fwd_hooks zeroing a memory layer's selection weights: all of them, or only those that
+    select the given value indices (the remaining weights are not renormalised)."""
+    chosen = None if values is None else torch.as_tensor(list(values))
+    seen: dict[str, Tensor] = {}
+
+    def remember(indices, hook):
+        seen["indices"] = indices
+        return indices
+
+    def zero(weights, hook):
+        if chosen is None:
+            return torch.zeros_like(weights)
+        return weights.masked_fill(torch.isin(seen["indices"], chosen), 0.0)
+
+    return [(TOPK_INDICES.format(l=layer), remember), (TOPK_WEIGHTS.format(l=layer), zero)]
+
+
+def selection_map(trace: Trace, name: str, width: int = WIDTH, start: int = 0, stop: int | None = None) -> go.Figure:
+    """A memory layer's selections: x = token, y = selected value index, colour = its weight,
+    one marker symbol per head. Long ranges show every `bin`-th token (indices do not pool)."""
+    stop = len(trace) if stop is None else min(stop, len(trace))
+    if not 0 <= start < stop:
+        raise ValueError(f"empty position range [{start}, {stop}) for a trace of {len(trace)} tokens")
+    idx = trace[name][start:stop]  # [T, H, k]
+    weights = trace[name.replace("hook_topk_indices", "hook_topk_weights")][start:stop]
+    step = max(1, -(-len(idx) // width))
+    fig = go.Figure()
+    symbols = ["circle", "square", "diamond", "cross", "x", "triangle-up", "star", "hexagon"]
+    for h in range(idx.shape[1]):
+        xs = np.repeat(np.arange(start, stop, step), idx.shape[2])
+        fig.add_trace(go.Scattergl(
+            x=xs, y=idx[::step, h].reshape(-1), mode="markers", name=f"head {h}",
+            marker={"color": weights[::step, h].reshape(-1), "colorscale": "Viridis", "cmin": 0, "cmax": 1, "size": 5,
+                    "symbol": symbols[h % len(symbols)], "colorbar": {"title": "weight"} if h == 0 else None},
+            hovertemplate=f"token %{{x}}<br>head {h} picked value %{{y}}<br>weight %{{marker.color:.3f}}<extra></extra>"))
+    fig.update_layout(title=f"{name.split('.mlp')[0]}: selected values per token (colour = weight)",
+                      xaxis_title="token position", yaxis_title="value index i * n_keys + j")
+    return fig
+
+
+def value_counts(indices: np.ndarray, n_values: int) -> np.ndarray:
+    """How often each value was selected over `indices` (any shape)."""
+    return np.bincount(np.asarray(indices).reshape(-1).astype(np.int64), minlength=n_values)
+
+
+def usage_figure(trace: Trace, name: str, n_values: int) -> go.Figure:
+    """How often each value of a memory layer was selected (sorted), with the dead share."""
+    counts = value_counts(trace[name], n_values)
+    dead = float((counts == 0).mean())
+    fig = go.Figure(go.Bar(y=np.sort(counts)[::-1], hovertemplate="rank %{x}: %{y} selections<extra></extra>"))
+    fig.update_layout(title=f"{name.split('.mlp')[0]}: value usage, sorted ({dead:.0%} of {n_values} values never selected)",
+                      xaxis_title="values, most used first", yaxis_title="selections", yaxis_type="log")
+    return fig
+
+
+def memory_layer_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int | None = None) -> dict[str, go.Figure]:
+    """Per memory layer: the selected values per token and the value usage."""
+    n_values = trace.meta.get("figure_settings", {}).get("n_values")
+    figs = {}
+    for name in layer_names(trace, TOPK_INDICES):
+        figs[f"{name} selections"] = selection_map(trace, name, width=width, start=start, stop=stop)
+        figs[f"{name} usage"] = usage_figure(trace, name, n_values or int(trace[name].max()) + 1)
+    return figs
+
+
+@register_family("memory_layer", summary="memory layers (PKM, Memory+; arXiv 2412.09764): product-key lookups into a "
+                 "value table in place of some FFNs; parametric, nothing carried across segments",
+                 figures=memory_layer_figures, figure_settings=lambda model: {"n_values": model.options.n_keys**2},
+                 interventions={"silence": "zero a memory layer's top-k selection weights, or those of chosen values "
+                                           "(model.silence_hooks)"},
+                 quick={"window": 32, "memory": {"n_keys": 16, "topk": 4, "heads": 2, "d_key": 16, "layers": [1]}},
+                 sample="memory_plus")
 class MemoryLayerLM(MemoryLM):
     """Transformer (sliding-window or full attention) with memory layers in place of some FFNs."""
 
     Options = MemoryLayerOptions
-    memory_hooks = {
-        "blocks.{l}.mlp.hook_topk_indices": "none",
-        "blocks.{l}.mlp.hook_topk_weights": "none",
-    }
+    memory_hooks = {TOPK_INDICES: "none", TOPK_WEIGHTS: "none"}
+
+    def silence_hooks(self, layer: int, values=None) -> list:
+        """The "silence" intervention at memory layer `layer` (module function `silence_hooks`)."""
+        if layer not in self.memory_layers:
+            raise ValueError(f"layer {layer} has no memory layer; the memory layers are {self.memory_layers}")
+        return silence_hooks(layer, values)
 
     def check_config(self) -> None:
         bad = [i for i in self.options.layers if not 0 <= i < self.cfg.n_layers]
@@ -145,10 +227,9 @@ def usage_report(indices: np.ndarray, n_values: int, n_keys: int) -> dict[str, f
     Returns the share of values selected at least once, the share of sub-keys selected at
     least once (both halves, averaged over heads, whose sub-keys are their own), the normalised entropy of value usage (1 = uniform), its Gini coefficient
     (0 = uniform, 1 = one value takes everything), and the number of dead values."""
-    flat = np.asarray(indices).reshape(-1).astype(np.int64)
-    if flat.size == 0:
+    if np.size(indices) == 0:
         raise ValueError("no selections to report on")
-    counts = np.bincount(flat, minlength=n_values).astype(np.float64)
+    counts = value_counts(indices, n_values).astype(np.float64)
     p = counts / counts.sum()
     nz = p[p > 0]
     entropy = float(-(nz * np.log(nz)).sum() / math.log(n_values)) if n_values > 1 else 1.0

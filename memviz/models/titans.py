@@ -39,12 +39,15 @@ The ways of joining memory and attention (Section 4), `variant`:
     segment boundary, so a segment's first tokens still see the text just before them.
 Departures from the paper, said here: no 1-D depthwise convolution after the projections; MAC
 and MAG read the output gate's memory with segment/chunk-start weights (the paper's M*_t(y_t)
-would let a token see later tokens of its chunk).
+would let a token see later tokens of its chunk); under MAG and MAL the persistent tokens join
+the attention's context only, while the paper feeds [p || x] to the memory as well (here the
+memory reads and writes the input tokens alone, so its surprise is the input's).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import plotly.graph_objects as go
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -55,7 +58,14 @@ from kernels.titans_memory import chunk_update
 from memviz.config import ConfigError, ModelConfig
 from memviz.layers import LocalAttention, RMSNorm, SwiGLU, local_span, segment_pieces
 from memviz.model import Block, MemoryLM, StateTree
+from memviz.plots import WIDTH, layer_names, layer_prefix, timeline
 from memviz.registry import check_choice, check_positive, register_family
+from memviz.trace import Trace
+
+SURPRISE = "blocks.{l}.memory.hook_surprise"  # [batch, pos]  ||grad l(M; x_t)||
+LOSS = "blocks.{l}.memory.hook_loss"  # [batch, pos]  l(M_{t-1}; x_t), before the update
+LOSS_AFTER = "blocks.{l}.memory.hook_loss_after"  # [batch, pos]  the same loss after the chunk's update
+RATES = {r: f"blocks.{{l}}.memory.hook_{r}" for r in ("eta", "theta", "alpha")}  # [batch, pos] each
 
 
 @dataclass
@@ -291,19 +301,25 @@ class TitansBlock(Block):
         return y * torch.sigmoid(self.norm_mem(gate_read))
 
 
-@register_family("titans")
+def titans_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int | None = None) -> dict[str, go.Figure]:
+    """Per memory layer: surprise and the memory's loss over tokens, with eta / theta / alpha beneath."""
+    zoom, figs = dict(width=width, start=start, stop=stop), {}
+    for prefix in (layer_prefix(n, SURPRISE) for n in layer_names(trace, SURPRISE)):
+        figs[f"{prefix} surprise"] = timeline(trace, {
+            f"{prefix}.hook_surprise": "surprise ||grad||", f"{prefix}.hook_loss": "memory loss before update",
+            f"{prefix}.hook_eta": "eta (momentum)", f"{prefix}.hook_theta": "theta (step)", f"{prefix}.hook_alpha": "alpha (forget)",
+        }, f"{prefix.split('.memory')[0]}: where the memory is surprised", **zoom)
+    return figs
+
+
+@register_family("titans", summary="Titans (arXiv 2501.00663): a neural memory trained at test time by the gradient of its "
+                 "recall loss, with momentum and forgetting; MAC, MAG, MAL or LMM", figures=titans_figures,
+                 quick={"segment_len": 32, "memory": {"variant": "mac"}}, sample="titans")
 class TitansLM(MemoryLM):
     """Titans: a neural long-term memory trained at test time, joined to attention by `variant`."""
 
     Options = TitansOptions
-    memory_hooks = {
-        "blocks.{l}.memory.hook_surprise": "none",
-        "blocks.{l}.memory.hook_loss": "none",
-        "blocks.{l}.memory.hook_loss_after": "none",
-        "blocks.{l}.memory.hook_eta": "none",
-        "blocks.{l}.memory.hook_theta": "none",
-        "blocks.{l}.memory.hook_alpha": "none",
-    }
+    memory_hooks = {SURPRISE: "none", LOSS: "none", LOSS_AFTER: "none", **{name: "none" for name in RATES.values()}}
 
     def check_config(self) -> None:
         variant = self.options.variant

@@ -1,4 +1,4 @@
-"""Score a checkpoint on the probes: `python -m memviz.evaluate CHECKPOINT [--n N] [--seed S] [--write-card]`.
+"""Score a checkpoint on the probes: `python -m training.evaluate CHECKPOINT [--n N] [--seed S] [--write-card]`.
 
 Without options it runs the probe grid recorded in the checkpoint's card (the training
 config's `eval` section) with `final_n` samples per cell on the card's probe seed and prints
@@ -13,6 +13,9 @@ import json
 import sys
 from typing import Any, Sequence
 
+import memviz
+from memviz.checkpoint import CARD_FILE, resolve
+from memviz.files import atomic_write_text
 from probes import babilong, facts, passkey
 
 
@@ -46,10 +49,7 @@ def probe_scores(
 
 
 def main(argv: list[str] | None = None) -> int:
-    import memviz
-    from memviz.checkpoint import CARD_FILE, atomic_write_text, resolve
-
-    parser = argparse.ArgumentParser(prog="python -m memviz.evaluate", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m training.evaluate", description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint")
     parser.add_argument("--n", type=int, help="samples per cell (default: the card's final_n)")
     parser.add_argument("--seed", type=int, help="probe seed (default: the card's); another seed draws fresh samples")

@@ -1,7 +1,7 @@
-"""Train a model on the probe tasks: `python -m memviz.train --config FILE [--resume]`.
+"""Train a model on the probe tasks: `python -m training --config FILE [--resume]`.
 
 AdamW with linear warm-up and cosine decay, gradient clipping, a curriculum over lengths,
-mixed tasks from the probe generators (`memviz.data`), a progress bar with loss and
+mixed tasks from the probe generators (`training.data`), a progress bar with loss and
 tokens/s, periodic probe evaluation, a JSONL metrics log and atomic checkpoints.
 
 * Ctrl-C or SIGTERM finishes the current step, saves, and exits.
@@ -18,124 +18,28 @@ Checkpoints never hold pickles: weights and optimizer moments are safetensors, t
 """
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import json
-import math
 import os
 import platform
-import shlex
 import shutil
 import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 
-from memviz.checkpoint import atomic_write_text, load_weights, read_weights, save
-from memviz.config import ModelConfig
-from memviz.data import DataConfig, TaskSampler, build_tokenizer
-from memviz.registry import build_model
+from memviz.checkpoint import CheckpointError, load, load_weights, read_weights, save
+from memviz.config import ConfigError, ModelConfig
+from memviz.files import atomic_write_bytes, atomic_write_text
+from memviz.models import build_model
 from memviz.tokenizer import load_tokenizer
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss or its gradient became NaN or infinite."""
-
-
-@dataclass
-class OptimConfig:
-    steps: int = 1000
-    batch_size: int = 16
-    lr: float = 3e-3
-    min_lr_frac: float = 0.1
-    warmup: int = 100
-    weight_decay: float = 0.1
-    betas: tuple[float, float] = (0.9, 0.95)
-    clip: float = 1.0
-    memory_value_lr: float | None = None  # memory layers' value tables: own peak lr, no decay (None: as the rest)
-
-    def __post_init__(self) -> None:
-        self.betas = tuple(self.betas)
-        if self.memory_value_lr is not None and not self.memory_value_lr > 0:
-            raise ValueError(f"optim.memory_value_lr must be > 0, got {self.memory_value_lr!r}")
-        for name in ("steps", "batch_size"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
-                raise ValueError(f"optim.{name} must be a positive integer, got {getattr(self, name)!r}")
-        if not self.lr > 0 or self.warmup < 0 or self.clip <= 0:
-            raise ValueError("optim needs lr > 0, warmup >= 0 and clip > 0")
-
-    def lr_at(self, step: int) -> float:
-        """Linear warm-up to lr, then cosine decay to min_lr_frac * lr at the last step."""
-        if step < self.warmup:
-            return self.lr * (step + 1) / self.warmup
-        progress = (step - self.warmup) / max(1, self.steps - self.warmup)
-        return self.lr * (self.min_lr_frac + (1 - self.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
-
-
-@dataclass
-class EvalConfig:
-    every: int = 0  # steps between probe evaluations; 0 = only at the end
-    passkey_lengths: list[int] = field(default_factory=list)
-    passkey_depths: list[float] = field(default_factory=lambda: [0.1, 0.5, 0.9])
-    babilong_tasks: list[str] = field(default_factory=list)
-    babilong_lengths: list[int] = field(default_factory=list)
-    facts: int = 0  # number of facts to ask (0 = skip)
-    n: int = 4  # samples per cell during training
-    final_n: int = 20  # samples per cell for the exported card
-    seed: int = 0
-
-
-@dataclass
-class TrainConfig:
-    name: str
-    model: dict[str, Any]
-    tokenizer: str = "byte"
-    init_from: str | None = None  # a checkpoint to start from: the same model's weights (a second stage), or LongMem's frozen backbone
-    data: DataConfig = field(default_factory=DataConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    out: str = ""
-    seed: int = 0
-    threads: int = 0  # torch threads; 0 keeps torch's default
-    save_every: int = 100
-    log_every: int = 10
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
-        data = dict(data)
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown training config fields {unknown}; known fields are {sorted(known)}")
-        for key, sub in (("data", DataConfig), ("optim", OptimConfig), ("eval", EvalConfig)):
-            if key in data and isinstance(data[key], dict):
-                fields = {f.name for f in dataclasses.fields(sub)}
-                bad = sorted(set(data[key]) - fields)
-                if bad:
-                    raise ValueError(f"unknown {key} fields {bad}; known fields are {sorted(fields)}")
-                data[key] = sub(**data[key])
-        cfg = cls(**data)
-        cfg.out = cfg.out or f"runs/{cfg.name}"
-        return cfg
-
-    @classmethod
-    def load(cls, path: str | Path) -> "TrainConfig":
-        path = Path(path)
-        try:
-            return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
-        except FileNotFoundError as exc:
-            raise ValueError(f"training config {path} does not exist") from exc
-        except (json.JSONDecodeError, TypeError, ValueError) as exc:
-            raise ValueError(f"training config {path}: {exc}") from exc
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+from training.config import OptimConfig, TrainConfig, TrainingDiverged
+from training.data import TaskSampler, build_tokenizer
+from training.evaluate import probe_scores
 
 
 # ----- distributed helpers -------------------------------------------------------------------
@@ -237,15 +141,17 @@ class Trainer:
         if checkpoint is not None:
             tokenizer = load_tokenizer(checkpoint / "tokenizer.json")
         elif cfg.init_from:
-            from memviz.checkpoint import load
-
-            tokenizer = load(cfg.init_from).tokenizer
+            base = load(cfg.init_from)
+            tokenizer = base.tokenizer
         else:
             tokenizer = build_tokenizer(cfg.tokenizer)
         model_cfg = ModelConfig.from_dict({**cfg.model, "vocab_size": tokenizer.vocab_size, "name": cfg.name})
         model = build_model(model_cfg, tokenizer=tokenizer)
         if cfg.init_from and checkpoint is None:
-            model.init_from_checkpoint(cfg.init_from)
+            try:
+                model.warm_start(base)
+            except ConfigError as exc:
+                raise CheckpointError(f"{cfg.init_from}: {exc}") from exc
         if cfg.data.mix.get("facts"):  # the facts probe asks the knowledge base named here
             model.card["facts"] = {"kb_seed": cfg.data.kb_seed, "n_entities": cfg.data.n_entities}
         return model.to(self.device).train()
@@ -341,8 +247,6 @@ class Trainer:
     # ----- evaluation -----------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self, n: int, progress: bool = False) -> dict[str, Any]:
-        from memviz.evaluate import probe_scores
-
         if self.rank != 0:
             return {}
         e = self.cfg.eval
@@ -369,8 +273,6 @@ class Trainer:
         path = root / name
         save(self.model, path)
         tensors, optimizer_meta = optimizer_to_files(self.optimizer)
-        from memviz.checkpoint import atomic_write_bytes
-
         atomic_write_bytes(path / "optimizer.safetensors", save_safetensors(tensors))
         state = {"step": self.step, "elapsed": self.elapsed, "tokens_seen": self.tokens_seen, "optimizer": optimizer_meta}
         atomic_write_text(path / "train_state.json", json.dumps(state))
@@ -438,34 +340,6 @@ def cpu_model() -> str:
     return platform.processor() or "unknown model"
 
 
-#: small models of each family for quick runs from the app or a notebook (byte tokenizer)
-QUICK_MODELS: dict[str, dict[str, Any]] = {
-    "sliding_window": {"window": 32},
-    "infini": {"segment_len": 32, "memory": {"update": "delta"}},
-    "lm2": {"window": 32, "memory": {"slots": 8}},
-    "titans": {"segment_len": 32, "memory": {"variant": "mac"}},
-    "memory_layer": {"window": 32, "memory": {"n_keys": 16, "topk": 4, "heads": 2, "d_key": 16, "layers": [1]}},
-}
-QUICK_LENGTHS = {"passkey": 320, "qa1": 320, "facts": 128}
-
-
-def quick_config(family: str, task: str, steps: int, name: str, out: str | Path, seed: int = 0) -> TrainConfig:
-    """A small training run of `family` on one probe task (see QUICK_MODELS)."""
-    if family not in QUICK_MODELS:
-        raise ValueError(f"quick training supports the families {sorted(QUICK_MODELS)}, got {family!r}")
-    if task not in QUICK_LENGTHS:
-        raise ValueError(f"quick training supports the tasks {sorted(QUICK_LENGTHS)}, got {task!r}")
-    model = {"family": family, "d_model": 64, "n_layers": 2, "n_heads": 2, **QUICK_MODELS[family]}
-    eval_cfg = {"passkey": {"passkey_lengths": [QUICK_LENGTHS["passkey"]]}, "qa1": {"babilong_tasks": ["qa1"], "babilong_lengths": [320]},
-                "facts": {"facts": 20}}[task]
-    return TrainConfig.from_dict({
-        "name": name, "model": model, "tokenizer": "byte", "out": str(out), "seed": seed, "save_every": 50, "log_every": 5,
-        "data": {"mix": {task: 1.0}, "curriculum": [[0, QUICK_LENGTHS[task]]], "min_len_frac": 0.9, "n_entities": 50},
-        "optim": {"steps": steps, "batch_size": 8, "lr": 3e-3, "warmup": min(50, max(1, steps // 10))},
-        "eval": {**eval_cfg, "final_n": 5},
-    })
-
-
 def train(config: TrainConfig | dict | str | Path, resume: bool = False, **kwargs: Any) -> Trainer:
     """Notebook entry: train from a TrainConfig, a dict, or a JSON file; returns the Trainer."""
     if isinstance(config, (str, Path)):
@@ -475,47 +349,3 @@ def train(config: TrainConfig | dict | str | Path, resume: bool = False, **kwarg
     return Trainer(config, resume=resume, **kwargs).run()
 
 
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m memviz.train", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", required=True, help="training config (JSON)")
-    parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
-    parser.add_argument("--steps", type=int, help="override optim.steps")
-    parser.add_argument("--out", help="override the run folder")
-    parser.add_argument("--threads", type=positive_int, help="override the config's torch threads (another count "
-                        "rounds differently: the weights differ from a card's, the scores by a few points)")
-    parser.add_argument("--export", help="write the final model as a checkpoint folder here")
-    parser.add_argument("--export-dtype", default="float16", choices=["float32", "float16", "bfloat16"])
-    parser.add_argument("--no-progress", action="store_true")
-    args = parser.parse_args(argv)
-    try:
-        cfg = TrainConfig.load(args.config)
-        if args.steps:
-            cfg.optim.steps = args.steps
-        if args.out:
-            cfg.out = args.out
-        if args.threads:
-            cfg.threads = args.threads
-        # resuming is exact, so the card records the one-shot command that gives the same model
-        given = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--resume"]
-        command = "python -m memviz.train " + " ".join(shlex.quote(a) for a in given)
-        trainer = Trainer(cfg, resume=args.resume, command=command, progress=not args.no_progress).run()
-    except (ValueError, TrainingDiverged) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    if args.export and trainer.rank == 0 and not trainer.stop.is_set():
-        path = trainer.export(args.export, dtype=args.export_dtype)
-        print(f"exported {path}")
-    if trainer.world > 1:
-        torch.distributed.destroy_process_group()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

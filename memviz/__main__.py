@@ -1,0 +1,34 @@
+"""`python -m memviz families`: the family registry, each family with its hooks, figures,
+intervention points, quick preset and sample checkpoint."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from memviz.models import families
+
+
+def describe(family) -> str:
+    lines = [f"{family.name} ({family.role}): {family.summary}", f"  model      {family.model.__module__}.{family.model.__name__}"]
+    lines += [f"  hook       {name}  (traced as {reducer})" for name, reducer in family.hooks.items()]
+    if family.figures is not None:
+        lines.append(f"  figures    {family.figures.__module__}.{family.figures.__name__}: {' '.join(family.figures.__doc__.split())}")
+    lines += [f"  intervene  {name}: {what}" for name, what in family.interventions.items()]
+    if family.quick is not None:
+        lines.append(f"  quick      {json.dumps(family.quick)}")
+    if family.sample:
+        lines.append(f"  sample     {family.sample}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m memviz", description="memviz on the command line")
+    parser.add_argument("command", choices=["families"], help="families: list the registered families")
+    parser.parse_args(argv)
+    print("\n\n".join(describe(f) for f in families()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,28 @@
+"""The baselines: models without memory, what a memory family starts from and is compared with.
+
+`transformer` is full causal attention (`MemoryLM` as it stands); `sliding_window` attends to
+the last `window` tokens and is the control every long-context sample is measured against.
+"""
+from __future__ import annotations
+
+from memviz.config import ConfigError
+from memviz.model import MemoryLM
+from memviz.registry import register_family
+
+
+@register_family("transformer", summary="full causal attention, no memory (the cache grows with the input)",
+                 interventions={}, role="baseline")
+class TransformerLM(MemoryLM):
+    """The full-causal transformer."""
+
+    is_baseline = True
+
+
+@register_family("sliding_window", summary="attention over the last `window` tokens, no memory: the control",
+                 interventions={}, quick={"window": 32}, sample="sliding_window", role="control")
+class SlidingWindowLM(TransformerLM):
+    """Sliding-window transformer: the control every memory family is compared with."""
+
+    def check_config(self) -> None:
+        if self.cfg.window is None:
+            raise ConfigError("the 'sliding_window' family needs config.window")

@@ -1,0 +1,90 @@
+"""Figure helpers every family's views are built from (plotly over a `Trace`).
+
+Every figure over token positions is max-pooled on the server to at most `width` columns
+(`Trace.pool`), with the true token positions on the x axis, so a 1M-token trace draws as fast
+as a 1k one and spikes survive. `start`/`stop` zoom in, re-pooling at finer resolution. Where
+a trace carries evidence spans (the needle, the supporting facts) they are shaded.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from memviz.trace import Trace, generic_hook_name
+
+WIDTH = 1500
+
+
+def shade_evidence(fig: go.Figure, spans: Sequence[Sequence[int]], start: int, stop: int) -> None:
+    for a, b in spans:
+        if b > start and a < stop:
+            fig.add_vrect(x0=max(a, start) - 0.5, x1=min(b, stop) - 0.5, fillcolor="gold", opacity=0.35, line_width=0,
+                          annotation_text="evidence", annotation_position="top left")
+
+
+def hover_text(trace: Trace, positions: np.ndarray, bin_size: int) -> list[str]:
+    if bin_size == 1:
+        return [f"{p}: {trace.token_text(int(p), int(p) + 1)[0]!r}" for p in positions]
+    return [f"{p}-{p + bin_size - 1} (max of {bin_size})" for p in positions]
+
+
+def window_of(trace: Trace, start: int, stop: int | None) -> tuple[int, int]:
+    stop = len(trace) if stop is None else min(stop, len(trace))
+    if not 0 <= start < stop:
+        raise ValueError(f"empty position range [{start}, {stop}) for a trace of {len(trace)} tokens")
+    return start, stop
+
+
+def timeline(trace: Trace, names: dict[str, str], title: str, width: int = WIDTH, start: int = 0,
+             stop: int | None = None, reduce: str = "max") -> go.Figure:
+    """Per-token scalars (arrays [pos] or [pos, k], averaged over k) as stacked line panels,
+    one per `names` entry {hook name: label}, sharing the position axis."""
+    start, stop = window_of(trace, start, stop)
+    fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, vertical_spacing=0.04,
+                        subplot_titles=list(names.values()))
+    for row, name in enumerate(names, start=1):
+        pooled = trace.pool(name, width, start, stop, reduce=reduce)
+        values = pooled.values if pooled.values.ndim == 1 else np.nanmean(pooled.values.reshape(len(pooled.values), -1), 1)
+        fig.add_trace(go.Scatter(x=pooled.positions, y=values, mode="lines", name=names[name],
+                                 hovertext=hover_text(trace, pooled.positions, pooled.bin_size), hoverinfo="text+y"), row=row, col=1)
+    shade_evidence(fig, trace.meta.get("evidence", []), start, stop)
+    fig.update_layout(title=title, showlegend=False, height=160 + 170 * len(names))
+    fig.update_xaxes(title_text="token position", row=len(names), col=1)
+    return fig
+
+
+def position_heatmap(trace: Trace, name: str, title: str, row_label: str, width: int = WIDTH, start: int = 0,
+                     stop: int | None = None, colorscale: str = "Viridis", zmin: float | None = None,
+                     zmax: float | None = None) -> go.Figure:
+    """An array [pos, k] as a heatmap: rows k (slots, heads), columns pooled token positions."""
+    start, stop = window_of(trace, start, stop)
+    pooled = trace.pool(name, width, start, stop)
+    z = pooled.values.reshape(len(pooled.values), -1).T
+    hover = hover_text(trace, pooled.positions, pooled.bin_size)
+    fig = go.Figure(go.Heatmap(z=z, x=pooled.positions, y=list(range(z.shape[0])), colorscale=colorscale, zmin=zmin, zmax=zmax,
+                               customdata=np.broadcast_to(np.asarray(hover, dtype=object), z.shape),
+                               hovertemplate=f"%{{customdata}}<br>{row_label} %{{y}}<br>%{{z:.3g}}<extra></extra>"))
+    shade_evidence(fig, trace.meta.get("evidence", []), start, stop)
+    fig.update_layout(title=title, xaxis_title="token position", yaxis_title=row_label)
+    return fig
+
+
+def layer_names(trace: Trace, generic: str) -> list[str]:
+    """The trace's hook names of the generic form `generic` (e.g. "blocks.{l}.attn.hook_gate"),
+    in layer order."""
+    found = [n for n in trace.names if generic_hook_name(n) == generic]
+    return sorted(found, key=lambda n: [int(p) if p.isdigit() else p for p in n.split(".")])
+
+
+def layer_prefix(name: str, generic: str) -> str:
+    """The part of a concrete hook name before the generic name's last component:
+    layer_prefix("blocks.2.attn.hook_gate", "blocks.{l}.attn.hook_gate") -> "blocks.2.attn"."""
+    return name[: len(name) - len(generic.rsplit(".", 1)[1]) - 1]
+
+
+def with_array(trace: Trace, name: str, values: np.ndarray) -> Trace:
+    """A view of `trace` with one more (derived) array, for pooling and plotting."""
+    return Trace(trace.tokens, {**trace.arrays, name: values}, trace.vocab, trace.meta)

@@ -1,0 +1,147 @@
+"""The layers of the code base: imports point down (kernels -> memviz -> probes -> training -> app,
+benchmarks) with no circles, and only a family's own file names a family."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import memviz
+from memviz.registry import FAMILIES
+
+ROOT = Path(__file__).resolve().parent.parent
+#: each top-level package and the first-party packages it may import
+ALLOWED = {
+    "kernels": {"kernels"},
+    "memviz": {"kernels", "memviz"},
+    "probes": {"kernels", "memviz", "probes"},
+    "training": {"kernels", "memviz", "probes", "training"},
+    "app": {"kernels", "memviz", "probes", "training", "app"},
+    "benchmarks": {"kernels", "memviz", "probes", "training", "app", "benchmarks"},
+}
+
+
+def module_files() -> dict[str, Path]:
+    found = {}
+    for package in ALLOWED:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """First-party modules `name` imports anywhere in its file (function-level imports too);
+    `from a import b` counts as importing a.b where that is a module, else a."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    targets = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            targets.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
+            subs = [f"{base}.{alias.name}" for alias in node.names]
+            targets.update(sub for sub in subs if sub in modules)
+            if any(sub not in modules for sub in subs):
+                targets.add(base)
+    resolved = set()
+    for target in targets:
+        while target and target not in modules:
+            target = target.rpartition(".")[0]
+        if target and target != name:
+            resolved.add(target)
+    return resolved
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = module_files()
+    return {name: imports_of(name, path, modules) for name, path in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_checker_sees_a_circle_and_an_upward_import():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    modules = {"memviz.x": Path("x.py"), "probes.passkey": Path("p.py"), "probes": Path("__init__.py")}
+    source = ROOT / "memviz" / "checkpoint.py"
+    assert imports_of("memviz.checkpoint", source, {**modules, **module_files()}) >= {"memviz.config", "memviz.models"}
+
+
+def test_imports_point_down_with_no_circles():
+    graph = import_graph()
+    assert cycles(graph) == [], "import circles"
+    upward = sorted(f"{name} imports {target}" for name, targets in graph.items() for target in targets
+                    if target.split(".")[0] not in ALLOWED[name.split(".")[0]])
+    assert upward == []
+
+
+def string_constants(path: Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)) and node.body
+                  and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
+
+
+def test_only_a_familys_own_file_names_a_family():
+    names = set(FAMILIES)
+    outside = [path for package in ("memviz", "probes", "training", "app") for path in (ROOT / package).rglob("*.py")
+               if "models" not in path.relative_to(ROOT).parts]
+    named = [f"{path.relative_to(ROOT)}:{line} {value!r}" for path in outside for line, value in string_constants(path)
+             if value in names]
+    assert named == []
+
+
+def test_python_m_memviz_families_lists_each_familys_unit():
+    out = subprocess.run([sys.executable, "-m", "memviz", "families"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    for family in memviz.families():
+        assert f"\n{family.name} ({family.role}): " in "\n" + out.stdout
+        for hook in family.hooks:
+            assert f"hook       {hook}" in out.stdout
+        for point in family.interventions:
+            assert f"intervene  {point}:" in out.stdout
+    assert "figures    memviz.models.lm2.lm2_figures" in out.stdout
+
+
+@pytest.mark.parametrize("bad", [[], ["nonsense"]])
+def test_python_m_memviz_needs_a_known_command(bad):
+    out = subprocess.run([sys.executable, "-m", "memviz", *bad], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "families" in out.stderr

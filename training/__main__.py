@@ -1,0 +1,58 @@
+"""Train a model on the probe tasks: `python -m training --config FILE [--resume] [--export DIR]`
+(the options are in `training.loop`'s docstring)."""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+import torch
+
+from training.config import TrainConfig, TrainingDiverged
+from training.loop import Trainer
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m training", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, help="training config (JSON)")
+    parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    parser.add_argument("--steps", type=int, help="override optim.steps")
+    parser.add_argument("--out", help="override the run folder")
+    parser.add_argument("--threads", type=positive_int, help="override the config's torch threads (another count "
+                        "rounds differently: the weights differ from a card's, the scores by a few points)")
+    parser.add_argument("--export", help="write the final model as a checkpoint folder here")
+    parser.add_argument("--export-dtype", default="float16", choices=["float32", "float16", "bfloat16"])
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        cfg = TrainConfig.load(args.config)
+        if args.steps:
+            cfg.optim.steps = args.steps
+        if args.out:
+            cfg.out = args.out
+        if args.threads:
+            cfg.threads = args.threads
+        # resuming is exact, so the card records the one-shot command that gives the same model
+        given = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--resume"]
+        command = "python -m training " + " ".join(shlex.quote(a) for a in given)
+        trainer = Trainer(cfg, resume=args.resume, command=command, progress=not args.no_progress).run()
+    except (ValueError, TrainingDiverged) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.export and trainer.rank == 0 and not trainer.stop.is_set():
+        path = trainer.export(args.export, dtype=args.export_dtype)
+        print(f"exported {path}")
+    if trainer.world > 1:
+        torch.distributed.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""A training run's configuration: the model (a `memviz` config dict), the data mix
+(`training.data.DataConfig`), the optimiser and the probe evaluation, read from one JSON file."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from training.data import DataConfig
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or its gradient became NaN or infinite."""
+
+
+@dataclass
+class OptimConfig:
+    steps: int = 1000
+    batch_size: int = 16
+    lr: float = 3e-3
+    min_lr_frac: float = 0.1
+    warmup: int = 100
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    clip: float = 1.0
+    memory_value_lr: float | None = None  # memory layers' value tables: own peak lr, no decay (None: as the rest)
+
+    def __post_init__(self) -> None:
+        self.betas = tuple(self.betas)
+        if self.memory_value_lr is not None and not self.memory_value_lr > 0:
+            raise ValueError(f"optim.memory_value_lr must be > 0, got {self.memory_value_lr!r}")
+        for name in ("steps", "batch_size"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
+                raise ValueError(f"optim.{name} must be a positive integer, got {getattr(self, name)!r}")
+        if not self.lr > 0 or self.warmup < 0 or self.clip <= 0:
+            raise ValueError("optim needs lr > 0, warmup >= 0 and clip > 0")
+
+    def lr_at(self, step: int) -> float:
+        """Linear warm-up to lr, then cosine decay to min_lr_frac * lr at the last step."""
+        if step < self.warmup:
+            return self.lr * (step + 1) / self.warmup
+        progress = (step - self.warmup) / max(1, self.steps - self.warmup)
+        return self.lr * (self.min_lr_frac + (1 - self.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+@dataclass
+class EvalConfig:
+    every: int = 0  # steps between probe evaluations; 0 = only at the end
+    passkey_lengths: list[int] = field(default_factory=list)
+    passkey_depths: list[float] = field(default_factory=lambda: [0.1, 0.5, 0.9])
+    babilong_tasks: list[str] = field(default_factory=list)
+    babilong_lengths: list[int] = field(default_factory=list)
+    facts: int = 0  # number of facts to ask (0 = skip)
+    n: int = 4  # samples per cell during training
+    final_n: int = 20  # samples per cell for the exported card
+    seed: int = 0
+
+
+@dataclass
+class TrainConfig:
+    name: str
+    model: dict[str, Any]
+    tokenizer: str = "byte"
+    init_from: str | None = None  # a checkpoint to start from: the same model's weights (a second stage), or LongMem's frozen backbone
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    out: str = ""
+    seed: int = 0
+    threads: int = 0  # torch threads; 0 keeps torch's default
+    save_every: int = 100
+    log_every: int = 10
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
+        data = dict(data)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown training config fields {unknown}; known fields are {sorted(known)}")
+        for key, sub in (("data", DataConfig), ("optim", OptimConfig), ("eval", EvalConfig)):
+            if key in data and isinstance(data[key], dict):
+                fields = {f.name for f in dataclasses.fields(sub)}
+                bad = sorted(set(data[key]) - fields)
+                if bad:
+                    raise ValueError(f"unknown {key} fields {bad}; known fields are {sorted(fields)}")
+                data[key] = sub(**data[key])
+        cfg = cls(**data)
+        cfg.out = cfg.out or f"runs/{cfg.name}"
+        return cfg
+
+    @classmethod
+    def load(cls, path: str | Path) -> "TrainConfig":
+        path = Path(path)
+        try:
+            return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        except FileNotFoundError as exc:
+            raise ValueError(f"training config {path} does not exist") from exc
+        except (json.JSONDecodeError, TypeError, ValueError) as exc:
+            raise ValueError(f"training config {path}: {exc}") from exc
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
