@@ -4,12 +4,12 @@ Prints tables of ratios measured in one run (so machine load cancels out) and, w
 appends them to benchmarks/RESULTS.md with the machine and versions. Sections:
 
   lm2_scan       the factored LM2 bank scan against the direct loop that projects the whole bank
-                 every token: the PyTorch reference (kernels/lm2_scan.py) and the compiled CPU
-                 kernel (kernels/lm2_scan_cpu.c, the default CPU path without gradients);
+                 every token: the PyTorch reference (kernels/lm2/reference.py) and the compiled CPU
+                 kernel (kernels/lm2/cpu.c, the default CPU path without gradients);
                  target >= 20x at 8k tokens
   product_keys   product-key top-k + embedding bag against exhaustive top-k over all n^2 keys
                  + a dense gather
-  titans_update  Titans' closed-form chunk update (kernels/titans_memory.py) against the
+  titans_update  Titans' closed-form chunk update (kernels/titans/reference.py) against the
                  token-by-token rule written with torch.autograd (chunk 1: the same numbers)
   peers          our PyTorch paths against the peers on PyPI on matched shapes (product-key-memory,
                  infini-transformer-pytorch, titans-pytorch; benchmarks/peers.txt), forward and
@@ -50,8 +50,8 @@ def best_of(fn, repeats: int = 3) -> float:
 
 
 def lm2_scan(quick: bool) -> list[dict]:
-    from kernels import lm2_scan_cpu
-    from kernels.lm2_scan import lm2_scan_naive, lm2_scan_reference
+    from kernels.lm2 import cpu as lm2_scan_cpu
+    from kernels.lm2.reference import lm2_scan_naive, lm2_scan_reference
 
     rows = []
     d, N = 128, 64
@@ -72,7 +72,7 @@ def lm2_scan(quick: bool) -> list[dict]:
 
 
 def product_keys(quick: bool) -> list[dict]:
-    from kernels.product_keys import product_key_topk, weighted_bag
+    from kernels.product_keys.reference import product_key_topk, weighted_bag
 
     rows = []
     H, dk, k, d = 4, 64, 16, 128
@@ -101,7 +101,7 @@ def product_keys(quick: bool) -> list[dict]:
 def titans_update(quick: bool) -> list[dict]:
     import torch.nn.functional as F
 
-    from kernels.titans_memory import titans_linear_reference
+    from kernels.titans.reference import titans_linear_reference
 
     def per_token_autograd(q, k, v, rates, W, S):
         """Eqs. 10, 12, 13 one token at a time, the gradient from torch.autograd."""

@@ -1,7 +1,18 @@
-"""Choose between a Triton kernel, a compiled CPU kernel and the PyTorch reference.
+"""The memory ops, one convention: `op(inputs..., initial_state) -> (outputs, final_state)`.
 
-Models call the functions here (never a kernel directly); each asks `kernel_mode` which path
-to take:
+Each op lives in a folder of its own (`kernels/infini`, `lm2`, `titans`, `product_keys`: its
+`reference.py`, the specification; its Triton and compiled CPU kernels; its tests) and is
+called only through the functions here, which take and return plain tensors (tuples of them
+for a state of several parts):
+
+  infini_memory(q, k, v, (M, z, open_k, open_v), segment_len, rule) -> ((A_mem, ||M||), state)
+  lm2_scan(q_slot, g_in, W_V, W_f, b_f, bank) -> ((slot attn, read, forget gate, slot norms), bank)
+  titans_linear_memory(q, k, v, rates, (W, S), chunk) -> ((read, surprise, loss, loss after), (W, S))
+  titans_chunk_update(factors, rates, (params, momentum)) -> ((), (params, momentum))
+  product_key_topk(q, keys, k) -> (scores, indices)          stateless
+  weighted_bag(indices, weights, values) -> output            stateless
+
+Each asks `kernel_mode` which path to take:
   * `impl="triton"`, `"native"` or `"reference"` forces a path for one call;
   * otherwise the environment variable MEMVIZ_KERNELS ("triton", "native", "reference" or "auto");
   * "auto" (the default) takes the Triton kernel for CUDA tensors where one exists, the
@@ -16,24 +27,24 @@ import os
 import torch
 from torch import Tensor
 
-from kernels.infini_memory import infini_memory_reference
-from kernels.lm2_scan import ScanResult, lm2_scan_reference
-from kernels.product_keys import product_key_topk as product_key_topk_reference
-from kernels.product_keys import weighted_bag as weighted_bag_reference
-from kernels.titans_memory import titans_linear_reference
+from kernels.infini.reference import infini_memory_reference, infini_memory_stream
+from kernels.lm2.reference import lm2_scan_reference
+from kernels.product_keys.reference import product_key_topk as product_key_topk_reference
+from kernels.product_keys.reference import weighted_bag as weighted_bag_reference
+from kernels.titans.reference import chunk_update, titans_linear_reference
 
 CHOICES = ("auto", "triton", "native", "reference")
 #: operation -> "module:function" of its Triton kernel, imported on first use (so importing
 #: memviz never imports triton)
 TRITON_KERNELS: dict[str, str] = {
-    "product_key_topk": "kernels.product_keys_triton:product_key_topk",
-    "weighted_bag": "kernels.product_keys_triton:weighted_bag",
-    "infini_memory": "kernels.infini_memory_triton:infini_memory",
-    "lm2_scan": "kernels.lm2_scan_triton:lm2_scan",
-    "titans_linear_memory": "kernels.titans_memory_triton:titans_linear_memory",
+    "product_key_topk": "kernels.product_keys.triton:product_key_topk",
+    "weighted_bag": "kernels.product_keys.triton:weighted_bag",
+    "infini_memory": "kernels.infini.triton:infini_memory",
+    "lm2_scan": "kernels.lm2.triton:lm2_scan",
+    "titans_linear_memory": "kernels.titans.triton:titans_linear_memory",
 }
 #: operation -> "module:function" of its compiled CPU kernel; the module has `available()`
-NATIVE_KERNELS: dict[str, str] = {"lm2_scan": "kernels.lm2_scan_cpu:lm2_scan"}
+NATIVE_KERNELS: dict[str, str] = {"lm2_scan": "kernels.lm2.cpu:lm2_scan"}
 #: kernels without a backward: when a gradient is needed the reference runs instead
 FORWARD_ONLY = {"lm2_scan", "titans_linear_memory"}  # Triton and native alike
 
@@ -95,41 +106,55 @@ def triton_kernel(op: str):
     return _resolve(TRITON_KERNELS[op])
 
 
-def lm2_scan(q_slot: Tensor, g_in: Tensor, M0: Tensor, W_V: Tensor, W_f: Tensor, b_f: Tensor, impl: str | None = None) -> ScanResult:
-    """The LM2 per-token bank scan (see kernels/lm2_scan.py); the kernels under no_grad only."""
+def lm2_scan(q_slot: Tensor, g_in: Tensor, W_V: Tensor, W_f: Tensor, b_f: Tensor, initial_state: Tensor,
+             impl: str | None = None) -> tuple[tuple[Tensor, Tensor, Tensor, Tensor], Tensor]:
+    """The LM2 per-token bank scan from the bank `initial_state` [B,N,d] (kernels/lm2/);
+    the kernels under no_grad only."""
     if use_triton("lm2_scan", q_slot, impl):
-        return triton_kernel("lm2_scan")(q_slot, g_in, M0, W_V, W_f, b_f)
-    if use_native("lm2_scan", q_slot, impl):
-        return native_kernel("lm2_scan")(q_slot, g_in, M0, W_V, W_f, b_f)
-    return lm2_scan_reference(q_slot, g_in, M0, W_V, W_f, b_f)
+        kernel = triton_kernel("lm2_scan")
+    elif use_native("lm2_scan", q_slot, impl):
+        kernel = native_kernel("lm2_scan")
+    else:
+        kernel = lm2_scan_reference
+    *outputs, bank = kernel(q_slot, g_in, initial_state, W_V, W_f, b_f)
+    return tuple(outputs), bank
 
 
 def product_key_topk(q: Tensor, keys: Tensor, k: int, impl: str | None = None) -> tuple[Tensor, Tensor]:
-    """Exact top-k over n^2 product keys (see kernels/product_keys.py)."""
+    """Exact top-k over n^2 product keys (kernels/product_keys/)."""
     if use_triton("product_key_topk", q, impl):
         return triton_kernel("product_key_topk")(q, keys, k)
     return product_key_topk_reference(q, keys, k)
 
 
 def weighted_bag(indices: Tensor, weights: Tensor, values: Tensor, impl: str | None = None) -> Tensor:
-    """Softmax-weighted sum of the selected value rows (see kernels/product_keys.py)."""
+    """Softmax-weighted sum of the selected value rows (kernels/product_keys/)."""
     if use_triton("weighted_bag", weights, impl):
         return triton_kernel("weighted_bag")(indices, weights, values)
     return weighted_bag_reference(indices, weights, values)
 
 
-def infini_memory(sq: Tensor, sk: Tensor, v: Tensor, M: Tensor, z: Tensor, segment_len: int, rule: str,
-                  impl: str | None = None):
-    """Infini-attention's retrieval and update over whole segments (see kernels/infini_memory.py)."""
-    if use_triton("infini_memory", sq, impl):
-        return triton_kernel("infini_memory")(sq, sk, v, M, z, segment_len, rule)
-    return infini_memory_reference(sq, sk, v, M, z, segment_len, rule)
+def infini_memory(q: Tensor, k: Tensor, v: Tensor, initial_state: tuple[Tensor, Tensor, Tensor, Tensor], segment_len: int,
+                  rule: str, impl: str | None = None):
+    """Infini-attention's compressive memory from any point in a segment (kernels/infini/):
+    sigma-mapped q, k [B,H,T,d], v [B,H,T,dv], state (M, z, the open segment's keys and values)."""
+    whole_segments = triton_kernel("infini_memory") if use_triton("infini_memory", q, impl) else infini_memory_reference
+    return infini_memory_stream(q, k, v, initial_state, segment_len, rule, whole_segments)
 
 
-def titans_linear_memory(q: Tensor, k: Tensor, v: Tensor, rates: Tensor, W: Tensor, S: Tensor, chunk: int,
+def titans_linear_memory(q: Tensor, k: Tensor, v: Tensor, rates: Tensor, initial_state: tuple[Tensor, Tensor], chunk: int,
                          impl: str | None = None):
-    """Titans' linear memory over whole chunks (see kernels/titans_memory.py); the kernel under
-    no_grad only."""
-    if use_triton("titans_linear_memory", q, impl):
-        return triton_kernel("titans_linear_memory")(q, k, v, rates, W, S, chunk)
-    return titans_linear_reference(q, k, v, rates, W, S, chunk)
+    """Titans' linear memory over whole chunks from weights and momentum (W, S) at a chunk
+    boundary (kernels/titans/); the kernel under no_grad only."""
+    kernel = triton_kernel("titans_linear_memory") if use_triton("titans_linear_memory", q, impl) else titans_linear_reference
+    *outputs, W, S = kernel(q, k, v, rates, *initial_state, chunk)
+    return tuple(outputs), (W, S)
+
+
+def titans_chunk_update(factors: dict[str, tuple[Tensor, Tensor]], rates: Tensor,
+                        initial_state: tuple[dict[str, Tensor], dict[str, Tensor]]):
+    """One chunk's update of any Titans memory whose per-token gradients are sums of outer
+    products, `factors` {weight name: (a, g)}, rates [B,b,3] = (eta, theta, alpha), state
+    (params, momentum) -> ((), (params, momentum)) (kernels/titans/; reference only)."""
+    params, momentum = chunk_update(*initial_state, factors, rates[..., 0], rates[..., 1], rates[..., 2])
+    return (), (params, momentum)

@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from memviz.models.infini import feature_map, memory_retrieve, memory_update
+from kernels.infini.reference import memory_retrieve, memory_update
+from memviz.models.infini import feature_map
 from tests.conftest import random_ids, scrambled, small_model
 
 SEG = 8

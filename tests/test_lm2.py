@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from kernels.lm2_scan import lm2_scan_naive, lm2_scan_reference
+from kernels.lm2.reference import lm2_scan_naive, lm2_scan_reference
 from tests.conftest import random_ids, scrambled, small_model
 
 SLOTS = 4

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 import memviz
-from kernels.product_keys import product_key_topk, weighted_bag
+from kernels.product_keys.reference import product_key_topk, weighted_bag
 from memviz.models.memory_layer import spread_layers, usage_report
 from tests.conftest import random_ids, scrambled, small_model
 

@@ -35,7 +35,6 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
 from kernels import infini_memory
-from kernels.infini_memory import memory_retrieve, memory_update
 from memviz.config import ConfigError, ModelConfig
 from memviz.layers import LocalAttention, SwiGLU, local_span
 from memviz.model import Block, MemoryLM
@@ -93,25 +92,10 @@ class InfiniAttention(LocalAttention):
         q, k, v = self.project(x)
         local, local_state = self.attend(q, k, v, state["local"], pos)
         sq, sk, vh = feature_map(q.transpose(1, 2)), feature_map(k.transpose(1, 2)), v.transpose(1, 2)
-        M, z, seg_k, seg_v = state["M"], state["z"], state["seg_k"], state["seg_v"]
-        S, rule = self.memory_segment_len, self.options.update
-        mem_parts, norm_parts, start = [], [], 0
-        if seg_k.shape[2]:  # finish the segment an earlier chunk left open
-            start = min(T, S - seg_k.shape[2])
-            mem_parts.append(memory_retrieve(sq[:, :, :start], M, z))
-            norm_parts.append(M.flatten(2).norm(dim=-1)[:, None, :].expand(B, start, self.n_heads))
-            seg_k, seg_v = torch.cat([seg_k, sk[:, :, :start]], dim=2), torch.cat([seg_v, vh[:, :, :start]], dim=2)
-            if seg_k.shape[2] == S:
-                M, z = memory_update(seg_k, seg_v, M, z, rule)
-                seg_k, seg_v = seg_k[:, :, :0], seg_v[:, :, :0]
-        if start < T:  # whole segments from a boundary: one dispatcher call
-            read, norms, M, z = infini_memory(sq[:, :, start:], sk[:, :, start:], vh[:, :, start:], M, z, S, rule)
-            mem_parts.append(read)
-            norm_parts.append(norms.repeat_interleave(S, dim=-1)[..., : T - start].transpose(1, 2))
-            open_len = (T - start) % S
-            seg_k, seg_v = sk[:, :, T - open_len:], vh[:, :, T - open_len:]
-        mem = self.hook_mem_out(torch.cat(mem_parts, dim=2).transpose(1, 2))
-        self.hook_mem_norm(torch.cat(norm_parts, dim=1))
+        (mem, norms), (M, z, seg_k, seg_v) = infini_memory(
+            sq, sk, vh, (state["M"], state["z"], state["seg_k"], state["seg_v"]), self.memory_segment_len, self.options.update)
+        mem = self.hook_mem_out(mem.transpose(1, 2))
+        self.hook_mem_norm(norms.transpose(1, 2))
         local = self.hook_local_out(local)
         gate = self.hook_gate(torch.sigmoid(self.beta).expand(B, T, self.n_heads))
         z_out = self.hook_z(gate[..., None] * mem + (1 - gate[..., None]) * local)

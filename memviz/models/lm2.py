@@ -22,7 +22,7 @@ Readings where the paper is ambiguous, each with the alternative as an option:
     default (`output_gate="read"`); `output_gate="bank"` multiplies the bank's mean slot.
   * update granularity: M is indexed by t, so the bank is updated after every token, each
     token reading the bank left by the one before (`update="token"`, the default; sequential,
-    see kernels/lm2_scan.py for the O(N d) step). `update="segment"` reads one bank for a whole
+    see kernels/lm2/reference.py for the O(N d) step). `update="segment"` reads one bank for a whole
     segment of `segment_len` tokens and then applies the update averaged over the segment's
     tokens, which trains in parallel.
   * what is written, and where: the paper's update names no slot and writes tanh(E_mem), which
@@ -142,14 +142,9 @@ class LM2Memory(nn.Module):
     def forward(self, e: Tensor, state: StateTree, pos: int) -> tuple[Tensor, StateTree]:
         g_in = self.hook_input_gate(torch.sigmoid(self.W_in(e)))
         if self.options.update == "token":
-            attn, read, g_f, norms, M = lm2_scan(
-                self.W_Q(e) @ self.W_K.weight / e.shape[-1] ** 0.5,
-                g_in,
-                state["M"],
-                self.W_V.weight.T,
-                self.W_forget.weight.T,
-                self.W_forget.bias,
-            )
+            (attn, read, g_f, norms), M = lm2_scan(
+                self.W_Q(e) @ self.W_K.weight / e.shape[-1] ** 0.5, g_in, self.W_V.weight.T, self.W_forget.weight.T,
+                self.W_forget.bias, state["M"])
             banks_mean = None
             if self.options.output_gate == "bank":
                 banks_mean = self.token_bank_means(state["M"], g_in, read, g_f)

@@ -4,7 +4,7 @@ A memory layer replaces the FFN of a few blocks, spread through the depth. Per h
 
   query          q = x W_q^h                      (d_k dims; with qk_norm, each half and each
                                                    sub-key is l2-normalised)
-  lookup         (s, I) = top-k over the n^2 product keys of q  (exact; kernels/product_keys.py)
+  lookup         (s, I) = top-k over the n^2 product keys of q  (exact; kernels/product_keys/)
   weights        w = softmax(s)
   read           y = sum_h sum_i w_i V[I_i]        (an embedding bag over the value table)
   Memory+ gate   out = (y * silu(x W_1)) W_2        (swilu; plain PKM returns y)

@@ -53,8 +53,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
-from kernels import titans_linear_memory
-from kernels.titans_memory import chunk_update
+from kernels import titans_chunk_update, titans_linear_memory
 from memviz.config import ConfigError, ModelConfig
 from memviz.layers import LocalAttention, RMSNorm, SwiGLU, local_span, segment_pieces
 from memviz.model import Block, MemoryLM, StateTree
@@ -181,7 +180,7 @@ class NeuralMemory(nn.Module):
         query = x if query is None else query
         if "W" in params and pending.shape[1] == 0:  # linear memory from a chunk boundary: one call
             q = F.normalize(F.silu(self.W_Q(query)), dim=-1)
-            read, surprise, loss, loss_after, W, S = titans_linear_memory(q, k, v, rates, params["W"], momentum["W"], self.chunk)
+            (read, surprise, loss, loss_after), (W, S) = titans_linear_memory(q, k, v, rates, (params["W"], momentum["W"]), self.chunk)
             open_len = x.shape[1] % self.chunk
             pending = torch.cat([k, v, rates], dim=-1)[:, x.shape[1] - open_len:]
             stats = {"surprise": surprise, "loss": loss, "loss_after": loss_after, "rates": rates}
@@ -199,7 +198,7 @@ class NeuralMemory(nn.Module):
             sq = sum(fa.pow(2).sum(-1) * fg.pow(2).sum(-1) for fa, fg in factors.values())
             parts["surprise"].append(sq[:, -n_new:].sqrt())
             if (pos + b) % self.chunk == 0:
-                params, momentum = chunk_update(params, momentum, factors, cr[..., 0], cr[..., 1], cr[..., 2])
+                _, (params, momentum) = titans_chunk_update(factors, cr, (params, momentum))
                 pending = pending[:, :0]
             after, _ = memory_forward(params, ck[:, -n_new:])
             parts["loss_after"].append((after - cv[:, -n_new:]).pow(2).sum(-1))

@@ -1,4 +1,4 @@
-"""LM2 bank scan as a compiled CPU loop (kernels/lm2_scan_cpu.c), forward only.
+"""LM2 bank scan as a compiled CPU loop (kernels/lm2/cpu.c), forward only.
 
 The scan is sequential over tokens, and in eager PyTorch each token costs about eleven small
 op dispatches; the C loop does the same O(N d + d^2) arithmetic a token with no dispatch. The
@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from kernels.lm2_scan import ScanResult, finish_scan, read_weights
+from kernels.lm2.reference import ScanResult, finish_scan, read_weights
 
 SOURCE = Path(__file__).with_suffix(".c")
 FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=c99"]
@@ -83,7 +83,7 @@ def supports(q_slot: Tensor) -> bool:
 
 
 def lm2_scan(q_slot: Tensor, g_in: Tensor, M0: Tensor, W_V: Tensor, W_f: Tensor, b_f: Tensor) -> ScanResult:
-    """The same contract as kernels.lm2_scan.lm2_scan_reference, with no autograd."""
+    """The same contract as kernels.lm2.reference.lm2_scan_reference, with no autograd."""
     if not supports(q_slot):
         raise ValueError(f"the LM2 CPU kernel takes float32 or float64 CPU tensors, got {q_slot.dtype} on {q_slot.device}")
     B, T, d = q_slot.shape

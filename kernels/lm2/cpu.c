@@ -1,4 +1,4 @@
-/* LM2 factored bank scan on the CPU: the loop of kernels/lm2_scan.py (_factored_steps) in C.
+/* LM2 factored bank scan on the CPU: the loop of kernels/lm2/reference.py (_factored_steps) in C.
 
    Per token t of sequence b, with D_t, c_t the bank's common decay and write (M_t = D_t*M0 + c_t):
      a_t    = softmax((q~_t * D_t) M0^T)           scores as axpys over M0^T rows (N-wide)

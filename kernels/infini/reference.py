@@ -49,3 +49,29 @@ def infini_memory_reference(sq: Tensor, sk: Tensor, v: Tensor, M: Tensor, z: Ten
         if b - a == segment_len:
             M, z = memory_update(sk[:, :, a:b], v[:, :, a:b], M, z, rule)
     return torch.cat(reads, dim=2), torch.stack(norms, dim=-1), M, z
+
+
+def infini_memory_stream(sq: Tensor, sk: Tensor, v: Tensor, state: tuple[Tensor, Tensor, Tensor, Tensor], segment_len: int,
+                         rule: str, whole_segments=infini_memory_reference):
+    """The op at any offset into a segment, as the dispatcher presents it: state (M, z, the
+    open segment's sigma(K) [B,H,P,d] and V [B,H,P,dv], P < segment_len) -> ((A_mem [B,H,T,dv],
+    ||M||_F each token read [B,H,T]), the state after the input). The open segment is finished
+    here; whole segments from its end go to `whole_segments` (the reference or a kernel)."""
+    M, z, open_k, open_v = state
+    T, S = sq.shape[2], segment_len
+    reads, norms, start = [], [], 0
+    if open_k.shape[2]:  # finish the segment an earlier call left open
+        start = min(T, S - open_k.shape[2])
+        reads.append(memory_retrieve(sq[:, :, :start], M, z))
+        norms.append(M.flatten(2).norm(dim=-1)[..., None].expand(-1, -1, start))
+        open_k, open_v = torch.cat([open_k, sk[:, :, :start]], dim=2), torch.cat([open_v, v[:, :, :start]], dim=2)
+        if open_k.shape[2] == S:
+            M, z = memory_update(open_k, open_v, M, z, rule)
+            open_k, open_v = open_k[:, :, :0], open_v[:, :, :0]
+    if start < T:  # whole segments from a boundary: one call
+        read, segment_norms, M, z = whole_segments(sq[:, :, start:], sk[:, :, start:], v[:, :, start:], M, z, S, rule)
+        reads.append(read)
+        norms.append(segment_norms.repeat_interleave(S, dim=-1)[..., : T - start])
+        open_len = (T - start) % S
+        open_k, open_v = sk[:, :, T - open_len:], v[:, :, T - open_len:]
+    return (torch.cat(reads, dim=2), torch.cat(norms, dim=2)), (M, z, open_k, open_v)

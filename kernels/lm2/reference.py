@@ -20,7 +20,7 @@ and the common vector c_t adds the same score to every slot, which the softmax c
 so a step costs O(N d + d^2) with no bank-sized projection, against O(N d^2) for projecting
 the whole bank with W_K and W_V every token (`lm2_scan_naive`, the benchmark's baseline and a
 second check of the reference). q~, the input gates and all of M_0's products are computed
-once per scan, outside the loop. The same loop compiled for the CPU is kernels/lm2_scan_cpu.c.
+once per scan, outside the loop. The same loop compiled for the CPU is kernels/lm2/cpu.c.
 """
 from __future__ import annotations
 

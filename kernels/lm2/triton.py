@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.lm2_scan import ScanResult
+from kernels.lm2.reference import ScanResult
 
 
 @triton.jit

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.infini_memory import EPS
+from kernels.infini.reference import EPS
 
 
 def _block(n: int) -> int:

@@ -1,0 +1,53 @@
+"""The product-key Triton kernels against the references, with gradients."""
+import pytest
+import torch
+
+from kernels import dispatch
+from kernels.product_keys.reference import product_key_topk as topk_reference
+from kernels.product_keys.reference import weighted_bag as bag_reference
+from kernels.testing import close, leaves
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 3, 13, 10, 6), (1, 3, 1, 7, 6, 7)])
+def test_product_key_topk_matches_the_reference_with_gradients(seed, shape):
+    B, T, H, n, d_k, k = shape
+    q, keys = torch.randn(B, T, H, d_k), torch.randn(H, 2, n, d_k // 2)
+    (q32, k32), (q64, k64) = leaves([q, keys], torch.float32), leaves([q, keys], torch.float64)
+    scores, indices = dispatch.product_key_topk(q32, k32, k, impl="triton")
+    ref_scores, ref_indices = topk_reference(q64, k64, k)
+    close(scores, ref_scores, seed, "top-k scores")
+    # indices: each must address a key whose exact score is the one reported (ties may reorder)
+    s1 = torch.einsum("bthd,hnd->bthn", q64[..., : d_k // 2], k64[:, 0])
+    s2 = torch.einsum("bthd,hnd->bthn", q64[..., d_k // 2:], k64[:, 1])
+    exact = s1.gather(-1, indices // n) + s2.gather(-1, indices % n)
+    close(exact, ref_scores, seed, "scores of the returned indices")
+    assert indices.unique(dim=-1).shape == indices.shape and bool((indices >= 0).all() and (indices < n * n).all())
+    grad = torch.randn_like(scores)
+    scores.backward(grad)
+    ref_scores.backward(grad.double())
+    close(q32.grad, q64.grad, seed, "dq")
+    close(k32.grad, k64.grad, seed, "dkeys")
+
+
+@pytest.mark.parametrize("strategy", ["reverse", "atomic"])
+def test_weighted_bag_matches_embedding_bag_with_gradients(seed, strategy):
+    rows, k, n_values, D = 11, 5, 37, 9
+    indices = torch.randint(0, n_values, (rows, k))
+    indices[0] = indices[1]  # rows sharing values: the reverse index must sum them
+    w, values = torch.rand(rows, k), torch.randn(n_values, D)
+    (w32, v32), (w64, v64) = leaves([w, values], torch.float32), leaves([w, values], torch.float64)
+    out = dispatch.triton_kernel("weighted_bag")(indices, w32, v32, strategy)
+    ref = bag_reference(indices, w64, v64)
+    close(out, ref, seed, "bag forward")
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    ref.backward(grad.double())
+    close(w32.grad, w64.grad, seed, "dweights")
+    close(v32.grad, v64.grad, seed, f"dvalues ({strategy})")
+
+
+def test_bag_value_gradient_rejects_an_unknown_strategy():
+    from kernels.product_keys.triton import bag_value_grad
+
+    with pytest.raises(ValueError, match="'reverse' or 'atomic'"):
+        bag_value_grad(torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2), torch.ones(1, 3), 4, "sorted")

@@ -1,0 +1,38 @@
+"""What the kernel tests share: fresh random seeds, NaN-poisoned buffers, float64 comparison."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+TOL = dict(rtol=1e-4, atol=2e-5)
+
+
+@pytest.fixture
+def seed():
+    """A fresh seed each run (it is in every failure message)."""
+    value = random.SystemRandom().randrange(2**31)
+    torch.manual_seed(value)
+    return value
+
+
+@pytest.fixture(autouse=True)
+def poisoned_buffers(monkeypatch):
+    """torch.empty hands out NaN (floats) or -7 (integers) instead of whatever memory held, so
+    an element a kernel forgot to write fails the comparison."""
+    empty = torch.empty
+
+    def poisoned(*args, **kwargs):
+        out = empty(*args, **kwargs)
+        return out.fill_(float("nan") if out.is_floating_point() else -7)
+
+    monkeypatch.setattr(torch, "empty", poisoned)
+
+
+def close(actual, expected, seed, what):
+    torch.testing.assert_close(actual.double(), expected.double(), **TOL, msg=lambda m: f"{what} (seed {seed}): {m}")
+
+
+def leaves(tensors, dtype):
+    return [t.detach().to(dtype).requires_grad_() for t in tensors]
