@@ -46,7 +46,7 @@ def recall_at(model, state, ids: list[int]) -> float:
     hook = (f"side_blocks.{model.augmented_layer}.attn.hook_q", lambda q, hook: captured.setdefault("q", q))
     with torch.no_grad():
         model.run_with_hooks(torch.tensor([ids]), fwd_hooks=[hook], state=state)
-    bank = state.layers[-1]["bank"]
+    bank = state.shared["bank"]
     lo, hi = bank.visible_range(state.pos - model.options.bank_size, state.pos)
     K = layer.options.topk_chunks
     exact = bank.search(captured["q"], lo, hi, K, kind="exact")[1]

@@ -2,13 +2,16 @@
 
 Family-specific settings live in `memory` (a plain dict) and are validated by the family's
 own options dataclass (see `memviz.registry`), so an unknown key or value is caught at load
-time with the family's name in the message.
+time with the family's name in the message. What a token's local attention sees is one option,
+`attention` ({"kind": "causal" | "window" | "segment", "span": tokens}, `memviz.layers.AttentionSpan`);
+`segment_len` is the memory's segment. Configs written before `attention` existed spelled it
+`window` (a sliding window) or a family's `memory.local`; they are read into `attention` here.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 
@@ -28,7 +31,7 @@ class ModelConfig:
     n_heads: int = 4
     d_head: int = 0  # 0 means d_model // n_heads
     d_mlp: int = 0  # SwiGLU hidden width; 0 means 8/3 * d_model rounded up to 32
-    window: int | None = None  # sliding-window width of local attention; None is full causal
+    attention: dict[str, Any] | None = None  # the local attention (module docstring); None: the family's default
     segment_len: int | None = None  # memory segment length for families that carry state
     rope_base: float = 10000.0
     norm_eps: float = 1e-5
@@ -37,8 +40,10 @@ class ModelConfig:
     init: str = "gpt2"  # "gpt2": every weight N(0, 0.02); "fan_in": N(0, 1/fan_in), see MemoryLM.reset_parameters
     memory: dict[str, Any] = field(default_factory=dict)
     name: str = ""
+    window: InitVar[int | None] = None  # older spelling of attention {"kind": "window", "span": window}
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, window: int | None) -> None:
+        self.attention = upgraded_attention(self, window)
         if self.d_head == 0 and self.n_heads > 0:
             self.d_head = self.d_model // self.n_heads
         if self.d_mlp == 0:
@@ -55,10 +60,11 @@ class ModelConfig:
                 raise ConfigError(f"config field {name!r} must be a positive integer, got {value!r}")
         if self.d_head % 2:
             raise ConfigError(f"d_head must be even for rotary embeddings, got {self.d_head}")
-        for name in ("window", "segment_len"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
-                raise ConfigError(f"config field {name!r} must be a positive integer or null, got {value!r}")
+        if self.segment_len is not None and (not isinstance(self.segment_len, int) or isinstance(self.segment_len, bool)
+                                             or self.segment_len <= 0):
+            raise ConfigError(f"config field 'segment_len' must be a positive integer or null, got {self.segment_len!r}")
+        if self.attention is not None and (not isinstance(self.attention, dict) or set(self.attention) - {"kind", "span"}):
+            raise ConfigError(f"config field 'attention' must be an object with 'kind' and 'span', got {self.attention!r}")
         if isinstance(self.embed_scale, bool) or not isinstance(self.embed_scale, (int, float)) or not self.embed_scale > 0:
             raise ConfigError(f"config field 'embed_scale' must be a positive number, got {self.embed_scale!r}")
         if self.init not in INIT_SCHEMES:
@@ -76,7 +82,7 @@ class ModelConfig:
     def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
         if not isinstance(data, dict):
             raise ConfigError(f"a config must be a JSON object, got {type(data).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = {f.name for f in dataclasses.fields(cls)} | {"window"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"unknown config fields {unknown}; known fields are {sorted(known)}")
@@ -94,4 +100,31 @@ class ModelConfig:
         return cls.from_dict(data)
 
     def replace(self, **changes: Any) -> "ModelConfig":
+        """A copy with `changes` applied (an `attention` change replaces the attention)."""
         return ModelConfig.from_dict({**self.to_dict(), **changes})
+
+
+def upgraded_attention(cfg: ModelConfig, window: int | None) -> dict[str, Any] | None:
+    """`cfg.attention`, or what an older config's `window` or `memory.local` meant by it (the
+    latter is taken out of `cfg.memory`): local "segment" attends within `segment_len`, local
+    "window" over the config's window, else over the last `segment_len` tokens."""
+    attention = cfg.attention
+    if window is not None:
+        if attention is not None:
+            raise ConfigError("give 'attention' or the older 'window', not both")
+        if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+            raise ConfigError(f"config field 'window' must be a positive integer or null, got {window!r}")
+        attention = {"kind": "window", "span": window}
+    if not isinstance(cfg.memory, dict) or "local" not in cfg.memory:
+        return attention
+    cfg.memory = dict(cfg.memory)
+    local = cfg.memory.pop("local")
+    if local not in ("segment", "window"):
+        raise ConfigError(f"memory option 'local' (an older spelling of 'attention') must be 'segment' or 'window', got {local!r}")
+    if local == "window" and attention is not None:
+        return attention
+    if cfg.segment_len is None:
+        raise ConfigError(f"memory option local={local!r} attends over config.segment_len; set it (or give 'attention')")
+    if local == "segment" and attention is not None:
+        raise ConfigError("memory option local='segment' attends within the segment; give it or 'window', not both")
+    return {"kind": local, "span": cfg.segment_len}

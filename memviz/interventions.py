@@ -34,11 +34,16 @@ def swap_memory(state: StateTree, donor: StateTree) -> StateTree:
     """`state` with every part except local key/value caches (`LocalCache`) taken from `donor`."""
     if isinstance(state, LocalCache):
         return state
-    if isinstance(state, dict):
+    if isinstance(state, dict) and isinstance(donor, dict):
         return {key: swap_memory(value, donor[key]) for key, value in state.items()}
-    if isinstance(state, list):
+    if isinstance(state, list) and isinstance(donor, list):
         return [swap_memory(a, b) for a, b in zip(state, donor)]
-    return donor
+    return donor  # a memory leaf, or a part one side holds as None (Titans' fresh weights)
+
+
+def swap_state(state: ModelState, donor: ModelState) -> ModelState:
+    """`state` at its position with the memory (of every layer and the shared state) of `donor`."""
+    return ModelState(state.pos, swap_memory(state.layers, donor.layers), swap_memory(state.shared, donor.shared))
 
 
 def segment_length(model) -> int:
@@ -47,7 +52,7 @@ def segment_length(model) -> int:
     if "reset" not in points:
         offered = f"; it offers {sorted(points)}" if points else ""
         raise ValueError(f"a {model.family} model carries no memory state to reset or patch{offered}")
-    seg = model.cfg.segment_len or model.cfg.window
+    seg = model.cfg.segment_len or (model.attention.span if model.attention is not None else None)
     if seg is None:
         raise ValueError(f"a {model.family} model has no segments to intervene at")
     return seg
@@ -56,7 +61,7 @@ def segment_length(model) -> int:
 def ablate_at(model, segment: int) -> tuple[int, Edit]:
     """Reset the memory to its initial value at the start of `segment`."""
     fresh = model.init_state(1)
-    return segment * segment_length(model), lambda state: ModelState(state.pos, swap_memory(state.layers, fresh.layers))
+    return segment * segment_length(model), lambda state: swap_state(state, fresh)
 
 
 @torch.no_grad()
@@ -70,7 +75,7 @@ def replace_at(model, segment: int, donor_text: str) -> tuple[int, Edit]:
     donor = model.init_state(1)
     if position:
         _, donor = model(ids[:position], state=donor, return_state=True)
-    return position, lambda state: ModelState(state.pos, swap_memory(state.layers, donor.layers))
+    return position, lambda state: swap_state(state, donor)
 
 
 @torch.no_grad()

@@ -1,22 +1,60 @@
 """Layers every family shares: RMSNorm, rotary embeddings, SwiGLU and local causal attention.
 
-`LocalAttention` is one attention core for three masks, all streaming through a key/value
-cache so that a chunked run equals a one-pass run:
-  * full causal attention (window=None, segment_len=None; the cache grows with the input),
-  * sliding-window attention (query at p sees keys in (p - window, p]),
-  * segment-local attention (query sees only earlier keys of its own segment of `segment_len`
-    tokens, as Infini-attention's and Titans-MAC's local attention do).
+`LocalAttention` is one attention core for the three kinds of `AttentionSpan`, all streaming
+through a key/value cache so that a chunked run equals a one-pass run:
+  * "causal": full causal attention (the cache grows with the input),
+  * "window": sliding-window attention (query at p sees keys in (p - span, p]),
+  * "segment": segment-local attention (query sees only earlier keys of its own segment of
+    `span` tokens, as Infini-attention's and Titans-MAC's local attention do).
 The cache keeps only the keys a later query can still see, so its size is bounded by the
 window or the segment.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
-from memviz.config import ModelConfig
+from memviz.config import ConfigError, ModelConfig
+
+ATTENTION_KINDS = ("causal", "window", "segment")
+
+
+@dataclass(frozen=True)
+class AttentionSpan:
+    """What a token's local attention sees (module docstring): a model config's `attention`."""
+
+    kind: str = "causal"
+    span: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ATTENTION_KINDS:
+            raise ConfigError(f"attention kind must be one of {list(ATTENTION_KINDS)}, got {self.kind!r}")
+        if self.kind == "causal" and self.span is not None:
+            raise ConfigError(f"causal attention sees every earlier token and takes no span, got span {self.span!r}")
+        if self.kind != "causal" and (not isinstance(self.span, int) or isinstance(self.span, bool) or self.span <= 0):
+            raise ConfigError(f"{self.kind} attention needs a span, a positive number of tokens, got {self.span!r}")
+
+    @classmethod
+    def parse(cls, data: dict[str, Any]) -> "AttentionSpan":
+        if not isinstance(data, dict) or set(data) - {"kind", "span"}:
+            raise ConfigError(f"attention must be an object with 'kind' and 'span', got {data!r}")
+        return cls(**data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind} if self.span is None else {"kind": self.kind, "span": self.span}
+
+    @property
+    def window(self) -> int | None:
+        return self.span if self.kind == "window" else None
+
+    @property
+    def segment_len(self) -> int | None:
+        return self.span if self.kind == "segment" else None
 
 
 class RMSNorm(nn.Module):
@@ -76,12 +114,6 @@ def local_mask(q_pos: Tensor, k_pos: Tensor, window: int | None, segment_len: in
     return mask
 
 
-def local_span(segment_len: int, local: str) -> tuple[int | None, int | None]:
-    """(window, segment_len) of a segmented memory model's local attention: within its segment
-    (`local="segment"`, the papers) or over a sliding window of the segment's length ("window")."""
-    return (segment_len, None) if local == "window" else (None, segment_len)
-
-
 def segment_pieces(pos: int, length: int, segment_len: int | None) -> list[tuple[int, int]]:
     """Split the chunk [pos, pos+length) at segment boundaries; offsets are chunk-relative."""
     if segment_len is None:
@@ -112,11 +144,10 @@ class LocalAttention(nn.Module):
     L cached positions just before the chunk (plus "ks", "vs" for side keys).
     """
 
-    def __init__(self, cfg: ModelConfig, window: int | None, segment_len: int | None = None,
-                 n_persistent: int = 0, side_keys: bool = False) -> None:
+    def __init__(self, cfg: ModelConfig, span: AttentionSpan, n_persistent: int = 0, side_keys: bool = False) -> None:
         super().__init__()
         self.n_heads, self.d_head, self.rope_base = cfg.n_heads, cfg.d_head, cfg.rope_base
-        self.window, self.segment_len, self.side_keys = window, segment_len, side_keys
+        self.window, self.segment_len, self.side_keys = span.window, span.segment_len, side_keys
         inner = cfg.n_heads * cfg.d_head
         self.W_Q = nn.Linear(cfg.d_model, inner, bias=False)
         self.W_K = nn.Linear(cfg.d_model, inner, bias=False)

@@ -21,7 +21,7 @@ from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from memviz.config import ConfigError, ModelConfig
-from memviz.layers import LocalAttention, RMSNorm, SwiGLU
+from memviz.layers import AttentionSpan, LocalAttention, RMSNorm, SwiGLU
 from memviz.registry import parse_options
 from memviz.trace import generic_hook_name
 from memviz.tokenizer import ByteTokenizer, Tokenizer
@@ -56,14 +56,17 @@ def tree_tensors(tree: StateTree) -> Iterator[Tensor]:
 
 @dataclass
 class ModelState:
-    """What a model carries from one chunk to the next: the position reached and, per layer,
-    that layer's memory (KV caches, memory matrices, slot banks, neural-memory weights)."""
+    """What a model carries from one chunk to the next: the position reached, per layer that
+    layer's state (local caches, memory matrices, slot banks, neural-memory weights), and
+    `shared`, state that belongs to no one layer (LongMem's bank and its side network's caches).
+    Local attention caches are `memviz.layers.LocalCache`s; everything else is memory."""
 
     pos: int
     layers: list[StateTree] = field(default_factory=list)
+    shared: StateTree = None
 
     def map(self, fn: Callable[[Tensor], Tensor]) -> "ModelState":
-        return ModelState(self.pos, map_tree(fn, self.layers))
+        return ModelState(self.pos, map_tree(fn, self.layers), map_tree(fn, self.shared))
 
     def detach(self) -> "ModelState":
         return self.map(lambda t: t.detach())
@@ -72,7 +75,7 @@ class ModelState:
         return self.map(lambda t: t.clone())
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in tree_tensors(self.layers))
+        return sum(t.numel() * t.element_size() for t in tree_tensors([self.layers, self.shared]))
 
 
 class Block(nn.Module):
@@ -125,7 +128,12 @@ class MemoryLM(HookedRootModule):
     def __init__(self, cfg: ModelConfig, tokenizer: Tokenizer | None = None, card: dict | None = None) -> None:
         super().__init__()
         self.cfg = cfg
+        cfg.memory = self.upgrade_options(cfg)
         self.options = parse_options(self.Options, self.family, cfg.memory)
+        spec = cfg.attention if cfg.attention is not None else self.default_attention()
+        #: what a token's local attention sees (None for a model without attention)
+        self.attention = None if spec is None else AttentionSpan.parse(spec)
+        cfg.attention = self.attention.to_dict() if self.attention is not None else None
         self.check_config()
         if tokenizer is None and cfg.vocab_size == ByteTokenizer().vocab_size:
             tokenizer = ByteTokenizer()
@@ -144,16 +152,24 @@ class MemoryLM(HookedRootModule):
         self.setup()
 
     # ----- construction, overridden by families -------------------------------------------
+    def upgrade_options(self, cfg: ModelConfig) -> dict:
+        """The config's `memory` options, with what an older config spelled otherwise rewritten
+        (a family that renamed an option overrides this, so old checkpoints keep loading)."""
+        return cfg.memory
+
+    def default_attention(self) -> dict | None:
+        """The attention a config that names none gets (`memviz.layers.AttentionSpan`)."""
+        return {"kind": "causal"}
+
     def check_config(self) -> None:
-        if self.cfg.window is not None:
-            raise ConfigError("the 'transformer' family is full causal; use 'sliding_window' for a window")
+        """Raise ConfigError for settings the family cannot build."""
 
     def build(self) -> None:
         self.blocks = nn.ModuleList(self.make_block(layer) for layer in range(self.cfg.n_layers))
 
     def make_block(self, layer: int) -> nn.Module:
         cfg = self.cfg
-        return Block(cfg, LocalAttention(cfg, window=cfg.window), SwiGLU(cfg.d_model, cfg.d_mlp))
+        return Block(cfg, LocalAttention(cfg, self.attention), SwiGLU(cfg.d_model, cfg.d_mlp))
 
     def reset_parameters(self) -> None:
         """Weights N(0, std^2), output projections' std scaled by 1/sqrt(2 n_layers) (GPT-2).
@@ -233,7 +249,7 @@ class MemoryLM(HookedRootModule):
         if state is None:
             state = self.init_state(tokens.shape[0])
         x = self.hook_embed(self.embed(tokens) * self.cfg.embed_scale)
-        x, layer_states = self.run_blocks(x, tokens, state)
+        x, layer_states, shared = self.run_blocks(x, tokens, state)
         logits = self.unembed(self.ln_final(x))
         outputs: list[Any] = []
         if return_type in ("logits", "both"):
@@ -243,15 +259,16 @@ class MemoryLM(HookedRootModule):
         if not outputs:
             raise ValueError(f"return_type must be 'logits', 'loss' or 'both', got {return_type!r}")
         if return_state:
-            outputs.append(ModelState(state.pos + tokens.shape[1], layer_states))
+            outputs.append(ModelState(state.pos + tokens.shape[1], layer_states, shared))
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
-    def run_blocks(self, x: Tensor, tokens: Tensor, state: ModelState) -> tuple[Tensor, list[StateTree]]:
+    def run_blocks(self, x: Tensor, tokens: Tensor, state: ModelState) -> tuple[Tensor, list[StateTree], StateTree]:
+        """The blocks over a chunk: (output, each layer's new state, the new shared state)."""
         new_states = []
         for block, layer_state in zip(self.blocks, state.layers):
             x, layer_state = block(x, layer_state, state.pos)
             new_states.append(layer_state)
-        return x, new_states
+        return x, new_states, state.shared
 
     def stream(
         self, tokens: Sequence[int] | Tensor, chunk_len: int | None = None, state: ModelState | None = None

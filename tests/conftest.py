@@ -23,14 +23,15 @@ def restore_torch_threads():
 
 
 #: the smallest extra config each family needs to build
+WINDOW = {"attention": {"kind": "window", "span": 8}}
 FAMILY_CONFIGS = {
     "transformer": {},
-    "sliding_window": {"window": 8},
+    "sliding_window": WINDOW,
     "infini": {"segment_len": 8},
-    "lm2": {"window": 8, "memory": {"slots": 4}},
-    "titans": {"segment_len": 8, "memory": {"variant": "mac", "chunk": 8}},
-    "memory_layer": {"window": 8, "memory": {"n_keys": 8, "topk": 4, "heads": 2, "d_key": 8, "layers": [1]}},
-    "longmem": {"window": 8, "segment_len": 8, "memory": {"chunk_size": 4, "topk_chunks": 2, "bank_size": 16}},
+    "lm2": {**WINDOW, "memory": {"slots": 4}},
+    "titans": {"segment_len": 8, "memory": {"variant": "mac"}},
+    "memory_layer": {**WINDOW, "memory": {"n_keys": 8, "topk": 4, "heads": 2, "d_key": 8, "layers": [1]}},
+    "longmem": {**WINDOW, "segment_len": 8, "memory": {"chunk_size": 4, "topk_chunks": 2, "bank_size": 16}},
 }
 SMALL = dict(d_model=32, n_layers=2, n_heads=2, d_mlp=64, vocab_size=259)
 

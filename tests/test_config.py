@@ -37,8 +37,10 @@ def test_unknown_family_and_bad_json():
         ModelConfig.from_json("{")
     with pytest.raises(ConfigError, match="'family' must name a model family"):
         ModelConfig.from_dict({"d_model": 64})
-    with pytest.raises(ConfigError, match="needs config.window"):
+    with pytest.raises(ConfigError, match="'sliding_window' family needs attention"):
         build_model(ModelConfig(family="sliding_window"))
+    with pytest.raises(ConfigError, match="'transformer' family is full causal"):
+        build_model(ModelConfig(family="transformer", attention={"kind": "window", "span": 8}))
     with pytest.raises(ConfigError, match="unknown sliding_window memory options"):
         build_model(ModelConfig(family="sliding_window", window=8, memory={"slots": 4}))
 

@@ -74,3 +74,18 @@ def test_topk_ablation_zeroes_a_memory_layers_read():
         model.silence_hooks(0)
     with pytest.raises(ValueError, match=r"it offers \['silence'\]"):  # parametric: nothing to reset
         ablate_at(model, 1)
+
+
+@pytest.mark.parametrize("family, config", [("titans", {"segment_len": 8, "memory": {"variant": "mac"}}),
+                                            ("lm2", {"window": 8, "segment_len": 8, "memory": {"slots": 4, "update": "slots"}}),
+                                            ("longmem", {"window": 8, "segment_len": 8,
+                                                         "memory": {"chunk_size": 4, "topk_chunks": 2, "bank_size": 16}})])
+def test_every_stateful_family_resets_and_patches(family, config):
+    """A reset before anything was written and a patch with the model's own text change nothing;
+    a late reset does (Titans' fresh weights are held as None, LongMem's bank in the shared state)."""
+    model = scrambled(small_model(family, **config), std=0.2)
+    prompt, answer = "the pass key is 12345. " * 3, "12345"
+    clean = answer_logprob(model, prompt, answer)["logprob"]
+    assert answer_logprob(model, prompt, answer, [ablate_at(model, 0)])["logprob"] == pytest.approx(clean, abs=1e-6)
+    assert answer_logprob(model, prompt, answer, [replace_at(model, 8, prompt)])["logprob"] == pytest.approx(clean, abs=1e-5)
+    assert answer_logprob(model, prompt, answer, [ablate_at(model, 8)])["logprob"] != pytest.approx(clean, abs=1e-4)

@@ -8,9 +8,9 @@ from tests.conftest import random_ids, scrambled, small_model
 SLOTS = 4
 
 
-def lm2(**memory):
-    window = None if memory.get("local") == "segment" else 8
-    return scrambled(small_model("lm2", window=window, segment_len=8, memory={"slots": SLOTS, **memory}), std=0.2)
+def lm2(attention="window", **memory):
+    return scrambled(small_model("lm2", attention={"kind": attention, "span": 8}, segment_len=8,
+                                 memory={"slots": SLOTS, **memory}), std=0.2)
 
 
 def first_layer_run(model, ids):
@@ -110,18 +110,23 @@ def test_addressed_write_follows_the_documented_update_slot_by_slot():
     assert (M[0] - M[1]).abs().max() > 1e-3  # slots receive different writes
 
 
-def test_an_addressed_write_needs_segment_updates():
+def test_addressed_writes_are_one_update_kind_and_older_configs_still_load():
+    with pytest.raises(ValueError, match="update='slots' needs config.segment_len"):
+        small_model("lm2", window=8, memory={"update": "slots"})
+    older = small_model("lm2", segment_len=8, memory={"update": "segment", "write": "slots", "local": "segment"})
+    assert older.options.update == "slots" and older.cfg.memory == {"update": "slots"}
+    assert older.cfg.attention == {"kind": "segment", "span": 8}, "local='segment' attended within the segment"
     with pytest.raises(ValueError, match="write='slots' needs update='segment'"):
         small_model("lm2", window=8, memory={"write": "slots"})
-    with pytest.raises(ValueError, match="write"):
+    with pytest.raises(ValueError, match="'write'.* must be 'read' or 'slots'"):
         small_model("lm2", window=8, segment_len=8, memory={"update": "segment", "write": "everywhere"})
 
 
-ADDRESSED = {"update": "segment", "write": "slots"}
+ADDRESSED = {"update": "slots"}
 
 
 @pytest.mark.parametrize("memory", [{}, {"update": "segment"}, {"output_gate": "bank"},
-                                    ADDRESSED, {**ADDRESSED, "local": "segment"}])
+                                    ADDRESSED, {**ADDRESSED, "attention": "segment"}])
 @pytest.mark.parametrize("chunk_len", [1, 5, 16])
 def test_streamed_run_equals_one_pass(memory, chunk_len):
     model = lm2(**memory)
@@ -166,11 +171,9 @@ def test_segment_local_attention_reaches_past_its_segment_only_through_the_bank(
         with torch.no_grad():
             return (model(ids) - model(changed)).abs().amax(-1)[0]
 
-    assert moved(shut_bank(lm2(**ADDRESSED, local="segment")))[8:].max() < 1e-5
+    assert moved(shut_bank(lm2("segment", **ADDRESSED)))[8:].max() < 1e-5
     assert moved(shut_bank(lm2(**ADDRESSED)))[8:10].min() > 1e-3
-    assert moved(lm2(**ADDRESSED, local="segment"))[8:].min() > 1e-3
-    with pytest.raises(ValueError, match="leave config.window null"):
-        small_model("lm2", window=8, segment_len=8, memory={**ADDRESSED, "local": "segment"})
+    assert moved(lm2("segment", **ADDRESSED))[8:].min() > 1e-3
 
 
 def test_forget_bias_sets_how_long_a_fresh_bank_remembers():
@@ -184,7 +187,7 @@ def test_forget_bias_sets_how_long_a_fresh_bank_remembers():
         small_model("lm2", window=8, memory={"forget_bias": float("nan")})
 
 
-@pytest.mark.parametrize("memory", [{"update": "segment", "write": "slots"}, {"update": "segment"}])
+@pytest.mark.parametrize("memory", [{"update": "slots"}, {"update": "segment"}])
 def test_the_parts_of_all_tokens_add_up_to_the_bank(memory):
     """From an empty bank, the whole input's part under the run's own gates is the bank itself;
     two spans' parts add up to the whole's."""
@@ -205,7 +208,7 @@ def test_the_parts_of_all_tokens_add_up_to_the_bank(memory):
         torch.testing.assert_close(f + r, w, atol=1e-12, rtol=1e-10)
 
 
-@pytest.mark.parametrize("memory", [{"update": "segment", "write": "slots"}, {"update": "segment"}])
+@pytest.mark.parametrize("memory", [{"update": "slots"}, {"update": "segment"}])
 def test_needle_hold_follows_the_spans_write_as_the_forget_gates_decay_it(memory):
     model = lm2(**memory)
     hold = model.needle_hold(random_ids(64), (16, 24))  # the third segment of 8 tokens

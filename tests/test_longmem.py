@@ -47,7 +47,7 @@ def test_tokens_read_only_earlier_segments_within_the_fifo_bank():
         expected = min(3, min(start, 16) // 4)  # chunks available to read
         assert (positions[t] >= 0).sum(-1).eq(expected).all(), (t, positions[t])
     _, state = model(random_ids(48), return_state=True)
-    bank = state.layers[-1]["bank"]
+    bank = state.shared["bank"]
     assert bank.keys.shape[1] == 16 and bank.positions.tolist() == list(range(32, 48))
 
 
@@ -136,7 +136,7 @@ def test_ablating_the_bank_at_a_segment_empties_it_and_keeps_the_local_caches():
     position, edit = ablate_at(model, 8)  # token 64: the answer (tokens 69-73) would read bank 48-63
     _, state = model(model.tokenizer.encode(prompt)[:position], return_state=True)
     edited = edit(state)
-    assert len(edited.layers[-1]["bank"]) == 0 and edited.layers[-1]["bank"].positions.numel() == 0
+    assert len(edited.shared["bank"]) == 0 and edited.shared["bank"].positions.numel() == 0
     assert torch.equal(edited.layers[0]["attn"]["k"], state.layers[0]["attn"]["k"])
     clean = answer_logprob(model, prompt, "12345")["logprob"]
     assert answer_logprob(model, prompt, "12345", [(position, edit)])["logprob"] != pytest.approx(clean, abs=1e-5)

@@ -16,7 +16,7 @@ import memviz
 from memviz import viz
 from memviz.config import ModelConfig
 from memviz.interventions import ablate_at, answer_logprob, replace_at
-from memviz.layers import LocalAttention, LocalCache, SwiGLU
+from memviz.layers import AttentionSpan, LocalAttention, LocalCache, SwiGLU
 from memviz.model import Block, MemoryLM
 from memviz.plots import WIDTH, layer_names, timeline
 from memviz.registry import check_positive, register_family, unregister_family
@@ -38,9 +38,9 @@ class LeakySumOptions:
 class LeakySumMixer(nn.Module):
     """Window attention plus a leaky running sum m_t = decay m_{t-1} + W_in x_t, read as W_out m_t."""
 
-    def __init__(self, cfg: ModelConfig, options: LeakySumOptions) -> None:
+    def __init__(self, cfg: ModelConfig, options: LeakySumOptions, span: AttentionSpan) -> None:
         super().__init__()
-        self.local = LocalAttention(cfg, window=cfg.window)
+        self.local = LocalAttention(cfg, span)
         self.W_in = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.W_out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.decay = options.decay
@@ -71,7 +71,7 @@ def leaky_sum_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: in
 def family():
     @register_family(NAME, summary="a leaky running sum beside window attention (a test's own family)",
                      figures=leaky_sum_figures, figure_settings=lambda model: {"decay": model.options.decay},
-                     quick={"window": 16})
+                     quick={"attention": {"kind": "window", "span": 16}})
     class LeakySumLM(MemoryLM):
         Options = LeakySumOptions
         memory_hooks = {NORM: "none"}
@@ -80,7 +80,7 @@ def family():
             pass
 
         def make_block(self, layer: int) -> nn.Module:
-            return Block(self.cfg, LeakySumMixer(self.cfg, self.options), SwiGLU(self.cfg.d_model, self.cfg.d_mlp))
+            return Block(self.cfg, LeakySumMixer(self.cfg, self.options, self.attention), SwiGLU(self.cfg.d_model, self.cfg.d_mlp))
 
     yield LeakySumLM
     unregister_family(NAME)
@@ -88,7 +88,8 @@ def family():
 
 def model_of(family, **memory) -> MemoryLM:
     torch.manual_seed(0)
-    return scrambled(memviz.build_model(ModelConfig(family=NAME, window=8, memory=memory, **SMALL)).eval(), std=0.2)
+    return scrambled(memviz.build_model(ModelConfig(family=NAME, attention={"kind": "window", "span": 8}, memory=memory,
+                                                    **SMALL)).eval(), std=0.2)
 
 
 def test_it_is_listed_and_streams_like_one_pass(family):
@@ -132,8 +133,8 @@ def test_reset_and_patch_touch_the_memory_and_leave_the_cache(family):
 def test_its_quick_preset_trains(family, tmp_path):
     from training import Trainer, quick_config, quick_families
 
-    assert quick_families()[NAME] == {"window": 16}
+    assert quick_families()[NAME] == {"attention": {"kind": "window", "span": 16}}
     cfg = quick_config(NAME, "passkey", 2, "leaky", tmp_path / "run")
     cfg.eval.final_n, cfg.optim.batch_size = 1, 2
     trainer = Trainer(cfg, progress=False).run()
-    assert trainer.step == 2 and trainer.model.family == NAME and trainer.model.cfg.window == 16
+    assert trainer.step == 2 and trainer.model.family == NAME and trainer.model.cfg.attention == {"kind": "window", "span": 16}

@@ -104,18 +104,24 @@ def test_lm2_beats_its_backbone_on_qa1():
     assert lm2 >= control + 0.1, (lm2, control)
 
 
-def test_memory_plus_recalls_twice_the_facts_of_a_dense_model_of_the_same_compute():
+@pytest.mark.parametrize("name", ["memory_plus", "memory_plus_shared"])
+def test_memory_plus_recalls_twice_the_facts_of_a_dense_model_of_the_same_compute(name):
     """100 facts of the 2000 people both were trained on, on a fresh probe seed. Memory+ keeps
-    them in its value table: with its top-k weights zeroed, recall collapses."""
+    them in its value table: with any memory layer's top-k weights zeroed, recall collapses.
+    memory_plus_shared has two memory layers reading one value pool (the paper's sharing)."""
     def recall(model, hooks=()):
         with model.hooks(fwd_hooks=list(hooks)):
             return float(facts.run(model, n=100, seed=9, progress=False)["correct"].mean())
 
-    memory_plus, dense = memviz.load(ROOT / "memory_plus"), memviz.load(ROOT / "dense")
+    memory_plus, dense = memviz.load(ROOT / name), memviz.load(ROOT / "dense")
     with_memory, dense_recall = recall(memory_plus), recall(dense)
     assert with_memory >= 0.8 and with_memory >= 2 * dense_recall, (with_memory, dense_recall)
-    silenced = recall(memory_plus, memory_plus.silence_hooks(1))
-    assert silenced <= 0.1, silenced
+    for layer in memory_plus.memory_layers:
+        silenced = recall(memory_plus, memory_plus.silence_hooks(layer))
+        assert silenced <= 0.1, (layer, silenced)
+    if name == "memory_plus_shared":
+        assert memory_plus.memory_layers == [0, 1]
+        assert all(memory_plus.blocks[layer].mlp.values is memory_plus.values for layer in (0, 1))
 
 
 #: samples trained to keep a pass key far past the first stages' lengths (docs/long_context.md)

@@ -10,13 +10,20 @@ VARIANTS = [("lmm", {}), ("mal", {"window": 8}), ("mag", {"window": 8}), ("mac",
 
 
 def titans_options(variant, memory="linear", chunk=4):
-    """`variant` "mac-window" is MAC with local="window"."""
-    variant, _, local = variant.partition("-")
-    return {"variant": variant, "memory": memory, "chunk": chunk, "local": local or "segment"}
+    """`variant` "mac-window" is MAC with a window for attention (MAC's chunk is its segment)."""
+    variant = variant.partition("-")[0]
+    return {"variant": variant, "memory": memory, **({} if variant == "mac" else {"chunk": chunk})}
+
+
+def titans_config(variant, extra):
+    """MAC-window attends over the last segment_len tokens; the others as `extra` says."""
+    if variant == "mac-window":
+        return {**extra, "attention": {"kind": "window", "span": extra["segment_len"]}}
+    return extra
 
 
 def titans(variant="lmm", memory="linear", chunk=4, std=0.1, **extra):
-    model = small_model("titans", memory=titans_options(variant, memory, chunk), **extra)
+    model = small_model("titans", memory=titans_options(variant, memory, chunk), **titans_config(variant, extra))
     return scrambled(model, std=std).double()
 
 
@@ -52,7 +59,6 @@ def test_chunked_update_equals_autograd_token_by_token(memory, chunk):
     x = torch.randn(1, 11, model.cfg.d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         state = mem.init_state(1, x.device)
-        state["fresh"] = True
         retrieved, new_state, stats = mem.step(x, state, 0)
     reads, params, momentum, surprise = autograd_reference(mem, x, chunk)
     torch.testing.assert_close(retrieved[0], reads, atol=1e-10, rtol=1e-8)
@@ -69,7 +75,7 @@ def test_a_chunk_is_a_mini_batch_step_and_retrieval_does_not_update():
     model = titans(chunk=11, std=0.3)
     mem = model.blocks[0].memory
     x = torch.randn(1, 11, model.cfg.d_model, dtype=torch.float64)
-    state = {**mem.init_state(1, x.device), "fresh": True}
+    state = mem.init_state(1, x.device)
     with torch.no_grad():
         retrieved, new_state, stats = mem.step(x, state, 0)
         # every token of the chunk read the initial weights, untouched by the chunk's own writes
@@ -117,7 +123,7 @@ def test_memory_carries_information_beyond_attention(variant, extra):
 
 @pytest.mark.parametrize("variant, extra", VARIANTS)
 def test_every_variant_trains_every_parameter(variant, extra):
-    model = small_model("titans", memory=titans_options(variant), **extra).train()
+    model = small_model("titans", memory=titans_options(variant), **titans_config(variant, extra)).train()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
     for step in range(20):
@@ -145,9 +151,13 @@ def test_config_errors():
 
     with pytest.raises(ConfigError, match="'mac' needs config.segment_len"):
         small_model("titans", memory={"variant": "mac"})
-    with pytest.raises(ConfigError, match="'mag' needs config.window"):
+    with pytest.raises(ConfigError, match="'mag' needs sliding-window attention"):
         small_model("titans", memory={"variant": "mag"})
-    with pytest.raises(ConfigError, match="local='window' is a MAC option"):
-        small_model("titans", memory={"variant": "mag", "local": "window"}, window=8)
+    with pytest.raises(ConfigError, match="chunk must be segment_len"):  # it was replaced without a word
+        small_model("titans", memory={"variant": "mac", "chunk": 4}, segment_len=8)
+    with pytest.raises(ConfigError, match="'lmm' has no attention"):
+        small_model("titans", memory={"variant": "lmm"}, window=8)
+    older = small_model("titans", memory={"variant": "mac", "chunk": 8, "local": "window"}, segment_len=8)
+    assert older.cfg.attention == {"kind": "window", "span": 8} and "local" not in older.cfg.memory
     with pytest.raises(ConfigError, match="variant must be one of"):
         small_model("titans", memory={"variant": "mad"}, segment_len=8)

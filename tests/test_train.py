@@ -73,7 +73,7 @@ def test_a_second_stage_starts_from_the_first_stages_weights(tmp_path):
         Trainer(tiny_config(tmp_path / "four", **wider), progress=False)
     narrower_window = Trainer(tiny_config(tmp_path / "five", steps=2, model={"window": 4}, init_from=str(exported)),
                               progress=False)  # an option that holds no weights may change between stages
-    assert narrower_window.model.cfg.window == 4 and first.model.cfg.window != 4
+    assert narrower_window.model.cfg.attention == {"kind": "window", "span": 4} != first.model.cfg.attention
     assert torch.equal(narrower_window.model.embed.weight, first.model.embed.weight)
 
 
@@ -152,7 +152,7 @@ def test_sigterm_saves_and_exits_then_export_writes_a_card(tmp_path):
     assert "2 torch threads" in card["machine"] and card["train_config"]["threads"] == 2
     assert card["train_command"] == (f"python -m training --config {path} --steps {step} --threads 2 "
                                      f"--export {tmp_path / 'exported'} --no-progress")
-    assert memviz.load(tmp_path / "exported").cfg.window == 16
+    assert memviz.load(tmp_path / "exported").cfg.attention == {"kind": "window", "span": 16}
 
 
 def test_bad_training_configs(capsys):

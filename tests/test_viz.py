@@ -41,7 +41,7 @@ def test_every_family_has_its_views(family):
 
 
 def test_lm2_with_addressed_writes_shows_which_tokens_each_slot_stores():
-    model = small_model("lm2", window=8, segment_len=8, memory={"slots": 4, "update": "segment", "write": "slots"})
+    model = small_model("lm2", window=8, segment_len=8, memory={"slots": 4, "update": "slots"})
     tr = memviz.trace(model, "Sandra journeyed to the kitchen. " * 4)
     figs = viz.family_figures(tr, width=1000)
     writes = np.asarray(figs["slot writes"].data[0].z)  # [slot, pos], unpooled at this width
@@ -52,10 +52,10 @@ def test_lm2_with_addressed_writes_shows_which_tokens_each_slot_stores():
 
 
 def test_a_saved_trace_plots_without_its_model(tmp_path):
-    model = small_model("lm2", window=8, segment_len=8, memory={"slots": 4, "update": "segment", "write": "slots"})
+    model = small_model("lm2", window=8, segment_len=8, memory={"slots": 4, "update": "slots"})
     live = memviz.trace(model, "Sandra journeyed to the kitchen. " * 4, evidence=[(3, 9)])
     saved = Trace.load(live.save(tmp_path / "t.npz"))
-    assert saved.meta["figure_settings"] == {"write": "slots", "segment_len": 8}
+    assert saved.meta["figure_settings"] == {"update": "slots", "segment_len": 8}
     before, after = viz.family_figures(live, width=100), viz.family_figures(saved, width=100)
     assert list(before) == list(after) and "slot writes" in after
     assert all(before[t].to_json() == after[t].to_json() for t in before)

@@ -17,12 +17,19 @@ class TransformerLM(MemoryLM):
 
     is_baseline = True
 
+    def check_config(self) -> None:
+        if self.attention.kind != "causal":
+            raise ConfigError(f"the 'transformer' family is full causal; use 'sliding_window' for {self.attention.kind} attention")
+
 
 @register_family("sliding_window", summary="attention over the last `window` tokens, no memory: the control",
-                 interventions={}, quick={"window": 32}, sample="sliding_window", role="control")
+                 interventions={}, quick={"attention": {"kind": "window", "span": 32}}, sample="sliding_window", role="control")
 class SlidingWindowLM(TransformerLM):
     """Sliding-window transformer: the control every memory family is compared with."""
 
+    def default_attention(self) -> None:
+        return None
+
     def check_config(self) -> None:
-        if self.cfg.window is None:
-            raise ConfigError("the 'sliding_window' family needs config.window")
+        if self.attention is None or self.attention.kind != "window":
+            raise ConfigError('the \'sliding_window\' family needs attention {"kind": "window", "span": tokens}')

@@ -9,8 +9,9 @@ built from all earlier segments, with sigma(x) = ELU(x) + 1:
   normaliser          z_s = z_{s-1} + sum_t sigma(K_t)
   gating (eq. 6)      A = sigmoid(beta) * A_mem + (1 - sigmoid(beta)) * A_dot
 
-A_dot is ordinary causal attention within the current segment (`local="segment"`, the paper).
-`local="window"` lets A_dot see the last `segment_len` tokens across the segment boundary
+A_dot is ordinary causal attention within the current segment (attention
+{"kind": "segment", "span": segment_len}, the paper and the default). A window
+({"kind": "window", "span": segment_len}) lets A_dot see the last tokens across the segment boundary
 instead (a sliding window as in the baselines; Transformer-XL's cache of the previous
 segment, trimmed to a window): a token at the start of a segment then still sees the text
 just before it, while the memory is written per segment as before. Q, K, V are the same
@@ -36,7 +37,7 @@ from transformer_lens.hook_points import HookPoint
 
 from kernels import infini_memory
 from memviz.config import ConfigError, ModelConfig
-from memviz.layers import LocalAttention, SwiGLU, local_span
+from memviz.layers import AttentionSpan, LocalAttention, SwiGLU
 from memviz.model import Block, MemoryLM
 from memviz.plots import WIDTH, layer_names, layer_prefix, position_heatmap, timeline, with_array
 from memviz.registry import check_choice, register_family
@@ -51,11 +52,9 @@ MEM_NORM = "blocks.{l}.attn.hook_mem_norm"  # [batch, pos, head]  ||M|| read at 
 class InfiniOptions:
     update: str = "delta"  # "linear" (eq. 4) or "delta" (eq. 5)
     gate_init: float = 0.0  # initial beta; sigmoid(0) = 0.5 mixes both paths equally
-    local: str = "segment"  # A_dot within the segment (paper) or over a "window" of segment_len
 
     def __post_init__(self) -> None:
         check_choice("update", self.update, ("linear", "delta"))
-        check_choice("local", self.local, ("segment", "window"))
 
 
 def feature_map(x: Tensor) -> Tensor:
@@ -64,9 +63,8 @@ def feature_map(x: Tensor) -> Tensor:
 
 
 class InfiniAttention(LocalAttention):
-    def __init__(self, cfg: ModelConfig, options: InfiniOptions) -> None:
-        window, segment = local_span(cfg.segment_len, options.local)
-        super().__init__(cfg, window=window, segment_len=segment)
+    def __init__(self, cfg: ModelConfig, options: InfiniOptions, span: AttentionSpan) -> None:
+        super().__init__(cfg, span)
         self.options, self.memory_segment_len = options, cfg.segment_len
         self.beta = nn.Parameter(torch.zeros(cfg.n_heads))
         self.hook_mem_out = HookPoint()  # [batch, pos, head, d_head]  A_mem
@@ -144,15 +142,18 @@ class InfiniLM(MemoryLM):
     Options = InfiniOptions
     memory_hooks = {GATE: "none", MEM_OUT: "norm", LOCAL_OUT: "norm", MEM_NORM: "none"}
 
+    def default_attention(self) -> dict | None:
+        return {"kind": "segment", "span": self.cfg.segment_len} if self.cfg.segment_len else None
+
     def check_config(self) -> None:
         if self.cfg.segment_len is None:
             raise ConfigError("the 'infini' family needs config.segment_len")
-        if self.cfg.window is not None:
-            raise ConfigError("Infini-attention's local attention is the segment; leave config.window null")
+        if self.attention.kind == "causal":
+            raise ConfigError("Infini-attention's local attention is bounded: 'segment' (the paper) or 'window', not 'causal'")
 
     def make_block(self, layer: int) -> nn.Module:
         cfg = self.cfg
-        return Block(cfg, InfiniAttention(cfg, self.options), SwiGLU(cfg.d_model, cfg.d_mlp))
+        return Block(cfg, InfiniAttention(cfg, self.options, self.attention), SwiGLU(cfg.d_model, cfg.d_mlp))
 
     @torch.no_grad()
     def needle_hold(self, tokens, span: tuple[int, int]) -> dict[str, np.ndarray]:

@@ -20,16 +20,16 @@ Readings where the paper is ambiguous, each with the alternative as an option:
   * output gate: the paper writes E_gated = g_out * M_t. With g_out per token [d] and M_t a
     bank [N, d] the shapes only agree if M_t stands for what token t read, E_mem, which is the
     default (`output_gate="read"`); `output_gate="bank"` multiplies the bank's mean slot.
-  * update granularity: M is indexed by t, so the bank is updated after every token, each
-    token reading the bank left by the one before (`update="token"`, the default; sequential,
-    see kernels/lm2/reference.py for the O(N d) step). `update="segment"` reads one bank for a whole
-    segment of `segment_len` tokens and then applies the update averaged over the segment's
-    tokens, which trains in parallel.
-  * what is written, and where: the paper's update names no slot and writes tanh(E_mem), which
-    is itself read from the bank, so every slot receives the same write (`write="read"`, the
-    default); slots differ only through their initial identity rows, decayed by the forget
-    gates. `write="slots"` (with `update="segment"`) addresses the write: slot n averages the
-    paper's update over the segment's tokens t with its own weights
+  * update granularity and what is written (one option, `update`): M is indexed by t, so the
+    bank is updated after every token, each token reading the bank left by the one before
+    (`update="token"`, the default; sequential, see kernels/lm2/reference.py for the O(N d)
+    step). `update="segment"` reads one bank for a whole segment of `segment_len` tokens and
+    then applies the update averaged over the segment's tokens, which trains in parallel.
+    Either way the paper's update names no slot and writes tanh(E_mem), which is itself read
+    from the bank, so every slot receives the same write; slots differ only through their
+    initial identity rows, decayed by the forget gates. `update="slots"` (per segment too)
+    addresses the write: slot n averages the paper's update over the segment's tokens t with
+    its own weights
         b[n, t] = softmax_t(E_t W_Q . M[n] W_K / sqrt(d))     (the read's logits, over tokens)
         M[n] <- sum_t b[n, t] (g_in,t * tanh(E_t W_write) + g_forget,t * M[n])
     so a slot is written by the tokens that would read it, with the token's own content (as
@@ -37,10 +37,10 @@ Readings where the paper is ambiguous, each with the alternative as an option:
     update is the same sum with b uniform and E_mem as the content. `hook_write_score` records
     the logits of b (0 where every slot receives the same write).
 
-The local attention is the model's sliding window (`local="window"`, as in the paper, which
-keeps full attention beside the memory) or causal attention within the current segment of
-`segment_len` tokens (`local="segment"`, as in Infini-attention and Titans), so that anything
-further back than the segment reaches a token only through the bank.
+The local attention is the config's `attention`: full causal attention by default (the paper
+keeps full attention beside the memory), a sliding window, or attention within the current
+segment ({"kind": "segment", "span": segment_len}, as in Infini-attention and Titans), so that
+anything further back than the segment reaches a token only through the bank.
 
 State per layer: the bank M [B, N, d] (and, with segment updates, the running per-slot softmax
 sums of the open segment) plus the local attention's key/value cache.
@@ -58,7 +58,7 @@ from transformer_lens.hook_points import HookPoint
 
 from kernels import lm2_scan
 from memviz.config import ConfigError, ModelConfig
-from memviz.layers import LocalAttention, SwiGLU, segment_pieces
+from memviz.layers import AttentionSpan, LocalAttention, SwiGLU, segment_pieces
 from memviz.model import Block, MemoryLM, StateTree
 from memviz.plots import WIDTH, layer_names, layer_prefix, position_heatmap, timeline, with_array
 from memviz.registry import check_choice, check_finite, check_positive, register_family
@@ -73,25 +73,23 @@ WRITE_SCORE = "blocks.{l}.memory.hook_write_score"  # [batch, pos, slot]  logit 
 @dataclass
 class LM2Options:
     slots: int = 16
-    update: str = "token"  # "token" (paper) or "segment"
+    update: str = "token"  # "token" (paper), "segment", or "slots" (per segment, addressed writes)
     output_gate: str = "read"  # "read" (E_gated = g_out * E_mem) or "bank" (g_out * mean slot)
     # initial gate biases: a fresh bank keeps sigmoid(forget_bias)^T of itself over T updates
     # (2.0: 0.88 an update, half gone in 5; 6.0: 0.9975, half gone in 280), so forget_bias sets
     # how far back a fresh memory reaches and gradient flows (cf. Tallec & Ollivier 2018)
     forget_bias: float = 2.0
     input_bias: float = -2.0
-    write: str = "read"  # "read" (paper: every slot gets g_in * tanh(E_mem)) or "slots" (addressed)
-    local: str = "window"  # attention over config.window, or "segment": within the current segment
 
     def __post_init__(self) -> None:
         check_positive(slots=self.slots)
         check_finite(forget_bias=self.forget_bias, input_bias=self.input_bias)
-        check_choice("update", self.update, ("token", "segment"))
+        check_choice("update", self.update, ("token", "segment", "slots"))
         check_choice("output_gate", self.output_gate, ("read", "bank"))
-        check_choice("write", self.write, ("read", "slots"))
-        check_choice("local", self.local, ("window", "segment"))
-        if self.write == "slots" and self.update != "segment":
-            raise ValueError("lm2 write='slots' needs update='segment' (a slot's write is a softmax over a segment's tokens)")
+
+    @property
+    def per_segment(self) -> bool:
+        return self.update != "token"
 
 
 class LM2Memory(nn.Module):
@@ -106,7 +104,7 @@ class LM2Memory(nn.Module):
         self.W_out = nn.Linear(d, d)
         self.W_in = nn.Linear(d, d)
         self.W_forget = nn.Linear(d, d)
-        if options.write == "slots":
+        if options.update == "slots":
             self.W_write = nn.Linear(d, d, bias=False)
         self.hook_slot_attn = HookPoint()  # [batch, pos, slot]
         self.hook_read = HookPoint()  # [batch, pos, d_model]  E_mem
@@ -172,15 +170,15 @@ class LM2Memory(nn.Module):
         return torch.stack(means, 1)
 
     def segment_scan(self, e: Tensor, g_in: Tensor, state: StateTree, pos: int):
-        """update="segment": every token of a segment reads the bank of the segment start; when
-        the segment completes, M[n] <- sum_t b[n, t] (g_in,t * tanh(content_t) + g_forget,t * M[n]),
-        with b uniform and content E_mem (write="read") or b = softmax over tokens of the read
-        logits and content E_t W_write (write="slots"). The softmax is accumulated online, so a
+        """update="segment" or "slots": every token of a segment reads the bank of the segment
+        start; when the segment completes, M[n] <- sum_t b[n, t] (g_in,t * tanh(content_t) +
+        g_forget,t * M[n]), with b uniform and content E_mem ("segment") or b = softmax over
+        tokens of the read logits and content E_t W_write ("slots"). The softmax is accumulated online, so a
         segment split across calls gives the same bank."""
         M = state["M"]
         sums = {k: state[k] for k in ("max", "denom", "f_sum", "w_sum")}
         q = self.W_Q(e)
-        slots = self.options.write == "slots"
+        slots = self.options.update == "slots"
         parts: dict[str, list[Tensor]] = {"attn": [], "read": [], "g_f": [], "norms": [], "mean": [], "score": []}
         for a, b in segment_pieces(pos, e.shape[1], self.segment_len):
             logits = torch.einsum("btd,bnd->btn", q[:, a:b], self.W_K(M)) / e.shape[-1] ** 0.5
@@ -216,9 +214,8 @@ class LM2Memory(nn.Module):
 class LM2Block(Block):
     """x += Attn(norm x) + E_gated(norm x); x += FFN(norm x)."""
 
-    def __init__(self, cfg: ModelConfig, options: LM2Options) -> None:
-        window, segment_len = (None, cfg.segment_len) if options.local == "segment" else (cfg.window, None)
-        super().__init__(cfg, LocalAttention(cfg, window, segment_len), SwiGLU(cfg.d_model, cfg.d_mlp))
+    def __init__(self, cfg: ModelConfig, options: LM2Options, span: AttentionSpan) -> None:
+        super().__init__(cfg, LocalAttention(cfg, span), SwiGLU(cfg.d_model, cfg.d_mlp))
         self.memory = LM2Memory(cfg, options)
         self.hook_mem_out = HookPoint()  # [batch, pos, d_model]
 
@@ -248,7 +245,7 @@ def segment_softmax(scores: np.ndarray, segment_len: int) -> np.ndarray:
 
 def lm2_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int | None = None) -> dict[str, go.Figure]:
     """Slot attention per layer (token x slot); the last layer's three gates over tokens, its
-    slot norms and, with write='slots', each slot's write weights over its segment's tokens."""
+    slot norms and, with update='slots', each slot's write weights over its segment's tokens."""
     zoom, figs = dict(width=width, start=start, stop=stop), {}
     reads = layer_names(trace, SLOT_ATTN)
     for name in reads:
@@ -258,7 +255,7 @@ def lm2_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int | No
                              "LM2 gates over tokens", reduce="mean", **zoom)
     figs["slot norms"] = position_heatmap(trace, f"{last}.hook_slot_norm", f"{last.split('.memory')[0]}: slot norms", "slot", **zoom)
     settings = trace.meta.get("figure_settings", {})
-    if settings.get("write") == "slots" and f"{last}.hook_write_score" in trace:
+    if settings.get("update") == "slots" and f"{last}.hook_write_score" in trace:
         writes = segment_softmax(trace[f"{last}.hook_write_score"], settings["segment_len"])
         figs["slot writes"] = position_heatmap(with_array(trace, "writes", writes), "writes",
                                                f"{last.split('.memory')[0]}: each slot's write weights over its segment's tokens",
@@ -268,8 +265,8 @@ def lm2_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int | No
 
 @register_family("lm2", summary="LM2 (arXiv 2502.06049): a bank of memory slots beside attention, read by cross-attention, "
                  "written through input, forget and output gates", figures=lm2_figures,
-                 figure_settings=lambda model: {"write": model.options.write, "segment_len": model.cfg.segment_len},
-                 quick={"window": 32, "memory": {"slots": 8}}, sample="lm2")
+                 figure_settings=lambda model: {"update": model.options.update, "segment_len": model.cfg.segment_len},
+                 quick={"attention": {"kind": "window", "span": 32}, "memory": {"slots": 8}}, sample="lm2")
 class LM2LM(MemoryLM):
     """Transformer whose every block has an LM2 memory bank beside its attention."""
 
@@ -281,7 +278,7 @@ class LM2LM(MemoryLM):
         gates (`span_in_bank`): at each token, the size of the span's part of the bank the token
         reads (over all slots), over its largest so far: 1 where the write is whole, falling as
         the forget gates wash it out. None with update="token" (not recorded per segment)."""
-        if self.options.update != "segment":
+        if not self.options.per_segment:
             return None
         ids = self.as_tokens(tokens)
         L, T = self.cfg.n_layers, ids.shape[1]
@@ -327,7 +324,7 @@ class LM2LM(MemoryLM):
                     for l, block in enumerate(self.blocks):
                         x = seen[l]
                         weights = torch.softmax(x["write_score"], dim=0)  # b[n, t], over the segment's tokens
-                        content = block.memory.W_write(x["e"]) if self.options.write == "slots" else x["read"]
+                        content = block.memory.W_write(x["e"]) if self.options.update == "slots" else x["read"]
                         write = x["input_gate"] * torch.tanh(content) * in_span[:, None]
                         parts[l] = torch.einsum("tn,td->nd", weights, x["forget_gate"]) * parts[l] + weights.T @ write
                 yield T - T % seg, parts
@@ -335,11 +332,21 @@ class LM2LM(MemoryLM):
             for handle in handles:
                 handle.remove()
 
+    def upgrade_options(self, cfg) -> dict:
+        """Older configs spelled update="slots" as update="segment" with write="slots"."""
+        memory = dict(cfg.memory)
+        write = memory.pop("write", "read")
+        if write not in ("read", "slots"):
+            raise ConfigError(f"lm2 memory option 'write' (an older spelling of update='slots') must be 'read' or 'slots', got {write!r}")
+        if write == "slots":
+            if memory.get("update", "token") != "segment":
+                raise ConfigError("lm2 write='slots' needs update='segment'; today both are update='slots'")
+            memory["update"] = "slots"
+        return memory
+
     def check_config(self) -> None:
-        if self.options.update == "segment" and self.cfg.segment_len is None:
-            raise ConfigError("lm2 with update='segment' needs config.segment_len")
-        if self.options.local == "segment" and (self.cfg.segment_len is None or self.cfg.window is not None):
-            raise ConfigError("lm2 with local='segment' attends within config.segment_len; set it and leave config.window null")
+        if self.options.per_segment and self.cfg.segment_len is None:
+            raise ConfigError(f"lm2 with update={self.options.update!r} needs config.segment_len")
 
     def make_block(self, layer: int) -> nn.Module:
-        return LM2Block(self.cfg, self.options)
+        return LM2Block(self.cfg, self.options, self.attention)

@@ -46,7 +46,7 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
 from memviz.config import ConfigError, ModelConfig
-from memviz.layers import LocalAttention, SwiGLU
+from memviz.layers import AttentionSpan, LocalAttention, SwiGLU
 from memviz.bank import SEARCHES, ChunkBank
 from memviz.model import BACKBONE_FIELDS, Block, MemoryLM, StateTree
 from memviz.plots import WIDTH, layer_names, layer_prefix, position_heatmap
@@ -102,8 +102,8 @@ def retrieve_chunks(q: Tensor, bank_k: Tensor, chunk_size: int, topk: int, visib
 class MemoryAugmentedAttention(LocalAttention):
     """Local attention joined by a per-head gate to attention over retrieved memory chunks."""
 
-    def __init__(self, cfg: ModelConfig, options: LongMemOptions) -> None:
-        super().__init__(cfg, window=cfg.window)
+    def __init__(self, cfg: ModelConfig, options: LongMemOptions, span: AttentionSpan) -> None:
+        super().__init__(cfg, span)
         self.options = options
         self.gate = nn.Parameter(torch.zeros(cfg.n_heads))
         self.hook_retrieved_pos = HookPoint()  # [batch, pos, head, topk]  first position of each chunk
@@ -226,10 +226,11 @@ class LongMemLM(MemoryLM):
     def build(self) -> None:
         cfg, o = self.cfg, self.options
         self.blocks = nn.ModuleList(
-            Block(cfg, LocalAttention(cfg, window=cfg.window), SwiGLU(cfg.d_model, cfg.d_mlp)) for _ in range(cfg.n_layers)
+            Block(cfg, LocalAttention(cfg, self.attention), SwiGLU(cfg.d_model, cfg.d_mlp)) for _ in range(cfg.n_layers)
         )
         self.side_blocks = nn.ModuleList(
-            SideBlock(cfg, MemoryAugmentedAttention(cfg, o) if i == self.augmented_layer else LocalAttention(cfg, window=cfg.window),
+            SideBlock(cfg, MemoryAugmentedAttention(cfg, o, self.attention) if i == self.augmented_layer
+                      else LocalAttention(cfg, self.attention),
                       SwiGLU(cfg.d_model, cfg.d_mlp))
             for i in range(o.side_layers)
         )
@@ -253,7 +254,7 @@ class LongMemLM(MemoryLM):
             super().warm_start(base)
             self.freeze_backbone()
             return
-        mismatch = [f for f in (*BACKBONE_FIELDS, "window") if getattr(base.cfg, f) != getattr(self.cfg, f)]
+        mismatch = [f for f in (*BACKBONE_FIELDS, "attention") if getattr(base.cfg, f) != getattr(self.cfg, f)]
         if not base.is_baseline or mismatch:
             raise ConfigError(f"a LongMem backbone must be a baseline with the same {mismatch or 'family'}")
         with torch.no_grad():
@@ -287,7 +288,7 @@ class LongMemLM(MemoryLM):
         state = super().init_state(batch_size)  # backbone blocks
         o, cfg = self.options, self.cfg
         empty = torch.zeros(batch_size, 0, cfg.n_heads, cfg.d_head, device=self.device, dtype=self.dtype)
-        extra = {
+        state.shared = {
             "side": self.in_model_dtype([b.init_state(batch_size, self.device) for b in self.side_blocks]),
             # the bank: cached keys/values of whole earlier segments (memviz.bank.ChunkBank)
             "bank": ChunkBank.empty(batch_size, cfg.n_heads, cfg.d_head, o.chunk_size, o.bank_size, o.search,
@@ -295,14 +296,13 @@ class LongMemLM(MemoryLM):
             # keys/values of the open segment's tokens seen so far
             "pending": {"keys": empty, "values": empty.clone()},
         }
-        state.layers = [*state.layers, extra]
         return state
 
-    def run_blocks(self, x: Tensor, tokens: Tensor, state) -> tuple[Tensor, list[StateTree]]:
+    def run_blocks(self, x: Tensor, tokens: Tensor, state) -> tuple[Tensor, list[StateTree], StateTree]:
         cfg, pos, T, seg = self.cfg, state.pos, x.shape[1], self.cfg.segment_len
-        extra = state.layers[cfg.n_layers]
+        extra = state.shared
         hidden, new_states = [x], []
-        for layer, (block, layer_state) in enumerate(zip(self.blocks, state.layers[: cfg.n_layers])):
+        for layer, (block, layer_state) in enumerate(zip(self.blocks, state.layers)):
             if layer == self.memory_layer:
                 k_mem, v_mem = block.attn.project(block.ln1(hidden[-1]))[1:]  # un-rotated [B,T,H,d]
             h, layer_state = block(hidden[-1], layer_state, pos)
@@ -325,8 +325,7 @@ class LongMemLM(MemoryLM):
             side_states.append(s)
         new_pending = {"keys": ext_k[:, n_closed:], "values": ext_v[:, n_closed:]}
         bank = bank.trimmed(open_from - self.options.bank_size)
-        new_states.append({"side": side_states, "bank": bank, "pending": new_pending})
-        return self.hook_side_out(h), new_states
+        return self.hook_side_out(h), new_states, {"side": side_states, "bank": bank, "pending": new_pending}
 
     def query_groups(self, bank: ChunkBank, pos: int, T: int) -> list[tuple[int, int, int, int]]:
         """(start, stop, lo, hi) per segment of the chunk: its tokens start:stop read bank

@@ -178,7 +178,7 @@ def memory_layer_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop:
                  figures=memory_layer_figures, figure_settings=lambda model: {"n_values": model.options.n_keys**2},
                  interventions={"silence": "zero a memory layer's top-k selection weights, or those of chosen values "
                                            "(model.silence_hooks)"},
-                 quick={"window": 32, "memory": {"n_keys": 16, "topk": 4, "heads": 2, "d_key": 16, "layers": [1]}},
+                 quick={"attention": {"kind": "window", "span": 32}, "memory": {"n_keys": 16, "topk": 4, "heads": 2, "d_key": 16, "layers": [1]}},
                  sample="memory_plus")
 class MemoryLayerLM(MemoryLM):
     """Transformer (sliding-window or full attention) with memory layers in place of some FFNs."""
@@ -216,9 +216,9 @@ class MemoryLayerLM(MemoryLM):
     def make_block(self, layer: int) -> nn.Module:
         cfg, o = self.cfg, self.options
         if layer not in self.memory_layers:
-            return Block(cfg, LocalAttention(cfg, window=cfg.window), SwiGLU(cfg.d_model, cfg.d_mlp))
+            return Block(cfg, LocalAttention(cfg, self.attention), SwiGLU(cfg.d_model, cfg.d_mlp))
         values = self.values if o.shared_values else nn.Parameter(torch.randn(o.n_keys**2, cfg.d_model) / math.sqrt(cfg.d_model))
-        return Block(cfg, LocalAttention(cfg, window=cfg.window), ProductKeyMemory(cfg, o, values))
+        return Block(cfg, LocalAttention(cfg, self.attention), ProductKeyMemory(cfg, o, values))
 
 
 def usage_report(indices: np.ndarray, n_values: int, n_keys: int) -> dict[str, float]:

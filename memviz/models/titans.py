@@ -34,9 +34,11 @@ The ways of joining memory and attention (Section 4), `variant`:
     previous segments; attention within the segment runs over [persistent, h, segment] (token t
     sees h_j and x_j for j <= t); the memory is then trained on the attention output y, and the
     output is y * sigmoid(norm(M*(y))), read with the segment-start weights. MAC updates once
-    per segment, so `chunk` must equal `segment_len`. `local="window"` (MAC only; the paper is
-    `"segment"`) lets the attention see the last `segment_len` tokens and their h across the
-    segment boundary, so a segment's first tokens still see the text just before them.
+    per segment, so its `chunk` is `segment_len` (another value is an error). A window
+    (attention {"kind": "window", "span": segment_len}; the paper is "segment", the default)
+    lets the attention see the last tokens and their h across the segment boundary, so a
+    segment's first tokens still see the text just before them.
+Each variant is a block class (`VARIANT_BLOCKS`); MAG and MAL need attention {"kind": "window"}.
 Departures from the paper, said here: no 1-D depthwise convolution after the projections; MAC
 and MAG read the output gate's memory with segment/chunk-start weights (the paper's M*_t(y_t)
 would let a token see later tokens of its chunk); under MAG and MAL the persistent tokens join
@@ -55,7 +57,7 @@ from transformer_lens.hook_points import HookPoint
 
 from kernels import titans_chunk_update, titans_linear_memory
 from memviz.config import ConfigError, ModelConfig
-from memviz.layers import LocalAttention, RMSNorm, SwiGLU, local_span, segment_pieces
+from memviz.layers import AttentionSpan, LocalAttention, RMSNorm, SwiGLU, segment_pieces
 from memviz.model import Block, MemoryLM, StateTree
 from memviz.plots import WIDTH, layer_names, layer_prefix, timeline
 from memviz.registry import check_choice, check_positive, register_family
@@ -72,18 +74,16 @@ class TitansOptions:
     variant: str = "mac"  # "lmm", "mac", "mag", "mal"
     memory: str = "linear"  # "linear" or "mlp"
     mlp_hidden: int = 0  # hidden width of the MLP memory; 0 = 2 * d_model
-    chunk: int = 16  # tokens per parallel update (MAC: the segment)
+    chunk: int | None = None  # tokens per parallel update; None: 16 (MAC: its segment, always)
     persistent: int = 4  # persistent memory tokens per attention layer
     theta_max: float = 0.5  # largest inner learning rate
-    local: str = "segment"  # MAC's attention: within the segment (paper) or a "window" of segment_len
 
     def __post_init__(self) -> None:
         check_choice("variant", self.variant, ("lmm", "mac", "mag", "mal"))
         check_choice("memory", self.memory, ("linear", "mlp"))
-        check_choice("local", self.local, ("segment", "window"))
-        if self.local == "window" and self.variant != "mac":
-            raise ValueError(f"local='window' is a MAC option; {self.variant!r} attends over config.window already")
-        check_positive(chunk=self.chunk, theta_max=self.theta_max)
+        if self.chunk is not None:
+            check_positive(chunk=self.chunk)
+        check_positive(theta_max=self.theta_max)
         if self.persistent < 0 or self.mlp_hidden < 0:
             raise ValueError("persistent and mlp_hidden must be non-negative")
 
@@ -146,16 +146,16 @@ class NeuralMemory(nn.Module):
         return {"W1": self.init_W1, "W2": self.init_W2}
 
     def init_state(self, batch: int, device: torch.device) -> StateTree:
-        params = {n: p.detach().to(device).expand(batch, *p.shape).clone() for n, p in self.init_params().items()}
+        """params None: a fresh stream, whose weights are the learned initial ones (`start_params`)."""
         return {
-            "params": params,
-            "momentum": {n: torch.zeros_like(p) for n, p in params.items()},
+            "params": None,
+            "momentum": {n: torch.zeros(batch, *p.shape, device=device, dtype=p.dtype) for n, p in self.init_params().items()},
             "pending": torch.zeros(batch, 0, 2 * self.d + 3, device=device),  # k, v, rates of an open chunk
         }
 
     def start_params(self, state: StateTree) -> dict[str, Tensor]:
-        """The weights of a fresh stream are the learned initial weights (so they train)."""
-        if state.get("fresh", False):
+        """The memory's weights; a fresh stream's are the learned initial weights (so they train)."""
+        if state["params"] is None:
             batch = state["pending"].shape[0]
             return {n: p.expand(batch, *p.shape) for n, p in self.init_params().items()}
         return state["params"]
@@ -222,57 +222,89 @@ class NeuralMemory(nn.Module):
 
 
 class TitansBlock(Block):
-    """One block of the chosen variant (module docstring)."""
+    """A Titans block: the neural memory and the FFN, with attention over persistent tokens (but
+    for LMM); each variant's class joins them as in Section 4 (module docstring)."""
 
-    def __init__(self, cfg: ModelConfig, options: TitansOptions) -> None:
-        variant = options.variant
-        window, segment = local_span(cfg.segment_len, options.local) if variant == "mac" else (cfg.window, None)
-        attn = None
-        if variant != "lmm":  # the memory alone replaces attention
-            attn = LocalAttention(cfg, window=window, segment_len=segment,
-                                  n_persistent=options.persistent, side_keys=variant == "mac")
+    side_keys = False
+
+    def __init__(self, cfg: ModelConfig, options: TitansOptions, span: AttentionSpan | None, chunk: int) -> None:
+        attn = None if span is None else LocalAttention(cfg, span, n_persistent=options.persistent, side_keys=self.side_keys)
         super().__init__(cfg, attn, SwiGLU(cfg.d_model, cfg.d_mlp))
-        self.variant = variant
-        chunk = cfg.segment_len if variant == "mac" else options.chunk
         self.memory = NeuralMemory(cfg, options, chunk)
         self.hook_mem_out = HookPoint()  # [batch, pos, d_model]
-        if variant != "mac":
-            self.W_mem_out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
-        if variant in ("mag", "mac"):
-            self.norm_mem = RMSNorm(cfg.d_model, cfg.norm_eps)
-        if variant == "mag":
-            self.norm_attn = RMSNorm(cfg.d_model, cfg.norm_eps)
-        if variant == "mal":
-            self.ln_mem = RMSNorm(cfg.d_model, cfg.norm_eps)
 
     def init_state(self, batch: int, device: torch.device) -> StateTree:
-        memory = {**self.memory.init_state(batch, device), "fresh": True}
-        if self.variant == "lmm":
-            return {"memory": memory}
-        return {"attn": self.attn.init_state(batch, device), "memory": memory}
+        memory = {"memory": self.memory.init_state(batch, device)}
+        return memory if self.attn is None else {"attn": self.attn.init_state(batch, device), **memory}
 
     def forward(self, x: Tensor, state: StateTree, pos: int) -> tuple[Tensor, StateTree]:
-        x = self.hook_resid_pre(x)
-        new_state: dict = {}
-        if self.variant == "lmm":
-            m, new_state["memory"] = self.memory(self.ln1(x), state["memory"], pos)
-            x = x + self.hook_mem_out(self.W_mem_out(m))
-        elif self.variant == "mal":
-            m, new_state["memory"] = self.memory(self.ln_mem(x), state["memory"], pos)
-            x = x + self.hook_mem_out(self.W_mem_out(m))
-            a, new_state["attn"] = self.attn(self.ln1(x), state["attn"], pos)
-            x = x + self.hook_attn_out(a)
-        elif self.variant == "mag":
-            e = self.ln1(x)
-            a, new_state["attn"] = self.attn(e, state["attn"], pos)
-            m, new_state["memory"] = self.memory(e, state["memory"], pos)
-            x = x + self.hook_attn_out(self.W_mem_out(self.norm_attn(a) * torch.sigmoid(self.norm_mem(m))))
-            self.hook_mem_out(m)
-        else:
-            x = x + self.hook_attn_out(self.memory_as_context(self.ln1(x), state, pos, new_state))
+        x, new_state = self.mix(self.hook_resid_pre(x), state, pos)
         x = self.hook_resid_mid(x)
         x = self.hook_resid_post(x + self.hook_mlp_out(self.mlp(self.ln2(x))))
         return x, new_state
+
+    def mix(self, x: Tensor, state: StateTree, pos: int) -> tuple[Tensor, StateTree]:
+        """The residual stream after the memory and attention of this variant, and their state."""
+        raise NotImplementedError
+
+
+class LMMBlock(TitansBlock):
+    """LMM: the memory alone replaces attention, x += W_O M*(q)."""
+
+    def __init__(self, cfg: ModelConfig, options: TitansOptions, span: AttentionSpan | None, chunk: int) -> None:
+        super().__init__(cfg, options, None, chunk)
+        self.W_mem_out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+
+    def mix(self, x: Tensor, state: StateTree, pos: int) -> tuple[Tensor, StateTree]:
+        m, memory = self.memory(self.ln1(x), state["memory"], pos)
+        return x + self.hook_mem_out(self.W_mem_out(m)), {"memory": memory}
+
+
+class MALBlock(TitansBlock):
+    """MAL, memory as a layer: x += W_O M*(q), then x += SWA*(x)."""
+
+    def __init__(self, cfg: ModelConfig, options: TitansOptions, span: AttentionSpan | None, chunk: int) -> None:
+        super().__init__(cfg, options, span, chunk)
+        self.W_mem_out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.ln_mem = RMSNorm(cfg.d_model, cfg.norm_eps)
+
+    def mix(self, x: Tensor, state: StateTree, pos: int) -> tuple[Tensor, StateTree]:
+        m, memory = self.memory(self.ln_mem(x), state["memory"], pos)
+        x = x + self.hook_mem_out(self.W_mem_out(m))
+        a, attn = self.attn(self.ln1(x), state["attn"], pos)
+        return x + self.hook_attn_out(a), {"attn": attn, "memory": memory}
+
+
+class MAGBlock(TitansBlock):
+    """MAG, memory as a gate: x += W_O (norm(SWA*(x)) * sigmoid(norm(M*(q))))."""
+
+    def __init__(self, cfg: ModelConfig, options: TitansOptions, span: AttentionSpan | None, chunk: int) -> None:
+        super().__init__(cfg, options, span, chunk)
+        self.W_mem_out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.norm_mem = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.norm_attn = RMSNorm(cfg.d_model, cfg.norm_eps)
+
+    def mix(self, x: Tensor, state: StateTree, pos: int) -> tuple[Tensor, StateTree]:
+        e = self.ln1(x)
+        a, attn = self.attn(e, state["attn"], pos)
+        m, memory = self.memory(e, state["memory"], pos)
+        x = x + self.hook_attn_out(self.W_mem_out(self.norm_attn(a) * torch.sigmoid(self.norm_mem(m))))
+        self.hook_mem_out(m)
+        return x, {"attn": attn, "memory": memory}
+
+
+class MACBlock(TitansBlock):
+    """MAC, memory as context: attention over [persistent, h, segment], gated by M*(y)."""
+
+    side_keys = True
+
+    def __init__(self, cfg: ModelConfig, options: TitansOptions, span: AttentionSpan | None, chunk: int) -> None:
+        super().__init__(cfg, options, span, chunk)
+        self.norm_mem = RMSNorm(cfg.d_model, cfg.norm_eps)
+
+    def mix(self, x: Tensor, state: StateTree, pos: int) -> tuple[Tensor, StateTree]:
+        new_state: dict = {}
+        return x + self.hook_attn_out(self.memory_as_context(self.ln1(x), state, pos, new_state)), new_state
 
     def memory_as_context(self, e: Tensor, state: StateTree, pos: int, new_state: dict) -> Tensor:
         """MAC, segment by segment: retrieve h with the previous segments' memory, attend over
@@ -300,6 +332,11 @@ class TitansBlock(Block):
         return y * torch.sigmoid(self.norm_mem(gate_read))
 
 
+
+
+VARIANT_BLOCKS: dict[str, type[TitansBlock]] = {"lmm": LMMBlock, "mal": MALBlock, "mag": MAGBlock, "mac": MACBlock}
+
+
 def titans_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int | None = None) -> dict[str, go.Figure]:
     """Per memory layer: surprise and the memory's loss over tokens, with eta / theta / alpha beneath."""
     zoom, figs = dict(width=width, start=start, stop=stop), {}
@@ -320,12 +357,27 @@ class TitansLM(MemoryLM):
     Options = TitansOptions
     memory_hooks = {SURPRISE: "none", LOSS: "none", LOSS_AFTER: "none", **{name: "none" for name in RATES.values()}}
 
+    def default_attention(self) -> dict | None:
+        if self.options.variant == "mac" and self.cfg.segment_len:
+            return {"kind": "segment", "span": self.cfg.segment_len}
+        return None
+
     def check_config(self) -> None:
-        variant = self.options.variant
-        if variant == "mac" and self.cfg.segment_len is None:
-            raise ConfigError("titans variant 'mac' needs config.segment_len (its attention is per segment)")
-        if variant in ("mag", "mal") and self.cfg.window is None:
-            raise ConfigError(f"titans variant {variant!r} needs config.window (sliding-window attention)")
+        variant, chunk, kind = self.options.variant, self.options.chunk, self.attention and self.attention.kind
+        if variant == "mac":
+            if self.cfg.segment_len is None:
+                raise ConfigError("titans variant 'mac' needs config.segment_len (its attention is per segment)")
+            if chunk is not None and chunk != self.cfg.segment_len:
+                raise ConfigError(f"titans variant 'mac' updates once a segment: chunk must be segment_len "
+                                  f"({self.cfg.segment_len}) or unset, got {chunk}")
+            if kind not in ("segment", "window"):
+                raise ConfigError(f"titans variant 'mac' attends within the segment or a window, not {kind!r}")
+        if variant in ("mag", "mal") and kind != "window":
+            raise ConfigError(f'titans variant {variant!r} needs sliding-window attention, attention {{"kind": "window", "span": tokens}}')
+        if variant == "lmm" and self.attention is not None:
+            raise ConfigError("titans variant 'lmm' has no attention (its memory replaces it); leave 'attention' unset")
 
     def make_block(self, layer: int) -> nn.Module:
-        return TitansBlock(self.cfg, self.options)
+        o = self.options
+        chunk = self.cfg.segment_len if o.variant == "mac" else o.chunk or 16
+        return VARIANT_BLOCKS[o.variant](self.cfg, o, self.attention, chunk)
