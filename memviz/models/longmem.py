@@ -299,7 +299,7 @@ class LongMemLM(MemoryLM):
         return state
 
     def run_blocks(self, x: Tensor, tokens: Tensor, state) -> tuple[Tensor, list[StateTree], StateTree]:
-        cfg, pos, T, seg = self.cfg, state.pos, x.shape[1], self.cfg.segment_len
+        pos, T, seg = state.pos, x.shape[1], self.cfg.segment_len
         extra = state.shared
         hidden, new_states = [x], []
         for layer, (block, layer_state) in enumerate(zip(self.blocks, state.layers)):

@@ -1,0 +1,70 @@
+"""The released BABILong files (JSON/JSONL lists or parquet with `input`, `question`,
+`target`) read from a local path, as samples."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from probes.babilong.samples import question_suffix
+from probes.babilong.stories import check_task, task_labels
+from probes.common import Sample
+
+def load(data_path: str | Path, task: str, length: str | int | None = None) -> list[dict]:
+    """Rows {input, question, target} of a released BABILong file, or of the file for `task`
+    (and `length`, e.g. '1k') found under a folder."""
+    check_task(task)
+    path = Path(data_path).expanduser()
+    if not path.exists():
+        raise ValueError(f"BABILong data path {path} does not exist")
+    if path.is_dir():
+        path = find_file(path, task, length)
+    try:
+        if path.suffix == ".parquet":
+            rows = pd.read_parquet(path).to_dict("records")
+        elif path.suffix == ".jsonl":
+            rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        else:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            rows = data if isinstance(data, list) else data.get(task, data.get("data"))
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read BABILong data ({exc})") from exc
+    if not isinstance(rows, list) or not rows:
+        raise ValueError(f"{path}: expected a non-empty list of samples")
+    missing = [k for k in ("input", "question", "target") if not all(isinstance(r, dict) and k in r for r in rows)]
+    if missing:
+        raise ValueError(f"{path}: samples lack the fields {missing}")
+    return [{"input": str(r["input"]), "question": str(r["question"]), "target": str(r["target"])} for r in rows]
+
+
+def find_file(folder: Path, task: str, length: str | int | None) -> Path:
+    label = length_label(length) if length is not None else None
+    found = []
+    for p in sorted(folder.rglob("*")):
+        if p.suffix not in (".json", ".jsonl", ".parquet") or not p.is_file():
+            continue
+        parts = [part.lower() for part in p.relative_to(folder).with_suffix("").parts]
+        words = {w for part in parts for w in part.replace("-", "_").split("_")}
+        if task in words and (label is None or label in words):
+            found.append(p)
+    if not found:
+        raise ValueError(f"no BABILong file for {task}{' at ' + label if label else ''} under {folder}")
+    return found[0]
+
+
+def length_label(length: str | int) -> str:
+    if isinstance(length, str):
+        return length.lower()
+    return f"{length // 1000}k" if length >= 1000 and length % 1000 == 0 else str(length)
+
+
+def released_sample(tokenizer, row: dict, task: str, length) -> Sample:
+    prompt = row["input"] + question_suffix(row["question"])
+    return Sample(
+        prompt=prompt,
+        answer=row["target"],
+        length=length,
+        n_tokens=len(tokenizer.encode(prompt)),
+        meta={"task": task, "question": row["question"], "labels": task_labels(task)},
+    )

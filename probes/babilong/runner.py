@@ -1,0 +1,75 @@
+"""Run a model over generated or released samples and score it by BABILong's rule:
+lowercase, keep the first sentence, drop task labels that the question mentions; correct when
+the target is the only label left."""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Callable, Sequence
+
+import pandas as pd
+
+from probes.babilong.released import load, released_sample
+from probes.babilong.samples import seeded_sample
+from probes.babilong.stories import check_task, vocabulary
+from probes.common import Sample, accuracy_heatmap, check_n, run_samples
+
+def first_sentence(output: str) -> str:
+    return output.lower().split(".")[0]
+
+
+def compare_answers(target: str, output: str, question: str, labels: Sequence[str]) -> bool:
+    """BABILong's rule: the target must be the only task label in the output's first sentence,
+    not counting labels that the question itself mentions."""
+    output = first_sentence(output)
+    labels = {label.lower() for label in labels}
+    in_question = {label for label in labels if label in question.lower()}
+    in_output = {label for label in labels if label in output} - in_question
+    return in_output == {target.lower()}
+
+
+def run(
+    model,
+    tasks: Sequence[str],
+    lengths: Sequence[int],
+    n: int = 10,
+    seed: int = 0,
+    data_path: str | Path | None = None,
+    haystack=None,
+    names: str = "babi",
+    progress: bool | Callable[[int, int], None] = True,
+) -> pd.DataFrame:
+    """One row per sample: task, length, answer, prediction, correct (depth is the position of
+    the last supporting fact, as a fraction of the prompt, for generated samples)."""
+    check_n(n)
+    tasks, lengths = list(tasks), list(lengths)
+    if not tasks or not lengths:
+        raise ValueError("give at least one task and one length")
+    for task in tasks:
+        check_task(task)
+    vocabulary(names)
+    jobs = []
+    for task in tasks:
+        for length in lengths:
+            if data_path is not None:
+                rows = load(data_path, task, length)
+                picks = random.Random(f"babilong-pick-{seed}").sample(range(len(rows)), min(n, len(rows)))
+                for i in picks:
+                    jobs.append(({"task": task, "length": length, "sample": i},
+                                 lambda row=rows[i], task=task, length=length: released_sample(model.tokenizer, row, task, length)))
+            else:
+                for i in range(n):
+                    jobs.append(({"task": task, "length": length, "sample": i},
+                                 lambda task=task, length=length, i=i: seeded_sample(model.tokenizer, task, length, seed, i, haystack, names)))
+    df = run_samples(model, jobs, score, max_new_tokens=6, progress=progress, desc="babilong")
+    df["depth"] = [(spans[-1][1] / max(1, nt)) if spans else float("nan") for spans, nt in zip(df["evidence"], df["n_tokens"])]
+    return df
+
+
+def score(prediction: str, sample: Sample) -> bool:
+    return compare_answers(sample.answer, prediction, sample.meta["question"], sample.meta["labels"])
+
+
+def heatmap(df: pd.DataFrame, title: str = "BABILong-style QA"):
+    """Rows task, columns length, colour accuracy (red to green)."""
+    return accuracy_heatmap(df, rows="task", cols="length", title=title, row_label="task", col_label="length (tokens)")
