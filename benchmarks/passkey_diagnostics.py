@@ -19,6 +19,7 @@ import numpy as np
 
 import memviz
 from memviz.interventions import reset_rates
+from memviz.registry import get_family
 from probes import passkey
 
 SEED, N, DEPTHS = 21, 5, (0.1, 0.5, 0.9)
@@ -41,18 +42,20 @@ def memory_resets(model, length, n=15):
     return reset_rates(model, samples, "needle")
 
 
-def longmem_needle_hits(model, lengths, n=15):
-    hits = {}
+def needle_held_at_question(model, lengths, n=15):
+    """`model.needle_hold` of the needle at the question's last token, the mean over samples per
+    length (None for a family that defines none)."""
+    held = {}
     for length in lengths:
-        h = []
+        rows = []
         for i in range(n):
             s = passkey.seeded_sample(model.tokenizer, length, DEPTHS[i % 3], SEED, i)
-            tr = memviz.trace(model, s.prompt, names=["side_blocks.1.attn.hook_retrieved_pos"])
-            pos = tr["side_blocks.1.attn.hook_retrieved_pos"][-1]
-            a, b = s.evidence[0]
-            h.append(float(((pos >= a - 3) & (pos < b)).any(-1).mean()))
-        hits[str(length)] = round(float(np.mean(h)), 2)
-    return hits
+            hold = model.needle_hold(model.tokenizer.encode(s.prompt), tuple(s.evidence[0]))
+            if hold is None:
+                return None
+            rows.append({label: float(values[-1]) for label, values in hold.items()})
+        held[str(length)] = {label: round(float(np.mean([r[label] for r in rows])), 2) for label in rows[0]}
+    return held
 
 
 def crosses_segment(n_prompt: int, n_answer: int, segment_len: int) -> bool:
@@ -79,10 +82,11 @@ def main(names):
     for name in names:
         model = memviz.load(name)
         out[name] = partial_credit(model, [256, 512, 1024])
-        if model.family != "sliding_window":
+        if "reset" in get_family(model.family).interventions:
             out[name]["memory_resets_at_512"] = memory_resets(model, 512)
-        if model.family == "longmem":
-            out[name]["needle_chunk_retrieved_at_question_share_of_heads"] = longmem_needle_hits(model, [512, 1024])
+        held = needle_held_at_question(model, [512, 1024])
+        if held is not None:
+            out[name]["needle_held_at_question"] = held
         print(name, json.dumps(out[name]), flush=True)
     print(json.dumps(out, indent=1))
 
