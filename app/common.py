@@ -12,13 +12,13 @@ def preferred_samples() -> list[str]:
     """The samples that show each family, memory families first (in registration order), so a
     new user sees memory at work at once; the control last."""
     ordered = sorted(memviz.families(), key=lambda f: f.role != "memory")
-    return [f.sample for f in ordered if f.sample]
+    return [f.sample_name for f in ordered if f.sample]
 
 
 def control_samples() -> list[str]:
     """The sample checkpoints of the control families (the contrast every memory is measured against)."""
     samples = memviz.list_samples()
-    return [f.sample for f in memviz.families() if f.role == "control" and f.sample in samples]
+    return [f.sample_name for f in memviz.families() if f.role == "control" and f.sample_name in samples]
 
 
 @st.cache_resource(show_spinner="Loading checkpoint…")

@@ -16,7 +16,7 @@ import torch
 
 from memviz.config import ConfigError, ModelConfig
 from memviz.files import atomic_write_bytes, atomic_write_text
-from memviz.models import build_model
+from memviz.models import build_model, families
 from memviz.tokenizer import TOKENIZER_FILE, load_tokenizer
 
 CONFIG_FILE = "config.json"
@@ -63,17 +63,25 @@ def save(model, directory: str | Path, card: dict[str, Any] | None = None, dtype
 
 
 def resolve(path: str | Path) -> Path:
-    """A path, or the name of a folder in sample_checkpoints/."""
+    """A path, the name of a folder in sample_checkpoints/, or of a sample a family ships."""
     p = Path(path).expanduser()
-    if not p.exists() and not p.is_absolute() and (SAMPLE_DIR / p).is_dir():
-        return SAMPLE_DIR / p
+    if not p.exists() and not p.is_absolute():
+        if (SAMPLE_DIR / p).is_dir():
+            return SAMPLE_DIR / p
+        return family_samples().get(str(p), p)
     return p
 
 
+def family_samples() -> dict[str, Path]:
+    """Samples that families ship in their own folders (an installed package's): {family name: folder}."""
+    return {f.name: Path(f.sample) for f in families()
+            if f.sample and Path(f.sample).is_absolute() and (Path(f.sample) / CONFIG_FILE).is_file()}
+
+
 def list_samples() -> list[str]:
-    if not SAMPLE_DIR.is_dir():
-        return []
-    return sorted(d.name for d in SAMPLE_DIR.iterdir() if (d / CONFIG_FILE).is_file())
+    """The names of the sample checkpoints: sample_checkpoints/ and those families ship."""
+    shipped = [d.name for d in SAMPLE_DIR.iterdir() if (d / CONFIG_FILE).is_file()] if SAMPLE_DIR.is_dir() else []
+    return sorted({*shipped, *family_samples()})
 
 
 def list_user_checkpoints() -> list[str]:

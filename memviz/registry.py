@@ -9,13 +9,20 @@ A family is one unit (one file under `memviz/models/`, or a user's own file): it
   * `figure_settings`: `model -> dict`, what the figures need that the arrays do not say;
   * `interventions`: the intervention points, {name: what it does} (see `memviz.interventions`);
   * `quick`: the small model of a quick training run (config fields);
-  * `sample`: the sample checkpoint that shows it; `role`: "memory", "baseline" or "control".
-Nothing here imports a family: `memviz.models` imports the built-in ones, which registers them.
+  * `sample`: the sample checkpoint that shows it, a name in sample_checkpoints/ or the folder a
+    package ships it in (then listed and loaded under the family's name); `role`: "memory",
+    "baseline" or "control".
+Nothing here imports a family: `memviz.models` imports the built-in ones, which registers them,
+and an installed package declares its own under the `memviz.families` entry point (a module that
+registers them when imported), loaded the first time a family is looked up or listed.
 """
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import math
+import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, TypeVar
 
@@ -44,8 +51,17 @@ class Family:
     sample: str | None = None
     role: str = "memory"
 
+    @property
+    def sample_name(self) -> str | None:
+        """The name `memviz.load` and the app know the family's sample by."""
+        if self.sample is None:
+            return None
+        return self.name if os.path.isabs(self.sample) else self.sample
+
 
 FAMILIES: dict[str, Family] = {}
+ENTRY_POINT_GROUP = "memviz.families"
+_entry_points_loaded = False
 M = TypeVar("M", bound=type)
 
 
@@ -77,8 +93,31 @@ def unregister_family(name: str) -> None:
     FAMILIES.pop(name, None)
 
 
+def load_entry_points() -> None:
+    """Import the modules installed packages declare under the `memviz.families` entry point
+    (once); one that fails to import is skipped with a warning naming it."""
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            entry.load()
+        except Exception as exc:  # a broken plug-in must not take the built-in families down
+            warnings.warn(f"memviz: the family entry point {entry.name!r} ({entry.value}) did not load: {exc}")
+
+
+def registered() -> list[Family]:
+    """Every family, installed packages' included, in registration order."""
+    load_entry_points()
+    return list(FAMILIES.values())
+
+
 def get_family(name: str) -> Family:
-    """The registered family `name` (built-in families register when `memviz.models` is imported)."""
+    """The registered family `name` (built-in families register when `memviz.models` is
+    imported; installed packages' on the first lookup of a name not yet known)."""
+    if name not in FAMILIES:
+        load_entry_points()
     if name not in FAMILIES:
         raise ConfigError(f"unknown model family {name!r}; known families are {sorted(FAMILIES)}")
     return FAMILIES[name]

@@ -32,6 +32,7 @@ FAMILY_CONFIGS = {
     "titans": {"segment_len": 8, "memory": {"variant": "mac"}},
     "memory_layer": {**WINDOW, "memory": {"n_keys": 8, "topk": 4, "heads": 2, "d_key": 8, "layers": [1]}},
     "longmem": {**WINDOW, "segment_len": 8, "memory": {"chunk_size": 4, "topk_chunks": 2, "bank_size": 16}},
+    "gated_deltanet": WINDOW,  # an installed package's family (families/gated_deltanet), found by its entry point
 }
 SMALL = dict(d_model=32, n_layers=2, n_heads=2, d_mlp=64, vocab_size=259)
 

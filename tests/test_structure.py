@@ -21,6 +21,7 @@ ALLOWED = {
     "training": {"kernels", "memviz", "probes", "training"},
     "app": {"kernels", "memviz", "probes", "training", "app"},
     "benchmarks": {"kernels", "memviz", "probes", "training", "app", "benchmarks"},
+    "families": {"kernels", "memviz", "probes", "families"},  # written against the public API, like a user's package
 }
 
 

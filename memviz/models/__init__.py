@@ -8,12 +8,12 @@ from typing import Any
 
 from memviz.config import ModelConfig
 from memviz.models import baselines, infini, lm2, longmem, memory_layer, titans  # noqa: F401  (they register)
-from memviz.registry import FAMILIES, Family, get_family  # noqa: F401  (the registry, filled)
+from memviz.registry import Family, get_family, registered  # noqa: F401  (the registry, filled)
 
 
 def families() -> list[Family]:
-    """Every registered family, in registration order (baselines first)."""
-    return list(FAMILIES.values())
+    """Every registered family, in registration order (baselines first, installed packages' last)."""
+    return registered()
 
 
 def build_model(cfg: ModelConfig, **kwargs: Any):

@@ -1,0 +1,157 @@
+"""Gated DeltaNet, the family written outside memviz: its chunked form against the token-by-token
+recurrence (float64) and fla's plain-torch reference; the model's memory against the equations
+recomputed from its weights; streaming, tracing, figures, interventions and needle_hold."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import memviz
+from families.gated_deltanet.reference import chunked, recurrent
+from memviz import viz
+from memviz.interventions import ablate_at, answer_logprob, replace_at
+from memviz.trace import Trace
+
+FOLDER = Path(__file__).resolve().parent
+CONFIG = dict(family="gated_deltanet", d_model=32, n_layers=2, n_heads=2, d_mlp=64, vocab_size=259,
+              attention={"kind": "window", "span": 8})
+
+
+@pytest.fixture
+def seed():
+    value = random.SystemRandom().randrange(2**31)
+    torch.manual_seed(value)
+    return value
+
+
+def rule_inputs(B, H, T, dk, dv, dtype=torch.float64):
+    q = F.normalize(torch.randn(B, H, T, dk, dtype=dtype), dim=-1)
+    k = F.normalize(torch.randn(B, H, T, dk, dtype=dtype), dim=-1)
+    v = torch.randn(B, H, T, dv, dtype=dtype)
+    alpha, beta = torch.rand(B, H, T, dtype=dtype) * 0.6 + 0.4, torch.rand(B, H, T, dtype=dtype)
+    return q, k, v, alpha, beta, torch.randn(B, H, dk, dv, dtype=dtype)
+
+
+@pytest.mark.parametrize("T, chunk", [(1, 4), (23, 1), (23, 5), (40, 8), (17, 64)])
+def test_the_chunked_form_is_the_recurrence(seed, T, chunk):
+    args = rule_inputs(2, 3, T, 6, 5)
+    (o, norms), S = recurrent(*args)
+    (o_c, norms_c), S_c = chunked(*args, chunk=chunk)
+    for name, a, b in (("o", o_c, o), ("norms", norms_c, norms), ("S", S_c, S)):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10, msg=lambda m: f"{name} (seed {seed}): {m}")
+
+
+def fla_naive():
+    spec = importlib.util.find_spec("fla")
+    path = Path(spec.submodule_search_locations[0]) / "ops" / "gated_delta_rule" / "naive.py" if spec else None
+    if path is None or not path.is_file():
+        pytest.skip("fla-core (a test-only peer reference, requirements.txt) is not installed")
+    module_spec = importlib.util.spec_from_file_location("fla_gated_delta_naive", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def test_the_recurrence_matches_flas_reference(seed):
+    """fla's naive recurrence (float32 inside; g = log alpha, q unscaled with scale 1)."""
+    naive = fla_naive()
+    q, k, v, alpha, beta, S = rule_inputs(2, 3, 19, 8, 6, torch.float32)
+    (o, _), S_final = recurrent(q, k, v, alpha, beta, S)
+    ref_o, ref_S = naive.naive_recurrent_gated_delta_rule(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), beta.transpose(1, 2), alpha.log().transpose(1, 2),
+        scale=1.0, initial_state=S, output_final_state=True)
+    torch.testing.assert_close(o, ref_o.transpose(1, 2), atol=2e-5, rtol=1e-4, msg=lambda m: f"o (seed {seed}): {m}")
+    torch.testing.assert_close(S_final, ref_S, atol=2e-5, rtol=1e-4, msg=lambda m: f"S (seed {seed}): {m}")
+
+
+def small(seed=0, **memory):
+    torch.manual_seed(seed)
+    model = memviz.build_model(memviz.ModelConfig(**CONFIG, memory=memory)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" not in name and "ln" not in name:
+                p.add_(torch.randn_like(p) * 0.2)
+    return model
+
+
+def test_the_model_writes_and_reads_as_the_paper_says():
+    """Layer 0's memory output, recomputed token by token from its weights in float64."""
+    model = small(chunk=4).double()
+    ids = torch.randint(0, 256, (1, 21), generator=torch.Generator().manual_seed(1))
+    _, cache = model.run_with_cache(ids)
+    attn = model.blocks[0].attn
+    x = model.blocks[0].ln1(cache["blocks.0.hook_resid_pre"])[0]
+    H, d = attn.n_heads, attn.d_head
+    q, k, v = (W(x).view(-1, H, d) for W in (attn.W_Q, attn.W_K, attn.W_V))
+    q, k, v = F.normalize(F.silu(q), dim=-1), F.normalize(F.silu(k), dim=-1), F.silu(v)
+    alpha = torch.exp(-attn.A_log.exp() * F.softplus(x @ attn.W_alpha.weight.T + attn.W_alpha.bias))
+    beta = torch.sigmoid(x @ attn.W_beta.weight.T + attn.W_beta.bias)
+    S = torch.zeros(H, d, d, dtype=torch.float64)
+    outputs = []
+    for t in range(len(x)):  # S_t = alpha_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T, o_t = S_t^T q_t
+        eye = torch.eye(d, dtype=torch.float64)
+        S = torch.stack([alpha[t, h] * (eye - beta[t, h] * torch.outer(k[t, h], k[t, h])) @ S[h]
+                         + beta[t, h] * torch.outer(k[t, h], v[t, h]) for h in range(H)])
+        outputs.append(torch.einsum("hk,hkv->hv", q[t], S))
+    o = torch.stack(outputs)
+    gated = attn.out_norm(o) * F.silu(attn.W_g(x).view(-1, H, d))
+    torch.testing.assert_close(cache["blocks.0.attn.hook_mem_out"][0], gated, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(cache["blocks.0.attn.hook_alpha"][0], alpha, atol=1e-12, rtol=1e-12)
+
+
+def test_a_streamed_run_is_one_pass():
+    model = small(chunk=3)
+    ids = torch.randint(0, 256, (1, 45), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        whole = model(ids)
+        for chunk_len in (1, 7, 16):
+            streamed = torch.cat([logits for _, logits, _ in model.stream(ids, chunk_len)], 1)
+            torch.testing.assert_close(streamed, whole, atol=2e-5, rtol=1e-4)
+
+
+def test_trace_figures_interventions_and_needle_hold(tmp_path):
+    model = small()
+    text = "the pass key is 12345. " * 3
+    tr = memviz.trace(model, text, evidence=[(4, 9)])
+    saved = Trace.load(tr.save(tmp_path / "t.npz"))
+    figs = viz.family_figures(saved, width=40)
+    assert {"blocks.0 alpha", "blocks.1 beta", "state norm", "loss"} <= set(figs)
+    assert ((tr["blocks.0.attn.hook_alpha"] > 0) & (tr["blocks.0.attn.hook_alpha"] < 1)).all()
+    clean = answer_logprob(model, text, "12345")["logprob"]
+    assert answer_logprob(model, text, "12345", [replace_at(model, 6, text)])["logprob"] == pytest.approx(clean, abs=1e-5)
+    assert answer_logprob(model, text, "12345", [ablate_at(model, 6)])["logprob"] != pytest.approx(clean, abs=1e-4)
+    hold = model.needle_hold(model.tokenizer.encode(text), (4, 9))
+    for values in hold.values():
+        assert values[:4].max() == 0 and values.max() == pytest.approx(1.0) and (values >= 0).all()
+
+
+def test_it_warm_starts_from_a_sliding_window_baseline(tmp_path):
+    torch.manual_seed(0)
+    base = memviz.build_model(memviz.ModelConfig(**{**CONFIG, "family": "sliding_window"}))
+    model = memviz.build_model(memviz.ModelConfig(**CONFIG))
+    model.warm_start(base)
+    assert torch.equal(model.blocks[1].attn.W_Q.weight, base.blocks[1].attn.W_Q.weight)
+    with pytest.raises(memviz.ConfigError, match="bounded local attention"):
+        memviz.build_model(memviz.ModelConfig(**{**CONFIG, "attention": None}))
+
+
+def test_its_sample_keeps_a_pass_key_past_its_window():
+    """The shipped sample (its folder's `sample/`), on a fresh seed, against the control."""
+    from probes import passkey
+
+    if not (FOLDER / "sample" / "config.json").is_file():
+        pytest.skip("the sample is not trained yet")
+    card = json.loads((FOLDER / "sample" / "card.json").read_text())
+    assert "--config families/gated_deltanet/gated_deltanet.train.json" in card["train_command"]
+    model, control = memviz.load("gated_deltanet"), memviz.load("sliding_window")
+    ours = passkey.run(model, [512], [0.1, 0.5], n=5, seed=13, progress=False)["correct"].mean()
+    theirs = passkey.run(control, [512], [0.1, 0.5], n=5, seed=13, progress=False)["correct"].mean()
+    assert ours >= theirs + 0.3, (ours, theirs)
+    assert np.isfinite(ours)
