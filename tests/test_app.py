@@ -87,6 +87,16 @@ def test_trace_page_traces_the_default_passkey_sample(infini_checkpoint):
     assert len(at.get("plotly_chart")) == len(titles)
 
 
+def test_trace_page_shows_a_family_from_an_installed_package(tmp_path):
+    """Gated DeltaNet (families/gated_deltanet, found by its entry point): its own figures and
+    its needle_hold on the Trace page, with no page naming it."""
+    model = small_model("gated_deltanet", attention={"kind": "window", "span": 16})
+    at = open_trace_page(str(memviz.save(model, tmp_path / "gdn")))
+    titles = chart_titles(at)
+    assert any("decay alpha" in t for t in titles) and any("write strength beta" in t for t in titles), titles
+    assert "How much of the evidence the memory still holds" in titles
+
+
 def test_trace_page_text_and_error_paths(infini_checkpoint):
     at = open_trace_page(infini_checkpoint)
     at.radio(key="source").set_value("text").run()
