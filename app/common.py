@@ -1,6 +1,13 @@
-"""What the pages share: the loaded model (cached per path) and the default checkpoint."""
+"""What the pages share: the session's models and the default checkpoint.
+
+A loaded checkpoint is cached once for the server (`shared_model`), but no page ever runs it:
+each session runs its own copy (`load_model`), so the hooks one session attaches while it traces
+or intervenes never reach another session's numbers. The cache is keyed by the weights file's
+modification time too, so a checkpoint replaced on disk is loaded again.
+"""
 from __future__ import annotations
 
+import copy
 import os
 
 import streamlit as st
@@ -21,9 +28,24 @@ def control_samples() -> list[str]:
     return [f.sample_name for f in memviz.families() if f.role == "control" and f.sample_name in samples]
 
 
-@st.cache_resource(show_spinner="Loading checkpoint…")
-def load_model(path: str):
+@st.cache_resource(show_spinner="Loading checkpoint…", max_entries=16)
+def shared_model(path: str, stamp: int):
+    """The checkpoint loaded once for the server (`stamp`: its weights' mtime); never run or hooked."""
     return memviz.load(path)
+
+
+def weights_stamp(path: str) -> int:
+    weights = memviz.checkpoint.resolve(path) / memviz.checkpoint.WEIGHTS_FILE
+    return weights.stat().st_mtime_ns if weights.is_file() else 0
+
+
+def load_model(path: str):
+    """This session's own copy of the checkpoint's model (module docstring)."""
+    stamp = weights_stamp(path)
+    models = st.session_state.setdefault("_session_models", {})
+    if models.get(path, (None, None))[0] != stamp:
+        models[path] = (stamp, copy.deepcopy(shared_model(path, stamp)))
+    return models[path][1]
 
 
 def default_sample() -> str | None:
@@ -37,10 +59,14 @@ def default_sample() -> str | None:
     return samples[0] if samples else None
 
 
-@st.cache_data(show_spinner=False, max_entries=64)
 def greedy_answer(model_path: str, prompt: str, max_new_tokens: int = 8) -> str:
     """The model's greedy continuation, computed once per (checkpoint, prompt), not on every rerun."""
-    return load_model(model_path).generate(prompt, max_new_tokens).strip()
+    return cached_greedy_answer(model_path, weights_stamp(model_path), prompt, max_new_tokens)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def cached_greedy_answer(model_path: str, stamp: int, prompt: str, max_new_tokens: int) -> str:
+    return copy.deepcopy(shared_model(model_path, stamp)).generate(prompt, max_new_tokens).strip()
 
 
 def current_path() -> str | None:

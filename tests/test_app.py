@@ -2,6 +2,7 @@
 from pathlib import Path
 
 import pytest
+import torch
 from streamlit.testing.v1 import AppTest
 
 import memviz
@@ -61,6 +62,34 @@ def test_model_page_reports_bad_checkpoints(tmp_path, corrupt):
 def infini_checkpoint(tmp_path_factory):
     model = small_model("infini", segment_len=16)
     return str(memviz.save(model, tmp_path_factory.mktemp("ckpt") / "infini"))
+
+
+def test_each_session_runs_its_own_copy_of_a_checkpoint(infini_checkpoint):
+    """A hook one session leaves on its model (as a page's does while it traces or intervenes)
+    changes nothing in another session's run of the same cached checkpoint."""
+    script = f"""
+import sys
+sys.path.insert(0, {str(ROOT)!r})
+import streamlit as st
+import torch
+from app.common import load_model
+model = load_model({infini_checkpoint!r})
+if st.session_state.get("poison"):
+    model.blocks[0].attn.hook_z.add_hook(lambda z, hook: z * 0)
+with torch.no_grad():
+    st.session_state["logit"] = float(model(torch.arange(40)[None])[0, -1].sum())
+st.session_state["model_id"] = id(model)
+"""
+    poisoned, clean = AppTest.from_string(script, default_timeout=60), AppTest.from_string(script, default_timeout=60)
+    poisoned.session_state["poison"] = True
+    poisoned.run()
+    clean.run()
+    assert not poisoned.exception and not clean.exception
+    with torch.no_grad():
+        alone = float(memviz.load(infini_checkpoint)(torch.arange(40)[None])[0, -1].sum())
+    assert poisoned.session_state["model_id"] != clean.session_state["model_id"]
+    assert clean.session_state["logit"] == pytest.approx(alone, abs=1e-6)
+    assert poisoned.session_state["logit"] != pytest.approx(alone, abs=1e-3)
 
 
 def open_trace_page(path: str) -> AppTest:
