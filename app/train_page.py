@@ -1,4 +1,8 @@
-"""Train page: a small training run of a chosen family and task, live and stoppable."""
+"""Train page: a small training run of a chosen family and task, live and stoppable.
+
+A run belongs to the session that started it: only that session sees and can stop it. Names are
+one path component (letters, digits, '.', '_', '-', starting with a letter or digit) under
+MEMVIZ_HOME, and a name another session's run is using is refused, so no two runs share folders."""
 from __future__ import annotations
 
 import re
@@ -10,10 +14,18 @@ from memviz.checkpoint import USER_DIR
 from training import QUICK_LENGTHS, Trainer, quick_config, quick_families
 
 
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
 @st.cache_resource
-def jobs() -> dict:
-    """Training jobs of this server, surviving reruns: name -> {trainer, thread, status}."""
+def names_in_use() -> dict:
+    """Every session's runs on this server: name -> job (so two sessions never write one folder)."""
     return {}
+
+
+def jobs() -> dict:
+    """This session's training jobs, surviving reruns: name -> {trainer, thread, status}."""
+    return st.session_state.setdefault("_train_jobs", {})
 
 
 def run_job(job: dict) -> None:
@@ -49,15 +61,16 @@ def render() -> None:
     steps = c3.number_input("Steps", 1, 100_000, 300, key="tr_steps")
     name = st.text_input("Name", f"{family}-{task}", key="tr_name")
     if st.button("Start", key="tr_start"):
-        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name or ""):
-            st.error("The name may hold letters, digits, '.', '_' and '-' only.")
-        elif name in jobs() and jobs()[name]["status"] in ("running", "exporting"):
+        busy = names_in_use().get(name)
+        if not NAME.fullmatch(name or ""):
+            st.error("The name may hold letters, digits, '.', '_' and '-' only, and starts with a letter or digit.")
+        elif busy is not None and busy["status"] in ("running", "exporting"):
             st.error(f"A run named {name!r} is still going.")
         else:
             cfg = quick_config(family, task, int(steps), name, USER_DIR.parent / "runs" / name)
             job = {"name": name, "status": "running", "trainer": Trainer(cfg, progress=False)}
             job["thread"] = threading.Thread(target=run_job, args=(job,), daemon=True)
-            jobs()[name] = job
+            jobs()[name] = names_in_use()[name] = job
             job["thread"].start()
     for name in list(jobs()):
         live(name)

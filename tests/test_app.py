@@ -234,18 +234,23 @@ def test_train_page_trains_exports_and_lists_the_checkpoint(tmp_path, monkeypatc
     at.run()
     at.selectbox(key="tr_task").select("facts").run()
     at.number_input(key="tr_steps").set_value(4).run()
-    at.text_input(key="tr_name").input("bad name!").run()
-    at.button(key="tr_start").click().run()
-    assert "letters, digits" in at.error[0].value
+    for bad in ("bad name!", "..", ".hidden"):
+        at.text_input(key="tr_name").input(bad).run()
+        at.button(key="tr_start").click().run()
+        assert "letters, digits" in at.error[0].value, bad
     at.text_input(key="tr_name").input("tiny-facts").run()
     at.button(key="tr_start").click().run()
     deadline = time.time() + 180
     while not (tmp_path / "checkpoints" / "tiny-facts" / "card.json").exists():
         assert time.time() < deadline
         time.sleep(0.5)
-    job = app.train_page.jobs()["tiny-facts"]
+    job = at.session_state["_train_jobs"]["tiny-facts"]
     job["thread"].join(60)
     at.run()
+    other = page("train_page")  # another session does not see (or stop) this one's run
+    other.run()
+    assert not other.exception, other.exception
+    assert other.session_state["_train_jobs"] == {} and not any("tiny-facts" in m.value for m in other.markdown)
     assert not at.exception, at.exception
     assert job["status"] == "finished", job.get("error")
     assert str(tmp_path / "checkpoints" / "tiny-facts") in memviz.list_user_checkpoints()
