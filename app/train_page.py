@@ -53,6 +53,19 @@ def live(name: str) -> None:
         st.error(f"Training failed: {job['error']}")
 
 
+def start(name: str, cfg) -> None:
+    """Start this session's run `name` in a thread; one message if its folder holds an earlier run."""
+    try:
+        trainer = Trainer(cfg, progress=False)
+    except ValueError as exc:
+        st.error(f"{exc}. Choose another name.")
+        return
+    job = {"name": name, "status": "running", "trainer": trainer}
+    job["thread"] = threading.Thread(target=run_job, args=(job,), daemon=True)
+    jobs()[name] = names_in_use()[name] = job
+    job["thread"].start()
+
+
 def render() -> None:
     st.title("Train")
     c1, c2, c3 = st.columns(3)
@@ -67,10 +80,6 @@ def render() -> None:
         elif busy is not None and busy["status"] in ("running", "exporting"):
             st.error(f"A run named {name!r} is still going.")
         else:
-            cfg = quick_config(family, task, int(steps), name, USER_DIR.parent / "runs" / name)
-            job = {"name": name, "status": "running", "trainer": Trainer(cfg, progress=False)}
-            job["thread"] = threading.Thread(target=run_job, args=(job,), daemon=True)
-            jobs()[name] = names_in_use()[name] = job
-            job["thread"].start()
+            start(name, quick_config(family, task, int(steps), name, USER_DIR.parent / "runs" / name))
     for name in list(jobs()):
         live(name)

@@ -251,6 +251,10 @@ def test_train_page_trains_exports_and_lists_the_checkpoint(tmp_path, monkeypatc
     other.run()
     assert not other.exception, other.exception
     assert other.session_state["_train_jobs"] == {} and not any("tiny-facts" in m.value for m in other.markdown)
+    other.selectbox(key="tr_task").select("facts").run()
+    other.text_input(key="tr_name").input("tiny-facts").run()
+    other.button(key="tr_start").click().run()  # its folder holds the finished run: refused, nothing lost
+    assert not other.exception and "holds an earlier run" in other.error[0].value
     assert not at.exception, at.exception
     assert job["status"] == "finished", job.get("error")
     assert str(tmp_path / "checkpoints" / "tiny-facts") in memviz.list_user_checkpoints()

@@ -169,6 +169,12 @@ def test_bad_training_configs(capsys):
     assert "--threads: must be a positive integer, got 0" in capsys.readouterr().err
     with pytest.raises(ValueError, match="memory_value_lr must be > 0"):
         TrainConfig.from_dict({"name": "x", "model": {}, "optim": {"memory_value_lr": 0}})
+    with pytest.raises(ValueError, match=r"min_lr_frac .* must lie in \[0, 1\], got -5"):
+        TrainConfig.from_dict({"name": "x", "model": {}, "optim": {"min_lr_frac": -5}})
+    for steps in ("0", "-5"):
+        with pytest.raises(SystemExit):
+            training_cli.main(["--config", "/no/such/config.json", "--steps", steps])
+        assert f"--steps: must be a positive integer, got {steps}" in capsys.readouterr().err
     with pytest.raises(ValueError, match="data.drill must be >= 0"):
         TrainConfig.from_dict({"name": "x", "model": {}, "data": {"drill": -1}})
     with pytest.raises(ValueError, match="data.max_facts"):
@@ -242,3 +248,33 @@ def test_a_memory_model_starts_from_a_baselines_backbone(tmp_path, family, optio
     deeper = config | {"model": {**config["model"], "n_layers": 3}}
     with pytest.raises(memviz.CheckpointError, match=rf"a {family} model can start from a sliding_window baseline only with the same shape; they differ in \['n_layers'\]"):
         Trainer(tiny_config(tmp_path / "deeper", **deeper), progress=False)
+
+
+def test_a_fresh_run_refuses_a_folder_that_holds_an_earlier_run(tmp_path):
+    Trainer(tiny_config(tmp_path / "run", steps=2), progress=False).run()
+    with pytest.raises(ValueError, match="holds an earlier run .*--resume.*--overwrite"):
+        Trainer(tiny_config(tmp_path / "run", steps=2), progress=False)
+    assert (tmp_path / "run" / "checkpoints").is_dir(), "the refusal touched nothing"
+    again = Trainer(tiny_config(tmp_path / "run", steps=2), overwrite=True, progress=False).run()
+    assert again.step == 2 and len(losses(tmp_path / "run")) == 2, "--overwrite starts the metrics afresh"
+
+
+def test_an_export_that_fails_leaves_the_earlier_folder_whole(tmp_path):
+    from training.loop import swap_in
+
+    trainer = Trainer(tiny_config(tmp_path / "run", steps=1), progress=False).run()
+    first = trainer.export(tmp_path / "export", final_eval=False)
+    before = {p.name: p.read_bytes() for p in first.iterdir()}
+
+    def broken(staging):
+        staging.mkdir()
+        (staging / "model.safetensors").write_bytes(b"half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        swap_in(tmp_path / "export", broken)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "export").iterdir()} == before
+    assert memviz.load(tmp_path / "export").family == "sliding_window"
+    trainer.export(tmp_path / "export", final_eval=False)  # over the old one, and over the failed attempt's leftovers
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".export")] == []
+

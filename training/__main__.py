@@ -23,7 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True, help="training config (JSON)")
     parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
-    parser.add_argument("--steps", type=int, help="override optim.steps")
+    parser.add_argument("--overwrite", action="store_true", help="start afresh in a run folder that holds an earlier run")
+    parser.add_argument("--steps", type=positive_int, help="override optim.steps")
     parser.add_argument("--out", help="override the run folder")
     parser.add_argument("--threads", type=positive_int, help="override the config's torch threads (another count "
                         "rounds differently: the weights differ from a card's, the scores by a few points)")
@@ -33,16 +34,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = TrainConfig.load(args.config)
-        if args.steps:
+        if args.steps is not None:
             cfg.optim.steps = args.steps
         if args.out:
             cfg.out = args.out
         if args.threads:
             cfg.threads = args.threads
         # resuming is exact, so the card records the one-shot command that gives the same model
-        given = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--resume"]
+        given = [a for a in (argv if argv is not None else sys.argv[1:]) if a not in ("--resume", "--overwrite")]
         command = "python -m training " + " ".join(shlex.quote(a) for a in given)
-        trainer = Trainer(cfg, resume=args.resume, command=command, progress=not args.no_progress).run()
+        trainer = Trainer(cfg, resume=args.resume, overwrite=args.overwrite, command=command,
+                          progress=not args.no_progress).run()
     except (ValueError, TrainingDiverged) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

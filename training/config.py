@@ -37,6 +37,10 @@ class OptimConfig:
                 raise ValueError(f"optim.{name} must be a positive integer, got {getattr(self, name)!r}")
         if not self.lr > 0 or self.warmup < 0 or self.clip <= 0:
             raise ValueError("optim needs lr > 0, warmup >= 0 and clip > 0")
+        if not 0 <= self.min_lr_frac <= 1:
+            raise ValueError(f"optim.min_lr_frac (the last step's share of lr) must lie in [0, 1], got {self.min_lr_frac!r}")
+        if not self.weight_decay >= 0 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"optim needs weight_decay >= 0 and betas in [0, 1), got {self.weight_decay!r} and {self.betas!r}")
 
     def lr_at(self, step: int) -> float:
         """Linear warm-up to lr, then cosine decay to min_lr_frac * lr at the last step."""

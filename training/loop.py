@@ -108,6 +108,7 @@ class Trainer:
         cfg: TrainConfig,
         resume: bool = False,
         command: str | None = None,
+        overwrite: bool = False,
         progress: bool = True,
         on_log: Callable[[dict], None] | None = None,
         stop: threading.Event | None = None,
@@ -124,6 +125,14 @@ class Trainer:
         checkpoint = self.latest_checkpoint() if resume else None
         if resume and checkpoint is None:
             raise ValueError(f"--resume: no checkpoint under {self.out / 'checkpoints'}")
+        earlier = [p for p in (self.out / "checkpoints", self.out / "metrics.jsonl") if p.exists()]
+        if not resume and earlier:
+            if not overwrite:
+                raise ValueError(f"{self.out} holds an earlier run ({', '.join(p.name for p in earlier)}); pass --resume to "
+                                 "continue it, --overwrite to start afresh, or another --out")
+            if self.rank == 0:
+                for path in earlier:
+                    shutil.rmtree(path) if path.is_dir() else path.unlink()
         self.model = self.build_model(checkpoint)
         self.sampler = TaskSampler(self.model.tokenizer, cfg.data)
         self.optimizer = make_optimizer(self.model, cfg.optim)
@@ -301,7 +310,7 @@ class Trainer:
             self.model.card["probe_scores"] = self.evaluate(self.cfg.eval.final_n, progress=self.progress)
             self.model.card["probe_seed"] = self.cfg.eval.seed
         self.model.train()
-        return save(self.model, directory, dtype=dtype)
+        return swap_in(directory, lambda staging: save(self.model, staging, dtype=dtype))
 
     # ----- signals --------------------------------------------------------------------------
     def install_signal_handlers(self) -> dict:
@@ -318,6 +327,22 @@ class Trainer:
     def restore_signal_handlers(previous: dict) -> None:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def swap_in(directory: str | Path, write: Callable[[Path], Any]) -> Path:
+    """Write a folder beside `directory`, then put it in its place: an export interrupted at any
+    point leaves the earlier folder whole (or, between the two renames, beside the new one)."""
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = directory.parent / f".{directory.name}.exporting-{os.getpid()}"
+    old = directory.parent / f".{directory.name}.replaced-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    write(staging)
+    if directory.exists():
+        directory.rename(old)
+    staging.rename(directory)
+    shutil.rmtree(old, ignore_errors=True)
+    return directory
 
 
 def machine_description() -> str:
