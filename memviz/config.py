@@ -16,6 +16,9 @@ from typing import Any
 
 
 INIT_SCHEMES = ("gpt2", "fan_in")
+#: the largest model a config may describe, checked before any weight is allocated (memviz is for
+#: small models; 2e9 float32 parameters is 8 GB)
+MAX_PARAMETERS = 2_000_000_000
 
 
 class ConfigError(ValueError):
@@ -71,6 +74,18 @@ class ModelConfig:
             raise ConfigError(f"config field 'init' must be one of {list(INIT_SCHEMES)}, got {self.init!r}")
         if not isinstance(self.memory, dict):
             raise ConfigError(f"config field 'memory' must be an object, got {type(self.memory).__name__}")
+        for name in ("rope_base", "norm_eps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise ConfigError(f"config field {name!r} must be a positive finite number, got {value!r}")
+        if self.embed_scale == float("inf"):
+            raise ConfigError("config field 'embed_scale' must be finite, got inf")
+        backbone = self.vocab_size * self.d_model + self.n_layers * (4 * self.d_model * self.n_heads * self.d_head
+                                                                     + 3 * self.d_model * self.d_mlp)
+        if backbone > MAX_PARAMETERS:
+            raise ConfigError(f"this config describes about {backbone:.2e} parameters before any memory (d_model "
+                              f"{self.d_model}, n_layers {self.n_layers}, d_mlp {self.d_mlp}), over memviz's cap of "
+                              f"{MAX_PARAMETERS:.0e}; nothing was allocated")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

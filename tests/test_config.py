@@ -37,6 +37,13 @@ def test_unknown_family_and_bad_json():
         ModelConfig.from_json("{")
     with pytest.raises(ConfigError, match="'family' must name a model family"):
         ModelConfig.from_dict({"d_model": 64})
+    with pytest.raises(ConfigError, match="over memviz's cap .* nothing was allocated"):
+        ModelConfig(family="transformer", n_layers=1_000_000)
+    with pytest.raises(ConfigError, match="over memviz's cap"):
+        ModelConfig(family="transformer", d_model=65536, n_heads=64)
+    for field, bad in (("rope_base", -1.0), ("norm_eps", float("nan")), ("rope_base", "10000")):
+        with pytest.raises(ConfigError, match=f"'{field}' must be a positive finite number"):
+            ModelConfig(family="transformer", **{field: bad})
     with pytest.raises(ConfigError, match="'sliding_window' family needs attention"):
         build_model(ModelConfig(family="sliding_window"))
     with pytest.raises(ConfigError, match="'transformer' family is full causal"):
