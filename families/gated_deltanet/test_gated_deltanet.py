@@ -159,13 +159,13 @@ def test_its_sample_keeps_a_pass_key_past_its_window():
 
 def test_its_long_sample_is_reproduced_by_its_card_from_the_shipped_sample():
     """sample_long continues sample/ (the recipe's init_from, which ships), as its card's command says."""
-    from training import TrainConfig
-
     if not (FOLDER / "sample_long" / "config.json").is_file():
         pytest.skip("the long sample is not trained yet")
     card = json.loads((FOLDER / "sample_long" / "card.json").read_text())
-    recipe = TrainConfig.load(FOLDER / "gated_deltanet_long.train.json")
+    recipe = json.loads((FOLDER / "gated_deltanet_long.train.json").read_text())
     assert "--config families/gated_deltanet/gated_deltanet_long.train.json" in card["train_command"]
-    assert recipe.init_from == "families/gated_deltanet/sample" and (FOLDER / "sample" / "card.json").is_file()
-    assert TrainConfig.from_dict(card["train_config"]).to_dict()["model"] == recipe.to_dict()["model"]
+    assert recipe["init_from"] == "families/gated_deltanet/sample" and (FOLDER / "sample" / "card.json").is_file()
+    assert card["train_config"]["init_from"] == recipe["init_from"]
+    assert card["train_config"]["model"]["memory"] == recipe["model"]["memory"]
+    assert card["train_config"]["optim"]["steps"] == recipe["optim"]["steps"]
     assert memviz.load(FOLDER / "sample_long").family == "gated_deltanet"
