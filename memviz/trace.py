@@ -26,6 +26,11 @@ from memviz.registry import get_family
 
 REDUCERS = ("none", "mean", "norm")
 MAX_TRACE_TOKENS = 4_000_000
+#: a text longer than this many characters a token is refused before it is tokenized (no
+#: tokenizer here makes tokens longer than a few dozen characters)
+MAX_CHARS_PER_TOKEN = 64
+#: the most a trace file may unpack to, read from its zip headers before any array is
+MAX_TRACE_FILE_BYTES = 8 * 2**30
 
 
 def reduce_tensor(t: torch.Tensor, how: str) -> torch.Tensor:
@@ -147,12 +152,23 @@ class Trace:
 
     @classmethod
     def load(cls, path: str | Path) -> "Trace":
+        """Read a trace file; its unpacked size is checked from the zip headers before any array is read."""
+        import zipfile
+
+        try:
+            with zipfile.ZipFile(Path(path)) as archive:
+                unpacked = sum(info.file_size for info in archive.infolist())
+        except (OSError, zipfile.BadZipFile) as exc:
+            raise ValueError(f"{path}: not a memviz trace file ({exc})") from exc
+        if unpacked > MAX_TRACE_FILE_BYTES:
+            raise ValueError(f"{path}: unpacks to {unpacked:,} bytes, over the {MAX_TRACE_FILE_BYTES:,} a trace file "
+                             "may hold; nothing was read")
         try:
             with np.load(Path(path), allow_pickle=False) as data:
                 meta = json.loads(bytes(data["meta_json"]).decode("utf-8"))
                 arrays = {n: data[f"array:{n}"] for n in meta["names"]}
                 tokens = data["tokens"]
-        except (OSError, ValueError, KeyError, json.JSONDecodeError) as exc:
+        except (OSError, ValueError, KeyError, json.JSONDecodeError, EOFError) as exc:
             raise ValueError(f"{path}: not a memviz trace file ({exc})") from exc
         return cls(tokens, arrays, meta.get("vocab"), meta.get("meta"))
 
@@ -191,6 +207,11 @@ def trace(
 ) -> Trace:
     """Run `text` (a string or token ids) through `model` chunk by chunk and keep `names`.
     `evidence` (token spans, e.g. a probe sample's needle) is kept for figures to mark."""
+    if isinstance(text, (bytes, bytearray)):
+        raise TypeError("trace takes a str or a sequence of token ids, not bytes: decode the text first")
+    if isinstance(text, str) and len(text) > max_tokens * MAX_CHARS_PER_TOKEN:
+        raise ValueError(f"input has {len(text):,} characters, more than {max_tokens:,} tokens can hold "
+                         f"(the trace limit); nothing was tokenized")
     ids = model.tokenizer.encode(text) if isinstance(text, str) else [int(i) for i in text]
     if not ids:
         raise ValueError("empty input: there is nothing to trace")

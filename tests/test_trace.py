@@ -66,6 +66,26 @@ def test_trace_rejects_bad_input():
         memviz.trace(model, "hi", names=["blocks.9.attn.hook_q"])
     with pytest.raises(ValueError, match="over the trace limit"):
         memviz.trace(model, "x" * 100, max_tokens=50)
+    with pytest.raises(ValueError, match="nothing was tokenized"):  # refused by its length before tokenizing
+        memviz.trace(model, "x" * (50 * 64 + 1), max_tokens=50)
+    with pytest.raises(TypeError, match="not bytes"):
+        memviz.trace(model, b"hello")
+
+
+def test_a_trace_file_that_would_unpack_too_far_is_refused_unread(tmp_path, monkeypatch):
+    import sys
+
+    trace_module = sys.modules["memviz.trace"]  # `memviz.trace` is also the function
+
+    model = small_model("sliding_window", window=8)
+    path = memviz.trace(model, "hello there " * 20).save(tmp_path / "t.npz")
+    monkeypatch.setattr(trace_module, "MAX_TRACE_FILE_BYTES", 1000)
+    with pytest.raises(ValueError, match=r"t.npz: unpacks to .* nothing was read"):
+        memviz.Trace.load(path)
+    truncated = tmp_path / "cut.npz"
+    truncated.write_bytes(path.read_bytes()[:200])
+    with pytest.raises(ValueError, match="cut.npz: not a memviz trace file"):
+        memviz.Trace.load(truncated)
 
 
 PEAK_SCRIPT = textwrap.dedent(
