@@ -145,6 +145,7 @@ def load(path: str | Path, device: str | torch.device = "cpu", **overrides: Any)
     except ConfigError as exc:
         where = f" with overrides {overrides}" if overrides else ""
         raise CheckpointError(f"{directory / CONFIG_FILE}{where}: {exc}") from exc
+    check_weights_size(directory / WEIGHTS_FILE, model)
     weights = read_weights(directory / WEIGHTS_FILE)
     try:
         load_weights(model, weights, directory / WEIGHTS_FILE)
@@ -155,6 +156,16 @@ def load(path: str | Path, device: str | torch.device = "cpu", **overrides: Any)
                               "none can be set when loading") from exc
     model.card.setdefault("path", str(directory))
     return model.to(device).eval()
+
+
+def check_weights_size(path: Path, model: torch.nn.Module) -> None:
+    """Refuse a weights file larger than the config's model could fill (float32 at most, with room
+    for the header) before reading any of it."""
+    most = sum(t.numel() * 4 for t in model.state_dict().values()) + (1 << 20)
+    size = path.stat().st_size
+    if size > most:
+        raise CheckpointError(f"{path}: {size:,} bytes, more than the config's model can hold ({most:,} at float32 with "
+                              "its header); nothing was read")
 
 
 def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], path: Path) -> None:

@@ -50,6 +50,18 @@ def test_corrupt_safetensors(saved):
         memviz.load(path)
 
 
+def test_a_weights_file_larger_than_its_model_is_refused_unread(saved, monkeypatch):
+    _, path = saved
+    weights = path / "model.safetensors"
+    with weights.open("ab") as fh:  # a file far larger than the config's model (sparse: no disk used)
+        fh.truncate(weights.stat().st_size + (64 << 20))
+    read = []
+    monkeypatch.setattr(memviz.checkpoint, "read_weights", lambda p: read.append(p))
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: .* more than the config's model can hold.*nothing was read"):
+        memviz.load(path)
+    assert read == []
+
+
 def test_pickle_in_place_of_weights_is_rejected(saved):
     import pickle
 
