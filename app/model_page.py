@@ -15,6 +15,37 @@ def hook_table(model) -> pd.DataFrame:
     return pd.DataFrame({"hook": generic, "traced by default": [g in traced for g in generic]})
 
 
+def score_rows(scores: dict, prefix: str = "") -> list[dict]:
+    """A card's nested probe scores as rows {probe, score} ("passkey 512": 98%)."""
+    rows = []
+    for key, value in scores.items():
+        if isinstance(value, dict):
+            rows.extend(score_rows(value, f"{prefix}{key} "))
+        elif isinstance(value, float) and key != "n_per_cell":
+            rows.append({"probe": f"{prefix}{key}", "score": f"{value:.0%}"})
+    return rows
+
+
+def render_card(card: dict) -> None:
+    """How the checkpoint was trained and what it scores, readably; the whole card below."""
+    if not isinstance(card, dict) or not card:
+        st.caption("This checkpoint has no card.")
+        return
+    facts = [(label, card[key]) for key, label in (("steps", "steps"), ("wall_time_s", "train time (s)"),
+                                                   ("machine", "machine"), ("parameters", "parameters")) if key in card]
+    if facts:
+        st.table({"": [label for label, _ in facts], "value": [str(value) for _, value in facts]})
+    if card.get("train_command"):
+        st.code(card["train_command"], language="bash")
+    rows = score_rows(card.get("probe_scores") or {})
+    if rows:
+        st.dataframe(rows, hide_index=True, use_container_width=True)
+    if card.get("note"):
+        st.caption(str(card["note"]))
+    with st.expander("the whole card (JSON)"):
+        st.json(card, expanded=1)
+
+
 def render() -> None:
     st.title("memviz")
     path = checkpoint_picker("Checkpoint", "checkpoint_choice", "checkpoint_path", default_sample())
@@ -36,7 +67,7 @@ def render() -> None:
     left, right = st.columns(2)
     with left:
         st.subheader("Card")
-        st.json(model.card, expanded=1)
+        render_card(model.card)
         st.subheader("Config")
         st.json(cfg.to_dict(), expanded=1)
     with right:

@@ -140,6 +140,8 @@ def load(path: str | Path, device: str | torch.device = "cpu", **overrides: Any)
             card = json.loads(card_path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise CheckpointError(f"{card_path}: not valid JSON: {exc}") from exc
+        if not isinstance(card, dict):
+            raise CheckpointError(f"{card_path}: a card must be a JSON object, got {type(card).__name__}")
     try:
         model = build_model(cfg, tokenizer=tokenizer, card=card)
     except ConfigError as exc:

@@ -47,6 +47,15 @@ def test_model_page_shows_a_checkpoint(tmp_path):
     assert "blocks.{l}.attn.hook_z" in set(hooks["hook"])
 
 
+def test_model_page_shows_how_a_sample_was_trained_and_what_it_scores():
+    at = choose_path(open_app(), "infini")
+    assert not at.exception, at.exception
+    card = memviz.load("infini").card
+    assert card["train_command"] in [c.value for c in at.code]
+    scores = at.dataframe[0].value
+    assert dict(zip(scores["probe"], scores["score"]))["passkey 256"] == "100%"
+
+
 @pytest.mark.parametrize("corrupt", ["missing", "garbage"])
 def test_model_page_reports_bad_checkpoints(tmp_path, corrupt):
     path = tmp_path / "ckpt"

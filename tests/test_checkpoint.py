@@ -62,6 +62,13 @@ def test_a_weights_file_larger_than_its_model_is_refused_unread(saved, monkeypat
     assert read == []
 
 
+def test_a_card_that_is_not_an_object_is_one_clear_error(saved):
+    _, path = saved
+    (path / "card.json").write_text("[1, 2]")
+    with pytest.raises(CheckpointError, match=r"card\.json: a card must be a JSON object, got list"):
+        memviz.load(path)
+
+
 def test_pickle_in_place_of_weights_is_rejected(saved):
     import pickle
 
