@@ -171,6 +171,12 @@ def test_bad_training_configs(capsys):
         TrainConfig.from_dict({"name": "x", "model": {}, "optim": {"memory_value_lr": 0}})
     with pytest.raises(ValueError, match=r"min_lr_frac .* must lie in \[0, 1\], got -5"):
         TrainConfig.from_dict({"name": "x", "model": {}, "optim": {"min_lr_frac": -5}})
+    with pytest.raises(ValueError, match="tokens a step, over the cap"):
+        TrainConfig.from_dict({"name": "x", "model": {}, "data": {"curriculum": [[0, 100_000]]}, "optim": {"batch_size": 16}})
+    with pytest.raises(ValueError, match="the eval grid asks for"):
+        TrainConfig.from_dict({"name": "x", "model": {}, "eval": {"passkey_lengths": [512], "final_n": 50_000_000}})
+    with pytest.raises(ValueError, match="n_entities 1,000,000,000 is over the cap"):
+        TrainConfig.from_dict({"name": "x", "model": {}, "data": {"n_entities": 10**9}})
     for steps in ("0", "-5"):
         with pytest.raises(SystemExit):
             training_cli.main(["--config", "/no/such/config.json", "--steps", steps])

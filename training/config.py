@@ -11,6 +11,12 @@ from typing import Any
 
 from training.data import DataConfig
 
+#: caps checked before a run starts (`TrainConfig.check_bounds`)
+MAX_TOKENS_PER_STEP = 2**18
+MAX_EVAL_SAMPLES = 20_000
+MAX_EVAL_LENGTH = 1_048_576
+MAX_ENTITIES = 1_000_000
+
 
 class TrainingDiverged(RuntimeError):
     """The loss or its gradient became NaN or infinite."""
@@ -94,7 +100,24 @@ class TrainConfig:
                 data[key] = sub(**data[key])
         cfg = cls(**data)
         cfg.out = cfg.out or f"runs/{cfg.name}"
+        cfg.check_bounds()
         return cfg
+
+    def check_bounds(self) -> None:
+        """The documented caps, checked before any work: tokens a training step holds, samples and
+        lengths an evaluation grid asks for, people a facts knowledge base draws."""
+        longest = max(length for _, length in self.data.curriculum)
+        if longest * self.optim.batch_size > MAX_TOKENS_PER_STEP:
+            raise ValueError(f"data.curriculum's longest length {longest:,} x optim.batch_size {self.optim.batch_size} is "
+                             f"{longest * self.optim.batch_size:,} tokens a step, over the cap of {MAX_TOKENS_PER_STEP:,}")
+        e = self.eval
+        cells = (len(e.passkey_lengths) * len(e.passkey_depths) + len(e.babilong_tasks) * len(e.babilong_lengths))
+        asked = cells * max(e.n, e.final_n) + e.facts
+        if asked > MAX_EVAL_SAMPLES or max([*e.passkey_lengths, *e.babilong_lengths, 0]) > MAX_EVAL_LENGTH:
+            raise ValueError(f"the eval grid asks for {asked:,} samples at up to {max([*e.passkey_lengths, *e.babilong_lengths, 0]):,} "
+                             f"tokens; the caps are {MAX_EVAL_SAMPLES:,} samples and {MAX_EVAL_LENGTH:,} tokens")
+        if self.data.n_entities > MAX_ENTITIES:
+            raise ValueError(f"data.n_entities {self.data.n_entities:,} is over the cap of {MAX_ENTITIES:,} people")
 
     @classmethod
     def load(cls, path: str | Path) -> "TrainConfig":

@@ -113,6 +113,7 @@ class Trainer:
         on_log: Callable[[dict], None] | None = None,
         stop: threading.Event | None = None,
     ) -> None:
+        cfg.check_bounds()
         self.cfg, self.command, self.progress, self.on_log = cfg, command, progress, on_log
         self.stop = stop or threading.Event()
         self.rank, self.world = init_distributed()
