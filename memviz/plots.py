@@ -88,3 +88,24 @@ def layer_prefix(name: str, generic: str) -> str:
 def with_array(trace: Trace, name: str, values: np.ndarray) -> Trace:
     """A view of `trace` with one more (derived) array, for pooling and plotting."""
     return Trace(trace.tokens, {**trace.arrays, name: values}, trace.vocab, trace.meta)
+
+
+def memory_share(trace: Trace, prefix: str) -> np.ndarray:
+    """Per token and head, a gated memory's share of the mixed output norm, for a layer whose
+    output is g A_mem + (1 - g) A_local (Infini-attention's eq. 6, Gated DeltaNet's mix here):
+    g |A_mem| / (g |A_mem| + (1 - g) |A_local|), from the norm-reduced `hook_mem_out` and `hook_local_out`."""
+    g = trace[f"{prefix}.hook_gate"]
+    mem, local = trace[f"{prefix}.hook_mem_out"], trace[f"{prefix}.hook_local_out"]
+    num = g * mem
+    return num / np.maximum(num + (1 - g) * local, 1e-12)
+
+
+def memory_share_heatmaps(trace: Trace, gate: str, width: int = WIDTH, start: int = 0,
+                          stop: int | None = None) -> dict[str, go.Figure]:
+    """`memory_share` per layer of the generic gate hook `gate`, as heatmaps over tokens and heads."""
+    figs = {}
+    for prefix in (layer_prefix(n, gate) for n in layer_names(trace, gate)):
+        figs[f"{prefix} memory share"] = position_heatmap(
+            with_array(trace, "share", memory_share(trace, prefix)), "share", f"{prefix}: memory share of each head's output",
+            "head", zmin=0, zmax=1, colorscale="RdBu_r", width=width, start=start, stop=stop)
+    return figs

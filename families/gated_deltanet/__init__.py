@@ -43,7 +43,7 @@ from families.gated_deltanet.reference import chunked
 from memviz import ConfigError, MemoryLM, register_family
 from memviz.layers import AttentionSpan, LocalAttention, RMSNorm, SwiGLU
 from memviz.model import Block
-from memviz.plots import WIDTH, layer_names, layer_prefix, position_heatmap, timeline, with_array
+from memviz.plots import WIDTH, layer_names, layer_prefix, memory_share_heatmaps, position_heatmap, timeline
 from memviz.registry import check_positive
 from memviz.trace import Trace
 
@@ -129,13 +129,7 @@ def gated_deltanet_figures(trace: Trace, width: int = WIDTH, start: int = 0, sto
     zoom = dict(width=width, start=start, stop=stop)
     figs = rate_heatmaps(trace, **zoom)
     figs["state norm"] = timeline(trace, {n: n for n in layer_names(trace, STATE_NORM)}, "||S_t|| (mean over heads)", **zoom)
-    for prefix in (layer_prefix(n, GATE) for n in layer_names(trace, GATE)):
-        g = trace[f"{prefix}.hook_gate"]
-        num = g * trace[f"{prefix}.hook_mem_out"]
-        share = num / np.maximum(num + (1 - g) * trace[f"{prefix}.hook_local_out"], 1e-12)
-        figs[f"{prefix} memory share"] = position_heatmap(with_array(trace, "share", share), "share",
-                                                          f"{prefix}: memory share of each head's output", "head",
-                                                          zmin=0, zmax=1, colorscale="RdBu_r", **zoom)
+    figs.update(memory_share_heatmaps(trace, GATE, **zoom))
     return figs
 
 

@@ -8,12 +8,8 @@ from typing import Any
 
 from memviz.config import ModelConfig
 from memviz.models import baselines, infini, lm2, longmem, memory_layer, titans  # noqa: F401  (they register)
-from memviz.registry import Family, get_family, registered  # noqa: F401  (the registry, filled)
-
-
-def families() -> list[Family]:
-    """Every registered family, in registration order (baselines first, installed packages' last)."""
-    return registered()
+from memviz.registry import get_family
+from memviz.registry import registered as families  # noqa: F401  (every family in registration order, installed packages' last)
 
 
 def build_model(cfg: ModelConfig, **kwargs: Any):

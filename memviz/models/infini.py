@@ -39,7 +39,7 @@ from kernels import infini_memory
 from memviz.config import ConfigError, ModelConfig
 from memviz.layers import AttentionSpan, LocalAttention, SwiGLU
 from memviz.model import Block, MemoryLM
-from memviz.plots import WIDTH, layer_names, layer_prefix, position_heatmap, timeline, with_array
+from memviz.plots import WIDTH, layer_names, memory_share_heatmaps, timeline
 from memviz.registry import check_choice, register_family
 from memviz.trace import Trace
 
@@ -112,23 +112,10 @@ def gate_heatmap(trace: Trace) -> go.Figure:
     return fig
 
 
-def memory_share(trace: Trace, prefix: str) -> np.ndarray:
-    """Per token and head, the memory's share of the mixed output norm (eq. 6):
-    g |A_mem| / (g |A_mem| + (1 - g) |A_dot|), from the norm-reduced MEM_OUT and LOCAL_OUT."""
-    g = trace[f"{prefix}.hook_gate"]
-    mem, local = trace[f"{prefix}.hook_mem_out"], trace[f"{prefix}.hook_local_out"]
-    num = g * mem
-    return num / np.maximum(num + (1 - g) * local, 1e-12)
-
-
 def infini_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int | None = None) -> dict[str, go.Figure]:
     """The gate per layer x head, each layer's memory share per token and head, and ||M||."""
     zoom = dict(width=width, start=start, stop=stop)
-    figs = {"gates": gate_heatmap(trace)}
-    for prefix in (layer_prefix(n, GATE) for n in layer_names(trace, GATE)):
-        derived = with_array(trace, "share", memory_share(trace, prefix))
-        figs[f"{prefix} memory share"] = position_heatmap(
-            derived, "share", f"{prefix}: memory share of each head's output", "head", zmin=0, zmax=1, colorscale="RdBu_r", **zoom)
+    figs = {"gates": gate_heatmap(trace), **memory_share_heatmaps(trace, GATE, **zoom)}
     figs["memory norm"] = timeline(trace, {n: n for n in layer_names(trace, MEM_NORM)}, "||M|| of the memory each token reads", **zoom)
     return figs
 

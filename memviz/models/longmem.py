@@ -49,7 +49,7 @@ from memviz.config import ConfigError, ModelConfig
 from memviz.layers import AttentionSpan, LocalAttention, SwiGLU
 from memviz.bank import SEARCHES, ChunkBank
 from memviz.model import BACKBONE_FIELDS, Block, MemoryLM, StateTree
-from memviz.plots import WIDTH, layer_names, layer_prefix, position_heatmap
+from memviz.plots import WIDTH, layer_names, window_of, layer_prefix, position_heatmap
 from memviz.registry import check_choice, check_positive, register_family
 from memviz.trace import Trace
 
@@ -168,9 +168,7 @@ class SideBlock(Block):
 def retrieval_map(trace: Trace, prefix: str, width: int = WIDTH, start: int = 0, stop: int | None = None) -> go.Figure:
     """Which past positions each token retrieved: x = reading token, y = retrieved chunk's first
     position, colour = retrieval score (every `bin`-th token over long ranges)."""
-    stop = len(trace) if stop is None else min(stop, len(trace))
-    if not 0 <= start < stop:
-        raise ValueError(f"empty position range [{start}, {stop}) for a trace of {len(trace)} tokens")
+    start, stop = window_of(trace, start, stop)
     pos = trace[f"{prefix}.hook_retrieved_pos"][start:stop]  # [T, H, K]
     scores = trace[f"{prefix}.hook_retrieved_scores"][start:stop]
     step = max(1, -(-len(pos) // width))

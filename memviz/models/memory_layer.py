@@ -34,7 +34,7 @@ from kernels import product_key_topk, weighted_bag
 from memviz.config import ConfigError, ModelConfig
 from memviz.layers import LocalAttention, SwiGLU
 from memviz.model import Block, MemoryLM
-from memviz.plots import WIDTH, layer_names
+from memviz.plots import WIDTH, layer_names, window_of
 from memviz.registry import check_positive, register_family
 from memviz.trace import Trace
 
@@ -128,9 +128,7 @@ def silence_hooks(layer: int, values=None) -> list:
 def selection_map(trace: Trace, name: str, width: int = WIDTH, start: int = 0, stop: int | None = None) -> go.Figure:
     """A memory layer's selections: x = token, y = selected value index, colour = its weight,
     one marker symbol per head. Long ranges show every `bin`-th token (indices do not pool)."""
-    stop = len(trace) if stop is None else min(stop, len(trace))
-    if not 0 <= start < stop:
-        raise ValueError(f"empty position range [{start}, {stop}) for a trace of {len(trace)} tokens")
+    start, stop = window_of(trace, start, stop)
     idx = trace[name][start:stop]  # [T, H, k]
     weights = trace[name.replace("hook_topk_indices", "hook_topk_weights")][start:stop]
     step = max(1, -(-len(idx) // width))
