@@ -141,13 +141,8 @@ class MemoryLM(HookedRootModule):
             raise ConfigError(f"tokenizer has {tokenizer.vocab_size} ids but config.vocab_size is {cfg.vocab_size}")
         self._tokenizer = tokenizer
         self.card = dict(card or {})
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.hook_embed = HookPoint()  # [batch, pos, d_model]
+        self.build_embeddings()
         self.build()
-        self.ln_final = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.unembed = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        if cfg.tie_embeddings:
-            self.unembed.weight = self.embed.weight
         self.reset_parameters()
         self.setup()
 
@@ -163,6 +158,17 @@ class MemoryLM(HookedRootModule):
 
     def check_config(self) -> None:
         """Raise ConfigError for settings the family cannot build."""
+
+    def build_embeddings(self) -> None:
+        """The token embedding, the final norm and the unembedding (`run`). A family that wraps a
+        whole outside language model (an adapter) has its own and overrides this with nothing."""
+        cfg = self.cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.hook_embed = HookPoint()  # [batch, pos, d_model]
+        self.ln_final = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.unembed = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.unembed.weight = self.embed.weight
 
     def build(self) -> None:
         self.blocks = nn.ModuleList(self.make_block(layer) for layer in range(self.cfg.n_layers))
@@ -201,7 +207,7 @@ class MemoryLM(HookedRootModule):
     # ----- running ------------------------------------------------------------------------
     @property
     def device(self) -> torch.device:
-        return self.embed.weight.device
+        return next(self.parameters()).device
 
     @property
     def chunk_len(self) -> int:
@@ -211,7 +217,7 @@ class MemoryLM(HookedRootModule):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed.weight.dtype
+        return next(self.parameters()).dtype
 
     def init_state(self, batch_size: int = 1) -> ModelState:
         """A fresh state in the model's dtype (blocks build theirs in the default dtype), so that
@@ -248,9 +254,7 @@ class MemoryLM(HookedRootModule):
         tokens = self.as_tokens(tokens)
         if state is None:
             state = self.init_state(tokens.shape[0])
-        x = self.hook_embed(self.embed(tokens) * self.cfg.embed_scale)
-        x, layer_states, shared = self.run_blocks(x, tokens, state)
-        logits = self.unembed(self.ln_final(x))
+        logits, layer_states, shared = self.run(tokens, state)
         outputs: list[Any] = []
         if return_type in ("logits", "both"):
             outputs.append(logits)
@@ -261,6 +265,12 @@ class MemoryLM(HookedRootModule):
         if return_state:
             outputs.append(ModelState(state.pos + tokens.shape[1], layer_states, shared))
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def run(self, tokens: Tensor, state: ModelState) -> tuple[Tensor, list[StateTree], StateTree]:
+        """A chunk's logits, each layer's new state and the new shared state."""
+        x = self.hook_embed(self.embed(tokens) * self.cfg.embed_scale)
+        x, layer_states, shared = self.run_blocks(x, tokens, state)
+        return self.unembed(self.ln_final(x)), layer_states, shared
 
     def run_blocks(self, x: Tensor, tokens: Tensor, state: ModelState) -> tuple[Tensor, list[StateTree], StateTree]:
         """The blocks over a chunk: (output, each layer's new state, the new shared state)."""

@@ -7,6 +7,7 @@ a trace carries evidence spans (the needle, the supporting facts) they are shade
 """
 from __future__ import annotations
 
+import warnings
 from typing import Sequence
 
 import numpy as np
@@ -47,7 +48,11 @@ def timeline(trace: Trace, names: dict[str, str], title: str, width: int = WIDTH
                         subplot_titles=list(names.values()))
     for row, name in enumerate(names, start=1):
         pooled = trace.pool(name, width, start, stop, reduce=reduce)
-        values = pooled.values if pooled.values.ndim == 1 else np.nanmean(pooled.values.reshape(len(pooled.values), -1), 1)
+        values = pooled.values
+        if values.ndim > 1:
+            with warnings.catch_warnings():  # a position with no value (NaN in every column) stays NaN
+                warnings.simplefilter("ignore", RuntimeWarning)
+                values = np.nanmean(values.reshape(len(values), -1), 1)
         fig.add_trace(go.Scatter(x=pooled.positions, y=values, mode="lines", name=names[name],
                                  hovertext=hover_text(trace, pooled.positions, pooled.bin_size), hoverinfo="text+y"), row=row, col=1)
     shade_evidence(fig, trace.meta.get("evidence", []), start, stop)

@@ -1,6 +1,7 @@
 """The app in a real browser: Debian's chromium driven by playwright opens the app on its default
 sample checkpoint, runs the default pass-key trace, checks the model's answer is the key, waits
 for the memory figures, and saves screenshots."""
+import contextlib
 import os
 import shutil
 import socket
@@ -29,10 +30,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def app_url():
+@contextlib.contextmanager
+def serve_app(checkpoint: str | None = None):
+    """`streamlit run` on a free port, opening `checkpoint` (default: the app's own default sample)."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "MEMVIZ_CHECKPOINT"}  # the app's own default
+    env = {k: v for k, v in os.environ.items() if k != "MEMVIZ_CHECKPOINT"}
+    if checkpoint:
+        env["MEMVIZ_CHECKPOINT"] = checkpoint
     proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app/streamlit_app.py", "--server.headless", "true",
                              "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -44,9 +48,17 @@ def app_url():
         except OSError:
             assert proc.poll() is None and time.time() < deadline, proc.stdout.read().decode()
             time.sleep(0.5)
-    yield f"http://127.0.0.1:{port}"
-    proc.terminate()
-    proc.wait(timeout=30)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def app_url():
+    with serve_app() as url:
+        yield url
 
 
 def test_default_trace_renders_heatmaps_in_chromium(app_url):
@@ -70,3 +82,43 @@ def test_default_trace_renders_heatmaps_in_chromium(app_url):
         assert page.locator(".js-plotly-plot").count() >= 3  # the family's memory figures
         assert page.get_by_text("Traceback").count() == 0
         browser.close()
+
+
+def peer_checkpoint(family: str, folder: Path) -> Path:
+    """A small model built with the peer package itself, adapted and saved as a memviz checkpoint."""
+    import torch
+
+    torch.manual_seed(0)
+    if family == "titans_pytorch":
+        from titans_pytorch import MemoryAsContextTransformer
+
+        from families.peers.titans import adapt_mac
+        kwargs = dict(num_tokens=259, dim=64, depth=2, segment_len=32, heads=2, dim_head=32, num_longterm_mem_tokens=4,
+                      num_residual_streams=1, neural_memory_kwargs=dict(heads=2, dim_head=32))
+        model = adapt_mac(MemoryAsContextTransformer(**kwargs), **kwargs)
+    else:
+        from product_key_memory import PKM
+
+        from families.peers.pkm import adapt_pkm
+        model = adapt_pkm({1: PKM(64, heads=2, num_keys=16, topk=4, dim_head=32)}, d_model=64, n_layers=2, n_heads=2)
+    return memviz.save(model, folder / family)
+
+
+@pytest.mark.parametrize("family, title", [("titans_pytorch", "where the memory is surprised"),
+                                           ("product_key_memory", "selected values per token")])
+def test_models_built_with_the_peers_trace_in_chromium(family, title, tmp_path):
+    pytest.importorskip(family)  # the peer package has the family's name
+    from playwright.sync_api import sync_playwright
+
+    SCREENSHOTS.mkdir(exist_ok=True)
+    with serve_app(str(peer_checkpoint(family, tmp_path))) as url, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"{url}/trace")
+        page.get_by_text(title).first.wait_for(timeout=240_000)
+        page.wait_for_timeout(1500)
+        page.screenshot(path=str(SCREENSHOTS / f"trace_{family}.png"), full_page=True)
+        assert page.get_by_text("Traceback").count() == 0
+        assert page.get_by_text("model says").count() == 1  # the page ran the peer's model on its input
+        browser.close()
+

@@ -19,7 +19,13 @@ def documented_hooks() -> dict[str, set[str]]:
     assert rows, "no hook rows found in docs/hooks.md"
     table: dict[str, set[str]] = {family: set() for family in FAMILIES}
     for hook, families in rows:
-        names = FAMILIES if families.strip() == "all" else [f.strip() for f in families.split(",")]
+        families = families.strip()
+        if families.startswith("all"):
+            left_out = [f.strip() for f in families.removeprefix("all").removeprefix(" except").split(",") if f.strip()]
+            assert set(left_out) <= set(FAMILIES), f"docs/hooks.md leaves out unknown families {left_out}"
+            names = [f for f in FAMILIES if f not in left_out]
+        else:
+            names = [f.strip() for f in families.split(",")]
         for family in names:
             assert family in FAMILIES, f"docs/hooks.md names unknown family {family!r}"
             table[family].add(hook)
@@ -46,7 +52,8 @@ def test_run_with_cache_gives_batch_pos_layouts(family):
     torch.testing.assert_close(logits, model(ids))
     for name, value in cache.items():
         assert value.shape[:2] == (2, 20), (name, tuple(value.shape))
-    assert cache["blocks.0.attn.hook_q"].shape == (2, 20, model.cfg.n_heads, model.cfg.d_head)
+    if "blocks.0.attn.hook_q" in cache:  # not in titans-pytorch's own transformer (the titans_pytorch adapter)
+        assert cache["blocks.0.attn.hook_q"].shape == (2, 20, model.cfg.n_heads, model.cfg.d_head)
 
 
 def test_run_with_hooks_can_ablate_a_head():

@@ -34,7 +34,7 @@ def test_every_family_has_its_views(family):
     tr = memviz.trace(model, "Sandra journeyed to the kitchen. " * 20, evidence=[(3, 9)])
     figs = viz.family_figures(tr, width=200)
     expected = {"transformer": 1, "sliding_window": 1, "infini": 5, "lm2": 5, "titans": 3, "memory_layer": 3, "longmem": 3,
-                "gated_deltanet": 8}
+                "gated_deltanet": 8, "titans_pytorch": 3, "product_key_memory": 3}
     assert len(figs) == expected[family], list(figs)
     for fig in figs.values():
         assert fig.layout.title.text
