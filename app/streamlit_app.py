@@ -17,9 +17,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app import compare_page, intervene_page, model_page, probes_page, train_page, trace_page  # noqa: E402
 
+
+def model_page_by_url() -> None:
+    """The Model page at /model too: Streamlit serves the default page at / only."""
+    model_page.render()
+
+
 st.set_page_config(page_title="memviz", layout="wide")
 page = st.navigation([
-    st.Page(model_page.render, title="Model", url_path="model", default=True),
+    st.Page(model_page.render, title="Model", default=True),
+    st.Page(model_page_by_url, title="Model", url_path="model", visibility="hidden"),
     st.Page(trace_page.render, title="Trace", url_path="trace"),
     st.Page(intervene_page.render, title="Intervene", url_path="intervene"),
     st.Page(compare_page.render, title="Compare", url_path="compare"),

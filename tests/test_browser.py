@@ -122,3 +122,18 @@ def test_models_built_with_the_peers_trace_in_chromium(family, title, tmp_path):
         assert page.get_by_text("model says").count() == 1  # the page ran the peer's model on its input
         browser.close()
 
+
+def test_every_page_opens_by_its_url(app_url):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        for path, title in [("", "memviz"), ("model", "memviz"), ("trace", "Trace"), ("intervene", "Intervene"),
+                            ("compare", "Compare"), ("probes", "Probes"), ("train", "Train")]:
+            page.goto(f"{app_url}/{path}")
+            page.locator("h1", has_text=title).first.wait_for(timeout=120_000)  # the page's own title
+            page.wait_for_timeout(1000)
+            assert page.get_by_text("Page not found").count() == 0, path
+            assert page.get_by_text("Traceback").count() == 0, path
+        browser.close()
