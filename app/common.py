@@ -39,12 +39,17 @@ def weights_stamp(path: str) -> int:
     return weights.stat().st_mtime_ns if weights.is_file() else 0
 
 
+def session_copy(path: str, stamp: int):
+    """A copy of the cached checkpoint that one session alone runs and hooks."""
+    return copy.deepcopy(shared_model(path, stamp))
+
+
 def load_model(path: str):
     """This session's own copy of the checkpoint's model (module docstring)."""
     stamp = weights_stamp(path)
     models = st.session_state.setdefault("_session_models", {})
     if models.get(path, (None, None))[0] != stamp:
-        models[path] = (stamp, copy.deepcopy(shared_model(path, stamp)))
+        models[path] = (stamp, session_copy(path, stamp))
     return models[path][1]
 
 
@@ -66,7 +71,7 @@ def greedy_answer(model_path: str, prompt: str, max_new_tokens: int = 8) -> str:
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def cached_greedy_answer(model_path: str, stamp: int, prompt: str, max_new_tokens: int) -> str:
-    return copy.deepcopy(shared_model(model_path, stamp)).generate(prompt, max_new_tokens).strip()
+    return session_copy(model_path, stamp).generate(prompt, max_new_tokens).strip()
 
 
 def current_path() -> str | None:
