@@ -123,6 +123,10 @@ def load(path: str | Path, device: str | torch.device = "cpu", **overrides: Any)
     for name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE):
         if not (directory / name).is_file():
             raise CheckpointError(f"{directory / name}: missing; a checkpoint folder needs {CONFIG_FILE}, {WEIGHTS_FILE} and {TOKENIZER_FILE}")
+    for name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE, CARD_FILE):
+        linked = directory / name
+        if linked.is_symlink() and linked.resolve().parent != directory.resolve():
+            raise CheckpointError(f"{linked}: a symlink out of the checkpoint folder (to {linked.resolve()}); refused")
     cfg = read_config(directory)
     if overrides:
         try:
@@ -185,6 +189,11 @@ def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], path:
             raise CheckpointError(
                 f"{path}: tensor {name!r} has shape {tuple(tensor.shape)} but the config's model needs {tuple(expected[name].shape)}"
             )
+        if expected[name].is_floating_point():
+            if not tensor.is_floating_point():
+                raise CheckpointError(f"{path}: tensor {name!r} is {tensor.dtype}; weights must be floating point")
+            if not torch.isfinite(tensor).all():
+                raise CheckpointError(f"{path}: tensor {name!r} holds NaN or infinite values")
     with torch.no_grad():
         for name, tensor in weights.items():
             expected[name].copy_(tensor.to(expected[name].dtype))

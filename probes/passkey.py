@@ -96,7 +96,7 @@ def run(
     check_n(n)
     lengths, depths = list(lengths), list(depths)
     if not lengths or not depths:
-        raise ValueError("give at least one length and one depth")
+        raise ValueError(f"lengths and depths need at least one value each, got lengths={lengths} and depths={depths}")
     for d in depths:
         if not 0.0 <= d <= 1.0:
             raise ValueError(f"depth must lie in [0, 1], got {d!r}")

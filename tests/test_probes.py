@@ -116,7 +116,7 @@ def test_passkey_run_scores_a_perfect_and_a_silent_model():
         (dict(lengths=[500], depths=[1.5]), r"depth must lie in \[0, 1\]"),
         (dict(lengths=[500], depths=[-0.1]), r"depth must lie in \[0, 1\]"),
         (dict(lengths=[500], depths=[0.5], n=0), "n must be a positive integer"),
-        (dict(lengths=[], depths=[0.5]), "at least one length"),
+        (dict(lengths=[], depths=[0.5]), "need at least one value each"),
         (dict(lengths=[500], depths=[0.5], haystack="/no/such/book.txt"), "does not exist"),
     ],
 )

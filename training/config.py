@@ -99,6 +99,10 @@ class TrainConfig:
                     raise ValueError(f"unknown {key} fields {bad}; known fields are {sorted(fields)}")
                 data[key] = sub(**data[key])
         cfg = cls(**data)
+        for name in ("save_every", "log_every"):
+            value = getattr(cfg, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive number of steps, got {value!r}")
         cfg.out = cfg.out or f"runs/{cfg.name}"
         cfg.check_bounds()
         return cfg

@@ -35,7 +35,12 @@ def load(data_path: str | Path, task: str, length: str | int | None = None) -> l
     missing = [k for k in ("input", "question", "target") if not all(isinstance(r, dict) and k in r for r in rows)]
     if missing:
         raise ValueError(f"{path}: samples lack the fields {missing}")
-    return [{"input": str(r["input"]), "question": str(r["question"]), "target": str(r["target"])} for r in rows]
+    for i, row in enumerate(rows):
+        wrong = [k for k in ("input", "question", "target") if not isinstance(row[k], str)]
+        if wrong:
+            raise ValueError(f"{path}: sample {i}'s fields {wrong} must be text, got "
+                             f"{[type(row[k]).__name__ for k in wrong]}")
+    return [{"input": r["input"], "question": r["question"], "target": r["target"]} for r in rows]
 
 
 def find_file(folder: Path, task: str, length: str | int | None) -> Path:

@@ -1,0 +1,200 @@
+"""Bad input, one case a row: each gives one error of its layer's type (CheckpointError for
+checkpoint folders, ConfigError for model configs, ValueError / KeyError for traces, probes and
+training configs) whose message names the file or the field, and nothing is lost or left behind."""
+from __future__ import annotations
+
+import json
+import math
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import memviz
+from memviz import CheckpointError, ConfigError, ModelConfig, Trace
+from probes import babilong, passkey
+from tests.conftest import small_model
+from training.config import TrainConfig
+
+
+@pytest.fixture(scope="module")
+def model():
+    return small_model("sliding_window", window=8)
+
+
+@pytest.fixture
+def folder(tmp_path, model):
+    return memviz.save(model, tmp_path / "ckpt")
+
+
+def edit_config(folder: Path, **fields) -> Path:
+    config = json.loads((folder / "config.json").read_text())
+    config.update(fields)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def edit_weights(folder: Path, change) -> Path:
+    from safetensors.torch import load_file
+
+    weights = load_file(folder / "model.safetensors")
+    change(weights)
+    save_file(weights, folder / "model.safetensors")
+    return folder
+
+
+# ----- checkpoint folders: CheckpointError naming the file and the field -------------------------
+CHECKPOINT_CASES = {
+    "missing folder": (lambda f: f.parent / "nowhere", "nowhere"),
+    "config not JSON": (lambda f: (f / "config.json").write_text("{oops") and f, "config.json"),
+    "config a list": (lambda f: (f / "config.json").write_text("[1, 2]") and f, "config.json"),
+    "config missing": (lambda f: (f / "config.json").unlink() or f, "config.json"),
+    "unknown family": (lambda f: edit_config(f, family="nonsense"), "nonsense"),
+    "n_layers 1e6": (lambda f: edit_config(f, n_layers=10**6), "n_layers|parameters"),
+    "d_model 8192 x 1000 layers": (lambda f: edit_config(f, d_model=8192, n_layers=1000), "parameters"),
+    "string rope_base": (lambda f: edit_config(f, rope_base="big"), "rope_base"),
+    "negative rope_base": (lambda f: edit_config(f, rope_base=-5.0), "rope_base"),
+    "zero norm_eps": (lambda f: edit_config(f, norm_eps=0.0), "norm_eps"),
+    "infinite embed_scale": (lambda f: edit_config(f, embed_scale=math.inf), "embed_scale"),
+    "unknown config field": (lambda f: edit_config(f, colour="red"), "colour"),
+    "unknown memory option": (lambda f: edit_config(f, memory={"slots": 4}), "slots"),
+    "weights garbage": (lambda f: (f / "model.safetensors").write_bytes(b"\x00" * 64) and f, "model.safetensors"),
+    "weights missing": (lambda f: (f / "model.safetensors").unlink() or f, "model.safetensors"),
+    "weights int8": (lambda f: edit_weights(f, lambda w: w.update({k: v.to(torch.int8) for k, v in w.items()})), "int8|dtype"),
+    "weights bool": (lambda f: edit_weights(f, lambda w: w.update({k: v > 0 for k, v in w.items()})), "bool|dtype"),
+    "weights NaN": (lambda f: edit_weights(f, lambda w: w["embed.weight"].fill_(math.nan)), "embed.weight"),
+    "a tensor missing": (lambda f: edit_weights(f, lambda w: w.pop("unembed.weight", None) or w.pop("embed.weight")), "embed.weight"),
+    "a tensor of another shape": (lambda f: edit_weights(f, lambda w: w.update({"embed.weight": torch.zeros(3, 3)})), "embed.weight"),
+    "card a list": (lambda f: (f / "card.json").write_text("[]") and f, "card.json"),
+    "card a symlink out of the folder": (lambda f: symlink_out(f, "card.json"), "card.json: a symlink out"),
+    "weights a symlink out of the folder": (lambda f: symlink_out(f, "model.safetensors"), "model.safetensors: a symlink out"),
+    "tokenizer not JSON": (lambda f: (f / "tokenizer.json").write_text("{") and f, "tokenizer.json"),
+}
+
+
+def symlink_out(folder: Path, name: str) -> Path:
+    """`name` moved out of the folder (a well-formed file still) and linked back in."""
+    outside = folder.parent / f"outside-{name}"
+    if (folder / name).exists():
+        (folder / name).rename(outside)
+    else:
+        outside.write_text("{}")
+    (folder / name).symlink_to(outside)
+    return folder
+
+
+@pytest.mark.parametrize("case", sorted(CHECKPOINT_CASES))
+def test_a_bad_checkpoint_is_one_checkpoint_error_naming_the_file_or_field(case, folder):
+    spoil, named = CHECKPOINT_CASES[case]
+    path = spoil(folder)
+    with pytest.raises(CheckpointError, match=named):
+        memviz.load(path)
+
+
+# ----- model configs and calls: ConfigError / ValueError naming the field -----------------------
+CONFIG_CASES = {
+    "negative d_model": (dict(d_model=-4), "d_model"),
+    "odd d_head": (dict(d_model=30, n_heads=2), "d_head"),
+    "string n_layers": (dict(n_layers="four"), "n_layers"),
+    "NaN rope_base": (dict(rope_base=math.nan), "rope_base"),
+    "negative norm_eps": (dict(norm_eps=-1e-5), "norm_eps"),
+    "window of zero": (dict(attention={"kind": "window", "span": 0}), "span"),
+    "unknown attention kind": (dict(attention={"kind": "sideways", "span": 8}), "sideways"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONFIG_CASES))
+def test_a_nonsense_config_is_one_config_error_naming_the_field(case):
+    fields, named = CONFIG_CASES[case]
+    with pytest.raises(ConfigError, match=named):
+        memviz.build_model(ModelConfig(family="sliding_window", **{"vocab_size": 259, **fields}))
+
+
+def test_load_overrides_name_the_option(folder):
+    with pytest.raises(CheckpointError, match="bank_size"):
+        memviz.load(folder, bank_size=4)
+
+
+CALL_CASES = {
+    "trace of bytes": (lambda m: memviz.trace(m, b"some bytes"), TypeError, "not bytes"),
+    "trace of nothing": (lambda m: memviz.trace(m, ""), ValueError, "empty"),
+    "trace of unknown hooks": (lambda m: memviz.trace(m, "hello", names=["blocks.9.hook_nothing"]), KeyError, "blocks.9.hook_nothing"),
+    "trace beyond the token limit": (lambda m: memviz.trace(m, "x" * 2000, max_tokens=1000), ValueError, "trace limit of 1,000"),
+    "generate a negative count": (lambda m: m.generate("hi", max_new_tokens=-1), ValueError, "max_new_tokens"),
+    "token ids outside the vocabulary": (lambda m: m(torch.tensor([[0, 999]])), ValueError, "999"),
+    "pass key with no lengths": (lambda m: passkey.run(m, lengths=[], depths=[0.5], n=1), ValueError, "lengths"),
+    "pass key shorter than its needle": (lambda m: passkey.run(m, lengths=[20], depths=[0.5], n=1), ValueError, "length 20"),
+    "pass key depth 2": (lambda m: passkey.run(m, lengths=[256], depths=[2.0], n=1), ValueError, "depth"),
+    "pass key n 0": (lambda m: passkey.run(m, lengths=[256], depths=[0.5], n=0), ValueError, "n"),
+    "BABILong tasks as one string": (lambda m: babilong.run(m, tasks="qa1", lengths=[256], n=1), ValueError, "tasks"),
+    "BABILong unknown task": (lambda m: babilong.run(m, tasks=["qa9"], lengths=[256], n=1), ValueError, "qa9"),
+    "BABILong data file missing": (lambda m: babilong.run(m, tasks=["qa1"], lengths=[256], n=1, data_path="/nowhere/qa1.json"),
+                                   ValueError, "/nowhere"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CALL_CASES))
+def test_a_bad_call_is_one_error_naming_the_argument(case, model):
+    call, error, named = CALL_CASES[case]
+    with pytest.raises(error, match=named):
+        call(model)
+
+
+def test_babilong_rows_with_lists_or_nulls_name_the_file_and_field(tmp_path, model):
+    rows = tmp_path / "qa1.json"
+    rows.write_text(json.dumps([{"input": ["a list"], "question": None, "target": "kitchen"}]))
+    with pytest.raises(ValueError, match=f"{rows}.*(input|question)"):
+        babilong.run(model, tasks=["qa1"], lengths=[256], n=1, data_path=rows)
+
+
+# ----- trace files ------------------------------------------------------------------------------
+def test_trace_files_that_are_truncated_bombs_or_objects_name_the_path(tmp_path, model):
+    saved = memviz.trace(model, "hello there").save(tmp_path / "t.npz")
+    truncated = tmp_path / "truncated.npz"
+    truncated.write_bytes(saved.read_bytes()[:100])
+    with pytest.raises(ValueError, match="truncated.npz"):
+        Trace.load(truncated)
+    bomb = tmp_path / "bomb.npz"
+    with zipfile.ZipFile(bomb, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        z.writestr("tokens.npy", b"\x00" * (600 * 2**20))
+    with pytest.raises(ValueError, match="bomb.npz"):
+        Trace.load(bomb)
+    objects = tmp_path / "objects.npz"
+    np.savez(objects, tokens=np.array([object()], dtype=object))
+    with pytest.raises(ValueError, match="objects.npz"):
+        Trace.load(objects)
+
+
+# ----- training configs: ValueError naming the field --------------------------------------------
+def train_config(**changes) -> dict:
+    config = {"name": "t", "model": {"family": "sliding_window", "d_model": 32, "n_layers": 2, "n_heads": 2},
+              "data": {"mix": {"passkey": 1.0}, "curriculum": [[0, 256]]}, "optim": {"steps": 10, "batch_size": 2, "lr": 1e-3},
+              "eval": {"passkey_lengths": [256]}, "out": "runs/unused"}
+    for dotted, value in changes.items():
+        section, _, key = dotted.rpartition(".")
+        (config[section] if section else config)[key] = value
+    return config
+
+
+TRAIN_CASES = {
+    "min_lr_frac -5": ({"optim.min_lr_frac": -5}, "min_lr_frac"),
+    "steps -5": ({"optim.steps": -5}, "steps"),
+    "steps 0": ({"optim.steps": 0}, "steps"),
+    "batch_size 0": ({"optim.batch_size": 0}, "batch_size"),
+    "lr negative": ({"optim.lr": -1e-3}, "lr"),
+    "save_every 0": ({"save_every": 0}, "save_every"),
+    "a length of 100k x batch 64": ({"data.curriculum": [[0, 100_000]], "optim.batch_size": 64}, "curriculum"),
+    "an eval grid of 5e7 samples": ({"eval.n": 50_000_000}, "eval"),
+    "a billion people": ({"data.n_entities": 10**9}, "n_entities"),
+    "an unknown field": ({"optim.speed": "fast"}, "speed"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TRAIN_CASES))
+def test_a_nonsense_training_config_names_the_field(case):
+    changes, named = TRAIN_CASES[case]
+    with pytest.raises(ValueError, match=named):
+        TrainConfig.from_dict(train_config(**changes))
