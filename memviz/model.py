@@ -228,7 +228,14 @@ class MemoryLM(HookedRootModule):
         """`tree` with its floating-point tensors cast to the model's dtype."""
         return map_tree(lambda t: t.to(self.dtype) if t.is_floating_point() else t, tree)
 
-    def as_tokens(self, tokens: Tensor | Sequence[int] | Sequence[Sequence[int]]) -> Tensor:
+    def as_tokens(self, tokens: str | Tensor | Sequence[int] | Sequence[Sequence[int]]) -> Tensor:
+        """Token ids as a [batch, pos] tensor on the model's device; a string goes through the
+        model's tokenizer (so `model("text")`, `run_with_cache("text")` and `run_with_hooks("text")`
+        work as in TransformerLens)."""
+        if isinstance(tokens, str):
+            tokens = self.tokenizer.encode(tokens)
+        if isinstance(tokens, (bytes, bytearray)):
+            raise TypeError("a model takes a str or token ids, not bytes: decode the text first")
         if not isinstance(tokens, Tensor):
             tokens = torch.as_tensor(tokens, dtype=torch.long)
         if tokens.dim() == 1:
@@ -244,7 +251,7 @@ class MemoryLM(HookedRootModule):
 
     def forward(
         self,
-        tokens: Tensor | Sequence[int],
+        tokens: str | Tensor | Sequence[int],
         state: ModelState | None = None,
         return_type: str = "logits",
         return_state: bool = False,

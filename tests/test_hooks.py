@@ -71,3 +71,17 @@ def test_run_with_hooks_can_ablate_a_head():
     assert seen == ["blocks.1.attn.hook_z"]
     assert (ablated - clean).abs().max() > 1e-3
     torch.testing.assert_close(model(ids), clean)  # hooks are removed afterwards
+
+
+def test_a_string_runs_through_the_tokenizer_as_transformer_lens_users_expect():
+    model = scrambled(small_model("infini", segment_len=8))
+    text = "Mary went to the office."
+    ids = torch.tensor([model.tokenizer.encode(text)])
+    logits, cache = model.run_with_cache(text)
+    expected, expected_cache = model.run_with_cache(ids)
+    torch.testing.assert_close(logits, expected, atol=0, rtol=0)
+    torch.testing.assert_close(cache["blocks.0.attn.hook_mem_out"], expected_cache["blocks.0.attn.hook_mem_out"], atol=0, rtol=0)
+    hooked = model.run_with_hooks(text, fwd_hooks=[("blocks.0.attn.hook_z", lambda z, hook: z * 0)])
+    assert hooked.shape == expected.shape and not torch.equal(hooked, expected)
+    with pytest.raises(TypeError, match="not bytes"):
+        model(text.encode())
