@@ -157,15 +157,18 @@ def test_its_sample_keeps_a_pass_key_past_its_window():
     assert np.isfinite(ours)
 
 
-def test_its_long_sample_is_reproduced_by_its_card_from_the_shipped_sample():
-    """sample_long continues sample/ (the recipe's init_from, which ships), as its card's command says."""
-    if not (FOLDER / "sample_long" / "config.json").is_file():
-        pytest.skip("the long sample is not trained yet")
-    card = json.loads((FOLDER / "sample_long" / "card.json").read_text())
-    recipe = json.loads((FOLDER / "gated_deltanet_long.train.json").read_text())
-    assert "--config families/gated_deltanet/gated_deltanet_long.train.json" in card["train_command"]
-    assert recipe["init_from"] == "families/gated_deltanet/sample" and (FOLDER / "sample" / "card.json").is_file()
-    assert card["train_config"]["init_from"] == recipe["init_from"]
-    assert card["train_config"]["model"]["memory"] == recipe["model"]["memory"]
-    assert card["train_config"]["optim"]["steps"] == recipe["optim"]["steps"]
-    assert memviz.load(FOLDER / "sample_long").family == "gated_deltanet"
+@pytest.mark.parametrize("sample, recipe, start", [("sample_long", "gated_deltanet_long", "sample"),
+                                                   ("sample_16k", "gated_deltanet_16k", "sample_long")])
+def test_its_long_samples_are_reproduced_by_their_cards_from_a_shipped_sample(sample, recipe, start):
+    """Each later stage continues a shipped sample (its recipe's init_from), as its card's command says."""
+    if not (FOLDER / sample / "config.json").is_file():
+        pytest.skip(f"{sample} is not trained yet")
+    card = json.loads((FOLDER / sample / "card.json").read_text())
+    config = json.loads((FOLDER / f"{recipe}.train.json").read_text())
+    assert f"--config families/gated_deltanet/{recipe}.train.json --export families/gated_deltanet/{sample}" in card["train_command"]
+    assert config["init_from"] == f"families/gated_deltanet/{start}" and (FOLDER / start / "card.json").is_file()
+    assert {k: card["train_config"][k] for k in ("init_from", "seed", "threads")} == {k: config[k] for k in ("init_from", "seed", "threads")}
+    assert card["train_config"]["model"]["memory"] == config["model"]["memory"]
+    assert {k: card["train_config"]["optim"][k] for k in config["optim"]} == config["optim"]
+    assert {k: card["train_config"]["data"][k] for k in config["data"]} == config["data"]
+    assert memviz.load(FOLDER / sample).family == "gated_deltanet"
