@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -198,3 +200,23 @@ def test_a_nonsense_training_config_names_the_field(case):
     changes, named = TRAIN_CASES[case]
     with pytest.raises(ValueError, match=named):
         TrainConfig.from_dict(train_config(**changes))
+
+
+# ----- the command lines: exit 2 and one line naming the file or field --------------------------
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("case", ["training config", "training config missing", "evaluate", "probes"])
+def test_the_command_lines_exit_2_with_one_line(case, tmp_path):
+    config = tmp_path / "bad.train.json"
+    config.write_text(json.dumps(train_config(**{"optim.steps": -5})))
+    command, named = {
+        "training config": (["-m", "training", "--config", str(config)], "optim.steps"),
+        "training config missing": (["-m", "training", "--config", str(tmp_path / "none.json")], "none.json"),
+        "evaluate": (["-m", "training.evaluate", str(tmp_path / "nowhere")], "nowhere"),
+        "probes": (["-m", "probes", "passkey", str(tmp_path / "nowhere"), "--lengths", "512"], "nowhere"),
+    }[case]
+    out = subprocess.run([sys.executable, "-W", "ignore", *command], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], out.stderr

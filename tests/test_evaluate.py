@@ -46,5 +46,5 @@ def test_evaluate_rejects_a_sample_count_below_one(tmp_path, capsys):
 
 
 def test_evaluate_reports_a_bad_checkpoint(tmp_path, capsys):
-    assert main([str(tmp_path / "missing")]) == 1
+    assert main([str(tmp_path / "missing")]) == 2
     assert "no such checkpoint folder" in capsys.readouterr().err

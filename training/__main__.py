@@ -45,9 +45,12 @@ def main(argv: list[str] | None = None) -> int:
         command = "python -m training " + " ".join(shlex.quote(a) for a in given)
         trainer = Trainer(cfg, resume=args.resume, overwrite=args.overwrite, command=command,
                           progress=not args.no_progress).run()
-    except (ValueError, TrainingDiverged) as exc:
+    except TrainingDiverged as exc:  # the run failed; its checkpoints are kept
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except ValueError as exc:  # bad input (config, flags, files): one line, exit 2 as argparse does
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if args.export and trainer.rank == 0 and not trainer.stop.is_set():
         path = trainer.export(args.export, dtype=args.export_dtype)
         print(f"exported {path}")

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         model = memviz.load(args.checkpoint)
     except memviz.CheckpointError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return 2
     grid = model.card.get("train_config", {}).get("eval", {})
     n = args.n or grid.get("final_n", 20)
     seed = grid.get("seed", 0) if args.seed is None else args.seed
