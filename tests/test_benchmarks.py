@@ -53,3 +53,15 @@ def test_long_grid_records_a_babilong_grid_equal_to_the_probe_run(tmp_path):
     df = babilong.run(memviz.load(tmp_path / "m"), ["qa1"], [400, 500], n=2, seed=11, progress=False)
     assert entry["qa1"] == {str(k): round(float(v), 4) for k, v in df.groupby("length")["correct"].mean().items()}
     assert entry["n_per_cell"] == 2 and "--babilong qa1" in entry["command"]
+
+
+def test_the_samples_table_in_the_docs_is_the_cards():
+    """docs/samples.md's table is generated from every sample's card; an edited card or a new
+    sample without `python benchmarks/samples_doc.py` fails here."""
+    out = subprocess.run([sys.executable, "benchmarks/samples_doc.py", "--check"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    text = (ROOT / "docs" / "samples.md").read_text()
+    for folder in ("sample_checkpoints/infini", "families/gated_deltanet/sample_16k"):
+        card = json.loads((ROOT / folder / "card.json").read_text())
+        name = folder.removeprefix("sample_checkpoints/")
+        assert f"| `{name}` | {card['family']} | {card['parameters']:,} | {card['steps']} |" in text
