@@ -57,8 +57,15 @@ def timeline(trace: Trace, names: dict[str, str], title: str, width: int = WIDTH
                                  hovertext=hover_text(trace, pooled.positions, pooled.bin_size), hoverinfo="text+y"), row=row, col=1)
     shade_evidence(fig, trace.meta.get("evidence", []), start, stop)
     fig.update_layout(title=title, showlegend=False, height=160 + 170 * len(names))
-    fig.update_xaxes(title_text="token position", row=len(names), col=1)
+    fig.update_xaxes(title_text=position_axis(pooled.bin_size, reduce), row=len(names), col=1)
     return fig
+
+
+def position_axis(bin_size: int, reduce: str) -> str:
+    """The position axis's title, saying when each point pools several tokens and how."""
+    if bin_size <= 1:
+        return "token position"
+    return f"token position (pooled: the {reduce} over each bin of {bin_size:,} tokens)"
 
 
 def position_heatmap(trace: Trace, name: str, title: str, row_label: str, width: int = WIDTH, start: int = 0,
@@ -73,7 +80,7 @@ def position_heatmap(trace: Trace, name: str, title: str, row_label: str, width:
                                customdata=np.broadcast_to(np.asarray(hover, dtype=object), z.shape),
                                hovertemplate=f"%{{customdata}}<br>{row_label} %{{y}}<br>%{{z:.3g}}<extra></extra>"))
     shade_evidence(fig, trace.meta.get("evidence", []), start, stop)
-    fig.update_layout(title=title, xaxis_title="token position", yaxis_title=row_label)
+    fig.update_layout(title=title, xaxis_title=position_axis(pooled.bin_size, "max"), yaxis_title=row_label)
     return fig
 
 

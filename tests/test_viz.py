@@ -81,3 +81,12 @@ def test_training_loss_reads_the_metrics_log(tmp_path):
     log.write_text("\n".join(json.dumps(r) for r in rows))
     fig = viz.training_loss(log)
     assert list(fig.data[0].x) == [10, 20] and list(fig.data[1].y) == [3.0, 2.5]
+
+
+def test_a_pooled_axis_says_it_is_pooled_and_how():
+    tr = Trace(np.arange(10_000) % 256, {"loss": np.linspace(0, 1, 10_000, dtype=np.float32)})
+    pooled = plots.timeline(tr, {"loss": "loss"}, "t", width=1000)
+    assert pooled.layout.xaxis.title.text == "token position (pooled: the max over each bin of 10 tokens)"
+    assert plots.timeline(tr, {"loss": "loss"}, "t", width=1000, reduce="mean").layout.xaxis.title.text.startswith(
+        "token position (pooled: the mean")
+    assert plots.timeline(tr, {"loss": "loss"}, "t", width=1000, start=0, stop=500).layout.xaxis.title.text == "token position"
