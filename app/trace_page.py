@@ -99,6 +99,6 @@ def render() -> None:
         if hold is not None:
             fig = viz.needle_hold_figure(tr, hold, start=start, stop=stop)
             st.plotly_chart(fig, use_container_width=True, key="fig-needle-hold")
-            st.caption("Where the evidence was written (shaded) and, at every later token, how much of it the "
+            st.caption("Where the evidence was written (outlined) and, at every later token, how much of it the "
                        "memory's read still carries: where this falls to zero, the model can no longer answer from memory.")
     st.download_button("Download trace (.npz, memviz.Trace.load)", tr.to_bytes(), file_name="trace.npz", key="dl-trace")

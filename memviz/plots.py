@@ -3,7 +3,7 @@
 Every figure over token positions is max-pooled on the server to at most `width` columns
 (`Trace.pool`), with the true token positions on the x axis, so a 1M-token trace draws as fast
 as a 1k one and spikes survive. `start`/`stop` zoom in, re-pooling at finer resolution. Where
-a trace carries evidence spans (the needle, the supporting facts) they are shaded.
+a trace carries evidence spans (the needle, the supporting facts) they are outlined.
 """
 from __future__ import annotations
 
@@ -19,11 +19,16 @@ from memviz.trace import Trace, generic_hook_name
 WIDTH = 1500
 
 
-def shade_evidence(fig: go.Figure, spans: Sequence[Sequence[int]], start: int, stop: int) -> None:
+EVIDENCE_OUTLINE = dict(line_color="goldenrod", line_width=2, fillcolor="rgba(0,0,0,0)")  # a frame, no tint
+
+
+def outline_evidence(fig: go.Figure, spans: Sequence[Sequence[int]], start: int = 0, stop: float = float("inf")) -> None:
+    """Frame the evidence spans [a, b) of token positions within [start, stop): an outline, never a
+    fill, so the data under it keeps its colours."""
     for a, b in spans:
         if b > start and a < stop:
-            fig.add_vrect(x0=max(a, start) - 0.5, x1=min(b, stop) - 0.5, fillcolor="gold", opacity=0.35, line_width=0,
-                          annotation_text="evidence", annotation_position="top left")
+            fig.add_vrect(x0=max(a, start) - 0.5, x1=min(b, stop) - 0.5, annotation_text="evidence",
+                          annotation_position="top left", **EVIDENCE_OUTLINE)
 
 
 def hover_text(trace: Trace, positions: np.ndarray, bin_size: int) -> list[str]:
@@ -55,7 +60,7 @@ def timeline(trace: Trace, names: dict[str, str], title: str, width: int = WIDTH
                 values = np.nanmean(values.reshape(len(values), -1), 1)
         fig.add_trace(go.Scatter(x=pooled.positions, y=values, mode="lines", name=names[name],
                                  hovertext=hover_text(trace, pooled.positions, pooled.bin_size), hoverinfo="text+y"), row=row, col=1)
-    shade_evidence(fig, trace.meta.get("evidence", []), start, stop)
+    outline_evidence(fig, trace.meta.get("evidence", []), start, stop)
     fig.update_layout(title=title, showlegend=False, height=160 + 170 * len(names))
     fig.update_xaxes(title_text=position_axis(pooled.bin_size, reduce), row=len(names), col=1)
     return fig
@@ -79,7 +84,7 @@ def position_heatmap(trace: Trace, name: str, title: str, row_label: str, width:
     fig = go.Figure(go.Heatmap(z=z, x=pooled.positions, y=list(range(z.shape[0])), colorscale=colorscale, zmin=zmin, zmax=zmax,
                                customdata=np.broadcast_to(np.asarray(hover, dtype=object), z.shape),
                                hovertemplate=f"%{{customdata}}<br>{row_label} %{{y}}<br>%{{z:.3g}}<extra></extra>"))
-    shade_evidence(fig, trace.meta.get("evidence", []), start, stop)
+    outline_evidence(fig, trace.meta.get("evidence", []), start, stop)
     fig.update_layout(title=title, xaxis_title=position_axis(pooled.bin_size, "max"), yaxis_title=row_label)
     return fig
 

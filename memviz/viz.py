@@ -17,7 +17,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from memviz.models import get_family
-from memviz.plots import WIDTH, timeline, window_of, with_array
+from memviz.plots import WIDTH, outline_evidence, timeline, window_of, with_array
 from memviz.trace import Trace
 
 
@@ -49,7 +49,7 @@ def text_with_evidence(trace: Trace, start: int = 0, stop: int | None = None, li
 def needle_hold_figure(trace: Trace, hold: dict[str, np.ndarray], width: int = WIDTH, start: int = 0,
                        stop: int | None = None) -> go.Figure:
     """What the memory still holds of the evidence at each later token (`model.needle_hold`),
-    one panel per quantity, max-pooled per bin to `width` columns; the evidence is shaded."""
+    one panel per quantity, max-pooled per bin to `width` columns; the evidence is outlined."""
     derived = trace
     for label, values in hold.items():
         derived = with_array(derived, label, np.asarray(values, dtype=np.float32))
@@ -59,15 +59,28 @@ def needle_hold_figure(trace: Trace, hold: dict[str, np.ndarray], width: int = W
     return fig
 
 
+#: a change in log p(answer) smaller than this (nats) is drawn and described as no effect
+NO_EFFECT_NATS = 0.01
+
+
 def ablation_sweep_figure(rows, evidence: Sequence[Sequence[int]] = (), title: str = "Memory ablation sweep") -> go.Figure:
     """Change in log p(answer) when the memory is reset at each segment boundary
-    (`memviz.interventions.ablation_sweep`); the needle's segment is where it starts to matter."""
-    fig = go.Figure(go.Bar(x=[r.position for r in rows], y=[r.delta for r in rows],
+    (`memviz.interventions.ablation_sweep`); the needle's segment is where it starts to matter.
+    The axis always shows zero and at least +-NO_EFFECT_NATS, so rounding noise stays flat; bars
+    within that floor are grey, and a sweep with none beyond it says "no effect"."""
+    deltas = [r.delta for r in rows]
+    colours = ["#1f77b4" if abs(d) >= NO_EFFECT_NATS else "#b0b0b0" for d in deltas]
+    fig = go.Figure(go.Bar(x=[r.position for r in rows], y=deltas, marker_color=colours,
                            customdata=[[r.segment, r.greedy] for r in rows],
                            hovertemplate="reset at token %{x} (segment %{customdata[0]})<br>"
-                                         "delta log p %{y:.2f}<br>answer %{customdata[1]}<extra></extra>"))
-    for a, b in evidence:
-        fig.add_vrect(x0=a, x1=b, fillcolor="gold", opacity=0.35, line_width=0, annotation_text="evidence")
+                                         "delta log p %{y:.3g}<br>answer %{customdata[1]}<extra></extra>"))
+    outline_evidence(fig, evidence)
+    low, high = min([*deltas, -NO_EFFECT_NATS]), max([*deltas, NO_EFFECT_NATS])
+    pad = 0.1 * (high - low)
+    fig.update_yaxes(range=[low - pad, high + pad], zeroline=True, zerolinewidth=2, zerolinecolor="black")
+    if all(abs(d) < NO_EFFECT_NATS for d in deltas):
+        fig.add_annotation(text=f"no effect: every change is below {NO_EFFECT_NATS} nats", xref="paper", yref="paper",
+                           x=0.5, y=0.9, showarrow=False)
     fig.update_layout(title=title, xaxis_title="memory reset at token position", yaxis_title="change in log p(answer)")
     return fig
 

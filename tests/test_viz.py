@@ -90,3 +90,17 @@ def test_a_pooled_axis_says_it_is_pooled_and_how():
     assert plots.timeline(tr, {"loss": "loss"}, "t", width=1000, reduce="mean").layout.xaxis.title.text.startswith(
         "token position (pooled: the mean")
     assert plots.timeline(tr, {"loss": "loss"}, "t", width=1000, start=0, stop=500).layout.xaxis.title.text == "token position"
+
+
+def test_an_ablation_sweep_shows_zero_and_says_when_nothing_moved():
+    from memviz.interventions import SweepRow
+
+    noise = [SweepRow(s, 64 * s, -1.0, -5e-6 * s, "42") for s in range(1, 5)]
+    flat = viz.ablation_sweep_figure(noise, evidence=[(10, 20)])
+    low, high = flat.layout.yaxis.range
+    assert low <= -viz.NO_EFFECT_NATS and high >= viz.NO_EFFECT_NATS  # rounding noise is not drawn as a big bar
+    assert any("no effect" in a.text for a in flat.layout.annotations)
+    assert flat.layout.shapes[0].fillcolor == "rgba(0,0,0,0)" and flat.layout.shapes[0].line.width == 2  # outlined, no tint
+    real = viz.ablation_sweep_figure([SweepRow(1, 64, -9.0, -8.0, "13"), SweepRow(2, 128, -1.0, -0.001, "42")])
+    assert not any("no effect" in a.text for a in real.layout.annotations)
+    assert list(real.data[0].marker.color) == ["#1f77b4", "#b0b0b0"]

@@ -49,7 +49,7 @@ from memviz.config import ConfigError, ModelConfig
 from memviz.layers import AttentionSpan, LocalAttention, SwiGLU
 from memviz.bank import SEARCHES, ChunkBank
 from memviz.model import BACKBONE_FIELDS, Block, MemoryLM, StateTree
-from memviz.plots import WIDTH, layer_names, window_of, layer_prefix, position_heatmap
+from memviz.plots import EVIDENCE_OUTLINE, WIDTH, layer_names, layer_prefix, position_heatmap, window_of
 from memviz.registry import check_choice, check_positive, register_family
 from memviz.trace import Trace
 
@@ -183,7 +183,7 @@ def retrieval_map(trace: Trace, prefix: str, width: int = WIDTH, start: int = 0,
                                                                      "colorbar": {"title": "score"}},
                                  hovertemplate="token %{x} read chunk at %{y}<br>score %{marker.color:.3g}<extra></extra>"))
     for a, b in trace.meta.get("evidence", []):
-        fig.add_hrect(y0=a - 0.5, y1=b - 0.5, fillcolor="gold", opacity=0.3, line_width=0, annotation_text="evidence")
+        fig.add_hrect(y0=a - 0.5, y1=b - 0.5, annotation_text="evidence", **EVIDENCE_OUTLINE)
     fig.update_layout(title="LongMem retrieval: past chunks read by each token", xaxis_title="reading token position",
                       yaxis_title="retrieved chunk position")
     return fig
