@@ -40,6 +40,10 @@ def render() -> None:
         st.info(str(exc))
         return
     n_segments = max(1, -(-sample.n_tokens // seg))
+    needle = ", ".join(f"tokens {a}-{b - 1} (segment {a // seg}{'' if (b - 1) // seg == a // seg else f'-{(b - 1) // seg}'})"
+                       for a, b in sample.evidence)
+    st.caption(f"The needle is at {needle}, segments of {seg} tokens counted from 0: a reset at the start of a segment "
+               "after it should cost the answer, one before it nothing.")
     mode = st.radio("Edit", ["ablate", "replace with another sample's memory"], horizontal=True, key="iv_mode")
     segment = st.slider("at the start of segment", 1, max(1, n_segments - 1), max(1, n_segments // 2), key="iv_segment") if n_segments > 1 else 1
     if mode == "ablate":

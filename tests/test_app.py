@@ -1,4 +1,5 @@
 """The Streamlit app driven headlessly with AppTest."""
+import re
 from pathlib import Path
 
 import pytest
@@ -190,8 +191,9 @@ def test_intervene_page_ablates_replaces_and_sweeps(infini_checkpoint):
     at.run()
     assert not at.exception, at.exception
     assert "after the edit" in at.metric[0].label
+    assert re.search(r"The needle is at tokens \d+-\d+ \(segment \d+", at.caption[0].value)  # 16-token segments
     at.radio(key="iv_mode").set_value("replace with another sample's memory").run()
-    assert not at.exception and "donor sample's key" in at.caption[0].value
+    assert not at.exception and "donor sample's key" in at.caption[1].value
     at.button(key="iv_sweep").click().run()
     assert not at.exception and len(at.get("plotly_chart")) == 1
     at.number_input(key="iv_length").set_value(100).run()
