@@ -22,6 +22,12 @@ def cached_trace(model_path: str, text: str, evidence: tuple[tuple[int, int], ..
     return tr
 
 
+@st.cache_data(show_spinner="Decomposing the memory's read…", max_entries=8)
+def cached_readout(model_path: str, text: str, position: int):
+    model = load_model(model_path)
+    return model.memory_readout(model.tokenizer.encode(text), position)
+
+
 @st.cache_data(show_spinner="Measuring how much of the evidence the memory holds…", max_entries=8)
 def cached_needle_hold(model_path: str, text: str, span: tuple[int, int]):
     model = load_model(model_path)
@@ -101,4 +107,19 @@ def render() -> None:
             st.plotly_chart(fig, use_container_width=True, key="fig-needle-hold")
             st.caption("Where the evidence was written (outlined) and, at every later token, how much of it the "
                        "memory's read still carries: where this falls to zero, the model can no longer answer from memory.")
+    show_readout(model, path, text, evidence, len(tr))
     st.download_button("Download trace (.npz, memviz.Trace.load)", tr.to_bytes(), file_name="trace.npz", key="dl-trace")
+
+
+def show_readout(model, path: str, text: str, evidence, n_tokens: int) -> None:
+    """The read-out view, for families whose memory read decomposes exactly over the tokens that wrote it."""
+    if type(model).memory_readout is memviz.MemoryLM.memory_readout:
+        return
+    st.subheader("Read-out: what the memory returned, and from which tokens")
+    position = st.number_input("read at token (default: the last, where the answer's first token is predicted)",
+                               0, n_tokens - 1, n_tokens - 1, key="ro_position")
+    readout = cached_readout(path, text, int(position))
+    st.caption(f"The read is {readout.what}. Each written token's part of it, projected on the read: a head's row sums "
+               "to 1; red carries the read, blue pushes against it.")
+    for title, fig in viz.readout_figures(readout, evidence).items():
+        st.plotly_chart(fig, use_container_width=True, key=f"fig-{title}")

@@ -383,6 +383,29 @@ class MemoryLM(HookedRootModule):
         None for a family that does not define it (the baselines have no memory to hold it)."""
         return None
 
+    def memory_readout(self, tokens: Tensor | Sequence[int], position: int) -> "Readout | None":
+        """What the memory returned at token `position` of `tokens` and which written tokens it
+        came from: per layer, each token's exact part of the read (the parts sum to it). None for a
+        family without a linear memory to decompose."""
+        return None
+
+    def capture(self, tokens: Tensor | Sequence[int], names: Sequence[str]) -> dict[str, Tensor]:
+        """The hooks `names` over the whole input (batch 1), streamed, as [pos, ...] float64 tensors."""
+        parts: dict[str, list[Tensor]] = {name: [] for name in names}
+
+        def keep(value: Tensor, hook) -> None:
+            parts[hook.name].append(value[0].detach().double().cpu())
+
+        was_training = self.training
+        self.eval()
+        try:
+            with torch.no_grad(), self.hooks(fwd_hooks=[(name, keep) for name in names]):
+                for _ in self.stream(tokens):
+                    pass
+        finally:
+            self.train(was_training)
+        return {name: torch.cat(values) for name, values in parts.items()}
+
     def default_trace_reducers(self) -> dict[str, str]:
         """The family's memory hooks, expanded over layers: what `memviz.trace` keeps by default."""
         return {
@@ -399,6 +422,24 @@ class MemoryLM(HookedRootModule):
             seen.add(id(p))
             total += p.numel()
         return total
+
+
+@dataclass
+class Readout:
+    """A memory read at `position` decomposed over the tokens that wrote it
+    (`MemoryLM.memory_readout`): per layer (`blocks.{l}`), `reads` [head, d] and `parts`
+    [source position, head, d], whose sum over source positions is the read."""
+
+    position: int
+    what: str  # what the read is, in the family's terms
+    reads: dict[str, Tensor]
+    parts: dict[str, Tensor]
+
+    def shares(self, layer: str) -> Tensor:
+        """Each written token's part projected on its head's read, over |read|: [source, head],
+        summing to 1 over sources for a non-zero read (negative where a token's part points away)."""
+        read = self.reads[layer]
+        return (self.parts[layer] * read).sum(-1) / read.pow(2).sum(-1).clamp_min(1e-300)
 
 
 def next_token_loss(logits: Tensor, tokens: Tensor, pad_id: int) -> Tensor:

@@ -17,7 +17,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from memviz.models import get_family
-from memviz.plots import WIDTH, outline_evidence, timeline, window_of, with_array
+from memviz.plots import WIDTH, outline_evidence, position_axis, timeline, window_of, with_array
 from memviz.trace import Trace
 
 
@@ -57,6 +57,38 @@ def needle_hold_figure(trace: Trace, hold: dict[str, np.ndarray], width: int = W
                    width=width, start=start, stop=stop)
     fig.update_yaxes(range=[-0.02, 1.02])
     return fig
+
+
+def readout_figures(readout, evidence: Sequence[Sequence[int]] = (), width: int = WIDTH) -> dict[str, go.Figure]:
+    """Per layer of a `model.memory_readout`: each written token's share of the read at the chosen
+    position, per head (rows) and source position (columns; bins of tokens summed, so a row still
+    sums to 1), on a diverging scale around 0; the evidence outlined, and its share named."""
+    figs = {}
+    for layer, parts in readout.parts.items():
+        shares = readout.shares(layer).numpy()  # [source, head]
+        n = len(shares)
+        if n == 0:
+            continue
+        bin_size = max(1, -(-n // width))
+        starts = np.arange(0, n, bin_size)
+        pooled = np.add.reduceat(shares, starts, axis=0).T  # [head, bins]
+        limit = float(np.abs(pooled).max()) or 1.0
+        fig = go.Figure(go.Heatmap(z=pooled, x=starts, y=[f"head {h}" for h in range(pooled.shape[0])], colorscale="RdBu_r",
+                                   zmin=-limit, zmax=limit, colorbar={"title": "share"},
+                                   hovertemplate="written at token %{x}<br>%{y}: %{z:.3f} of the read<extra></extra>"))
+        outline_evidence(fig, evidence, 0, n)
+        in_evidence = np.zeros(n, dtype=bool)
+        for a, b in evidence:
+            in_evidence[a:b] = True
+        named = ""
+        if in_evidence.any():
+            per_head = shares[in_evidence].sum(0)
+            named = f"; the evidence carries {per_head.max():.2f} of head {int(per_head.argmax())}'s read"
+        fig.update_layout(title=f"{layer}: where the read at token {readout.position} came from{named}",
+                          xaxis_title=position_axis(bin_size, "sum") if bin_size > 1 else "written at token position",
+                          yaxis_title="head", height=200 + 30 * pooled.shape[0])
+        figs[f"{layer} read-out"] = fig
+    return figs
 
 
 #: a change in log p(answer) smaller than this (nats) is drawn and described as no effect

@@ -121,6 +121,10 @@ def test_trace_page_traces_the_default_passkey_sample(infini_checkpoint):
     assert any("sigmoid(beta)" in t for t in titles) and any("memory share" in t for t in titles), titles
     assert "How much of the evidence the memory still holds" in titles  # the needle's share of the read
     assert "answer" in at.caption[0].value
+    readouts = [t for t in titles if "where the read at token" in t]
+    assert len(readouts) == 2 and all("the evidence carries" in t for t in readouts), titles  # one a layer
+    at.number_input(key="ro_position").set_value(300).run()  # the read at another token
+    assert not at.exception and any("where the read at token 300" in t for t in chart_titles(at))
     at.slider(key="zoom").set_value((100, 300)).run()  # zoom re-pools the same cached trace
     assert not at.exception
     assert len(at.get("plotly_chart")) == len(titles)

@@ -137,3 +137,23 @@ def test_needle_hold_is_the_span_weight_in_the_linear_memory_read():
         got = next(v for k, v in hold.items() if k.startswith(f"layer {layer}:"))
         torch.testing.assert_close(torch.from_numpy(got), share.float(), atol=1e-5, rtol=1e-4)
         assert got[:16].max() == 0 and got[16:].min() > 0  # the span's segment (8-15) is written at 16
+
+
+@pytest.mark.parametrize("update", ["linear", "delta"])
+def test_the_read_out_parts_sum_to_the_memory_read(update):
+    """memory_readout decomposes A_mem over the tokens of earlier segments; in float64 the parts
+    sum to the read the model made (hook_mem_out), at a position in the first segment (nothing
+    written: zero), mid-segment and at a segment's last token."""
+    model = scrambled(small_model("infini", segment_len=8, memory={"update": update}), std=0.2).to(torch.float64)
+    ids = random_ids(45, seed=2)
+    _, cache = model.run_with_cache(ids)
+    for position in (5, 20, 39, 44):
+        readout = model.memory_readout(ids, position)
+        for layer in range(2):
+            read = cache[f"blocks.{layer}.attn.hook_mem_out"][0, position]
+            torch.testing.assert_close(readout.parts[f"blocks.{layer}"].sum(0), read, atol=1e-12, rtol=1e-12)
+            assert readout.parts[f"blocks.{layer}"].shape[0] == position // 8 * 8  # the complete segments before
+            if position >= 8:
+                torch.testing.assert_close(readout.shares(f"blocks.{layer}").sum(0), torch.ones(2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="position must lie in"):
+        model.memory_readout(ids, 45)

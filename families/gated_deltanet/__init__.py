@@ -42,7 +42,7 @@ from transformer_lens.hook_points import HookPoint
 from families.gated_deltanet.reference import chunked
 from memviz import ConfigError, MemoryLM, register_family
 from memviz.layers import AttentionSpan, LocalAttention, RMSNorm, SwiGLU
-from memviz.model import Block
+from memviz.model import Block, Readout
 from memviz.plots import WIDTH, layer_names, layer_prefix, memory_share_heatmaps, position_heatmap, timeline
 from memviz.registry import check_positive
 from memviz.trace import Trace
@@ -154,6 +154,32 @@ class GatedDeltaNetLM(MemoryLM):
     def make_block(self, layer: int) -> nn.Module:
         cfg = self.cfg
         return Block(cfg, GatedDeltaAttention(cfg, self.options, self.attention), SwiGLU(cfg.d_model, cfg.d_mlp))
+
+    def memory_readout(self, tokens, position: int) -> Readout:
+        """o_t = S_t^T q_t at `position` (before the output norm and gate) as a sum over every
+        token's write. S_t is linear in the writes beta_j k_j v_j^T with transitions
+        A_j = alpha_j (I - beta_j k_j k_j^T) that do not depend on S, so write j gives
+        (r_j . k_j) beta_j v_j, where r_t = q_t and r_{j-1} = A_j r_j (A_j is symmetric)."""
+        full = self.as_tokens(tokens)
+        if not 0 <= position < full.shape[1]:
+            raise ValueError(f"position must lie in [0, {full.shape[1]}), got {position}")
+        names = [f"blocks.{l}.attn.hook_{w}" for l in range(self.cfg.n_layers)
+                 for w in ("q", "write_key", "write_value", "alpha", "beta")]
+        seen = self.capture(full[:, : position + 1], names)
+        reads, parts = {}, {}
+        for layer in range(self.cfg.n_layers):
+            name = f"blocks.{layer}"
+            c = {w: seen[f"{name}.attn.hook_{w}"] for w in ("q", "write_key", "write_value", "alpha", "beta")}
+            r = F.normalize(F.silu(c["q"][position]), dim=-1)  # [H, d]
+            weights = torch.zeros(position + 1, r.shape[0], dtype=torch.float64)  # [tokens, H]
+            for j in range(position, -1, -1):
+                k, b = c["write_key"][j], c["beta"][j]
+                along = (r * k).sum(-1)  # r_j . k_j
+                weights[j] = along * b
+                r = c["alpha"][j][:, None] * (r - (b * along)[:, None] * k)
+            parts[name] = weights[..., None] * c["write_value"]
+            reads[name] = parts[name].sum(0)
+        return Readout(position, "o_t = S_t^T q_t, the state's read before the output norm and gate", reads, parts)
 
     @torch.no_grad()
     def needle_hold(self, tokens, span: tuple[int, int]) -> dict[str, np.ndarray]:

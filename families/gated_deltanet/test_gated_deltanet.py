@@ -172,3 +172,29 @@ def test_its_long_samples_are_reproduced_by_their_cards_from_a_shipped_sample(sa
     assert {k: card["train_config"]["optim"][k] for k in config["optim"]} == config["optim"]
     assert {k: card["train_config"]["data"][k] for k in config["data"]} == config["data"]
     assert memviz.load(FOLDER / sample).family == "gated_deltanet"
+
+
+def test_the_read_out_parts_sum_to_the_state_read():
+    """memory_readout decomposes o_t = S_t^T q_t over every token's write; the parts sum to the
+    token-by-token recurrence (reference.recurrent) fed the model's own q, k, v, alpha and beta."""
+    from tests.conftest import random_ids, scrambled, small_model
+
+    model = scrambled(small_model("gated_deltanet", window=8), std=0.2).to(torch.float64)
+    ids = random_ids(40, seed=5)
+    names = ("q", "write_key", "write_value", "alpha", "beta")
+    seen = model.capture(ids, [f"blocks.{l}.attn.hook_{w}" for l in range(2) for w in names])
+    for position in (0, 17, 39):
+        readout = model.memory_readout(ids, position)
+        for layer in range(2):
+            c = {w: seen[f"blocks.{layer}.attn.hook_{w}"].transpose(0, 1)[None] for w in names}  # [1, H, T, ...]
+            state = torch.zeros(1, 2, 16, 16, dtype=torch.float64)
+            (o, _), _ = recurrent(F.normalize(F.silu(c["q"]), dim=-1), c["write_key"], c["write_value"], c["alpha"], c["beta"], state)
+            part = readout.parts[f"blocks.{layer}"]
+            assert part.shape == (position + 1, 2, 16)
+            torch.testing.assert_close(part.sum(0), o[0, :, position], atol=1e-12, rtol=1e-12)
+            torch.testing.assert_close(readout.shares(f"blocks.{layer}").sum(0), torch.ones(2, dtype=torch.float64))
+    figures = viz.readout_figures(readout, evidence=[(10, 20)], width=16)
+    assert set(figures) == {"blocks.0 read-out", "blocks.1 read-out"}
+    heat = figures["blocks.0 read-out"].data[0]
+    np.testing.assert_allclose(np.asarray(heat.z).sum(1), 1.0, rtol=1e-9)  # bins sum, so a row still sums to 1
+    assert "the evidence carries" in figures["blocks.0 read-out"].layout.title.text

@@ -38,7 +38,7 @@ from transformer_lens.hook_points import HookPoint
 from kernels import infini_memory
 from memviz.config import ConfigError, ModelConfig
 from memviz.layers import AttentionSpan, LocalAttention, SwiGLU
-from memviz.model import Block, MemoryLM
+from memviz.model import Block, MemoryLM, Readout
 from memviz.plots import WIDTH, layer_names, memory_share_heatmaps, timeline
 from memviz.registry import check_choice, register_family
 from memviz.trace import Trace
@@ -141,6 +141,40 @@ class InfiniLM(MemoryLM):
     def make_block(self, layer: int) -> nn.Module:
         cfg = self.cfg
         return Block(cfg, InfiniAttention(cfg, self.options, self.attention), SwiGLU(cfg.d_model, cfg.d_mlp))
+
+    def memory_readout(self, tokens, position: int) -> Readout:
+        """A_mem at `position` (eq. 3) as a sum over the tokens of the segments before its own.
+        Linear update: token s gives sigma(q) . sigma(k_s) v_s / sigma(q) . z. Delta rule: each
+        segment's write M_m = P_m M_{m-1} + sigma(K_m)^T V_m, P_m = I - sigma(K_m)^T D_m sigma(K_m),
+        D_m = diag(1 / sigma(K_m) z_{m-1}), is linear in M with transitions that do not depend on
+        it, so token s of segment m gives (r_m . sigma(k_s)) v_s, the read's row vector
+        r = sigma(q) / sigma(q) . z carried back through the later segments' P^T."""
+        ids = self.as_tokens(tokens)[:, : position + 1]
+        if not 0 <= position < self.as_tokens(tokens).shape[1]:
+            raise ValueError(f"position must lie in [0, {self.as_tokens(tokens).shape[1]}), got {position}")
+        names = [f"blocks.{l}.attn.hook_{w}" for l in range(self.cfg.n_layers) for w in ("q", "k", "v")]
+        seen = self.capture(ids, names)
+        S = self.cfg.segment_len
+        written = position // S * S  # the tokens of the complete segments before the read's
+        reads, parts = {}, {}
+        for layer in range(self.cfg.n_layers):
+            name = f"blocks.{layer}"
+            sq = feature_map(seen[f"{name}.attn.hook_q"][position])  # [H, d]
+            sk = feature_map(seen[f"{name}.attn.hook_k"][:written])  # [N, H, d]
+            v = seen[f"{name}.attn.hook_v"][:written]
+            den = (sq * sk.sum(0)).sum(-1, keepdim=True)  # sigma(q) . z, [H, 1]
+            r = torch.where(den > 0, sq / den.clamp_min(1e-300), 0.0)
+            weights = torch.zeros(written, sq.shape[0], dtype=torch.float64)  # [N, H]: the read's weight on v_s
+            z_after = sk.unflatten(0, (-1, S)).sum(1).cumsum(0)  # z after each segment, [segments, H, d]
+            for a in reversed(range(0, written, S)):
+                K = sk[a : a + S]
+                weights[a : a + S] = (K * r).sum(-1)
+                if self.options.update == "delta" and a > 0:  # r <- P_m^T r
+                    scale = 1 / (K * z_after[a // S - 1]).sum(-1)  # 1 / sigma(k_s) . z_{m-1}, [S, H]
+                    r = r - ((K * r).sum(-1) * scale)[..., None].mul(K).sum(0)
+            parts[name] = weights[..., None] * v
+            reads[name] = parts[name].sum(0) if written else torch.zeros_like(sq)
+        return Readout(position, "A_mem, the compressive memory's read (eq. 3) before the gate", reads, parts)
 
     @torch.no_grad()
     def needle_hold(self, tokens, span: tuple[int, int]) -> dict[str, np.ndarray]:
