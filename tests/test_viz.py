@@ -33,7 +33,7 @@ def test_every_family_has_its_views(family):
     model = small_model(family, **FAMILY_CONFIGS[family])
     tr = memviz.trace(model, "Sandra journeyed to the kitchen. " * 20, evidence=[(3, 9)])
     figs = viz.family_figures(tr, width=200)
-    expected = {"transformer": 1, "sliding_window": 1, "infini": 5, "lm2": 5, "titans": 3, "memory_layer": 3, "longmem": 3,
+    expected = {"transformer": 1, "sliding_window": 1, "infini": 5, "lm2": 5, "titans": 3, "memory_layer": 3, "longmem": 4,
                 "gated_deltanet": 8, "titans_pytorch": 3, "product_key_memory": 3}
     assert len(figs) == expected[family], list(figs)
     for fig in figs.values():
@@ -104,3 +104,20 @@ def test_an_ablation_sweep_shows_zero_and_says_when_nothing_moved():
     real = viz.ablation_sweep_figure([SweepRow(1, 64, -9.0, -8.0, "13"), SweepRow(2, 128, -1.0, -0.001, "42")])
     assert not any("no effect" in a.text for a in real.layout.annotations)
     assert list(real.data[0].marker.color) == ["#1f77b4", "#b0b0b0"]
+
+
+def test_longmem_names_the_heads_that_retrieved_the_evidence_at_the_last_token():
+    from memviz.models.longmem import retrieved_at
+
+    T = 32
+    pos = np.full((T, 2, 2), -1)
+    pos[-1] = [[8, 24], [20, 0]]  # head 0's first chunk (tokens 8-11) overlaps the evidence 10-13
+    scores = np.where(pos >= 0, 1.0, np.nan)
+    prefix = "side_blocks.1.attn"
+    tr = Trace(np.zeros(T, dtype=np.int64), {f"{prefix}.hook_retrieved_pos": pos, f"{prefix}.hook_retrieved_scores": scores},
+               meta={"evidence": [(10, 14)], "figure_settings": {"chunk_size": 4}})
+    fig = retrieved_at(tr, prefix, T - 1)
+    assert fig.layout.title.text.endswith("heads [0] read a chunk of the evidence")
+    assert sorted(fig.data[0].x) == [0, 8, 20, 24]
+    pos[-1] = [[24, 28], [0, 4]]
+    assert retrieved_at(tr, prefix, T - 1).layout.title.text.endswith("no head reads the evidence")

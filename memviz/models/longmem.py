@@ -49,7 +49,7 @@ from memviz.config import ConfigError, ModelConfig
 from memviz.layers import AttentionSpan, LocalAttention, SwiGLU
 from memviz.bank import SEARCHES, ChunkBank
 from memviz.model import BACKBONE_FIELDS, Block, MemoryLM, StateTree
-from memviz.plots import EVIDENCE_OUTLINE, WIDTH, layer_names, layer_prefix, position_heatmap, window_of
+from memviz.plots import EVIDENCE_OUTLINE, WIDTH, layer_names, layer_prefix, outline_evidence, position_heatmap, window_of
 from memviz.registry import check_choice, check_positive, register_family
 from memviz.trace import Trace
 
@@ -189,17 +189,41 @@ def retrieval_map(trace: Trace, prefix: str, width: int = WIDTH, start: int = 0,
     return fig
 
 
+def retrieved_at(trace: Trace, prefix: str, position: int) -> go.Figure:
+    """The chunks one token retrieved (by default the last, where the answer's first token is
+    predicted): per head, each retrieved chunk's first position, ranked by score (marker size and
+    colour), the evidence outlined, and which heads read a chunk inside it."""
+    pos = trace[f"{prefix}.hook_retrieved_pos"][position]  # [H, K]
+    scores = trace[f"{prefix}.hook_retrieved_scores"][position]
+    heads, ranks = np.nonzero(pos >= 0)
+    chunk = int(trace.meta.get("figure_settings", {}).get("chunk_size", 1))
+    fig = go.Figure(go.Scatter(
+        x=pos[heads, ranks], y=[f"head {h}" for h in heads], mode="markers+text", text=[f"#{r + 1}" for r in ranks],
+        textposition="top center", marker={"color": scores[heads, ranks], "colorscale": "Viridis", "size": 10 + 4 * (pos.shape[1] - ranks),
+                                           "colorbar": {"title": "score"}},
+        hovertemplate="%{y}: chunk at token %{x} (rank %{text})<br>score %{marker.color:.3g}<extra></extra>"))
+    outline_evidence(fig, trace.meta.get("evidence", []), 0, len(trace))
+    hit = sorted({int(h) for h, p in zip(heads, pos[heads, ranks])
+                  for a, b in trace.meta.get("evidence", []) if p < b and p + chunk > a})
+    said = (f"; heads {hit} read a chunk of the evidence" if hit else "; no head reads the evidence") if trace.meta.get("evidence") else ""
+    fig.update_layout(title=f"LongMem: the chunks token {position} retrieved{said}", xaxis_title="retrieved chunk's first token",
+                      xaxis_range=[-0.5, len(trace)], yaxis_title="head", height=200 + 40 * pos.shape[0])
+    return fig
+
+
 def longmem_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int | None = None) -> dict[str, go.Figure]:
-    """The augmented side block's retrieval map and its gate per head."""
+    """The augmented side block's retrieval map, the chunks the last token retrieved, and its gate per head."""
     zoom, figs = dict(width=width, start=start, stop=stop), {}
     for prefix in (layer_prefix(n, RETRIEVED_POS) for n in layer_names(trace, RETRIEVED_POS)):
         figs["retrieval"] = retrieval_map(trace, prefix, **zoom)
+        figs["retrieved at the last token"] = retrieved_at(trace, prefix, len(trace) - 1)
         figs["gate"] = position_heatmap(trace, f"{prefix}.hook_gate", "LongMem gate sigmoid(g) per head", "head", zmin=0, zmax=1, **zoom)
     return figs
 
 
 @register_family("longmem", summary="LongMem (NeurIPS 2023): a frozen backbone's cached key/value bank, searched by chunk "
-                 "and read by a memory-augmented side network", figures=longmem_figures, sample="longmem")
+                 "and read by a memory-augmented side network", figures=longmem_figures,
+                 figure_settings=lambda model: {"chunk_size": model.options.chunk_size}, sample="longmem")
 class LongMemLM(MemoryLM):
     """A frozen backbone, its cached key/value bank, and a trainable memory-augmented SideNet."""
 
