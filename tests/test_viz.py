@@ -33,8 +33,8 @@ def test_every_family_has_its_views(family):
     model = small_model(family, **FAMILY_CONFIGS[family])
     tr = memviz.trace(model, "Sandra journeyed to the kitchen. " * 20, evidence=[(3, 9)])
     figs = viz.family_figures(tr, width=200)
-    expected = {"transformer": 1, "sliding_window": 1, "infini": 5, "lm2": 5, "titans": 3, "memory_layer": 3, "longmem": 4,
-                "gated_deltanet": 8, "titans_pytorch": 3, "product_key_memory": 3}
+    expected = {"transformer": 1, "sliding_window": 1, "infini": 5, "lm2": 5, "titans": 3, "memory_layer": 4, "longmem": 4,
+                "gated_deltanet": 8, "titans_pytorch": 3, "product_key_memory": 4}
     assert len(figs) == expected[family], list(figs)
     for fig in figs.values():
         assert fig.layout.title.text
@@ -121,3 +121,21 @@ def test_longmem_names_the_heads_that_retrieved_the_evidence_at_the_last_token()
     assert sorted(fig.data[0].x) == [0, 8, 20, 24]
     pos[-1] = [[24, 28], [0, 4]]
     assert retrieved_at(tr, prefix, T - 1).layout.title.text.endswith("no head reads the evidence")
+
+
+def test_a_memory_layer_read_ranks_the_values_and_finds_who_else_selects_them():
+    from memviz.models.memory_layer import selected_at, selection_map
+
+    T = 6
+    idx = np.zeros((T, 1, 2), dtype=np.int64) + 50
+    idx[-1, 0] = [7, 9]  # the last token reads values 7 and 9
+    idx[2, 0, 1] = 9  # token 2 selects 9 too
+    weights = np.full((T, 1, 2), 0.5, dtype=np.float32)
+    weights[-1, 0] = [0.3, 0.7]
+    tr = Trace(np.arange(T), {"blocks.1.mlp.hook_topk_indices": idx, "blocks.1.mlp.hook_topk_weights": weights})
+    fig = selected_at(tr, "blocks.1.mlp.hook_topk_indices", T - 1)
+    assert list(fig.data[0].x) == ["value 9 (head 0)", "value 7 (head 0)"]  # ranked by weight
+    assert fig.data[0].customdata[0][0] == 1 and fig.data[0].customdata[0][1].startswith("2 ")
+    assert fig.data[0].customdata[1][0] == 0
+    colours = selection_map(tr, "blocks.1.mlp.hook_topk_indices").data[0].marker
+    assert np.allclose((colours.cmin, colours.cmax), (0.3, 0.7))  # the scale fits the weights, not 0-1

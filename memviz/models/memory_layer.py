@@ -34,7 +34,7 @@ from kernels import product_key_topk, weighted_bag
 from memviz.config import ConfigError, ModelConfig
 from memviz.layers import LocalAttention, SwiGLU
 from memviz.model import Block, MemoryLM
-from memviz.plots import WIDTH, layer_names, window_of
+from memviz.plots import WIDTH, layer_names, outline_evidence, window_of
 from memviz.registry import check_positive, register_family
 from memviz.trace import Trace
 
@@ -132,17 +132,44 @@ def selection_map(trace: Trace, name: str, width: int = WIDTH, start: int = 0, s
     idx = trace[name][start:stop]  # [T, H, k]
     weights = trace[name.replace("hook_topk_indices", "hook_topk_weights")][start:stop]
     step = max(1, -(-len(idx) // width))
+    shown = weights[::step]
+    low, high = float(np.nanmin(shown)), float(np.nanmax(shown))  # top-k weights sit near 1/k: fit the scale to them
     fig = go.Figure()
     symbols = ["circle", "square", "diamond", "cross", "x", "triangle-up", "star", "hexagon"]
     for h in range(idx.shape[1]):
         xs = np.repeat(np.arange(start, stop, step), idx.shape[2])
         fig.add_trace(go.Scattergl(
             x=xs, y=idx[::step, h].reshape(-1), mode="markers", name=f"head {h}",
-            marker={"color": weights[::step, h].reshape(-1), "colorscale": "Viridis", "cmin": 0, "cmax": 1, "size": 5,
+            marker={"color": shown[:, h].reshape(-1), "colorscale": "Viridis", "cmin": low, "cmax": max(high, low + 1e-6), "size": 5,
                     "symbol": symbols[h % len(symbols)], "colorbar": {"title": "weight"} if h == 0 else None},
             hovertemplate=f"token %{{x}}<br>head {h} picked value %{{y}}<br>weight %{{marker.color:.3f}}<extra></extra>"))
-    fig.update_layout(title=f"{name.split('.mlp')[0]}: selected values per token (colour = weight)",
-                      xaxis_title="token position", yaxis_title="value index i * n_keys + j")
+    outline_evidence(fig, trace.meta.get("evidence", []), start, stop)
+    fig.update_layout(title=f"{name.split('.mlp')[0]}: selected values per token (colour = weight, scaled to the shown range)",
+                      xaxis_title=f"token position{f' (every {step}-th token)' if step > 1 else ''}",
+                      yaxis_title="value index i * n_keys + j",
+                      legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 0})  # clear of the colour bar
+    return fig
+
+
+def selected_at(trace: Trace, name: str, position: int) -> go.Figure:
+    """What one token read from a memory layer (by default the last, where the answer's first token
+    is predicted): its selected values, ranked by weight, each with how many other tokens of the
+    input select the same value and the first few of them."""
+    idx, weights = trace[name], trace[name.replace("hook_topk_indices", "hook_topk_weights")]  # [T, H, k]
+    here, w = idx[position].reshape(-1), weights[position].reshape(-1)
+    heads = np.repeat(np.arange(idx.shape[1]), idx.shape[2])
+    order = np.argsort(-w)
+    elsewhere = []
+    for value in here[order]:
+        others = np.nonzero((idx == value).any(axis=(1, 2)))[0]
+        others = others[others != position]
+        elsewhere.append((len(others), ", ".join(f"{p} {trace.token_text(int(p), int(p) + 1)[0]!r}" for p in others[:5])))
+    labels = [f"value {v} (head {h})" for v, h in zip(here[order], heads[order])]
+    fig = go.Figure(go.Bar(x=labels, y=w[order], customdata=elsewhere,
+                           hovertemplate="%{x}: weight %{y:.3f}<br>selected by %{customdata[0]} other tokens: "
+                                         "%{customdata[1]}<extra></extra>"))
+    fig.update_layout(title=f"{name.split('.mlp')[0]}: the values token {position} read, by weight "
+                            f"(hover: the other tokens that select each)", yaxis_title="weight", xaxis_title="selected value")
     return fig
 
 
@@ -168,6 +195,7 @@ def memory_layer_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop:
     for name in layer_names(trace, TOPK_INDICES):
         figs[f"{name} selections"] = selection_map(trace, name, width=width, start=start, stop=stop)
         figs[f"{name} usage"] = usage_figure(trace, name, n_values or int(trace[name].max()) + 1)
+        figs[f"{name} read at the last token"] = selected_at(trace, name, len(trace) - 1)
     return figs
 
 
