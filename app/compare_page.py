@@ -44,7 +44,28 @@ def render() -> None:
         return
     for column, path, model, (sample, tr) in zip(st.columns(2), (left, right), models, traces):
         with column:
-            st.subheader(f"{path} ({model.family})")
-            st.write(f"answer **{sample.answer}** · model says **{greedy_answer(path, sample.prompt)!r}**")
-            for title, fig in viz.family_figures(tr, start=start, stop=stop).items():
+            st.markdown(f"**{path}** ({model.family}): answer **{sample.answer}** · model says "
+                        f"**{greedy_answer(path, sample.prompt)!r}**")
+    same_text = traces[0][1].tokens[:n].tolist() == traces[1][1].tokens[:n].tolist()
+    if same_text:
+        labels = {f"left: {left}": traces[0][1], f"right: {right}": traces[1][1]}
+        st.plotly_chart(viz.loss_comparison(labels, start=start, stop=stop), use_container_width=True, key="cmp-loss")
+    else:
+        st.caption("The two tokenizers split the text differently, so positions do not line up token for token: "
+                   "no overlay or difference; each model's loss is beside its figures.")
+    figures = [viz.family_figures(tr, start=start, stop=stop) for _, tr in traces]
+    if same_text:
+        for figs in figures:
+            figs.pop("loss")
+    shared = [t for t in figures[0] if t in figures[1]]
+    rows = [(t, t) for t in shared] + [(t, None) for t in figures[0] if t not in shared] + \
+           [(None, t) for t in figures[1] if t not in shared]
+    for pair in rows:  # one row per figure: the same view of both models side by side
+        for column, figs, title, path in zip(st.columns(2), figures, pair, (left, right)):
+            with column:
+                if title is None:
+                    st.caption("(no such view for this model)")
+                    continue
+                fig = figs[title]
+                fig.update_layout(title_font_size=13)
                 st.plotly_chart(fig, use_container_width=True, key=f"cmp-{path}-{title}")

@@ -15,6 +15,7 @@ from typing import Sequence
 
 import numpy as np
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from memviz.models import get_family
 from memviz.plots import WIDTH, outline_evidence, position_axis, timeline, window_of, with_array
@@ -89,6 +90,26 @@ def readout_figures(readout, evidence: Sequence[Sequence[int]] = (), width: int 
                           yaxis_title="head", height=200 + 30 * pooled.shape[0])
         figs[f"{layer} read-out"] = fig
     return figs
+
+
+def loss_comparison(traces: dict[str, Trace], width: int = WIDTH, start: int = 0, stop: int | None = None) -> go.Figure:
+    """Next-token loss of several traces of the same input overlaid (bins of tokens averaged), and
+    below it each one's difference from the first: where one model predicts the text better."""
+    (first_label, first), *rest = traces.items()
+    stop = min(len(tr) for tr in traces.values()) if stop is None else stop
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=["next-token loss (nats)", f"difference from {first_label} (below 0: lower loss)"])
+    pooled = {label: tr.pool("loss", width, start, stop, reduce="mean") for label, tr in traces.items()}
+    for label, p in pooled.items():
+        fig.add_trace(go.Scatter(x=p.positions, y=p.values, mode="lines", name=label), row=1, col=1)
+    for label, p in list(pooled.items())[1:]:
+        fig.add_trace(go.Scatter(x=p.positions, y=p.values - pooled[first_label].values, mode="lines", name=f"{label} - {first_label}"),
+                      row=2, col=1)
+    fig.add_hline(y=0, line_color="black", line_width=1, row=2, col=1)
+    outline_evidence(fig, first.meta.get("evidence", []), start, stop)
+    fig.update_layout(title="Next-token loss, overlaid", height=520, legend={"orientation": "h", "y": 1.08})
+    fig.update_xaxes(title_text=position_axis(pooled[first_label].bin_size, "mean"), row=2, col=1)
+    return fig
 
 
 #: a change in log p(answer) smaller than this (nats) is drawn and described as no effect

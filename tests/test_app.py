@@ -227,10 +227,13 @@ def test_compare_page_shows_two_models_side_by_side(infini_checkpoint, tmp_path)
     at.selectbox(key="cmp_right").select("a local path…").run()
     at.text_input(key="cmp_right_path").input(other).run()
     assert not at.exception, at.exception
-    headers = [h.value for h in at.subheader]
-    assert any("infini" in h for h in headers) and any("sliding_window" in h for h in headers)
+    headers = [m.value for m in at.markdown]
+    assert any("(infini)" in h for h in headers) and any("(sliding_window)" in h for h in headers)
     titles = chart_titles(at)
-    assert sum("Next-token loss" in t for t in titles) == 2 and any("sigmoid(beta)" in t for t in titles)
+    assert titles[0] == "Next-token loss, overlaid" and sum("loss" in t.lower() for t in titles) == 1  # one overlay, no pair
+    assert any("sigmoid(beta)" in t for t in titles)
+    # figure by figure: the control has none of infini's views, so each sits in a row beside a note saying so
+    assert sum("no such view" in c.value for c in at.caption) == len(titles) - 1 > 0
     at.text_input(key="cmp_right_path").input(str(tmp_path / "nothing")).run()
     assert "Cannot load this checkpoint" in at.error[0].value
 

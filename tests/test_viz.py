@@ -139,3 +139,12 @@ def test_a_memory_layer_read_ranks_the_values_and_finds_who_else_selects_them():
     assert fig.data[0].customdata[1][0] == 0
     colours = selection_map(tr, "blocks.1.mlp.hook_topk_indices").data[0].marker
     assert np.allclose((colours.cmin, colours.cmax), (0.3, 0.7))  # the scale fits the weights, not 0-1
+
+
+def test_the_loss_overlay_draws_both_and_their_difference():
+    a = Trace(np.arange(100), {"loss": np.full(100, 2.0, dtype=np.float32)}, meta={"evidence": [(10, 20)]})
+    b = Trace(np.arange(100), {"loss": np.full(100, 1.5, dtype=np.float32)})
+    fig = viz.loss_comparison({"a": a, "b": b}, width=50)
+    assert [d.name for d in fig.data] == ["a", "b", "b - a"]
+    np.testing.assert_allclose(fig.data[2].y, -0.5)
+    assert fig.layout.xaxis2.title.text.startswith("token position (pooled: the mean over each bin of 2 tokens")
