@@ -11,7 +11,7 @@ import streamlit as st
 
 from memviz import viz
 from memviz.checkpoint import USER_DIR
-from training import QUICK_LENGTHS, Trainer, quick_config, quick_families
+from training import QUICK_LENGTHS, Trainer, quick_config, quick_families, quick_lr
 
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -66,20 +66,44 @@ def start(name: str, cfg) -> None:
     job["thread"].start()
 
 
+def runs_dir():
+    """Where the app's runs keep their checkpoints and metrics (beside the exported checkpoints)."""
+    return USER_DIR.parent / "runs"
+
+
+def fresh_name(family: str, task: str) -> str:
+    """`family-task-N` with the first N that no run and no checkpoint uses yet."""
+    taken = set(names_in_use())
+    n = 1
+    while (name := f"{family}-{task}-{n}") in taken or (USER_DIR / name).exists() or (runs_dir() / name).exists():
+        n += 1
+    return name
+
+
 def render() -> None:
     st.title("Train")
     c1, c2, c3 = st.columns(3)
     family = c1.selectbox("Family", sorted(quick_families()), key="tr_family")
     task = c2.selectbox("Task", sorted(QUICK_LENGTHS), key="tr_task")
     steps = c3.number_input("Steps", 1, 100_000, 300, key="tr_steps")
-    name = st.text_input("Name", f"{family}-{task}", key="tr_name")
+    c4, c5 = st.columns(2)
+    lr = c4.number_input("Learning rate", 1e-5, 1e-1, quick_lr(family), format="%.4g", key=f"tr_lr_{family}")
+    length = c5.number_input("Sequence length (tokens)", 64, 4096, QUICK_LENGTHS[task], step=64, key=f"tr_length_{task}")
+    if st.session_state.get("tr_name") in (None, "") or st.session_state.pop("_tr_renew", False) or \
+            st.session_state.get("_tr_default") != (family, task):  # a fresh name for each run and each choice
+        st.session_state["tr_name"] = fresh_name(family, task)
+        st.session_state["_tr_default"] = (family, task)
+    name = st.text_input("Name (a new folder under runs/ and the checkpoints)", key="tr_name")
     if st.button("Start", key="tr_start"):
         busy = names_in_use().get(name)
         if not NAME.fullmatch(name or ""):
             st.error("The name may hold letters, digits, '.', '_' and '-' only, and starts with a letter or digit.")
         elif busy is not None and busy["status"] in ("running", "exporting"):
             st.error(f"A run named {name!r} is still going.")
+        elif (USER_DIR / name).exists() or (runs_dir() / name).exists():
+            st.error(f"{name!r} is an earlier run's folder; choose a new name.")
         else:
-            start(name, quick_config(family, task, int(steps), name, USER_DIR.parent / "runs" / name))
+            start(name, quick_config(family, task, int(steps), name, runs_dir() / name, lr=float(lr), length=int(length)))
+            st.session_state["_tr_renew"] = True
     for name in list(jobs()):
         live(name)

@@ -8,7 +8,8 @@ A family is one unit (one file under `memviz/models/`, or a user's own file): it
     `figure_settings` the trace kept), so a saved trace plots without the model;
   * `figure_settings`: `model -> dict`, what the figures need that the arrays do not say;
   * `interventions`: the intervention points, {name: what it does} (see `memviz.interventions`);
-  * `quick`: the small model of a quick training run (config fields);
+  * `quick`: the small model of a quick training run (config fields, and "lr" where the
+    family needs another learning rate than the others);
   * `sample`: the sample checkpoint that shows it, a name in sample_checkpoints/ or the folder a
     package ships it in (then listed and loaded under the family's name); `role`: "memory",
     "baseline" or "control".

@@ -256,6 +256,8 @@ def test_train_page_trains_exports_and_lists_the_checkpoint(tmp_path, monkeypatc
         at.text_input(key="tr_name").input(bad).run()
         at.button(key="tr_start").click().run()
         assert "letters, digits" in at.error[0].value, bad
+    at.selectbox(key="tr_family").select("sliding_window").run()
+    assert at.text_input(key="tr_name").value == "sliding_window-facts-1"  # a fresh name by default
     at.text_input(key="tr_name").input("tiny-facts").run()
     at.button(key="tr_start").click().run()
     deadline = time.time() + 180
@@ -265,6 +267,10 @@ def test_train_page_trains_exports_and_lists_the_checkpoint(tmp_path, monkeypatc
     job = at.session_state["_train_jobs"]["tiny-facts"]
     job["thread"].join(60)
     at.run()
+    assert at.text_input(key="tr_name").value == "sliding_window-facts-1"  # the next run gets a new name
+    at.text_input(key="tr_name").input("tiny-facts").run()
+    at.button(key="tr_start").click().run()
+    assert "an earlier run's folder" in at.error[0].value  # never into an existing folder
     other = page("train_page")  # another session does not see (or stop) this one's run
     other.run()
     assert not other.exception, other.exception
@@ -272,7 +278,7 @@ def test_train_page_trains_exports_and_lists_the_checkpoint(tmp_path, monkeypatc
     other.selectbox(key="tr_task").select("facts").run()
     other.text_input(key="tr_name").input("tiny-facts").run()
     other.button(key="tr_start").click().run()  # its folder holds the finished run: refused, nothing lost
-    assert not other.exception and "holds an earlier run" in other.error[0].value
+    assert not other.exception and "an earlier run's folder" in other.error[0].value
     assert not at.exception, at.exception
     assert job["status"] == "finished", job.get("error")
     assert str(tmp_path / "checkpoints" / "tiny-facts") in memviz.list_user_checkpoints()

@@ -16,7 +16,7 @@ import memviz
 from training import __main__ as training_cli
 from training import loop as train_module
 from memviz.checkpoint import read_weights
-from training import TrainConfig, Trainer, TrainingDiverged
+from training import TrainConfig, Trainer, TrainingDiverged, quick_config, quick_families
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -284,3 +284,13 @@ def test_an_export_that_fails_leaves_the_earlier_folder_whole(tmp_path):
     trainer.export(tmp_path / "export", final_eval=False)  # over the old one, and over the failed attempt's leftovers
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".export")] == []
 
+
+
+@pytest.mark.parametrize("family", sorted(quick_families()))
+def test_every_quick_preset_makes_progress(family, tmp_path):
+    """What the Train page offers: each family's quick preset, a short pass-key run at its own
+    learning rate, loses loss and never meets a non-finite gradient (Trainer raises on one)."""
+    cfg = quick_config(family, "passkey", 15, "progress", tmp_path / "run", length=256)
+    Trainer(cfg, progress=False).run()
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
+    assert len(losses) == 3 and losses[-1] < losses[0] - 0.3, losses
