@@ -1,10 +1,12 @@
 """Trace page: stream an input through the model and show its memory at work."""
 from __future__ import annotations
 
+import time
+
 import streamlit as st
 
 import memviz
-from app.common import current_model, current_path, greedy_answer, load_model
+from app.common import current_model, current_path, greedy_answer, load_model, weights_stamp
 from memviz import viz
 from probes import babilong, passkey
 
@@ -16,10 +18,20 @@ MAX_TOKENS = 1_000_000
 def cached_trace(model_path: str, text: str, evidence: tuple[tuple[int, int], ...]) -> memviz.Trace:
     model = load_model(model_path)
     bar = st.progress(0.0, text="Streaming through the model…")
-    tr = memviz.trace(model, text, evidence=evidence, max_tokens=MAX_TOKENS,
-                      progress=lambda done, total: bar.progress(done / total, text=f"Streaming: {done:,} / {total:,} tokens"))
-    bar.empty()
-    return tr
+    try:
+        return memviz.trace(model, text, evidence=evidence, max_tokens=MAX_TOKENS,
+                            progress=lambda done, total: bar.progress(done / total, text=f"Streaming: {done:,} / {total:,} tokens"))
+    finally:
+        bar.empty()  # on an error too: no stale bar beside the message
+
+
+@st.cache_data(show_spinner="Timing the model…", max_entries=16)
+def tokens_per_second(model_path: str, stamp: int) -> float:
+    """The model's trace speed on this machine, from 1,024 tokens (`stamp`: the weights' mtime)."""
+    model = load_model(model_path)
+    began = time.perf_counter()
+    memviz.trace(model, [i % min(256, model.cfg.vocab_size) for i in range(1024)])
+    return 1024 / (time.perf_counter() - began)
 
 
 @st.cache_data(show_spinner="Decomposing the memory's read…", max_entries=8)
@@ -32,6 +44,14 @@ def cached_readout(model_path: str, text: str, position: int):
 def cached_needle_hold(model_path: str, text: str, span: tuple[int, int]):
     model = load_model(model_path)
     return model.needle_hold(model.tokenizer.encode(text), span)
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def bytes_per_token(model_path: str) -> float:
+    """How many bytes of English text a token of the model's tokenizer holds (on the probes' filler)."""
+    tokenizer = load_model(model_path).tokenizer
+    text = " ".join(passkey.seeded_sample(tokenizer, 2048, 0.5, 0, 0).prompt.split())
+    return len(text.encode()) / max(1, len(tokenizer.encode(text)))
 
 
 def choose_input(model, model_path: str) -> tuple[str, tuple[tuple[int, int], ...]] | None:
@@ -54,7 +74,9 @@ def choose_input(model, model_path: str) -> tuple[str, tuple[tuple[int, int], ..
         text = st.text_area("Text", key="text_input", height=150)
         return (text, ()) if text.strip() else None
     else:
-        upload = st.file_uploader("A UTF-8 text file", type=["txt", "md"], key="upload")
+        upload = st.file_uploader(f"A UTF-8 text file: at most {MAX_TOKENS:,} tokens of this model's tokenizer "
+                                  f"(about {MAX_TOKENS * bytes_per_token(model_path) / 2**20:.1f} MB of English text)",
+                                  type=["txt", "md"], key="upload")
         if upload is None:
             return None
         data = upload.getvalue()
@@ -83,6 +105,11 @@ def render() -> None:
         st.info("Give an input to trace.")
         return
     text, evidence = chosen
+    n_tokens = len(text.encode()) / bytes_per_token(path)
+    if n_tokens > 20_000:  # say what a long input costs before it runs
+        seconds = n_tokens / tokens_per_second(path, weights_stamp(path))
+        st.caption(f"About {n_tokens:,.0f} tokens: the trace takes about {seconds / 60:.0f} min on this machine "
+                   f"({seconds:,.0f} s at the model's measured speed), once; it is cached afterwards.")
     try:
         tr = cached_trace(path, text, evidence)
     except ValueError as exc:

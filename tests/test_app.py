@@ -283,3 +283,14 @@ def test_train_page_trains_exports_and_lists_the_checkpoint(tmp_path, monkeypatc
     assert job["status"] == "finished", job.get("error")
     assert str(tmp_path / "checkpoints" / "tiny-facts") in memviz.list_user_checkpoints()
     assert memviz.load(tmp_path / "checkpoints" / "tiny-facts").card["steps"] == 4
+
+
+def test_trace_page_says_what_a_long_input_costs_and_the_upload_limit_in_tokens(infini_checkpoint):
+    at = open_trace_page(infini_checkpoint)
+    at.number_input(key="pk_length").set_value(24_000).run()
+    assert not at.exception, at.exception
+    estimate = [c.value for c in at.caption if "the trace takes about" in c.value]
+    assert len(estimate) == 1 and "tokens" in estimate[0], [c.value for c in at.caption]
+    at.radio(key="source").set_value("file").run()
+    label = at.get("file_uploader")[0].proto.label
+    assert "at most 1,000,000 tokens" in label and "MB of English text" in label
