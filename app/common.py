@@ -15,6 +15,19 @@ import streamlit as st
 import memviz
 
 
+def app_threads() -> int:
+    """Torch threads for the app's runs: MEMVIZ_THREADS, else half the cores (at least one): the
+    sessions of a served app and other jobs share the machine, and oversubscribed torch threads
+    run many times slower than fewer (a pass-key run on 2 cores beside another job: 270 s with
+    2 threads, 5.3 s alone)."""
+    value = os.environ.get("MEMVIZ_THREADS", "")
+    if value:
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"MEMVIZ_THREADS must be a positive number of threads, got {value!r}")
+        return int(value)
+    return max(1, (os.cpu_count() or 2) // 2)
+
+
 def preferred_samples() -> list[str]:
     """The samples that show each family, memory families first (in registration order), so a
     new user sees memory at work at once; the control last."""

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
+import torch
 
 import memviz
 from app.common import checkpoint_picker, default_sample, load_model
@@ -64,6 +65,8 @@ def render() -> None:
     cols[1].metric("parameters", f"{model.num_parameters():,}")
     cols[2].metric("layers x d_model", f"{cfg.n_layers} x {cfg.d_model}")
     cols[3].metric("tokenizer", f"{model.tokenizer.kind} ({cfg.vocab_size})")
+    st.caption(f"The app runs models on {torch.get_num_threads()} torch thread(s) (MEMVIZ_THREADS sets it; half the "
+               "cores by default, since sessions and other jobs share the machine).")
     left, right = st.columns(2)
     with left:
         st.subheader("Card")

@@ -15,7 +15,10 @@ import streamlit as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import torch  # noqa: E402
+
 from app import compare_page, intervene_page, model_page, probes_page, train_page, trace_page  # noqa: E402
+from app.common import app_threads  # noqa: E402
 
 
 def model_page_by_url() -> None:
@@ -24,6 +27,7 @@ def model_page_by_url() -> None:
 
 
 st.set_page_config(page_title="memviz", layout="wide")
+torch.set_num_threads(app_threads())
 page = st.navigation([
     st.Page(model_page.render, title="Model", default=True),
     st.Page(model_page_by_url, title="Model", url_path="model", visibility="hidden"),

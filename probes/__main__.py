@@ -28,6 +28,8 @@ def parser() -> argparse.ArgumentParser:
     common.add_argument("--seed", type=int, default=0)
     common.add_argument("--out", default="probe_results", help="folder for the CSV and HTML files")
     common.add_argument("--no-progress", action="store_true")
+    common.add_argument("--threads", type=int, help="torch threads (default: torch's, one per core; with other jobs "
+                        "on the machine fewer are often faster)")
     pk = sub.add_parser("passkey", parents=[common], help="pass-key retrieval over lengths x depths")
     pk.add_argument("--lengths", type=int, nargs="+", required=True)
     pk.add_argument("--depths", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0])
@@ -50,6 +52,13 @@ def main(argv: list[str] | None = None) -> int:
     import memviz
 
     progress = not args.no_progress
+    if args.threads is not None:
+        if args.threads < 1:
+            print(f"error: --threads must be at least 1, got {args.threads}", file=sys.stderr)
+            return 2
+        import torch
+
+        torch.set_num_threads(args.threads)
     try:
         model = memviz.load(args.checkpoint)
         if args.probe == "passkey":

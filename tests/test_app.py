@@ -294,3 +294,18 @@ def test_trace_page_says_what_a_long_input_costs_and_the_upload_limit_in_tokens(
     at.radio(key="source").set_value("file").run()
     label = at.get("file_uploader")[0].proto.label
     assert "at most 1,000,000 tokens" in label and "MB of English text" in label
+
+
+def test_the_app_takes_its_thread_count_from_memviz_threads(monkeypatch):
+    import os
+
+    from app.common import app_threads
+
+    monkeypatch.delenv("MEMVIZ_THREADS", raising=False)
+    assert app_threads() == max(1, (os.cpu_count() or 2) // 2)
+    monkeypatch.setenv("MEMVIZ_THREADS", "3")
+    assert app_threads() == 3
+    for bad in ("0", "two", "-1"):
+        monkeypatch.setenv("MEMVIZ_THREADS", bad)
+        with pytest.raises(ValueError, match="MEMVIZ_THREADS"):
+            app_threads()
