@@ -8,7 +8,7 @@ import streamlit as st
 import memviz
 from app.common import current_model, current_path, greedy_answer, load_model, weights_stamp
 from memviz import viz
-from probes import babilong, passkey
+from probes import babilong, facts, passkey
 
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024
 MAX_TOKENS = 1_000_000
@@ -56,7 +56,19 @@ def bytes_per_token(model_path: str) -> float:
 
 def choose_input(model, model_path: str) -> tuple[str, tuple[tuple[int, int], ...]] | None:
     """The text to trace and its evidence spans, from the source the user picks."""
-    source = st.radio("Input", ["pass-key sample", "BABILong sample", "text", "file"], horizontal=True, key="source")
+    sources = ["pass-key sample", "BABILong sample", "text", "file"]
+    if "facts" in model.card:  # a model trained on a knowledge base (Memory+): its own questions first
+        sources.insert(0, "fact question")
+    source = st.radio("Input", sources, horizontal=True, key="source")
+    if source == "fact question":
+        kb = facts.knowledge_base_of(model)
+        c1, c2 = st.columns(2)
+        person = c1.number_input(f"person (0-{kb.n_entities - 1})", 0, kb.n_entities - 1, 0, key="fq_person")
+        attribute = c2.selectbox("attribute", facts.ATTRIBUTES, index=1, key="fq_attribute")
+        sample = facts.make_sample(model.tokenizer, kb.entities[int(person)], attribute)
+        st.caption(f"answer **{sample.answer}** · model says **{greedy_answer(model_path, sample.prompt)!r}** "
+                   "(from the knowledge base the model was trained on; its memory layers hold the facts)")
+        return sample.prompt, ()
     if source == "pass-key sample":
         c1, c2, c3 = st.columns(3)
         # the default is an example the default sample (infini) answers right; Probes gives the rates

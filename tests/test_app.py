@@ -309,3 +309,10 @@ def test_the_app_takes_its_thread_count_from_memviz_threads(monkeypatch):
         monkeypatch.setenv("MEMVIZ_THREADS", bad)
         with pytest.raises(ValueError, match="MEMVIZ_THREADS"):
             app_threads()
+
+
+def test_trace_page_offers_a_facts_model_its_own_questions():
+    at = open_trace_page("memory_plus")
+    assert at.radio(key="source").value == "fact question"
+    assert "from the knowledge base" in at.caption[0].value and "model says" in at.caption[0].value
+    assert any("the values token" in t for t in chart_titles(at))  # what the question read from the memory layer
