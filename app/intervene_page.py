@@ -1,6 +1,8 @@
 """Intervene page: ablate or replace the memory at a segment and watch the answer change."""
 from __future__ import annotations
 
+import time
+
 import streamlit as st
 
 from app.common import current_model
@@ -56,8 +58,17 @@ def render() -> None:
     st.metric(f"log p(answer) after the edit at token {segment * seg}", f"{result['logprob']:.2f}",
               delta=f"{result['logprob'] - clean['logprob']:.2f}")
     st.write(f"greedy answer after the edit: **{result['greedy'].strip()!r}**")
-    if st.button("Sweep: ablate at every segment", key="iv_sweep"):
-        rows = interventions.ablation_sweep(model, sample.prompt, answer)
+    if st.button(f"Sweep: ablate at each of the {n_segments - 1} segment boundaries", key="iv_sweep"):
+        bar, began = st.progress(0.0, text="Sweeping…"), time.perf_counter()
+
+        def show(done: int, total: int) -> None:
+            left = (time.perf_counter() - began) / done * (total - done)
+            bar.progress(done / total, text=f"Ablation {done} / {total} · about {left:.0f} s left")
+
+        try:
+            rows = interventions.ablation_sweep(model, sample.prompt, answer, progress=show)
+        finally:
+            bar.empty()
         st.plotly_chart(viz.ablation_sweep_figure(rows, sample.evidence), use_container_width=True, key="iv_sweep_fig")
 
 

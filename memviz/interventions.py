@@ -133,9 +133,10 @@ class SweepRow:
     greedy: str
 
 
-def ablation_sweep(model, prompt: str, answer: str) -> list[SweepRow]:
+def ablation_sweep(model, prompt: str, answer: str, progress: Callable[[int, int], None] | None = None) -> list[SweepRow]:
     """Ablate the memory at each segment boundary of the prompt in turn; `delta` is the change
-    in log p(answer) against the clean run."""
+    in log p(answer) against the clean run. Each ablation reruns the prompt, so the sweep's time
+    grows with the square of its length; `progress(done, total)` is called after each run."""
     clean = answer_logprob(model, prompt, answer)["logprob"]
     seg = segment_length(model)
     n_segments = -(-len(model.tokenizer.encode(prompt)) // seg)
@@ -143,4 +144,6 @@ def ablation_sweep(model, prompt: str, answer: str) -> list[SweepRow]:
     for s in range(1, n_segments):
         result = answer_logprob(model, prompt, answer, [ablate_at(model, s)])
         rows.append(SweepRow(s, s * seg, result["logprob"], result["logprob"] - clean, result["greedy"]))
+        if progress is not None:
+            progress(s, n_segments - 1)
     return rows

@@ -50,9 +50,11 @@ def test_replacing_memory_with_its_own_run_is_a_no_op_and_a_donor_changes_it():
 def test_sweep_covers_every_segment_boundary():
     model = infini()
     prompt = "x" * (5 * SEG + 3)
-    rows = ablation_sweep(model, prompt, "yz")
+    calls = []
+    rows = ablation_sweep(model, prompt, "yz", progress=lambda done, total: calls.append((done, total)))
     assert [r.segment for r in rows] == [1, 2, 3, 4, 5] and [r.position for r in rows] == [8, 16, 24, 32, 40]
     assert all(isinstance(r.delta, float) for r in rows)
+    assert calls == [(1, 5), (2, 5), (3, 5), (4, 5), (5, 5)]
 
 
 def test_topk_ablation_zeroes_a_memory_layers_read():
