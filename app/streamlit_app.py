@@ -28,6 +28,12 @@ def model_page_by_url() -> None:
 
 st.set_page_config(page_title="memviz", layout="wide")
 torch.set_num_threads(app_threads())
+# Streamlit forgets a widget's value when its page is left; held as session state (re-assigned on
+# every run, whichever page runs), the Trace page's input is still there when the user comes back
+for key in ("source", "pk_length", "pk_depth", "pk_seed", "bl_task", "bl_length", "bl_seed", "text_input",
+            "fq_person", "fq_attribute"):
+    if key in st.session_state:
+        st.session_state[key] = st.session_state[key]
 page = st.navigation([
     st.Page(model_page.render, title="Model", default=True),
     st.Page(model_page_by_url, title="Model", url_path="model", visibility="hidden"),

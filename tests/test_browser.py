@@ -137,3 +137,25 @@ def test_every_page_opens_by_its_url(app_url):
             assert page.get_by_text("Page not found").count() == 0, path
             assert page.get_by_text("Traceback").count() == 0, path
         browser.close()
+
+
+def test_the_trace_input_survives_a_visit_to_another_page(app_url):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"{app_url}/trace")
+        length = page.get_by_label("length (tokens)")
+        length.wait_for(timeout=120_000)
+        length.fill("640")
+        length.press("Enter")
+        page.get_by_text("tokens · answer").first.wait_for(timeout=120_000)
+        page.wait_for_timeout(1500)
+        page.get_by_role("link", name="Model").first.click()
+        page.locator("h1", has_text="memviz").first.wait_for(timeout=120_000)
+        page.get_by_role("link", name="Trace").first.click()
+        page.locator("h1", has_text="Trace").first.wait_for(timeout=120_000)
+        page.get_by_label("length (tokens)").wait_for(timeout=120_000)
+        assert page.get_by_label("length (tokens)").input_value() == "640"
+        browser.close()
