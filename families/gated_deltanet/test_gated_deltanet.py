@@ -172,6 +172,7 @@ def test_its_qa1_sample_answers_where_the_control_cannot():
 
 @pytest.mark.parametrize("sample, recipe, start", [("sample_long", "gated_deltanet_long", "sample"),
                                                    ("sample_16k", "gated_deltanet_16k", "sample_long"),
+                                                   ("sample_32k", "gated_deltanet_32k", "sample_16k"),
                                                    ("sample_qa1", "gated_deltanet_qa1", "../../sample_checkpoints/sliding_window_qa1")])
 def test_its_later_samples_are_reproduced_by_their_cards_from_a_shipped_sample(sample, recipe, start):
     """Each later stage continues a shipped sample (its recipe's init_from), as its card's command says."""
