@@ -432,13 +432,17 @@ class Readout:
 
     position: int
     what: str  # what the read is, in the family's terms
-    reads: dict[str, Tensor]
     parts: dict[str, Tensor]
+
+    @property
+    def reads(self) -> dict[str, Tensor]:
+        """Per layer, the read itself [head, d]: the sum of its parts."""
+        return {layer: parts.sum(0) for layer, parts in self.parts.items()}
 
     def shares(self, layer: str) -> Tensor:
         """Each written token's part projected on its head's read, over |read|: [source, head],
         summing to 1 over sources for a non-zero read (negative where a token's part points away)."""
-        read = self.reads[layer]
+        read = self.parts[layer].sum(0)
         return (self.parts[layer] * read).sum(-1) / read.pow(2).sum(-1).clamp_min(1e-300)
 
 

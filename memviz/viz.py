@@ -65,7 +65,7 @@ def readout_figures(readout, evidence: Sequence[Sequence[int]] = (), width: int 
     position, per head (rows) and source position (columns; bins of tokens summed, so a row still
     sums to 1), on a diverging scale around 0; the evidence outlined, and its share named."""
     figs = {}
-    for layer, parts in readout.parts.items():
+    for layer in readout.parts:
         shares = readout.shares(layer).numpy()  # [source, head]
         n = len(shares)
         if n == 0:
@@ -95,7 +95,7 @@ def readout_figures(readout, evidence: Sequence[Sequence[int]] = (), width: int 
 def loss_comparison(traces: dict[str, Trace], width: int = WIDTH, start: int = 0, stop: int | None = None) -> go.Figure:
     """Next-token loss of several traces of the same input overlaid (bins of tokens averaged), and
     below it each one's difference from the first: where one model predicts the text better."""
-    (first_label, first), *rest = traces.items()
+    first_label, first = next(iter(traces.items()))
     stop = min(len(tr) for tr in traces.values()) if stop is None else stop
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
                         subplot_titles=["next-token loss (nats)", f"difference from {first_label} (below 0: lower loss)"])

@@ -31,8 +31,8 @@ def quick_config(family: str, task: str, steps: int, name: str, out: str | Path,
     if task not in QUICK_LENGTHS:
         raise ValueError(f"quick training supports the tasks {sorted(QUICK_LENGTHS)}, got {task!r}")
     preset = dict(presets[family])
-    lr = preset.pop("lr", QUICK_LR) if lr is None else lr
-    preset.pop("lr", None)
+    preset_lr = preset.pop("lr", QUICK_LR)
+    lr = preset_lr if lr is None else lr
     length = QUICK_LENGTHS[task] if length is None else length
     model = {"family": family, "d_model": 64, "n_layers": 2, "n_heads": 2, **preset}
     eval_cfg = {"passkey": {"passkey_lengths": [max(length, QUICK_LENGTHS["passkey"])]},

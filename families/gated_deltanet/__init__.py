@@ -166,7 +166,7 @@ class GatedDeltaNetLM(MemoryLM):
         names = [f"blocks.{l}.attn.hook_{w}" for l in range(self.cfg.n_layers)
                  for w in ("q", "write_key", "write_value", "alpha", "beta")]
         seen = self.capture(full[:, : position + 1], names)
-        reads, parts = {}, {}
+        parts = {}
         for layer in range(self.cfg.n_layers):
             name = f"blocks.{layer}"
             c = {w: seen[f"{name}.attn.hook_{w}"] for w in ("q", "write_key", "write_value", "alpha", "beta")}
@@ -178,8 +178,7 @@ class GatedDeltaNetLM(MemoryLM):
                 weights[j] = along * b
                 r = c["alpha"][j][:, None] * (r - (b * along)[:, None] * k)
             parts[name] = weights[..., None] * c["write_value"]
-            reads[name] = parts[name].sum(0)
-        return Readout(position, "o_t = S_t^T q_t, the state's read before the output norm and gate", reads, parts)
+        return Readout(position, "o_t = S_t^T q_t, the state's read before the output norm and gate", parts)
 
     @torch.no_grad()
     def needle_hold(self, tokens, span: tuple[int, int]) -> dict[str, np.ndarray]:

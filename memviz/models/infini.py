@@ -149,14 +149,15 @@ class InfiniLM(MemoryLM):
         D_m = diag(1 / sigma(K_m) z_{m-1}), is linear in M with transitions that do not depend on
         it, so token s of segment m gives (r_m . sigma(k_s)) v_s, the read's row vector
         r = sigma(q) / sigma(q) . z carried back through the later segments' P^T."""
-        ids = self.as_tokens(tokens)[:, : position + 1]
-        if not 0 <= position < self.as_tokens(tokens).shape[1]:
-            raise ValueError(f"position must lie in [0, {self.as_tokens(tokens).shape[1]}), got {position}")
+        full = self.as_tokens(tokens)
+        if not 0 <= position < full.shape[1]:
+            raise ValueError(f"position must lie in [0, {full.shape[1]}), got {position}")
+        ids = full[:, : position + 1]
         names = [f"blocks.{l}.attn.hook_{w}" for l in range(self.cfg.n_layers) for w in ("q", "k", "v")]
         seen = self.capture(ids, names)
         S = self.cfg.segment_len
         written = position // S * S  # the tokens of the complete segments before the read's
-        reads, parts = {}, {}
+        parts = {}
         for layer in range(self.cfg.n_layers):
             name = f"blocks.{layer}"
             sq = feature_map(seen[f"{name}.attn.hook_q"][position])  # [H, d]
@@ -173,8 +174,7 @@ class InfiniLM(MemoryLM):
                     scale = 1 / (K * z_after[a // S - 1]).sum(-1)  # 1 / sigma(k_s) . z_{m-1}, [S, H]
                     r = r - ((K * r).sum(-1) * scale)[..., None].mul(K).sum(0)
             parts[name] = weights[..., None] * v
-            reads[name] = parts[name].sum(0) if written else torch.zeros_like(sq)
-        return Readout(position, "A_mem, the compressive memory's read (eq. 3) before the gate", reads, parts)
+        return Readout(position, "A_mem, the compressive memory's read (eq. 3) before the gate", parts)
 
     @torch.no_grad()
     def needle_hold(self, tokens, span: tuple[int, int]) -> dict[str, np.ndarray]:

@@ -159,10 +159,12 @@ def selected_at(trace: Trace, name: str, position: int) -> go.Figure:
     here, w = idx[position].reshape(-1), weights[position].reshape(-1)
     heads = np.repeat(np.arange(idx.shape[1]), idx.shape[2])
     order = np.argsort(-w)
+    hit = np.isin(idx, here)  # one pass over the trace: every other selection of these values
+    pairs = np.unique(np.stack([idx[hit], np.nonzero(hit)[0]]), axis=1)  # (value, position), sorted, no repeats
+    pairs = pairs[:, pairs[1] != position]
     elsewhere = []
     for value in here[order]:
-        others = np.nonzero((idx == value).any(axis=(1, 2)))[0]
-        others = others[others != position]
+        others = pairs[1, np.searchsorted(pairs[0], value, "left"):np.searchsorted(pairs[0], value, "right")]
         elsewhere.append((len(others), ", ".join(f"{p} {trace.token_text(int(p), int(p) + 1)[0]!r}" for p in others[:5])))
     labels = [f"value {v} (head {h})" for v, h in zip(here[order], heads[order])]
     fig = go.Figure(go.Bar(x=labels, y=w[order], customdata=elsewhere,
