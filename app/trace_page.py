@@ -158,7 +158,12 @@ def show_readout(model, path: str, text: str, evidence, n_tokens: int) -> None:
     position = st.number_input("read at token (default: the last, where the answer's first token is predicted)",
                                0, n_tokens - 1, n_tokens - 1, key="ro_position")
     readout = cached_readout(path, text, int(position))
+    if readout is None:
+        st.info("This model's memory is not linear in its writes (Titans' MLP memory, LM2's per-token update), "
+                "so its read has no exact decomposition over the tokens that wrote it.")
+        return
     st.caption(f"The read is {readout.what}. Each written token's part of it, projected on the read: a head's row sums "
-               "to 1; red carries the read, blue pushes against it.")
+               "to 1 (less the share of the memory's initial state, named in the title where it has one); red carries "
+               "the read, blue pushes against it.")
     for title, fig in viz.readout_figures(readout, evidence).items():
         st.plotly_chart(fig, use_container_width=True, key=f"fig-{title}")

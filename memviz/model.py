@@ -427,23 +427,35 @@ class MemoryLM(HookedRootModule):
 @dataclass
 class Readout:
     """A memory read at `position` decomposed over the tokens that wrote it
-    (`MemoryLM.memory_readout`): per layer (`blocks.{l}`), `reads` [head, d] and `parts`
-    [source position, head, d], whose sum over source positions is the read."""
+    (`MemoryLM.memory_readout`): per layer (`blocks.{l}`), `parts` [source position, head, d]
+    and, for a memory that holds something before any token writes (Titans' learned initial
+    weights, LM2's identity bank), `initial` [head, d], what that start still gives the read.
+    The parts and the initial term sum to the read."""
 
     position: int
     what: str  # what the read is, in the family's terms
     parts: dict[str, Tensor]
+    initial: dict[str, Tensor] = field(default_factory=dict)
 
     @property
     def reads(self) -> dict[str, Tensor]:
-        """Per layer, the read itself [head, d]: the sum of its parts."""
-        return {layer: parts.sum(0) for layer, parts in self.parts.items()}
+        """Per layer, the read itself [head, d]: the sum of its parts and the initial term."""
+        return {layer: parts.sum(0) + self.initial.get(layer, 0) for layer, parts in self.parts.items()}
 
     def shares(self, layer: str) -> Tensor:
-        """Each written token's part projected on its head's read, over |read|: [source, head],
-        summing to 1 over sources for a non-zero read (negative where a token's part points away)."""
-        read = self.parts[layer].sum(0)
-        return (self.parts[layer] * read).sum(-1) / read.pow(2).sum(-1).clamp_min(1e-300)
+        """Each written token's part projected on its head's read, over |read|^2: [source, head]
+        (negative where a token's part points away); with `initial_share` they sum to 1 over
+        sources for a non-zero read."""
+        return self.project(layer, self.parts[layer])
+
+    def initial_share(self, layer: str) -> Tensor:
+        """The initial term's share of each head's read [head] (0 without one)."""
+        initial = self.initial.get(layer)
+        return self.project(layer, initial[None])[0] if initial is not None else torch.zeros(self.parts[layer].shape[1], dtype=torch.float64)
+
+    def project(self, layer: str, parts: Tensor) -> Tensor:
+        read = self.reads[layer]
+        return (parts * read).sum(-1) / read.pow(2).sum(-1).clamp_min(1e-300)
 
 
 def next_token_loss(logits: Tensor, tokens: Tensor, pad_id: int) -> Tensor:

@@ -62,8 +62,9 @@ def needle_hold_figure(trace: Trace, hold: dict[str, np.ndarray], width: int = W
 
 def readout_figures(readout, evidence: Sequence[Sequence[int]] = (), width: int = WIDTH) -> dict[str, go.Figure]:
     """Per layer of a `model.memory_readout`: each written token's share of the read at the chosen
-    position, per head (rows) and source position (columns; bins of tokens summed, so a row still
-    sums to 1), on a diverging scale around 0; the evidence outlined, and its share named."""
+    position, per head (rows) and source position (columns; bins of tokens summed, so a row sums
+    to 1 less the initial state's share, named in the title), on a diverging scale around 0; the
+    evidence outlined, and its share named."""
     figs = {}
     for layer in readout.parts:
         shares = readout.shares(layer).numpy()  # [source, head]
@@ -74,20 +75,25 @@ def readout_figures(readout, evidence: Sequence[Sequence[int]] = (), width: int 
         starts = np.arange(0, n, bin_size)
         pooled = np.add.reduceat(shares, starts, axis=0).T  # [head, bins]
         limit = float(np.abs(pooled).max()) or 1.0
-        fig = go.Figure(go.Heatmap(z=pooled, x=starts, y=[f"head {h}" for h in range(pooled.shape[0])], colorscale="RdBu_r",
+        heads = pooled.shape[0]
+        rows = [f"head {h}" for h in range(heads)] if heads > 1 else ["the read"]
+        fig = go.Figure(go.Heatmap(z=pooled, x=starts, y=rows, colorscale="RdBu_r",
                                    zmin=-limit, zmax=limit, colorbar={"title": "share"},
                                    hovertemplate="written at token %{x}<br>%{y}: %{z:.3f} of the read<extra></extra>"))
         outline_evidence(fig, evidence, 0, n)
         in_evidence = np.zeros(n, dtype=bool)
         for a, b in evidence:
             in_evidence[a:b] = True
-        named = ""
+        notes = []
         if in_evidence.any():
             per_head = shares[in_evidence].sum(0)
-            named = f"; the evidence carries {per_head.max():.2f} of head {int(per_head.argmax())}'s read"
-        fig.update_layout(title=f"{layer}: where the read at token {readout.position} came from{named}",
+            notes.append(f"the evidence carries {per_head.max():.2f} of " + (f"head {int(per_head.argmax())}'s read" if heads > 1 else "the read"))
+        if layer in readout.initial:
+            notes.append(f"the memory's initial state gives {float(readout.initial_share(layer).mean()):.2f}")
+        fig.update_layout(title=f"{layer}: where the read at token {readout.position} came from"
+                          + (f"<br><sub>{'; '.join(notes)}</sub>" if notes else ""),
                           xaxis_title=position_axis(bin_size, "sum") if bin_size > 1 else "written at token position",
-                          yaxis_title="head", height=200 + 30 * pooled.shape[0])
+                          yaxis_title="head" if heads > 1 else "", height=220 + 30 * heads)
         figs[f"{layer} read-out"] = fig
     return figs
 

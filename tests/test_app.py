@@ -140,6 +140,18 @@ def test_trace_page_shows_a_family_from_an_installed_package(tmp_path):
     assert "How much of the evidence the memory still holds" in titles
 
 
+@pytest.mark.parametrize("memory, decomposes", [({"variant": "mac", "memory": "linear"}, True),
+                                                ({"variant": "mac", "memory": "mlp"}, False)])
+def test_trace_page_reads_out_titans_linear_memory_and_says_why_not_the_mlp(tmp_path, memory, decomposes):
+    path = str(memviz.save(small_model("titans", segment_len=16, memory=memory), tmp_path / "titans"))
+    at = open_trace_page(path)
+    readouts = [t for t in chart_titles(at) if "where the read at token" in t]
+    if decomposes:
+        assert len(readouts) == 2 and all("initial state gives" in t for t in readouts), readouts
+    else:
+        assert not readouts and any("not linear in its writes" in i.value for i in at.info)
+
+
 def test_trace_page_text_and_error_paths(infini_checkpoint):
     at = open_trace_page(infini_checkpoint)
     at.radio(key="source").set_value("text").run()

@@ -216,3 +216,26 @@ def test_needle_hold_follows_the_spans_write_as_the_forget_gates_decay_it(memory
         assert share[:24].max() == 0 and share[24:32].min() == 1.0  # unwritten, then whole
         assert (share[32:] > 0).all() and (share[32:] < 1).all()  # then decayed by forget gates < 1
     assert lm2(update="token").needle_hold(random_ids(16), (0, 4)) is None
+
+
+@pytest.mark.parametrize("memory", [{"update": "slots"}, {"update": "segment"}])
+def test_the_read_out_parts_sum_to_the_bank_read(memory):
+    """memory_readout decomposes E_mem over the tokens of the segments before the read's and the
+    decayed identity bank; in float64 they sum to the read the model made (hook_read) in the
+    first segment (the identity bank alone), mid-segment and at a segment's last token."""
+    model = lm2(**memory).double()
+    ids = random_ids(40, seed=4)
+    _, cache = model.run_with_cache(ids)
+    for position in (3, 21, 31, 39):
+        readout = model.memory_readout(ids, position)
+        for layer in range(2):
+            name = f"blocks.{layer}"
+            assert readout.parts[name].shape == (position // 8 * 8, 1, model.cfg.d_model)
+            torch.testing.assert_close(readout.reads[name][0], cache[f"{name}.memory.hook_read"][0, position], atol=1e-12, rtol=1e-12)
+            total = readout.shares(name).sum(0) + readout.initial_share(name)
+            torch.testing.assert_close(total, torch.ones(1, dtype=torch.float64))
+        if position >= 8:
+            assert readout.parts["blocks.1"].abs().max() > 1e-3
+    with pytest.raises(ValueError, match="position must lie in"):
+        model.memory_readout(ids, 40)
+    assert lm2(update="token").memory_readout(ids, 20) is None

@@ -161,3 +161,29 @@ def test_config_errors():
     assert older.cfg.attention == {"kind": "window", "span": 8} and "local" not in older.cfg.memory
     with pytest.raises(ConfigError, match="variant must be one of"):
         small_model("titans", memory={"variant": "mad"}, segment_len=8)
+
+
+@pytest.mark.parametrize("variant, extra", VARIANTS)
+def test_the_read_out_parts_sum_to_the_memory_read(variant, extra):
+    """memory_readout decomposes the linear memory's read over the tokens of the complete chunks
+    before it plus the initial weights' term; in float64 they sum to the read the model made
+    (MAC: the context hook_mem_out; the others: hook_retrieved), and the values' lambdas are not
+    trivial (a token's part changes when only its value is counted)."""
+    model = titans(variant, chunk=4, std=0.2, **extra)
+    ids = random_ids(30, seed=3)
+    _, cache = model.run_with_cache(ids)
+    hook = "hook_mem_out" if variant.startswith("mac") else "memory.hook_retrieved"
+    for position in (2, 13, 29):
+        readout = model.memory_readout(ids, position)
+        chunk = model.blocks[0].memory.chunk
+        for layer in range(2):
+            name = f"blocks.{layer}"
+            assert readout.parts[name].shape == (position // chunk * chunk, 1, model.cfg.d_model)
+            torch.testing.assert_close(readout.reads[name][0], cache[f"{name}.{hook}"][0, position], atol=1e-12, rtol=1e-12)
+            total = readout.shares(name).sum(0) + readout.initial_share(name)
+            torch.testing.assert_close(total, torch.ones(1, dtype=torch.float64))
+        if position >= chunk:
+            assert readout.parts["blocks.1"].abs().max() > 1e-3
+    with pytest.raises(ValueError, match="position must lie in"):
+        model.memory_readout(ids, 30)
+    assert titans(variant, memory="mlp", **extra).memory_readout(ids, 20) is None

@@ -59,7 +59,7 @@ from transformer_lens.hook_points import HookPoint
 from kernels import lm2_scan
 from memviz.config import ConfigError, ModelConfig
 from memviz.layers import AttentionSpan, LocalAttention, SwiGLU, segment_pieces
-from memviz.model import Block, MemoryLM, StateTree
+from memviz.model import Block, MemoryLM, Readout, StateTree
 from memviz.plots import WIDTH, layer_names, layer_prefix, position_heatmap, timeline, with_array
 from memviz.registry import check_choice, check_finite, check_positive, register_family
 from memviz.trace import Trace
@@ -300,37 +300,77 @@ class LM2LM(MemoryLM):
         so the span's part follows C <- A_s * C + (the span's terms of W_s), exactly: the parts
         of all tokens plus the initial bank decayed by the A's add up to the bank."""
         a, b = span
-        L, T, seg = self.cfg.n_layers, ids.shape[1], self.cfg.segment_len
-        seen: dict[int, dict[str, Tensor]] = {l: {} for l in range(L)}
+        parts = [torch.zeros(self.options.slots, self.cfg.d_model, dtype=self.dtype, device=self.device) for _ in self.blocks]
+        yield 0, parts
+        for start, layers in self.segment_writes(ids, state):
+            positions = torch.arange(start, start + self.cfg.segment_len, device=self.device)
+            in_span = ((positions >= a) & (positions < b)).to(self.dtype)
+            for l, (weights, keep, write) in enumerate(layers):
+                parts[l] = keep * parts[l] + weights.T @ (write * in_span[:, None])
+            yield start + self.cfg.segment_len, parts
+
+    def segment_writes(self, ids: Tensor, state=None) -> Iterator[tuple[int, list[tuple[Tensor, Tensor, Tensor]]]]:
+        """Each complete segment's update of every layer's bank (update="segment", batch row 0),
+        streaming the input a segment at a time: yields (start, per layer (b [t, slot], A [slot, d],
+        write [t, d])), the bank then being M <- A * M + b^T write (`span_in_bank`'s equation)."""
+        seg = self.cfg.segment_len
+        seen: dict[int, dict[str, Tensor]] = {l: {} for l in range(self.cfg.n_layers)}
 
         def keep(name: str):
             def hook(value: Tensor, hook) -> None:
                 seen[int(hook.name.split(".")[1])][name] = value[0]
             return hook
 
-        hooks = [(f"blocks.{l}.memory.hook_{name}", keep(name)) for l in range(L)
+        hooks = [(f"blocks.{l}.memory.hook_{name}", keep(name)) for l in range(self.cfg.n_layers)
                  for name in ("write_score", "forget_gate", "input_gate", "read")]
         handles = [block.memory.register_forward_pre_hook(lambda module, args, l=l: seen[l].__setitem__("e", args[0][0]))
                    for l, block in enumerate(self.blocks)]
-        parts = [torch.zeros(self.options.slots, self.cfg.d_model, dtype=self.dtype, device=self.device) for _ in range(L)]
         state = state or self.init_state()
         try:
             with torch.no_grad(), self.hooks(fwd_hooks=hooks):
-                for start in range(0, T - seg + 1, seg):
-                    yield start, parts
+                for start in range(0, ids.shape[1] - seg + 1, seg):
                     _, state = self(ids[:, start : start + seg], state=state, return_state=True)
-                    positions = torch.arange(start, start + seg, device=self.device)
-                    in_span = ((positions >= a) & (positions < b)).to(self.dtype)
+                    layers = []
                     for l, block in enumerate(self.blocks):
                         x = seen[l]
                         weights = torch.softmax(x["write_score"], dim=0)  # b[n, t], over the segment's tokens
                         content = block.memory.W_write(x["e"]) if self.options.update == "slots" else x["read"]
-                        write = x["input_gate"] * torch.tanh(content) * in_span[:, None]
-                        parts[l] = torch.einsum("tn,td->nd", weights, x["forget_gate"]) * parts[l] + weights.T @ write
-                yield T - T % seg, parts
+                        layers.append((weights, torch.einsum("tn,td->nd", weights, x["forget_gate"]), x["input_gate"] * torch.tanh(content)))
+                    yield start, layers
         finally:
             for handle in handles:
                 handle.remove()
+
+    def memory_readout(self, tokens, position: int) -> Readout | None:
+        """E_mem at `position`, softmax(Q K^T) V over the bank of its segment's start, as a sum
+        over the tokens of the segments before: with the run's own gates the bank is linear in the
+        writes (`span_in_bank`), so token s of segment m gives
+            sum_n attn[n] (prod_{m<m'} A_m'[n] * b_m[n,s] write_s) W_V,
+        exact given the read's slot attention, and the identity bank M_0 decayed by every A gives
+        the initial term. None with update="token" (the bank is not recorded per segment)."""
+        if not self.options.per_segment:
+            return None
+        full = self.as_tokens(tokens)
+        if not 0 <= position < full.shape[1]:
+            raise ValueError(f"position must lie in [0, {full.shape[1]}), got {position}")
+        seg = self.cfg.segment_len
+        ids = full[:, : position // seg * seg]
+        segments = [layers for _, layers in self.segment_writes(ids)]
+        attn = self.capture(full[:, : position + 1], [f"blocks.{l}.memory.hook_slot_attn" for l in range(self.cfg.n_layers)])
+        parts, initial = {}, {}
+        for l, block in enumerate(self.blocks):
+            W_V = block.memory.W_V.weight.detach().double()
+            slot_attn = attn[f"blocks.{l}.memory.hook_slot_attn"][position]  # [slot]
+            decay = torch.ones(self.options.slots, self.cfg.d_model, dtype=torch.float64)  # prod of the later A's
+            pieces = []
+            for layers in reversed(segments):
+                weights, keep, write = (t.double() for t in layers[l])
+                pieces.append(torch.einsum("n,tn,nd,td->td", slot_attn, weights, decay, write) @ W_V.T)
+                decay = keep * decay
+            bank = torch.eye(self.options.slots, self.cfg.d_model, dtype=torch.float64)
+            parts[f"blocks.{l}"] = torch.cat(pieces[::-1] or [torch.zeros(0, self.cfg.d_model, dtype=torch.float64)])[:, None]
+            initial[f"blocks.{l}"] = (slot_attn @ (decay * bank) @ W_V.T)[None]
+        return Readout(position, "E_mem = softmax(Q K^T / sqrt(d)) V, the bank's read before the output gate", parts, initial)
 
     def upgrade_options(self, cfg) -> dict:
         """Older configs spelled update="slots" as update="segment" with write="slots"."""

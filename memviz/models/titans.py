@@ -47,6 +47,7 @@ memory reads and writes the input tokens alone, so its surprise is the input's).
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import plotly.graph_objects as go
@@ -58,7 +59,7 @@ from transformer_lens.hook_points import HookPoint
 from kernels import titans_chunk_update, titans_linear_memory
 from memviz.config import ConfigError, ModelConfig
 from memviz.layers import AttentionSpan, LocalAttention, RMSNorm, SwiGLU, segment_pieces
-from memviz.model import Block, MemoryLM, StateTree
+from memviz.model import Block, MemoryLM, Readout, StateTree
 from memviz.plots import WIDTH, layer_names, layer_prefix, timeline
 from memviz.registry import check_choice, check_positive, register_family
 from memviz.trace import Trace
@@ -247,6 +248,12 @@ class TitansBlock(Block):
         """The residual stream after the memory and attention of this variant, and their state."""
         raise NotImplementedError
 
+    def memory_inputs(self, x: Tensor, z: Tensor | None) -> tuple[Tensor, Tensor]:
+        """What the memory is trained on and what it is queried with, from the block's input x
+        (hook_resid_pre) and, for MAC, the attention's hook_z: (written, queried)."""
+        e = self.ln1(x)
+        return e, e
+
 
 class LMMBlock(TitansBlock):
     """LMM: the memory alone replaces attention, x += W_O M*(q)."""
@@ -273,6 +280,10 @@ class MALBlock(TitansBlock):
         x = x + self.hook_mem_out(self.W_mem_out(m))
         a, attn = self.attn(self.ln1(x), state["attn"], pos)
         return x + self.hook_attn_out(a), {"attn": attn, "memory": memory}
+
+    def memory_inputs(self, x: Tensor, z: Tensor | None) -> tuple[Tensor, Tensor]:
+        e = self.ln_mem(x)
+        return e, e
 
 
 class MAGBlock(TitansBlock):
@@ -305,6 +316,10 @@ class MACBlock(TitansBlock):
     def mix(self, x: Tensor, state: StateTree, pos: int) -> tuple[Tensor, StateTree]:
         new_state: dict = {}
         return x + self.hook_attn_out(self.memory_as_context(self.ln1(x), state, pos, new_state)), new_state
+
+    def memory_inputs(self, x: Tensor, z: Tensor | None) -> tuple[Tensor, Tensor]:
+        """MAC trains the memory on the attention output y = W_O z and reads h with ln1(x)."""
+        return self.attn.W_O(z.flatten(2)), self.ln1(x)
 
     def memory_as_context(self, e: Tensor, state: StateTree, pos: int, new_state: dict) -> Tensor:
         """MAC, segment by segment: retrieve h with the previous segments' memory, attend over
@@ -381,3 +396,52 @@ class TitansLM(MemoryLM):
         o = self.options
         chunk = self.cfg.segment_len if o.variant == "mac" else o.chunk or 16
         return VARIANT_BLOCKS[o.variant](self.cfg, o, self.attention, chunk)
+
+    def memory_readout(self, tokens, position: int) -> Readout | None:
+        """The memory's read at `position` (MAC: the context h_t = M*(q_t) with the segment-start
+        weights; the other variants: M*(q_t), hook_retrieved) as a sum over the tokens of the
+        complete chunks before it, plus what the learned initial weights still give. The linear
+        memory's gradient 2 k^T (k W - v) is linear in W and v, and eqs. 10 and 13 are linear in
+        (W, S) with transitions that depend on keys and rates only, so the read is linear in the
+        values with d read / d v_s = lambda_s I: token s gives lambda_s v_s, the lambdas from one
+        backward pass (in float64) and the initial term from the same chunks with every v zero.
+        None for the MLP memory (not linear in its writes)."""
+        if self.options.memory != "linear":
+            return None
+        full = self.as_tokens(tokens)
+        if not 0 <= position < full.shape[1]:
+            raise ValueError(f"position must lie in [0, {full.shape[1]}), got {position}")
+        model = copy.deepcopy(self).to(torch.float64)
+        mac = self.options.variant == "mac"
+        hooks = ("hook_resid_pre", "attn.hook_z") if mac else ("hook_resid_pre",)
+        seen = model.capture(full[:, : position + 1], [f"blocks.{l}.{h}" for l in range(self.cfg.n_layers) for h in hooks])
+        direction = torch.randn(self.cfg.d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+        parts, initial = {}, {}
+        for layer, block in enumerate(model.blocks):
+            memory, name = block.memory, f"blocks.{layer}"
+            written_at = position // memory.chunk * memory.chunk  # the complete chunks before the read's
+            with torch.no_grad():
+                z = seen[f"{name}.attn.hook_z"][None] if mac else None
+                written, queried = block.memory_inputs(seen[f"{name}.hook_resid_pre"][None], z)
+                k, v, rates = memory.keys_values(written[:, :written_at])
+                q = F.normalize(F.silu(memory.W_Q(queried[:, position])), dim=-1)  # [1, d]
+                W0 = memory.init_W[None]
+
+            def read_with(values: Tensor) -> Tensor:
+                W, S = W0, torch.zeros_like(W0)
+                for a in range(0, written_at, memory.chunk):
+                    ck, cv, cr = (t[:, a : a + memory.chunk] for t in (k, values, rates))
+                    _, (new, momentum) = titans_chunk_update({"W": (ck, 2 * (ck @ W - cv))}, cr, ({"W": W}, {"W": S}))
+                    W, S = new["W"], momentum["W"]
+                return (q @ W)[0, 0]
+
+            with torch.enable_grad():
+                values = v.clone().requires_grad_()
+                read = read_with(values)
+                grad = torch.autograd.grad(read @ direction, values)[0][0] if written_at else v[0]
+            parts[name] = ((grad @ direction / direction.pow(2).sum())[:, None] * v[0])[:, None]  # [source, head 1, d]
+            with torch.no_grad():
+                initial[name] = read_with(torch.zeros_like(v))[None]
+        what = ("h_t = M*(q_t), the memory's context tokens (read with the segment-start weights)" if mac
+                else "M*(q_t), the memory's retrieval (hook_retrieved)")
+        return Readout(position, what, parts, initial)
