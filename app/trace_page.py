@@ -15,11 +15,12 @@ MAX_TOKENS = 1_000_000
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
-def cached_trace(model_path: str, text: str, evidence: tuple[tuple[int, int], ...]) -> memviz.Trace:
+def cached_trace(model_path: str, text: str, evidence: tuple[tuple[int, int], ...], answer: str | None = None) -> memviz.Trace:
+    """The trace of `text` with its `answer` (if any) appended, teacher-forced."""
     model = load_model(model_path)
     bar = st.progress(0.0, text="Streaming through the model…")
     try:
-        return memviz.trace(model, text, evidence=evidence, max_tokens=MAX_TOKENS,
+        return memviz.trace(model, text, evidence=evidence, answer=answer, max_tokens=MAX_TOKENS,
                             progress=lambda done, total: bar.progress(done / total, text=f"Streaming: {done:,} / {total:,} tokens"))
     finally:
         bar.empty()  # on an error too: no stale bar beside the message
@@ -35,15 +36,20 @@ def tokens_per_second(model_path: str, stamp: int) -> float:
 
 
 @st.cache_data(show_spinner="Decomposing the memory's read…", max_entries=8)
-def cached_readout(model_path: str, text: str, position: int):
+def cached_readout(model_path: str, text: str, answer: str | None, position: int):
     model = load_model(model_path)
-    return model.memory_readout(model.tokenizer.encode(text), position)
+    return model.memory_readout(traced_ids(model, text, answer), position)
 
 
 @st.cache_data(show_spinner="Measuring how much of the evidence the memory holds…", max_entries=8)
-def cached_needle_hold(model_path: str, text: str, span: tuple[int, int]):
+def cached_needle_hold(model_path: str, text: str, answer: str | None, span: tuple[int, int]):
     model = load_model(model_path)
-    return model.needle_hold(model.tokenizer.encode(text), span)
+    return model.needle_hold(traced_ids(model, text, answer), span)
+
+
+def traced_ids(model, text: str, answer: str | None) -> list[int]:
+    """The token ids `cached_trace` traced: the text's, then the answer's."""
+    return model.tokenizer.encode(text) + (model.tokenizer.encode(answer) if answer else [])
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
@@ -54,8 +60,9 @@ def bytes_per_token(model_path: str) -> float:
     return len(text.encode()) / max(1, len(tokenizer.encode(text)))
 
 
-def choose_input(model, model_path: str) -> tuple[str, tuple[tuple[int, int], ...]] | None:
-    """The text to trace and its evidence spans, from the source the user picks."""
+def choose_input(model, model_path: str) -> tuple[str, tuple[tuple[int, int], ...], str | None] | None:
+    """The text to trace, its evidence spans and its answer (None for free text), from the
+    source the user picks."""
     sources = ["pass-key sample", "BABILong sample", "text", "file"]
     if "facts" in model.card:  # a model trained on a knowledge base (Memory+): its own questions first
         sources.insert(0, "fact question")
@@ -68,7 +75,7 @@ def choose_input(model, model_path: str) -> tuple[str, tuple[tuple[int, int], ..
         sample = facts.make_sample(model.tokenizer, kb.entities[int(person)], attribute)
         st.caption(f"answer **{sample.answer}** · model says **{greedy_answer(model_path, sample.prompt)!r}** "
                    "(from the knowledge base the model was trained on; its memory layers hold the facts)")
-        return sample.prompt, ()
+        return sample.prompt, (), spoken(sample)
     if source == "pass-key sample":
         c1, c2, c3 = st.columns(3)
         # the default is an example the default sample (infini) answers right; Probes gives the rates
@@ -84,7 +91,7 @@ def choose_input(model, model_path: str) -> tuple[str, tuple[tuple[int, int], ..
         sample = babilong.seeded_sample(model.tokenizer, task, int(length), int(seed), 0)
     elif source == "text":
         text = st.text_area("Text", key="text_input", height=150)
-        return (text, ()) if text.strip() else None
+        return (text, (), None) if text.strip() else None
     else:
         upload = st.file_uploader(f"A UTF-8 text file: at most {MAX_TOKENS:,} tokens of this model's tokenizer "
                                   f"(about {MAX_TOKENS * bytes_per_token(model_path) / 2**20:.1f} MB of English text)",
@@ -96,14 +103,19 @@ def choose_input(model, model_path: str) -> tuple[str, tuple[tuple[int, int], ..
             st.error(f"The file is {len(data) / 2**20:.1f} MB; the limit is {MAX_UPLOAD_BYTES // 2**20} MB.")
             return None
         try:
-            return data.decode("utf-8"), ()
+            return data.decode("utf-8"), (), None
         except UnicodeDecodeError as exc:
             st.error(f"The file is not UTF-8 text ({exc.reason} at byte {exc.start}).")
             return None
     st.caption(f"{sample.n_tokens:,} tokens · answer **{sample.answer}** · model says "
                f"**{greedy_answer(model_path, sample.prompt)!r}**" if sample.n_tokens <= 20_000 else
                f"{sample.n_tokens:,} tokens · answer **{sample.answer}**")
-    return sample.prompt, tuple(map(tuple, sample.evidence))
+    return sample.prompt, tuple(map(tuple, sample.evidence)), spoken(sample)
+
+
+def spoken(sample) -> str:
+    """A probe sample's answer as the model would write it after the prompt (" 29717")."""
+    return sample.answer if sample.prompt[-1:].isspace() else f" {sample.answer}"
 
 
 def render() -> None:
@@ -116,14 +128,14 @@ def render() -> None:
     if chosen is None:
         st.info("Give an input to trace.")
         return
-    text, evidence = chosen
+    text, evidence, answer = chosen
     n_tokens = len(text.encode()) / bytes_per_token(path)
     if n_tokens > 20_000:  # say what a long input costs before it runs
         seconds = n_tokens / tokens_per_second(path, weights_stamp(path))
         st.caption(f"About {n_tokens:,.0f} tokens: the trace takes about {seconds / 60:.0f} min on this machine "
                    f"({seconds:,.0f} s at the model's measured speed), once; it is cached afterwards.")
     try:
-        tr = cached_trace(path, text, evidence)
+        tr = cached_trace(path, text, evidence, answer)
     except ValueError as exc:
         st.error(str(exc))
         return
@@ -140,24 +152,24 @@ def render() -> None:
         st.download_button(f"Download {title} (HTML)", fig.to_html(include_plotlyjs=True), file_name=f"{title.replace(' ', '_')}.html",
                            key=f"dl-{title}")
     if evidence:
-        hold = cached_needle_hold(path, text, tuple(evidence[0]))
+        hold = cached_needle_hold(path, text, answer, tuple(evidence[0]))
         if hold is not None:
             fig = viz.needle_hold_figure(tr, hold, start=start, stop=stop)
             st.plotly_chart(fig, use_container_width=True, key="fig-needle-hold")
             st.caption("Where the evidence was written (outlined) and, at every later token, how much of it the "
                        "memory's read still carries: where this falls to zero, the model can no longer answer from memory.")
-    show_readout(model, path, text, evidence, len(tr))
+    show_readout(model, path, text, answer, evidence, tr)
     st.download_button("Download trace (.npz, memviz.Trace.load)", tr.to_bytes(), file_name="trace.npz", key="dl-trace")
 
 
-def show_readout(model, path: str, text: str, evidence, n_tokens: int) -> None:
+def show_readout(model, path: str, text: str, answer: str | None, evidence, tr: memviz.Trace) -> None:
     """The read-out view, for families whose memory read decomposes exactly over the tokens that wrote it."""
     if type(model).memory_readout is memviz.MemoryLM.memory_readout:
         return
     st.subheader("Read-out: what the memory returned, and from which tokens")
-    position = st.number_input("read at token (default: the last, where the answer's first token is predicted)",
-                               0, n_tokens - 1, n_tokens - 1, key="ro_position")
-    readout = cached_readout(path, text, int(position))
+    position = st.number_input("read at token (default: where the answer's first token is predicted)",
+                               0, len(tr) - 1, tr.read_position, key="ro_position")
+    readout = cached_readout(path, text, answer, int(position))
     if readout is None:
         st.info("This model's memory is not linear in its writes (Titans' MLP memory, LM2's per-token update), "
                 "so its read has no exact decomposition over the tokens that wrote it.")

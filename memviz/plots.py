@@ -20,6 +20,7 @@ WIDTH = 1500
 
 
 EVIDENCE_OUTLINE = dict(line_color="goldenrod", line_width=2, fillcolor="rgba(0,0,0,0)")  # a frame, no tint
+ANSWER_OUTLINE = dict(line_color="seagreen", line_width=2, line_dash="dot", fillcolor="rgba(0,0,0,0)")
 
 
 def outline_evidence(fig: go.Figure, spans: Sequence[Sequence[int]], start: int = 0, stop: float = float("inf")) -> None:
@@ -29,6 +30,29 @@ def outline_evidence(fig: go.Figure, spans: Sequence[Sequence[int]], start: int 
         if b > start and a < stop:
             fig.add_vrect(x0=max(a, start) - 0.5, x1=min(b, stop) - 0.5, annotation_text="evidence",
                           annotation_position="top left", **EVIDENCE_OUTLINE)
+
+
+def answer_positions(trace: Trace) -> tuple[int, int] | None:
+    """The positions whose next-token loss is the appended answer's, [a, b): from the token
+    before the answer to the one before its last; None without an answer."""
+    answer = trace.meta.get("answer")
+    return (answer[0] - 1, answer[1] - 1) if answer else None
+
+
+def outline_answer(fig: go.Figure, trace: Trace, start: int = 0, stop: float = float("inf")) -> None:
+    """Frame the positions that predict the appended answer (dotted, apart from the evidence)."""
+    span = answer_positions(trace)
+    if span is not None and span[1] > start and span[0] < stop:
+        fig.add_vrect(x0=max(span[0], start) - 0.5, x1=min(span[1], stop) - 0.5, annotation_text="answer",
+                      annotation_position="top right", **ANSWER_OUTLINE)
+
+
+def answer_loss_note(trace: Trace) -> str:
+    """"the answer's n token(s): x nats a token", or "" for a trace without an answer."""
+    span = answer_positions(trace)
+    if span is None:
+        return ""
+    return f"the answer's {span[1] - span[0]} token(s): {float(np.mean(trace['loss'][span[0]:span[1]])):.2f} nats a token"
 
 
 def hover_text(trace: Trace, positions: np.ndarray, bin_size: int) -> list[str]:

@@ -93,6 +93,13 @@ class Trace:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    @property
+    def read_position(self) -> int:
+        """The token where the answer's first token is predicted: the one before an appended
+        `answer` (`trace(..., answer=...)`), else the last."""
+        answer = self.meta.get("answer")
+        return answer[0] - 1 if answer else len(self) - 1
+
     def token_text(self, start: int = 0, stop: int | None = None) -> list[str]:
         ids = self.tokens[start:stop]
         if self.vocab is None:
@@ -204,9 +211,12 @@ def trace(
     progress: Callable[[int, int], None] | None = None,
     max_tokens: int = MAX_TRACE_TOKENS,
     evidence: Sequence[Sequence[int]] = (),
+    answer: str | Sequence[int] | None = None,
 ) -> Trace:
     """Run `text` (a string or token ids) through `model` chunk by chunk and keep `names`.
-    `evidence` (token spans, e.g. a probe sample's needle) is kept for figures to mark."""
+    `evidence` (token spans, e.g. a probe sample's needle) is kept for figures to mark. An
+    `answer` (e.g. a probe sample's, " 12345") is appended to the input, teacher-forced, and
+    its span kept, so the loss over the answer's tokens shows how well the model predicts it."""
     if isinstance(text, (bytes, bytearray)):
         raise TypeError("trace takes a str or a sequence of token ids, not bytes: decode the text first")
     if isinstance(text, str) and len(text) > max_tokens * MAX_CHARS_PER_TOKEN:
@@ -215,6 +225,9 @@ def trace(
     ids = model.tokenizer.encode(text) if isinstance(text, str) else [int(i) for i in text]
     if not ids:
         raise ValueError("empty input: there is nothing to trace")
+    answer_ids = [] if answer is None else model.tokenizer.encode(answer) if isinstance(answer, str) else [int(i) for i in answer]
+    answer_span = [len(ids), len(ids) + len(answer_ids)] if answer_ids else None
+    ids = ids + answer_ids
     if len(ids) > max_tokens:
         raise ValueError(f"input has {len(ids):,} tokens, over the trace limit of {max_tokens:,}")
     reducers = resolve_names(model, names)
@@ -247,6 +260,7 @@ def trace(
         "reducers": reducers,
         "chunk_len": chunk_len or model.chunk_len,
         "evidence": [[int(a), int(b)] for a, b in evidence],
+        "answer": answer_span,  # [start, stop) of the appended answer's tokens, or None
         # what the family's figures need that the arrays do not say (a saved trace plots alone)
         "figure_settings": get_family(model.family).figure_settings(model),
     }

@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from memviz.models import get_family
-from memviz.plots import WIDTH, outline_evidence, position_axis, timeline, window_of, with_array
+from memviz.plots import WIDTH, answer_loss_note, outline_answer, outline_evidence, position_axis, timeline, window_of, with_array
 from memviz.trace import Trace
 
 
@@ -28,6 +28,9 @@ def family_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int |
     zoom = dict(width=width, start=start, stop=stop)
     figs = family.figures(trace, **zoom) if family is not None and family.figures else {}
     figs["loss"] = timeline(trace, {"loss": "next-token loss (nats)"}, "Next-token loss", **zoom)
+    outline_answer(figs["loss"], trace, start, len(trace) if stop is None else stop)
+    if trace.meta.get("answer"):
+        figs["loss"].update_layout(title=f"Next-token loss<br><sub>{answer_loss_note(trace)} (outlined, dotted)</sub>")
     return figs
 
 
@@ -113,7 +116,10 @@ def loss_comparison(traces: dict[str, Trace], width: int = WIDTH, start: int = 0
                       row=2, col=1)
     fig.add_hline(y=0, line_color="black", line_width=1, row=2, col=1)
     outline_evidence(fig, first.meta.get("evidence", []), start, stop)
-    fig.update_layout(title="Next-token loss, overlaid", height=520, legend={"orientation": "h", "y": 1.08})
+    outline_answer(fig, first, start, stop)
+    notes = [f"{label}: {answer_loss_note(tr)}" for label, tr in traces.items() if tr.meta.get("answer")]
+    fig.update_layout(title="Next-token loss, overlaid" + (f"<br><sub>{'; '.join(notes)}</sub>" if notes else ""),
+                      height=540, legend={"orientation": "h", "y": 1.1})
     fig.update_xaxes(title_text=position_axis(pooled[first_label].bin_size, "mean"), row=2, col=1)
     return fig
 

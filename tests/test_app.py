@@ -242,7 +242,8 @@ def test_compare_page_shows_two_models_side_by_side(infini_checkpoint, tmp_path)
     headers = [m.value for m in at.markdown]
     assert any("(infini)" in h for h in headers) and any("(sliding_window)" in h for h in headers)
     titles = chart_titles(at)
-    assert titles[0] == "Next-token loss, overlaid" and sum("loss" in t.lower() for t in titles) == 1  # one overlay, no pair
+    assert titles[0].startswith("Next-token loss, overlaid") and sum("loss" in t.lower() for t in titles) == 1  # one overlay, no pair
+    assert titles[0].count("the answer's 6 token(s)") == 2  # " 12345" after the prompt: each model's loss on it
     assert any("sigmoid(beta)" in t for t in titles)
     # figure by figure: the control has none of infini's views, so each sits in a row beside a note saying so
     assert sum("no such view" in c.value for c in at.caption) == len(titles) - 1 > 0

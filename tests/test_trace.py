@@ -29,6 +29,30 @@ def test_trace_records_hooks_over_the_whole_input_and_matches_one_pass():
     assert np.isnan(tr["loss"][-1])
 
 
+def test_an_appended_answer_is_teacher_forced_and_its_loss_marked(tmp_path):
+    """trace(..., answer=) appends the answer's tokens: its span is kept (and saved), the loss at
+    the positions predicting it is the model's own, read_position is the token before it, and
+    the loss figure outlines those positions and names their mean."""
+    from memviz import viz
+
+    model = scrambled(small_model("sliding_window", window=12))
+    prompt, answer = "The pass key is 12345. What is the pass key? The pass key is", " 12345"
+    tr = memviz.trace(model, prompt, answer=answer)
+    n, m = len(model.tokenizer.encode(prompt)), len(model.tokenizer.encode(answer))
+    assert len(tr) == n + m and tr.meta["answer"] == [n, n + m] and tr.read_position == n - 1
+    logits = model(torch.from_numpy(tr.tokens).long()[None])[0]
+    nll = -torch.log_softmax(logits[n - 1 : n + m - 1], -1).gather(1, torch.from_numpy(tr.tokens[n:]).long()[:, None])[:, 0]
+    np.testing.assert_allclose(tr["loss"][n - 1 : n + m - 1], nll.detach().numpy(), atol=1e-4)
+    fig = viz.family_figures(tr)["loss"]
+    assert f"the answer's {m} token(s): {float(nll.mean()):.2f} nats a token" in fig.layout.title.text
+    frames = [s for s in fig.layout.shapes if s.line.dash == "dot"]
+    assert len(frames) == 1 and (frames[0].x0, frames[0].x1) == (n - 1.5, n + m - 1.5)
+    assert Trace.load(tr.save(tmp_path / "t.npz")).read_position == n - 1
+    plain = memviz.trace(model, prompt)
+    assert plain.meta["answer"] is None and plain.read_position == n - 1
+    assert "answer" not in viz.family_figures(plain)["loss"].layout.title.text
+
+
 def test_trace_save_load_round_trip(tmp_path):
     model = small_model("sliding_window", window=8)
     tr = memviz.trace(model, "hello world, hello memory", names=["blocks.0.attn.hook_z"])

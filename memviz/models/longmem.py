@@ -190,8 +190,8 @@ def retrieval_map(trace: Trace, prefix: str, width: int = WIDTH, start: int = 0,
 
 
 def retrieved_at(trace: Trace, prefix: str, position: int) -> go.Figure:
-    """The chunks one token retrieved (by default the last, where the answer's first token is
-    predicted): per head, each retrieved chunk's first position, ranked by score (marker size and
+    """The chunks one token retrieved (in the family's views `trace.read_position`, where the
+    answer's first token is predicted): per head, each retrieved chunk's first position, ranked by score (marker size and
     colour), the evidence outlined, and which heads read a chunk inside it."""
     pos = trace[f"{prefix}.hook_retrieved_pos"][position]  # [H, K]
     scores = trace[f"{prefix}.hook_retrieved_scores"][position]
@@ -212,11 +212,11 @@ def retrieved_at(trace: Trace, prefix: str, position: int) -> go.Figure:
 
 
 def longmem_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int | None = None) -> dict[str, go.Figure]:
-    """The augmented side block's retrieval map, the chunks the last token retrieved, and its gate per head."""
+    """The augmented side block's retrieval map, the chunks retrieved where the answer is predicted, and its gate per head."""
     zoom, figs = dict(width=width, start=start, stop=stop), {}
     for prefix in (layer_prefix(n, RETRIEVED_POS) for n in layer_names(trace, RETRIEVED_POS)):
         figs["retrieval"] = retrieval_map(trace, prefix, **zoom)
-        figs["retrieved at the last token"] = retrieved_at(trace, prefix, len(trace) - 1)
+        figs["retrieved where the answer is predicted"] = retrieved_at(trace, prefix, trace.read_position)
         figs["gate"] = position_heatmap(trace, f"{prefix}.hook_gate", "LongMem gate sigmoid(g) per head", "head", zmin=0, zmax=1, **zoom)
     return figs
 

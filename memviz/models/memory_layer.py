@@ -152,8 +152,8 @@ def selection_map(trace: Trace, name: str, width: int = WIDTH, start: int = 0, s
 
 
 def selected_at(trace: Trace, name: str, position: int) -> go.Figure:
-    """What one token read from a memory layer (by default the last, where the answer's first token
-    is predicted): its selected values, ranked by weight, each with how many other tokens of the
+    """What one token read from a memory layer (in the family's views `trace.read_position`, where
+    the answer's first token is predicted): its selected values, ranked by weight, each with how many other tokens of the
     input select the same value and the first few of them."""
     idx, weights = trace[name], trace[name.replace("hook_topk_indices", "hook_topk_weights")]  # [T, H, k]
     here, w = idx[position].reshape(-1), weights[position].reshape(-1)
@@ -197,7 +197,7 @@ def memory_layer_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop:
     for name in layer_names(trace, TOPK_INDICES):
         figs[f"{name} selections"] = selection_map(trace, name, width=width, start=start, stop=stop)
         figs[f"{name} usage"] = usage_figure(trace, name, n_values or int(trace[name].max()) + 1)
-        figs[f"{name} read at the last token"] = selected_at(trace, name, len(trace) - 1)
+        figs[f"{name} read where the answer is predicted"] = selected_at(trace, name, trace.read_position)
     return figs
 
 
