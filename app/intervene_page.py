@@ -10,6 +10,8 @@ from memviz import interventions, viz
 from memviz.registry import get_family
 from probes import facts, passkey
 
+SWEEP_POINTS = 32  # boundaries a sweep ablates at most: its time stays linear in the prompt's length
+
 
 def render() -> None:
     st.title("Intervene")
@@ -58,15 +60,17 @@ def render() -> None:
     st.metric(f"log p(answer) after the edit at token {segment * seg}", f"{result['logprob']:.2f}",
               delta=f"{result['logprob'] - clean['logprob']:.2f}")
     st.write(f"greedy answer after the edit: **{result['greedy'].strip()!r}**")
-    if st.button(f"Sweep: ablate at each of the {n_segments - 1} segment boundaries", key="iv_sweep"):
+    points = min(SWEEP_POINTS, n_segments - 1)
+    where = f"each of the {points}" if points == n_segments - 1 else f"{points} evenly spaced of the {n_segments - 1}"
+    if st.button(f"Sweep: ablate at {where} segment boundaries", key="iv_sweep"):
         bar, began = st.progress(0.0, text="Sweeping…"), time.perf_counter()
 
         def show(done: int, total: int) -> None:
             left = (time.perf_counter() - began) / done * (total - done)
-            bar.progress(done / total, text=f"Ablation {done} / {total} · about {left:.0f} s left")
+            bar.progress(done / total, text=f"Sweeping: {done:,} / {total:,} tokens run · about {left:.0f} s left")
 
         try:
-            rows = interventions.ablation_sweep(model, sample.prompt, answer, progress=show)
+            rows = interventions.ablation_sweep(model, sample.prompt, answer, points=SWEEP_POINTS, progress=show)
         finally:
             bar.empty()
         st.plotly_chart(viz.ablation_sweep_figure(rows, sample.evidence), use_container_width=True, key="iv_sweep_fig")

@@ -17,11 +17,13 @@ parametric memory offers its own points as hooks instead (memory layers: "silenc
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from memviz.layers import LocalCache
 from memviz.registry import get_family
@@ -82,29 +84,54 @@ def replace_at(model, segment: int, donor_text: str) -> tuple[int, Edit]:
 def answer_logprob(model, prompt: str, answer: str, edits: Sequence[tuple[int, Edit]] = (), fwd_hooks=()) -> dict:
     """log p(answer | prompt) and the greedy answer, streaming the prompt and applying each
     (position, edit) to the carried state when the stream reaches that position."""
-    ids, answer_ids = model.tokenizer.encode(prompt), model.tokenizer.encode(answer)
-    if not ids or not answer_ids:
-        raise ValueError("prompt and answer must both be non-empty")
+    ids, answer_ids = prompt_and_answer(model, prompt, answer)
     tokens = ids + answer_ids
     by_position = {p: e for p, e in edits if 0 < p < len(ids)}
     bounds = [0, *sorted(by_position), len(tokens)]
+    with evaluating(model), model.hooks(fwd_hooks=list(fwd_hooks)):
+        state = model.init_state(1)
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            if a in by_position:
+                state = by_position[a](state)
+            tail, state = run_tail(model, tokens[a:b], state, len(answer_ids) + 1)
+    return score_answer(model, tail, answer_ids, answer)
+
+
+def run_tail(model, tokens: list[int], state: ModelState, keep: int) -> tuple[Tensor, ModelState]:
+    """Stream `tokens` on from `state` in the model's chunks (one call over a long input would
+    cost the square of its length): the logits of the last `keep` positions [keep, vocab] and
+    the state after them."""
+    tail = None
+    for _, logits, state in model.stream(tokens, state=state):
+        tail = logits[0, -keep:] if tail is None else torch.cat([tail, logits[0]])[-keep:]
+    return tail, state
+
+
+def prompt_and_answer(model, prompt: str, answer: str) -> tuple[list[int], list[int]]:
+    ids, answer_ids = model.tokenizer.encode(prompt), model.tokenizer.encode(answer)
+    if not ids or not answer_ids:
+        raise ValueError("prompt and answer must both be non-empty")
+    return ids, answer_ids
+
+
+def score_answer(model, logits: Tensor, answer_ids: list[int], answer: str) -> dict:
+    """log p(answer) and the greedy answer from `logits` [T, vocab] of a run that ends with the
+    answer's tokens (teacher-forced; T > len(answer_ids))."""
+    predicting = logits[-len(answer_ids) - 1 : -1]  # the token before the answer up to the one before its last
+    logp = F.log_softmax(predicting.float(), -1)
+    answer_logp = logp.gather(1, torch.tensor(answer_ids)[:, None]).sum().item()
+    greedy = model.tokenizer.decode(predicting.argmax(-1).tolist())
+    return {"logprob": answer_logp, "greedy": greedy, "correct": greedy.strip() == answer.strip()}
+
+
+@contextmanager
+def evaluating(model):
     was_training = model.training
     model.eval()
     try:
-        with model.hooks(fwd_hooks=list(fwd_hooks)):
-            state, logits = model.init_state(1), []
-            for a, b in zip(bounds[:-1], bounds[1:]):
-                if a in by_position:
-                    state = by_position[a](state)
-                chunk_logits, state = model(tokens[a:b], state=state, return_state=True)
-                logits.append(chunk_logits[0])
+        yield
     finally:
         model.train(was_training)
-    logits = torch.cat(logits)
-    logp = F.log_softmax(logits.float(), -1)
-    answer_logp = logp[len(ids) - 1 : len(tokens) - 1].gather(1, torch.tensor(answer_ids)[:, None]).sum().item()
-    greedy = model.tokenizer.decode(logits[len(ids) - 1 : len(tokens) - 1].argmax(-1).tolist())
-    return {"logprob": answer_logp, "greedy": greedy, "correct": greedy.strip() == answer.strip()}
 
 
 def reset_rates(model, samples, evidence_name: str) -> dict[str, float]:
@@ -133,17 +160,42 @@ class SweepRow:
     greedy: str
 
 
-def ablation_sweep(model, prompt: str, answer: str, progress: Callable[[int, int], None] | None = None) -> list[SweepRow]:
-    """Ablate the memory at each segment boundary of the prompt in turn; `delta` is the change
-    in log p(answer) against the clean run. Each ablation reruns the prompt, so the sweep's time
-    grows with the square of its length; `progress(done, total)` is called after each run."""
-    clean = answer_logprob(model, prompt, answer)["logprob"]
-    seg = segment_length(model)
-    n_segments = -(-len(model.tokenizer.encode(prompt)) // seg)
-    rows = []
-    for s in range(1, n_segments):
-        result = answer_logprob(model, prompt, answer, [ablate_at(model, s)])
-        rows.append(SweepRow(s, s * seg, result["logprob"], result["logprob"] - clean, result["greedy"]))
+@torch.no_grad()
+def ablation_sweep(model, prompt: str, answer: str, points: int = 32,
+                   progress: Callable[[int, int], None] | None = None) -> list[SweepRow]:
+    """Ablate the memory at the prompt's segment boundaries in turn (every one, or `points` of them
+    evenly spaced from the first to the last when there are more); `delta` is the change in
+    log p(answer) against the clean run. One clean pass keeps the state at each chosen boundary,
+    and each ablation runs only the rest of the input from there, so the sweep costs at most
+    about points / 2 + 1 passes: linear in the prompt's length. `progress(done, total)` counts
+    the tokens run."""
+    if not isinstance(points, int) or points < 1:
+        raise ValueError(f"points must be a positive number of boundaries, got {points!r}")
+    ids, answer_ids = prompt_and_answer(model, prompt, answer)
+    tokens, seg = ids + answer_ids, segment_length(model)
+    n_boundaries = -(-len(ids) // seg) - 1
+    segments = sorted({int(round(x)) for x in torch.linspace(1, n_boundaries, min(points, n_boundaries)).tolist()}) if n_boundaries else []
+    total = len(tokens) + sum(len(tokens) - s * seg for s in segments)
+    done, at_boundary, rows = 0, {}, []
+
+    def advance(n: int) -> None:
+        nonlocal done
+        done += n
         if progress is not None:
-            progress(s, n_segments - 1)
+            progress(done, total)
+
+    keep = len(answer_ids) + 1
+    with evaluating(model):
+        state = model.init_state(1)
+        for a, b in zip([0, *(s * seg for s in segments)], [*(s * seg for s in segments), len(tokens)]):
+            tail, state = run_tail(model, tokens[a:b], state, keep)
+            at_boundary[b] = state
+            advance(b - a)
+        clean = score_answer(model, tail, answer_ids, answer)["logprob"]
+        for s in segments:
+            position = s * seg
+            ablated = swap_state(at_boundary[position], model.init_state(1))
+            result = score_answer(model, run_tail(model, tokens[position:], ablated, keep)[0], answer_ids, answer)
+            rows.append(SweepRow(s, position, result["logprob"], result["logprob"] - clean, result["greedy"]))
+            advance(len(tokens) - position)
     return rows

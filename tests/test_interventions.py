@@ -47,14 +47,29 @@ def test_replacing_memory_with_its_own_run_is_a_no_op_and_a_donor_changes_it():
         replace_at(model, 40, "short")
 
 
-def test_sweep_covers_every_segment_boundary():
+def test_sweep_covers_every_segment_boundary_and_equals_each_ablation_run_alone():
+    """The sweep reuses one clean pass and runs only each suffix, so it must give what a whole
+    run with `ablate_at` gives at each boundary; past `points` boundaries it keeps evenly spaced
+    ones from the first to the last; progress counts tokens up to the total."""
     model = infini()
-    prompt = "x" * (5 * SEG + 3)
+    prompt = "Mary went to the kitchen. John took the apple there. " * 2
+    n_prompt = len(model.tokenizer.encode(prompt))
+    n_boundaries = -(-n_prompt // SEG) - 1
     calls = []
-    rows = ablation_sweep(model, prompt, "yz", progress=lambda done, total: calls.append((done, total)))
-    assert [r.segment for r in rows] == [1, 2, 3, 4, 5] and [r.position for r in rows] == [8, 16, 24, 32, 40]
-    assert all(isinstance(r.delta, float) for r in rows)
-    assert calls == [(1, 5), (2, 5), (3, 5), (4, 5), (5, 5)]
+    rows = ablation_sweep(model, prompt, " apple", progress=lambda done, total: calls.append((done, total)))
+    assert [r.segment for r in rows] == list(range(1, n_boundaries + 1)) and [r.position for r in rows] == [SEG * s for s in range(1, n_boundaries + 1)]
+    clean = answer_logprob(model, prompt, " apple")["logprob"]
+    for r in rows:
+        alone = answer_logprob(model, prompt, " apple", [ablate_at(model, r.segment)])
+        assert r.logprob == pytest.approx(alone["logprob"], abs=1e-5) and r.greedy == alone["greedy"]
+        assert r.delta == pytest.approx(alone["logprob"] - clean, abs=1e-5)
+    assert len({round(r.delta, 4) for r in rows}) > 1  # the resets do differ
+    assert calls[-1][0] == calls[-1][1] and [d for d, _ in calls] == sorted(d for d, _ in calls)
+    few = ablation_sweep(model, prompt, " apple", points=3)
+    assert [r.segment for r in few] == [1, round((1 + n_boundaries) / 2), n_boundaries]
+    assert [(r.segment, r.delta) for r in few] == [(r.segment, r.delta) for r in rows if r.segment in {f.segment for f in few}]
+    with pytest.raises(ValueError, match="points must be a positive"):
+        ablation_sweep(model, prompt, " apple", points=0)
 
 
 def test_topk_ablation_zeroes_a_memory_layers_read():
