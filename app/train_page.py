@@ -11,7 +11,7 @@ import streamlit as st
 
 from memviz import viz
 from memviz.checkpoint import USER_DIR
-from training import QUICK_LENGTHS, Trainer, quick_config, quick_families, quick_lr
+from training import QUICK_LENGTHS, Trainer, parse_curriculum, quick_config, quick_families, quick_lr
 
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -89,6 +89,8 @@ def render() -> None:
     c4, c5 = st.columns(2)
     lr = c4.number_input("Learning rate", 1e-5, 1e-1, quick_lr(family), format="%.4g", key=f"tr_lr_{family}")
     length = c5.number_input("Sequence length (tokens)", 64, 4096, QUICK_LENGTHS[task], step=64, key=f"tr_length_{task}")
+    curriculum_text = st.text_input("Curriculum (optional; replaces the length): step:length stages, the sequences "
+                                    "growing at those steps", key="tr_curriculum", placeholder="0:256, 150:1024")
     if st.session_state.get("tr_name") in (None, "") or st.session_state.pop("_tr_renew", False) or \
             st.session_state.get("_tr_default") != (family, task):  # a fresh name for each run and each choice
         st.session_state["tr_name"] = fresh_name(family, task)
@@ -103,7 +105,13 @@ def render() -> None:
         elif (USER_DIR / name).exists() or (runs_dir() / name).exists():
             st.error(f"{name!r} is an earlier run's folder; choose a new name.")
         else:
-            start(name, quick_config(family, task, int(steps), name, runs_dir() / name, lr=float(lr), length=int(length)))
-            st.session_state["_tr_renew"] = True
+            try:
+                curriculum = parse_curriculum(curriculum_text) if curriculum_text.strip() else None
+            except ValueError as exc:
+                st.error(str(exc))
+            else:
+                start(name, quick_config(family, task, int(steps), name, runs_dir() / name, lr=float(lr), length=int(length),
+                                         curriculum=curriculum))
+                st.session_state["_tr_renew"] = True
     for name in list(jobs()):
         live(name)

@@ -1,4 +1,5 @@
 """The Streamlit app driven headlessly with AppTest."""
+import json
 import re
 from pathlib import Path
 
@@ -110,8 +111,6 @@ def open_trace_page(path: str) -> AppTest:
 
 
 def chart_titles(at: AppTest) -> list[str]:
-    import json
-
     return [json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart")]
 
 
@@ -272,6 +271,12 @@ def test_train_page_trains_exports_and_lists_the_checkpoint(tmp_path, monkeypatc
     at.selectbox(key="tr_family").select("sliding_window").run()
     assert at.text_input(key="tr_name").value == "sliding_window-facts-1"  # a fresh name by default
     at.text_input(key="tr_name").input("tiny-facts").run()
+    for bad, said in (("0:64, 0:128", "steps must increase"), ("5:64", "start at step 0"), ("0:64, 2:9000", "lie in [64, 4096]"),
+                      ("0-64", "is not step:length")):
+        at.text_input(key="tr_curriculum").input(bad).run()
+        at.button(key="tr_start").click().run()
+        assert said in at.error[0].value and "tiny-facts" not in at.session_state["_train_jobs"], bad
+    at.text_input(key="tr_curriculum").input("0:64, 2:96").run()
     at.button(key="tr_start").click().run()
     deadline = time.time() + 180
     while not (tmp_path / "checkpoints" / "tiny-facts" / "card.json").exists():
@@ -279,6 +284,8 @@ def test_train_page_trains_exports_and_lists_the_checkpoint(tmp_path, monkeypatc
         time.sleep(0.5)
     job = at.session_state["_train_jobs"]["tiny-facts"]
     job["thread"].join(60)
+    config = json.loads((tmp_path / "checkpoints" / "tiny-facts" / "card.json").read_text())["train_config"]
+    assert config["data"]["curriculum"] == [[0, 64], [2, 96]]  # the stages the page was given
     at.run()
     assert at.text_input(key="tr_name").value == "sliding_window-facts-1"  # the next run gets a new name
     at.text_input(key="tr_name").input("tiny-facts").run()

@@ -4,7 +4,7 @@ probe evaluation and cards (`training.evaluate`) and quick presets (`training.qu
 `python -m training --config FILE` trains from the command line."""
 from training.config import EvalConfig, OptimConfig, TrainConfig, TrainingDiverged
 from training.loop import Trainer, train
-from training.quick import QUICK_LENGTHS, quick_config, quick_families, quick_lr
+from training.quick import QUICK_LENGTHS, parse_curriculum, quick_config, quick_families, quick_lr
 
-__all__ = ["EvalConfig", "OptimConfig", "QUICK_LENGTHS", "TrainConfig", "Trainer", "TrainingDiverged", "quick_config",
+__all__ = ["EvalConfig", "OptimConfig", "QUICK_LENGTHS", "TrainConfig", "Trainer", "TrainingDiverged", "parse_curriculum", "quick_config",
            "quick_families", "quick_lr", "train"]
