@@ -4,6 +4,9 @@
     python -m probes babilong CHECKPOINT --tasks qa1 qa2 --lengths 1000 2000 [--data-path DIR]
     python -m probes facts    CHECKPOINT --n 200
     python -m probes retention CHECKPOINT [CHECKPOINT ...] --distances 64 1024 16384 --n 30
+    python -m probes ruler    CHECKPOINT --tasks niah_single_1 niah_single_2 --lengths 2048 4096 [--depths 0 0.5 1]
+
+`--workers N` (passkey, ruler) splits the grid over N processes and gathers the same table.
 
 CHECKPOINT is a checkpoint folder or the name of a sample checkpoint. Each run writes
 `<out>/<probe>.csv` (one row per sample) and `<out>/<probe>.html` (the heatmap, the bar chart
@@ -16,7 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from probes import babilong, facts, passkey, retention
+from probes import babilong, facts, passkey, retention, ruler
 
 
 def parser() -> argparse.ArgumentParser:
@@ -34,6 +37,7 @@ def parser() -> argparse.ArgumentParser:
     pk.add_argument("--lengths", type=int, nargs="+", required=True)
     pk.add_argument("--depths", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0])
     pk.add_argument("--haystack", help="a local plain-text file to use as filler")
+    pk.add_argument("--workers", type=int, default=1, help="processes to split the grid over")
     bl = sub.add_parser("babilong", parents=[common], help="bAbI qa1-qa5 hidden in background text")
     bl.add_argument("--tasks", nargs="+", default=["qa1"])
     bl.add_argument("--lengths", type=int, nargs="+", required=True)
@@ -44,6 +48,12 @@ def parser() -> argparse.ArgumentParser:
     rt.add_argument("more", nargs="*", metavar="CHECKPOINT", help="more checkpoints, one line each")
     rt.add_argument("--distances", type=int, nargs="+", default=list(retention.DISTANCES[:5]))
     rt.add_argument("--haystack", help="a local plain-text file to use as filler")
+    ru = sub.add_parser("ruler", parents=[common], help="RULER's needle, tracing and aggregation tasks over lengths")
+    ru.add_argument("--tasks", nargs="+", default=list(ruler.SINGLE_NEEDLE), help=f"of {', '.join(ruler.TASKS)}")
+    ru.add_argument("--lengths", type=int, nargs="+", required=True)
+    ru.add_argument("--depths", type=float, nargs="+", help="fix the asked needle's depth (default: RULER's random depths)")
+    ru.add_argument("--haystack", help="a local plain-text file for the essay haystack")
+    ru.add_argument("--workers", type=int, default=1, help="processes to split the grid over")
     return p
 
 
@@ -62,12 +72,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model = memviz.load(args.checkpoint)
         if args.probe == "passkey":
-            df = passkey.run(model, args.lengths, args.depths, n=args.n, seed=args.seed, haystack=args.haystack, progress=progress)
+            df = passkey.run(model, args.lengths, args.depths, n=args.n, seed=args.seed, haystack=args.haystack, progress=progress,
+                             workers=args.workers)
             fig, table = passkey.heatmap(df), df.pivot_table(index="depth", columns="length", values="correct")
         elif args.probe == "babilong":
             df = babilong.run(model, args.tasks, args.lengths, n=args.n, seed=args.seed, data_path=args.data_path,
                               haystack=args.haystack, progress=progress)
             fig, table = babilong.heatmap(df), df.pivot_table(index="task", columns="length", values="correct")
+        elif args.probe == "ruler":
+            df = ruler.run(model, args.tasks, args.lengths, args.depths, n=args.n, seed=args.seed, haystack=args.haystack,
+                           progress=progress, workers=args.workers)
+            rows = "depth" if len(args.tasks) == 1 and args.depths else "task"
+            fig, table = ruler.heatmap(df), df.pivot_table(index=rows, columns="length", values="correct")
         elif args.probe == "retention":
             models = {args.checkpoint: model, **{path: memviz.load(path) for path in args.more}}
             df = retention.compare(models, args.distances, n=args.n, seed=args.seed, haystack=args.haystack, progress=progress)

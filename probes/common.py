@@ -67,34 +67,74 @@ def check_n(n: int) -> None:
 def run_samples(
     model,
     jobs: Sequence[tuple[dict[str, Any], Callable[[], Sample]]],
-    score: Callable[[str, Sample], bool],
-    max_new_tokens: int,
+    score: Callable[[str, Sample], bool | float],
+    max_new_tokens: int | Callable[[dict[str, Any]], int],
     progress: bool | Callable[[int, int], None] = True,
     desc: str = "probe",
+    shard: tuple[int, int] = (0, 1),
 ) -> pd.DataFrame:
-    """Generate greedily for each sample and score it; one row per sample."""
+    """Generate greedily for each sample and score it; one row per sample. `max_new_tokens` may
+    depend on the job's keys. With `shard` (i, n) only jobs i, i + n, ... run, each row with its
+    job index in "job" (`run_in_workers` puts the shards back in order)."""
     from tqdm.auto import tqdm
 
+    index, count = shard
+    picked = [(j, keys, make) for j, (keys, make) in enumerate(jobs) if j % count == index]
     rows = []
-    bar = tqdm(total=len(jobs), desc=desc, disable=progress is not True, leave=False)
-    for i, (keys, make) in enumerate(jobs):
+    bar = tqdm(total=len(picked), desc=desc, disable=progress is not True, leave=False)
+    for i, (j, keys, make) in enumerate(picked):
         sample = make()
-        prediction = model.generate(sample.prompt, max_new_tokens=max_new_tokens)
+        budget = max_new_tokens(keys) if callable(max_new_tokens) else max_new_tokens
+        prediction = model.generate(sample.prompt, max_new_tokens=budget)
+        result = score(prediction, sample)
         rows.append(
             {
+                **({"job": j} if count > 1 else {}),
                 **keys,
                 "n_tokens": sample.n_tokens,
                 "answer": sample.answer,
                 "prediction": prediction,
-                "correct": bool(score(prediction, sample)),
+                "correct": result if isinstance(result, float) else bool(result),
                 "evidence": sample.evidence,
             }
         )
         bar.update(1)
         if callable(progress):
-            progress(i + 1, len(jobs))
+            progress(i + 1, len(picked))
     bar.close()
     return pd.DataFrame(rows)
+
+
+def check_workers(workers: int) -> None:
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise ValueError(f"workers must be a positive number of processes, got {workers!r}")
+
+
+def run_in_workers(run: Callable[..., pd.DataFrame], model, workers: int, **kwargs: Any) -> pd.DataFrame:
+    """A probe's grid split over `workers` processes (spawned, each with the model, one share of
+    the cores in torch threads and every `workers`-th sample), gathered in the order of a
+    single-process run: the same DataFrame."""
+    import multiprocessing
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    check_workers(workers)
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=set_threads,
+                             initargs=(threads,)) as pool:
+        parts = list(pool.map(run_shard, [(run, model, kwargs, (i, workers)) for i in range(workers)]))
+    return pd.concat(parts).sort_values("job").drop(columns="job").reset_index(drop=True)
+
+
+def set_threads(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def run_shard(job: tuple) -> pd.DataFrame:
+    run, model, kwargs, shard = job
+    return run(model, **kwargs, progress=False, shard=shard)
 
 
 RED_TO_GREEN = [[0.0, "#d73027"], [0.5, "#fee08b"], [1.0, "#1a9850"]]

@@ -16,7 +16,8 @@ from typing import Callable, Sequence
 
 import pandas as pd
 
-from probes.common import Sample, accuracy_heatmap, check_length, check_n, run_samples, sample_rng, spans_of, take_filler
+from probes.common import (Sample, accuracy_heatmap, check_length, check_n, check_workers, run_in_workers, run_samples,
+                           sample_rng, spans_of, take_filler)
 from probes.haystack import make_haystack
 
 INSTRUCTION = (
@@ -90,10 +91,13 @@ def run(
     seed: int = 0,
     haystack=None,
     progress: bool | Callable[[int, int], None] = True,
+    workers: int = 1,
+    shard: tuple[int, int] = (0, 1),
 ) -> pd.DataFrame:
     """One row per sample: length, depth, answer, prediction, correct, leading_digits (and
-    n_tokens, evidence)."""
+    n_tokens, evidence). `workers` > 1 splits the grid over that many processes."""
     check_n(n)
+    check_workers(workers)
     lengths, depths = list(lengths), list(depths)
     if not lengths or not depths:
         raise ValueError(f"lengths and depths need at least one value each, got lengths={lengths} and depths={depths}")
@@ -114,7 +118,9 @@ def run(
         for depth in depths
         for i in range(n)
     ]
-    df = run_samples(model, jobs, score, max_new_tokens=8, progress=progress, desc="passkey")
+    if workers > 1:
+        return run_in_workers(run, model, workers, lengths=lengths, depths=depths, n=n, seed=seed, haystack=haystack)
+    df = run_samples(model, jobs, score, max_new_tokens=8, progress=progress, desc="passkey", shard=shard)
     df["leading_digits"] = [leading_digits(p, a) for p, a in zip(df["prediction"], df["answer"])]
     return df
 

@@ -42,6 +42,17 @@ def test_babilong_and_facts_cli(checkpoint, tmp_path):
     assert len(pd.read_csv(tmp_path / "facts.csv")) == 3
 
 
+def test_ruler_cli_over_two_workers_writes_the_single_process_table(checkpoint, tmp_path):
+    args = ["ruler", checkpoint, "--tasks", "niah_single_1", "--lengths", 512, 640, "--depths", 0, 1, "--n", 2, "--threads", 1]
+    alone = probes_cli(*args, "--out", tmp_path / "one")
+    spread = probes_cli(*args, "--workers", 2, "--out", tmp_path / "two")
+    assert alone.returncode == 0 and spread.returncode == 0, alone.stderr + spread.stderr
+    one, two = pd.read_csv(tmp_path / "one" / "ruler.csv"), pd.read_csv(tmp_path / "two" / "ruler.csv")
+    assert len(one) == 8 and {"task", "length", "depth", "answer", "prediction", "correct"} <= set(one.columns)
+    pd.testing.assert_frame_equal(one, two)
+    assert "niah_single_1" in (tmp_path / "two" / "ruler.html").read_text()
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -49,6 +60,9 @@ def test_babilong_and_facts_cli(checkpoint, tmp_path):
         (["passkey", None, "--lengths", 500, "--depths", 2], r"depth must lie in \[0, 1\]"),
         (["babilong", None, "--tasks", "qa7", "--lengths", 500], "unknown task 'qa7'"),
         (["babilong", None, "--lengths", 500, "--data-path", "/no/such/data"], "does not exist"),
+        (["ruler", None, "--tasks", "niah_single_9", "--lengths", 2048], "unknown RULER task 'niah_single_9'"),
+        (["ruler", None, "--lengths", 2048, "--workers", 0], "workers must be a positive number"),
+        (["passkey", None, "--lengths", 500, "--workers", 0], "workers must be a positive number"),
     ],
 )
 def test_cli_errors_are_one_clear_line(checkpoint, tmp_path, args, message):
