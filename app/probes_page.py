@@ -1,4 +1,4 @@
-"""Probes page: the pass-key and BABILong grids for the loaded model, and retention over
+"""Probes page: the pass-key, BABILong and RULER grids for the loaded model, and retention over
 distance beside other checkpoints (the control among them), with CSV download."""
 from __future__ import annotations
 
@@ -7,16 +7,19 @@ import streamlit as st
 
 import memviz
 from app.common import control_samples, current_model, current_path, load_model
-from probes import babilong, passkey, retention
+from probes import babilong, passkey, retention, ruler
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
-def run_grid(model_path: str, probe: str, lengths: tuple[int, ...], depths_or_tasks: tuple, n: int, seed: int):
+def run_grid(model_path: str, probe: str, lengths: tuple[int, ...], depths_or_tasks: tuple, n: int, seed: int,
+             depths: tuple[float, ...] | None = None):
     model = load_model(model_path)
     bar = st.progress(0.0, text="Running the probe…")
     progress = lambda done, total: bar.progress(done / total, text=f"{done} / {total} samples")  # noqa: E731
     if probe == "passkey":
         df = passkey.run(model, lengths, depths_or_tasks, n=n, seed=seed, progress=progress)
+    elif probe == "ruler":
+        df = ruler.run(model, depths_or_tasks, lengths, depths, n=n, seed=seed, progress=progress)
     else:
         df = babilong.run(model, depths_or_tasks, lengths, n=n, seed=seed, progress=progress)
     bar.empty()
@@ -65,13 +68,18 @@ def render() -> None:
     model = current_model()
     if model is None:
         return
-    probe = st.radio("Probe", ["passkey", "babilong", "retention"], horizontal=True, key="probe")
+    probe = st.radio("Probe", ["passkey", "babilong", "ruler", "retention"], horizontal=True, key="probe")
     if probe == "retention":
         render_retention()
         return
     lengths = st.multiselect("Lengths (tokens)", [256, 512, 1024, 2048, 4096, 8192], default=[256, 512], key="lengths")
     if probe == "passkey":
         axis = st.multiselect("Needle depths", [0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0], default=[0.1, 0.5, 0.9], key="depths")
+    elif probe == "ruler":
+        axis = st.multiselect("RULER tasks (scored as RULER does: the share of the answers found)", list(ruler.TASKS),
+                              default=["niah_single_1"], key="ruler_tasks")
+        fixed = st.multiselect("Needle depths (empty: RULER's random depths; with one task, the depth x length grid)",
+                               [0.0, 0.25, 0.5, 0.75, 1.0], default=[], key="ruler_depths")
     else:
         axis = st.multiselect("Tasks", list(babilong.TASKS), default=["qa1"], key="tasks")
     c1, c2 = st.columns(2)
@@ -83,12 +91,12 @@ def render() -> None:
         st.error("Choose at least one length and one " + ("depth." if probe == "passkey" else "task."))
         return
     try:
-        df = run_grid(current_path(), probe, tuple(sorted(lengths)),
-                      tuple(sorted(axis)), int(n), int(seed))
+        df = run_grid(current_path(), probe, tuple(sorted(lengths)), tuple(sorted(axis)), int(n), int(seed),
+                      tuple(sorted(fixed)) or None if probe == "ruler" else None)
     except ValueError as exc:
         st.error(str(exc))
         return
-    fig = passkey.heatmap(df) if probe == "passkey" else babilong.heatmap(df)
+    fig = {"passkey": passkey.heatmap, "ruler": ruler.heatmap}.get(probe, babilong.heatmap)(df)
     st.plotly_chart(fig, use_container_width=True, key="probe_heatmap")
     st.metric("accuracy", f"{df['correct'].mean():.0%}", help=f"{len(df)} samples")
     st.download_button("Download CSV", df.drop(columns=["evidence"]).to_csv(index=False), file_name=f"{probe}.csv", key="dl_csv")

@@ -96,7 +96,7 @@ class Niah:
     n_keys: int = 1
     n_values: int = 1
     queries: int = 1
-    budget: int = 32
+    budget: int = 16
 
 
 @dataclass(frozen=True)
@@ -110,12 +110,12 @@ class Aggregate:
 TASKS: dict[str, Niah | Aggregate] = {
     "niah_single_1": Niah("noise", "words", "numbers"),
     "niah_single_2": Niah("essay", "words", "numbers"),
-    "niah_single_3": Niah("essay", "words", "uuids", budget=64),
+    "niah_single_3": Niah("essay", "words", "uuids", budget=48),
     "niah_multikey_1": Niah("essay", "words", "numbers", n_keys=4),
     "niah_multikey_2": Niah("needles", "words", "numbers"),
-    "niah_multikey_3": Niah("needles", "uuids", "uuids", budget=64),
-    "niah_multivalue": Niah("essay", "words", "numbers", n_values=4, budget=64),
-    "niah_multiquery": Niah("essay", "words", "numbers", n_keys=4, queries=4, budget=64),
+    "niah_multikey_3": Niah("needles", "uuids", "uuids", budget=48),
+    "niah_multivalue": Niah("essay", "words", "numbers", n_values=4, budget=48),
+    "niah_multiquery": Niah("essay", "words", "numbers", n_keys=4, queries=4, budget=48),
     "vt": Aggregate("vt", 30),
     "cwe": Aggregate("cwe", 120),
     "fwe": Aggregate("fwe", 50),

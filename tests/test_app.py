@@ -184,6 +184,22 @@ def test_probes_page_runs_a_grid_and_offers_the_csv(infini_checkpoint):
     assert "at least one length and one depth" in at.error[0].value
 
 
+def test_probes_page_runs_a_ruler_grid_over_depths(infini_checkpoint):
+    at = page("probes_page", infini_checkpoint)
+    at.run()
+    at.radio(key="probe").set_value("ruler").run()
+    at.multiselect(key="lengths").set_value([512]).run()
+    at.multiselect(key="ruler_depths").set_value([0.0, 1.0]).run()
+    at.number_input(key="n").set_value(1).run()
+    at.button(key="run_probe").click().run()
+    assert not at.exception, at.exception
+    assert at.dataframe[0].value.shape[0] == 2 and set(at.dataframe[0].value["task"]) == {"niah_single_1"}
+    assert chart_titles(at) == ["RULER: niah_single_1"]  # one task over depths: the depth x length grid
+    at.multiselect(key="lengths").set_value([256]).run()
+    at.button(key="run_probe").click().run()
+    assert "shorter than task niah_single_1's template" in at.error[0].value
+
+
 def test_probes_page_draws_retention_beside_the_control(infini_checkpoint):
     at = page("probes_page", infini_checkpoint)
     at.run()
