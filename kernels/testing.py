@@ -1,12 +1,16 @@
 """What the kernel tests share: fresh random seeds, NaN-poisoned buffers, float64 comparison."""
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
 import torch
 
 TOL = dict(rtol=1e-4, atol=2e-5)
+#: where the kernel tests make their tensors: "cpu" (the Triton kernels in the interpreter) or "cuda"
+DEVICE = os.environ.get("MEMVIZ_TEST_DEVICE", "cpu")
+cpu_only = pytest.mark.skipif(DEVICE != "cpu", reason="tests the compiled CPU kernel or the CPU dispatch")
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import torch
 from kernels import dispatch
 from kernels.lm2 import cpu
 from kernels.lm2.reference import lm2_scan_reference
-from kernels.testing import close
+from kernels.testing import close, cpu_only
 
 NAMES = ("attention", "read", "forget", "norms", "bank")
 
@@ -36,6 +36,7 @@ def test_lm2_scan_kernel_matches_the_reference(seed, B, T, N, D):
 needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="the LM2 CPU kernel needs a C compiler (cc)")
 
 
+@cpu_only
 @needs_cc
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("B,T,N,D", [(2, 9, 5, 12), (1, 1, 3, 7), (3, 40, 17, 33)])
@@ -61,6 +62,7 @@ def fresh_native_build(monkeypatch, tmp_path):
         memo.cache_clear()
 
 
+@cpu_only
 @needs_cc
 def test_auto_takes_the_cpu_kernel_for_inference_only(fresh_native_build, monkeypatch):
     q = torch.randn(1, 3, 4)
@@ -77,6 +79,7 @@ def test_auto_takes_the_cpu_kernel_for_inference_only(fresh_native_build, monkey
         assert not dispatch.use_triton("lm2_scan", q, impl="native")
 
 
+@cpu_only
 def test_without_a_compiler_auto_falls_back_and_native_says_why(fresh_native_build, monkeypatch):
     monkeypatch.setenv("CC", "no-such-compiler-here")
     args = scan_inputs(1, 3, 2, 4, 1.0)

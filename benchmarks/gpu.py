@@ -1,0 +1,247 @@
+"""The GPU run in one command: `python benchmarks/gpu.py [--device cuda|cpu] [--quick] [--record]`.
+
+On a machine with CUDA (the default device when there is one):
+  1. the kernel tests (kernels/*/test_*.py) with every tensor on the GPU (MEMVIZ_TEST_DEVICE=cuda);
+  2. each Triton kernel against its PyTorch reference and, where torch has one, torch's own op
+     (torch.topk over every product key; F.embedding_bag), at 4k, 16k and 64k tokens: the three
+     interleaved (A B C A B C ...), the median time ratio and its spread over the rounds, and the
+     largest difference from the reference on the same inputs;
+  3. the product-key bag's bandwidth (bytes it must move over its time) against a measured
+     device-to-device copy of as many bytes;
+  4. a whole trace's tokens per second (`memviz.trace` over a pass-key input, every memory hook
+     kept) on the device against the CPU.
+It prints a markdown section and, with --record, appends it to benchmarks/RESULTS.md.
+
+With --device cpu (what the test suite runs) the same steps run end to end on small shapes with
+the Triton kernels in the interpreter (TRITON_INTERPRET=1): a check of the harness, whose timings
+mean nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when torch sees one, else cpu")
+    p.add_argument("--quick", action="store_true", help="the smallest shapes and fewest rounds")
+    p.add_argument("--rounds", type=int, help="interleaved rounds per comparison (default 9 on cuda, 2 on cpu)")
+    p.add_argument("--sample", default="infini_long", help="the checkpoint whose trace is timed")
+    p.add_argument("--record", action="store_true", help="append the section to benchmarks/RESULTS.md")
+    return p.parse_args(argv)
+
+
+def synchronize(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def interleaved(paths: dict, rounds: int, device: str) -> dict[str, list[float]]:
+    """Each path's time in every round, the paths run in turn within a round (after one warm-up
+    call each, which compiles the Triton kernels)."""
+    for fn in paths.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in paths}
+    for _ in range(rounds):
+        for name, fn in paths.items():
+            synchronize(device)
+            start = time.perf_counter()
+            fn()
+            synchronize(device)
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def ratio(times: dict[str, list[float]], slow: str, fast: str) -> str:
+    """The median of the per-round ratios slow / fast (above 1: `fast` is faster) and their range."""
+    per_round = sorted(a / b for a, b in zip(times[slow], times[fast]))
+    return f"{statistics.median(per_round):.2f}x ({per_round[0]:.2f}-{per_round[-1]:.2f})"
+
+
+def kernel_cases(device: str, tokens: int):
+    """{kernel: (Triton call, reference call, torch's own op or None, what to compare)} on fresh
+    random inputs of `tokens` tokens (each call returns the outputs to compare)."""
+    import torch
+    import torch.nn.functional as F
+
+    from kernels import dispatch
+
+    small = device == "cpu"
+    g = torch.Generator(device=device).manual_seed(tokens)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g, device=device)
+
+    def rand(*shape):
+        return torch.rand(*shape, generator=g, device=device)
+
+    H, dk, n, k, D = (2, 16, 16, 4, 16) if small else (4, 64, 128, 16, 128)
+    q, keys = randn(1, tokens, H, dk), randn(H, 2, n, dk // 2)
+    full = torch.cat([keys[:, 0, :, None].expand(H, n, n, dk // 2), keys[:, 1, None].expand(H, n, n, dk // 2)], -1).reshape(H, n * n, dk)
+    indices = torch.randint(0, n * n, (tokens * H, k), generator=g, device=device)
+    weights, values = torch.softmax(randn(tokens * H, k), -1), randn(n * n, D)
+    cases = {
+        "product_key_topk": (lambda: dispatch.product_key_topk(q, keys, k, impl="triton")[0],
+                             lambda: dispatch.product_key_topk(q, keys, k, impl="reference")[0],
+                             lambda: torch.einsum("bthd,hmd->bthm", q, full).topk(k, -1)[0]),
+        "weighted_bag": (lambda: dispatch.weighted_bag(indices, weights, values, impl="triton"),
+                         lambda: dispatch.weighted_bag(indices, weights, values, impl="reference"),
+                         lambda: F.embedding_bag(indices, values, per_sample_weights=weights, mode="sum")),
+    }
+    Hi, d, S = (2, 8, 16) if small else (8, 64, 256)
+    sq, sk, v = F.elu(randn(1, Hi, tokens, d)) + 1, F.elu(randn(1, Hi, tokens, d)) + 1, randn(1, Hi, tokens, d)
+    empty = (torch.zeros(1, Hi, d, d, device=device), torch.zeros(1, Hi, d, device=device),
+             torch.zeros(1, Hi, 0, d, device=device), torch.zeros(1, Hi, 0, d, device=device))
+    cases["infini_memory"] = (lambda: dispatch.infini_memory(sq, sk, v, empty, S, "delta", impl="triton")[0][0],
+                              lambda: dispatch.infini_memory(sq, sk, v, empty, S, "delta", impl="reference")[0][0], None)
+    N, dm = (4, 8) if small else (16, 128)
+    scan = (randn(1, tokens, dm), rand(1, tokens, dm), randn(dm, dm) * dm**-0.5, randn(dm, dm) * dm**-0.5, randn(dm), randn(1, N, dm))
+    cases["lm2_scan"] = (lambda: dispatch.lm2_scan(*scan, impl="triton")[0][1],
+                         lambda: dispatch.lm2_scan(*scan, impl="reference")[0][1], None)
+    dt, chunk = (8, 8) if small else (128, 64)
+    tq, tk = F.normalize(randn(1, tokens, dt), dim=-1), F.normalize(randn(1, tokens, dt), dim=-1)
+    titans = (tq, tk, randn(1, tokens, dt), rand(1, tokens, 3) * 0.5)
+    state = (randn(1, dt, dt) * 0.1, torch.zeros(1, dt, dt, device=device))
+    cases["titans_linear_memory"] = (lambda: dispatch.titans_linear_memory(*titans, state, chunk, impl="triton")[0][0],
+                                     lambda: dispatch.titans_linear_memory(*titans, state, chunk, impl="reference")[0][0], None)
+    bag_bytes = indices.numel() * 8 + weights.numel() * 4 + indices.numel() * D * 4 + tokens * H * D * 4
+    return cases, bag_bytes
+
+
+def kernel_rows(device: str, lengths: list[int], rounds: int) -> tuple[list[str], list[str]]:
+    """The kernel table and the bag-bandwidth table, as markdown rows."""
+    import torch
+
+    kernel_table, bandwidth_table = [], []
+    for tokens in lengths:
+        with torch.no_grad():
+            cases, bag_bytes = kernel_cases(device, tokens)
+            for name, (triton_path, reference_path, own) in cases.items():
+                error = (triton_path().double() - reference_path().double()).abs().max().item()
+                paths = {"triton": triton_path, "reference": reference_path, **({"torch": own} if own else {})}
+                times = interleaved(paths, rounds, device)
+                kernel_table.append(f"| {name} | {tokens:,} | {statistics.median(times['triton']) * 1e3:.3f} | "
+                                    f"{ratio(times, 'reference', 'triton')} | {ratio(times, 'torch', 'triton') if own else '-'} | {error:.1e} |")
+                if name == "weighted_bag":
+                    copy_src = torch.empty(bag_bytes // 4, device=device)
+                    copy_dst = torch.empty_like(copy_src)
+                    copy = interleaved({"copy": lambda: copy_dst.copy_(copy_src), "bag": triton_path}, rounds, device)
+                    copy_bw = 2 * copy_src.numel() * 4 / statistics.median(copy["copy"]) / 1e9  # read + write
+                    bag_bw = bag_bytes / statistics.median(copy["bag"]) / 1e9
+                    bandwidth_table.append(f"| {tokens:,} | {bag_bytes / 2**20:.1f} | {bag_bw:.1f} | {copy_bw:.1f} | {bag_bw / copy_bw:.0%} |")
+    return kernel_table, bandwidth_table
+
+
+def trace_rows(device: str, sample: str, tokens: int, rounds: int) -> list[str]:
+    """A whole trace's tokens per second on the device and on the CPU (the same model and input)."""
+    import torch
+
+    import memviz
+    from probes import passkey
+
+    model = memviz.load(sample)
+    text = passkey.seeded_sample(model.tokenizer, tokens, 0.5, 0, 0).prompt
+    n = len(model.tokenizer.encode(text))
+    on_device = model if device == "cpu" else memviz.load(sample).to(device)
+    paths = {"cpu": lambda: memviz.trace(model, text), device + " ": lambda: memviz.trace(on_device, text)}
+    with torch.no_grad():
+        times = interleaved(paths, max(1, rounds // 3), device)
+    return [f"| {sample} | {n:,} | {n / statistics.median(times['cpu']):,.0f} | "
+            f"{n / statistics.median(times[device + ' ']):,.0f} | {ratio(times, 'cpu', device + ' ')} |"]
+
+
+def kernel_tests(device: str) -> str:
+    """Run kernels/*/test_*.py with their tensors on `device`; returns pytest's summary line."""
+    env = {**os.environ, "MEMVIZ_TEST_DEVICE": device}
+    if device == "cuda":
+        env["TRITON_INTERPRET"] = "0"
+    else:
+        env["TRITON_INTERPRET"] = "1"
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "kernels")],
+                         cwd=ROOT, env=env, capture_output=True, text=True)
+    lines = [line for line in out.stdout.strip().splitlines() if line.strip()]
+    summary = lines[-1] if lines else out.stderr.strip().splitlines()[-1]
+    if out.returncode != 0:
+        print(out.stdout[-5000:], file=sys.stderr)
+    return summary
+
+
+def machine(device: str) -> str:
+    import torch
+
+    if device == "cuda":
+        return f"{torch.cuda.get_device_name()} · torch {torch.__version__} · CUDA {torch.version.cuda}"
+    return f"{platform.machine()} CPU, {os.cpu_count()} cores · torch {torch.__version__} · Triton in the interpreter"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.device == "cpu" or args.device is None and os.environ.get("TRITON_INTERPRET") == "1":
+        os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        print("error: --device cuda, but torch sees no CUDA device", file=sys.stderr)
+        return 2
+    if device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+    if args.rounds is not None and args.rounds < 1:
+        print(f"error: --rounds must be at least 1, got {args.rounds}", file=sys.stderr)
+        return 2
+    rounds = args.rounds or (9 if device == "cuda" else 2)
+    lengths = ([4096] if args.quick else [4096, 16384, 65536]) if device == "cuda" else [64]
+    trace_tokens = (4096 if args.quick else 16384) if device == "cuda" else 300
+
+    tests = kernel_tests(device)
+    kernels, bandwidth = kernel_rows(device, lengths, rounds)
+    traces = trace_rows(device, args.sample, trace_tokens, rounds)
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    section = "\n".join([
+        f"## {stamp} · GPU run (`python benchmarks/gpu.py{' --quick' if args.quick else ''}`) · {machine(device)}",
+        "",
+        "" if device == "cuda" else "CPU mode: the harness checked end to end on small shapes; these timings mean nothing.\n",
+        f"**Kernel tests on {device}:** {tests}",
+        "",
+        f"**Triton kernels** ({rounds} interleaved rounds; ratios are the median of the per-round ratios, "
+        "the range in brackets; above 1 the Triton kernel is faster):",
+        "",
+        "| kernel | tokens | Triton ms | reference / Triton | torch's op / Triton | max abs diff from the reference |",
+        "|---|---|---|---|---|---|",
+        *kernels,
+        "",
+        "**Product-key bag bandwidth** against a device-to-device copy (read + write) of as many bytes:",
+        "",
+        "| tokens | bytes moved (MiB) | bag GB/s | copy GB/s | bag / copy |",
+        "|---|---|---|---|---|",
+        *bandwidth,
+        "",
+        f"**A whole trace** (`memviz.trace`, every memory hook), tokens per second on the CPU and on {device}:",
+        "",
+        f"| sample | tokens | CPU tokens/s | {device} tokens/s | {device} / CPU |",
+        "|---|---|---|---|---|",
+        *traces,
+        "",
+    ])
+    print(section)
+    if args.record:
+        with open(ROOT / "benchmarks" / "RESULTS.md", "a") as f:
+            f.write("\n" + section)
+    return 0 if "failed" not in tests and "error" not in tests else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
