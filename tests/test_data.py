@@ -93,3 +93,19 @@ def test_aligned_batches_end_on_a_segment_boundary_and_other_recipes_keep_their_
     for bad in ({"aligned_frac": 1.5}, {"aligned_frac": 0.5, "align_to": 0}):
         with pytest.raises(ValueError, match="data.aligned_frac must lie in"):
             DataConfig(**bad)
+
+
+@pytest.mark.parametrize("task", ["niah_single_2", "vt"])
+def test_ruler_tasks_train_on_their_answers_after_the_answer_prefix(task):
+    """A RULER sample in the mix is its prompt (ending on RULER's answer prefix) and then its
+    answers, weighted as answers; the answers are the ones an independent reading finds."""
+    from tests.test_ruler import solve
+
+    tok = ByteTokenizer()
+    s = TaskSampler(tok, DataConfig(mix={task: 1.0}, text_weight=0.1, answer_weight=5.0))
+    example = s.example(random.Random(3), 2048)
+    text = tok.decode(example.tokens[:-1])
+    prompt, prefix, answer = text.rpartition("they are: " if task == "vt" else "mentioned in the provided text is")
+    assert answer.strip(" .").split(", ") == solve(prompt + prefix)
+    n_answer = len(tok.encode(answer)) + 1
+    assert example.weights[-n_answer:] == [5.0] * n_answer and set(example.weights[1:-n_answer]) == {0.1}

@@ -1,6 +1,6 @@
 """Training data drawn from the probe generators, and the tokenizer the zoo shares.
 
-Every training sample comes from the same generators the probes use (`probes.passkey`,
+Every training sample comes from the same generators the probes use (`probes.passkey`, `probes.ruler`,
 `probes.babilong`, `probes.facts`), seeded from a separate namespace ("train", data seed,
 step, rank, index), so no training sample is ever a probe sample and a given step always
 sees the same batch: resuming regenerates exactly the data the run would have seen.
@@ -25,10 +25,10 @@ from typing import Iterator
 import torch
 
 from memviz.tokenizer import BPETokenizer, ByteTokenizer, Tokenizer, load_tokenizer
-from probes import babilong, facts, passkey
+from probes import babilong, facts, passkey, ruler
 from probes.haystack import ProceduralHaystack
 
-LONG_TASKS = ("passkey", *babilong.TASKS)
+LONG_TASKS = ("passkey", *babilong.TASKS, *ruler.TASKS)
 
 
 @dataclass
@@ -154,6 +154,9 @@ class TaskSampler:
             instruction = passkey.INSTRUCTION if length >= self.passkey_full_len else ""
             sample = passkey.make_sample(self.tokenizer, length, rng.random(), key, seed=seed, instruction=instruction)
             return sample, " " + sample.answer, []
+        if task in ruler.TASKS:  # RULER's prompt ends on its answer prefix; the answers follow it
+            sample = ruler.make_sample(self.tokenizer, task, length, seed=rng.randrange(2**31))
+            return sample, ("" if sample.prompt.endswith(" ") else " ") + ", ".join(sample.meta["answers"]) + ".", []
         story = self.story(task, rng, max_facts)
         sample = babilong.make_sample(self.tokenizer, task, length, story, seed=rng.randrange(2**31), names=self.cfg.names)
         drills = []
