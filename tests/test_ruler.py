@@ -131,3 +131,13 @@ def test_the_grid_is_the_same_over_one_and_two_processes():
 def test_bad_input_gets_one_clear_error(kwargs, message):
     with pytest.raises(ValueError, match=message):
         ruler.run(SolverModel(), progress=False, **kwargs)
+
+
+def test_the_essay_haystack_is_shakespeare_by_default_and_procedural_on_request():
+    from probes import texts
+
+    plays = set(texts.sentences())
+    default = ruler.seeded_sample(TOK, "niah_single_2", LENGTH, seed=0, index=0)
+    procedural = ruler.seeded_sample(TOK, "niah_single_2", LENGTH, seed=0, index=0, haystack="procedural")
+    in_plays = [s for s in plays if s in default.prompt]
+    assert len(in_plays) >= 5 and not any(s in procedural.prompt for s in in_plays)

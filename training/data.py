@@ -26,7 +26,7 @@ import torch
 
 from memviz.tokenizer import BPETokenizer, ByteTokenizer, Tokenizer, load_tokenizer
 from probes import babilong, facts, passkey, ruler
-from probes.haystack import ProceduralHaystack
+from probes.haystack import ProceduralHaystack, make_haystack
 
 LONG_TASKS = ("passkey", *babilong.TASKS, *ruler.TASKS)
 
@@ -41,6 +41,7 @@ class DataConfig:
     drill: int = 0  # qa1/qa2: up to this many more questions on the same story after the answer
     max_facts: list[list[int]] = field(default_factory=list)  # [from_step, most facts a qa story has]; [] = any
     names: str = "babi"  # bAbI vocabulary for qa tasks
+    haystack: str = "procedural"  # RULER's essay background: "procedural", "shakespeare" or a text file
     kb_seed: int = 0  # facts: which knowledge base
     n_entities: int = 1000
     # share of batches whose length is rounded down to a multiple of `align_to` tokens: the
@@ -62,6 +63,11 @@ class DataConfig:
             raise ValueError("data.max_facts is a list of [from_step, n] with n >= 1")
         if self.drill < 0:
             raise ValueError(f"data.drill must be >= 0, got {self.drill}")
+        if any(task in ruler.TASKS for task in self.mix):
+            try:
+                make_haystack(self.haystack, 0)  # a missing file or uninstalled texts fail before training
+            except ValueError as exc:
+                raise ValueError(f"data.haystack: {exc}") from exc
         if not 0 < self.min_len_frac <= 1:
             raise ValueError(f"data.min_len_frac must lie in (0, 1], got {self.min_len_frac}")
         if not 0 <= self.aligned_frac <= 1 or not isinstance(self.align_to, int) or self.align_to < 1:
@@ -155,7 +161,7 @@ class TaskSampler:
             sample = passkey.make_sample(self.tokenizer, length, rng.random(), key, seed=seed, instruction=instruction)
             return sample, " " + sample.answer, []
         if task in ruler.TASKS:  # RULER's prompt ends on its answer prefix; the answers follow it
-            sample = ruler.make_sample(self.tokenizer, task, length, seed=rng.randrange(2**31))
+            sample = ruler.make_sample(self.tokenizer, task, length, seed=rng.randrange(2**31), haystack=self.cfg.haystack)
             return sample, ("" if sample.prompt.endswith(" ") else " ") + ", ".join(sample.meta["answers"]) + ".", []
         story = self.story(task, rng, max_facts)
         sample = babilong.make_sample(self.tokenizer, task, length, story, seed=rng.randrange(2**31), names=self.cfg.names)
