@@ -234,8 +234,9 @@ def make_sample(tokenizer, task: str, length: int, seed: int = 0, depth: float |
     return aggregate_sample(tokenizer, task, spec, rng, length, room, depth)
 
 
-def assemble(tokenizer, task, length, head: str, pieces: list[str], sep: str, tail: str, marked: list[int],
+def assemble(tokenizer, length: int, head: str, pieces: list[str], sep: str, tail: str, marked: list[int],
              answers: list[str], meta: dict) -> Sample:
+    """The prompt from its pieces (the context's joined by `sep`), the asked needles' token spans."""
     joined = [head, *(("" if i == 0 and head.endswith("\n") else sep) + p for i, p in enumerate(pieces)), tail]
     prompt = "".join(joined)
     return Sample(prompt=prompt, answer=", ".join(answers), length=length, n_tokens=len(tokenizer.encode(prompt)),
@@ -262,7 +263,7 @@ def niah_sample(tokenizer, task, spec: Niah, rng, length, room, seed, depth, hay
     meta = {"task": task, "query": needles.query, "depth": depth}
     while True:
         pieces, marked = place(needles, pool[:n], costs, spec.queries)
-        sample = assemble(tokenizer, task, length, head, pieces, sep, tail, marked, needles.answers, meta)
+        sample = assemble(tokenizer, length, head, pieces, sep, tail, marked, needles.answers, meta)
         if sample.n_tokens <= room or n == 0:
             return sample
         n -= max(1, n // 50)
