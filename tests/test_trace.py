@@ -40,7 +40,8 @@ def test_an_appended_answer_is_teacher_forced_and_its_loss_marked(tmp_path):
     tr = memviz.trace(model, prompt, answer=answer)
     n, m = len(model.tokenizer.encode(prompt)), len(model.tokenizer.encode(answer))
     assert len(tr) == n + m and tr.meta["answer"] == [n, n + m] and tr.read_position == n - 1
-    logits = model(torch.from_numpy(tr.tokens).long()[None])[0]
+    with torch.no_grad():
+        logits = model(torch.from_numpy(tr.tokens).long()[None])[0]
     nll = -torch.log_softmax(logits[n - 1 : n + m - 1], -1).gather(1, torch.from_numpy(tr.tokens[n:]).long()[:, None])[:, 0]
     np.testing.assert_allclose(tr["loss"][n - 1 : n + m - 1], nll.detach().numpy(), atol=1e-4)
     fig = viz.family_figures(tr)["loss"]
