@@ -6,7 +6,9 @@
     python -m probes retention CHECKPOINT [CHECKPOINT ...] --distances 64 1024 16384 --n 30
     python -m probes ruler    CHECKPOINT --tasks niah_single_1 niah_single_2 --lengths 2048 4096 [--depths 0 0.5 1]
 
-`--workers N` (passkey, ruler) splits the grid over N processes and gathers the same table.
+`--workers N` (passkey, ruler) splits the grid over N processes and gathers the same table; so does
+`torchrun --nproc_per_node N -m probes ...` (ranks on one machine or, by torchrun's rendezvous, on
+several; rank 0 writes the files).
 
 CHECKPOINT is a checkpoint folder or the name of a sample checkpoint. Each run writes
 `<out>/<probe>.csv` (one row per sample) and `<out>/<probe>.html` (the heatmap, the bar chart
@@ -16,10 +18,12 @@ prints the accuracy table.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from probes import babilong, facts, passkey, retention, ruler
+from probes.common import merge_shards
 
 
 def parser() -> argparse.ArgumentParser:
@@ -27,7 +31,8 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="probe", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("checkpoint", help="checkpoint folder or sample checkpoint name")
-    common.add_argument("--n", type=int, default=10, help="samples per cell (facts: facts asked)")
+    common.add_argument("--n", "--samples", dest="n", type=int, default=10,
+                        help="samples per cell (facts: facts asked); under torchrun spell it --samples")
     common.add_argument("--seed", type=int, default=0)
     common.add_argument("--out", default="probe_results", help="folder for the CSV and HTML files")
     common.add_argument("--no-progress", action="store_true")
@@ -57,11 +62,37 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def torchrun_shard() -> tuple[int, int]:
+    """(rank, world size) under torchrun; (0, 1) otherwise."""
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def gathered(df, world: int):
+    """Every rank's shard of the grid on rank 0, in single-process order (None on the others)."""
+    if world == 1:
+        return df
+    import torch.distributed as dist
+
+    parts = [None] * world
+    dist.all_gather_object(parts, df)
+    rank = dist.get_rank()
+    dist.destroy_process_group()
+    return merge_shards(parts) if rank == 0 else None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     import memviz
 
-    progress = not args.no_progress
+    rank, world = torchrun_shard()
+    if world > 1:
+        if args.probe not in ("passkey", "ruler") or args.workers > 1:
+            print("error: torchrun splits the passkey and ruler grids, without --workers", file=sys.stderr)
+            return 2
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+    progress = not args.no_progress and rank == 0
     if args.threads is not None:
         if args.threads < 1:
             print(f"error: --threads must be at least 1, got {args.threads}", file=sys.stderr)
@@ -72,16 +103,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model = memviz.load(args.checkpoint)
         if args.probe == "passkey":
-            df = passkey.run(model, args.lengths, args.depths, n=args.n, seed=args.seed, haystack=args.haystack, progress=progress,
-                             workers=args.workers)
+            df = gathered(passkey.run(model, args.lengths, args.depths, n=args.n, seed=args.seed, haystack=args.haystack,
+                                      progress=progress, workers=args.workers, shard=(rank, world)), world)
+            if df is None:
+                return 0
             fig, table = passkey.heatmap(df), df.pivot_table(index="depth", columns="length", values="correct")
         elif args.probe == "babilong":
             df = babilong.run(model, args.tasks, args.lengths, n=args.n, seed=args.seed, data_path=args.data_path,
                               haystack=args.haystack, progress=progress)
             fig, table = babilong.heatmap(df), df.pivot_table(index="task", columns="length", values="correct")
         elif args.probe == "ruler":
-            df = ruler.run(model, args.tasks, args.lengths, args.depths, n=args.n, seed=args.seed, haystack=args.haystack,
-                           progress=progress, workers=args.workers)
+            df = gathered(ruler.run(model, args.tasks, args.lengths, args.depths, n=args.n, seed=args.seed, haystack=args.haystack,
+                                    progress=progress, workers=args.workers, shard=(rank, world)), world)
+            if df is None:
+                return 0
             rows = "depth" if len(args.tasks) == 1 and args.depths else "task"
             fig, table = ruler.heatmap(df), df.pivot_table(index=rows, columns="length", values="correct")
         elif args.probe == "retention":

@@ -123,6 +123,11 @@ def run_in_workers(run: Callable[..., pd.DataFrame], model, workers: int, **kwar
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=set_threads,
                              initargs=(threads,)) as pool:
         parts = list(pool.map(run_shard, [(run, model, kwargs, (i, workers)) for i in range(workers)]))
+    return merge_shards(parts)
+
+
+def merge_shards(parts: list[pd.DataFrame]) -> pd.DataFrame:
+    """Shards' rows (each with its job index) in the order of a single-process run."""
     return pd.concat(parts).sort_values("job").drop(columns="job").reset_index(drop=True)
 
 

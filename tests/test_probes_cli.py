@@ -1,4 +1,5 @@
 """`python -m probes` writes CSV and an HTML figure, and reports bad input in one line."""
+import os
 import re
 import subprocess
 import sys
@@ -51,6 +52,21 @@ def test_ruler_cli_over_two_workers_writes_the_single_process_table(checkpoint, 
     assert len(one) == 8 and {"task", "length", "depth", "answer", "prediction", "correct"} <= set(one.columns)
     pd.testing.assert_frame_equal(one, two)
     assert "niah_single_1" in (tmp_path / "two" / "ruler.html").read_text()
+
+
+def test_ruler_under_torchrun_writes_the_single_process_table_from_rank_0(checkpoint, tmp_path):
+    args = ["ruler", checkpoint, "--tasks", "niah_single_1", "--lengths", 512, 640, "--depths", 0.5, "--samples", 3,
+            "--threads", 1, "--no-progress"]
+    alone = probes_cli(*args[:-1], "--out", tmp_path / "one")
+    ranks = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "probes",
+                            *map(str, args), "--out", str(tmp_path / "two")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert alone.returncode == 0 and ranks.returncode == 0, alone.stderr + ranks.stderr[-3000:]
+    one, two = pd.read_csv(tmp_path / "one" / "ruler.csv"), pd.read_csv(tmp_path / "two" / "ruler.csv")
+    assert len(one) == 6
+    pd.testing.assert_frame_equal(one, two)
+    refused = subprocess.run([sys.executable, "-m", "probes", "facts", str(checkpoint), "--out", str(tmp_path)], cwd=ROOT,
+                             capture_output=True, text=True, timeout=300, env={**os.environ, "WORLD_SIZE": "2", "RANK": "0"})
+    assert refused.returncode == 2 and "torchrun splits the passkey and ruler grids" in refused.stderr
 
 
 @pytest.mark.parametrize(
