@@ -24,12 +24,14 @@ import platform
 import statistics
 import subprocess
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from timing import interleaved, ratio_text  # noqa: E402  (benchmarks/timing.py)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -42,33 +44,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def synchronize(device: str) -> None:
+def synchronize(device: str) -> Callable[[], None]:
+    """What waits for the device's queued work before and after a timed call."""
     import torch
 
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def interleaved(paths: dict, rounds: int, device: str) -> dict[str, list[float]]:
-    """Each path's time in every round, the paths run in turn within a round (after one warm-up
-    call each, which compiles the Triton kernels)."""
-    for fn in paths.values():
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in paths}
-    for _ in range(rounds):
-        for name, fn in paths.items():
-            synchronize(device)
-            start = time.perf_counter()
-            fn()
-            synchronize(device)
-            times[name].append(time.perf_counter() - start)
-    return times
-
-
-def ratio(times: dict[str, list[float]], slow: str, fast: str) -> str:
-    """The median of the per-round ratios slow / fast (above 1: `fast` is faster) and their range."""
-    per_round = sorted(a / b for a, b in zip(times[slow], times[fast]))
-    return f"{statistics.median(per_round):.2f}x ({per_round[0]:.2f}-{per_round[-1]:.2f})"
+    return torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
 
 def kernel_cases(device: str, tokens: int):
@@ -132,13 +112,13 @@ def kernel_rows(device: str, lengths: list[int], rounds: int) -> tuple[list[str]
             for name, (triton_path, reference_path, own) in cases.items():
                 error = (triton_path().double() - reference_path().double()).abs().max().item()
                 paths = {"triton": triton_path, "reference": reference_path, **({"torch": own} if own else {})}
-                times = interleaved(paths, rounds, device)
+                times = interleaved(paths, rounds, synchronize(device))
                 kernel_table.append(f"| {name} | {tokens:,} | {statistics.median(times['triton']) * 1e3:.3f} | "
-                                    f"{ratio(times, 'reference', 'triton')} | {ratio(times, 'torch', 'triton') if own else '-'} | {error:.1e} |")
+                                    f"{ratio_text(times, 'reference', 'triton')} | {ratio_text(times, 'torch', 'triton') if own else '-'} | {error:.1e} |")
                 if name == "weighted_bag":
                     copy_src = torch.empty(bag_bytes // 4, device=device)
                     copy_dst = torch.empty_like(copy_src)
-                    copy = interleaved({"copy": lambda: copy_dst.copy_(copy_src), "bag": triton_path}, rounds, device)
+                    copy = interleaved({"copy": lambda: copy_dst.copy_(copy_src), "bag": triton_path}, rounds, synchronize(device))
                     copy_bw = 2 * copy_src.numel() * 4 / statistics.median(copy["copy"]) / 1e9  # read + write
                     bag_bw = bag_bytes / statistics.median(copy["bag"]) / 1e9
                     bandwidth_table.append(f"| {tokens:,} | {bag_bytes / 2**20:.1f} | {bag_bw:.1f} | {copy_bw:.1f} | {bag_bw / copy_bw:.0%} |")
@@ -158,9 +138,9 @@ def trace_rows(device: str, sample: str, tokens: int, rounds: int) -> list[str]:
     on_device = model if device == "cpu" else memviz.load(sample).to(device)
     paths = {"cpu": lambda: memviz.trace(model, text), device + " ": lambda: memviz.trace(on_device, text)}
     with torch.no_grad():
-        times = interleaved(paths, max(1, rounds // 3), device)
+        times = interleaved(paths, max(1, rounds // 3), synchronize(device))
     return [f"| {sample} | {n:,} | {n / statistics.median(times['cpu']):,.0f} | "
-            f"{n / statistics.median(times[device + ' ']):,.0f} | {ratio(times, 'cpu', device + ' ')} |"]
+            f"{n / statistics.median(times[device + ' ']):,.0f} | {ratio_text(times, 'cpu', device + ' ')} |"]
 
 
 def kernel_tests(device: str) -> str:

@@ -1,7 +1,9 @@
 """Benchmarks: `python benchmarks/run.py [--quick] [--only NAME ...] [--record]`.
 
-Prints tables of ratios measured in one run (so machine load cancels out) and, with --record,
-appends them to benchmarks/RESULTS.md with the machine and versions. Sections:
+Prints tables of ratios measured in one run and, with --record, appends them to
+benchmarks/RESULTS.md with the machine and versions. Every comparison runs its paths in turn,
+round after round (benchmarks/timing.py), and gives the median time of each and the median of the
+per-round ratios with their range in brackets. Sections:
 
   lm2_scan       the factored LM2 bank scan against the direct loop that projects the whole bank
                  every token: the PyTorch reference (kernels/lm2/reference.py) and the compiled CPU
@@ -39,14 +41,12 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from timing import interleaved, median_s, ratio_text  # noqa: E402  (benchmarks/timing.py)
 
-def best_of(fn, repeats: int = 3) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+
+def rounds(quick: bool, full: int = 5) -> int:
+    """Interleaved rounds a comparison runs (benchmarks/timing.py)."""
+    return 3 if quick else full
 
 
 def lm2_scan(quick: bool) -> list[dict]:
@@ -62,12 +62,14 @@ def lm2_scan(quick: bool) -> list[dict]:
         W_K, W_V, W_f = (torch.randn(d, d, generator=g) / d**0.5 for _ in range(3))
         b_f = torch.zeros(d)
         with torch.no_grad():
-            ref = best_of(lambda: lm2_scan_reference(q @ W_K.T / d**0.5, g_in, M0, W_V, W_f, b_f), 2)
-            naive = best_of(lambda: lm2_scan_naive(q, g_in, M0, W_K, W_V, W_f, b_f), 1)
-            native = best_of(lambda: lm2_scan_cpu.lm2_scan(q @ W_K.T / d**0.5, g_in, M0, W_V, W_f, b_f), 3)
-        rows.append({"tokens": T, "slots": N, "d": d, "reference_s": round(ref, 3), "naive_s": round(naive, 3),
-                     "speedup": round(naive / ref, 2), "c_kernel_s": round(native, 4),
-                     "c_kernel_speedup": round(naive / native, 1), "target": ">= 20x at 8k"})
+            times = interleaved({"reference": lambda: lm2_scan_reference(q @ W_K.T / d**0.5, g_in, M0, W_V, W_f, b_f),
+                                 "naive": lambda: lm2_scan_naive(q, g_in, M0, W_K, W_V, W_f, b_f),
+                                 "c_kernel": lambda: lm2_scan_cpu.lm2_scan(q @ W_K.T / d**0.5, g_in, M0, W_V, W_f, b_f)},
+                                rounds(quick, 3))
+        rows.append({"tokens": T, "slots": N, "d": d, "reference_s": round(median_s(times, "reference"), 3),
+                     "naive_s": round(median_s(times, "naive"), 3), "speedup": ratio_text(times, "naive", "reference"),
+                     "c_kernel_s": round(median_s(times, "c_kernel"), 4), "c_kernel_speedup": ratio_text(times, "naive", "c_kernel"),
+                     "target": ">= 20x at 8k"})
     return rows
 
 
@@ -92,9 +94,9 @@ def product_keys(quick: bool) -> list[dict]:
             return (values[i] * torch.softmax(s, -1)[..., None]).sum((-2, -3))
 
         with torch.no_grad():
-            a, b = best_of(ours), best_of(exhaustive)
-        rows.append({"values": n * n, "tokens": 2048, "heads": H, "topk": k, "product_keys_s": round(a, 4),
-                     "exhaustive_s": round(b, 4), "speedup": round(b / a, 2)})
+            times = interleaved({"ours": ours, "exhaustive": exhaustive}, rounds(quick, 7))
+        rows.append({"values": n * n, "tokens": 2048, "heads": H, "topk": k, "product_keys_s": round(median_s(times, "ours"), 4),
+                     "exhaustive_s": round(median_s(times, "exhaustive"), 4), "speedup": ratio_text(times, "exhaustive", "ours")})
     return rows
 
 
@@ -123,13 +125,18 @@ def titans_update(quick: bool) -> list[dict]:
         q, k = (F.normalize(torch.randn(1, T, d, generator=g), dim=-1) for _ in range(2))
         v, rates = torch.randn(1, T, d, generator=g), torch.rand(1, T, 3, generator=g) * 0.5
         W, S = torch.zeros(1, d, d), torch.zeros(1, d, d)
-        naive = best_of(lambda: per_token_autograd(q, k, v, rates, W, S), 1)
-        with torch.no_grad():
-            chunk1 = best_of(lambda: titans_linear_reference(q, k, v, rates, W, S, 1), 1)
-            chunk16 = best_of(lambda: titans_linear_reference(q, k, v, rates, W, S, 16), 2)
-        rows.append({"tokens": T, "d": d, "autograd_per_token_s": round(naive, 3), "closed_form_chunk1_s": round(chunk1, 3),
-                     "closed_form_chunk16_s": round(chunk16, 4), "speedup_chunk1": round(naive / chunk1, 2),
-                     "speedup_chunk16": round(naive / chunk16, 1)})
+        def no_grad(fn):
+            def run():
+                with torch.no_grad():
+                    return fn()
+            return run
+
+        times = interleaved({"autograd": lambda: per_token_autograd(q, k, v, rates, W, S),
+                             "chunk1": no_grad(lambda: titans_linear_reference(q, k, v, rates, W, S, 1)),
+                             "chunk16": no_grad(lambda: titans_linear_reference(q, k, v, rates, W, S, 16))}, rounds(quick, 3))
+        rows.append({"tokens": T, "d": d, "autograd_per_token_s": round(median_s(times, "autograd"), 3),
+                     "closed_form_chunk1_s": round(median_s(times, "chunk1"), 3), "closed_form_chunk16_s": round(median_s(times, "chunk16"), 4),
+                     "speedup_chunk1": ratio_text(times, "autograd", "chunk1"), "speedup_chunk16": ratio_text(times, "autograd", "chunk16")})
     return rows
 
 
@@ -159,7 +166,13 @@ def peers(quick: bool) -> list[dict]:
             out.float().pow(2).mean().backward()
             for p in params:
                 p.grad = None
-        return best_of(run, 2)
+        return run
+
+    def peer_row(op, shape, peer_name, times):
+        return {"op": op, "shape": shape, "ours_s": round(median_s(times, "ours"), 4), "peer": peer_name,
+                "peer_s": round(median_s(times, "peer"), 4), "peer_over_ours": ratio_text(times, "peer", "ours")}
+
+    n_rounds = rounds(quick, 9)
 
     rows = []
     T = 256 if quick else 1024
@@ -170,10 +183,9 @@ def peers(quick: bool) -> list[dict]:
     ours = ProductKeyMemory(cfg, opts, torch.nn.Parameter(torch.randn(64 * 64, 256) / 16))
     ours.reset_memory_parameters()
     peer = PKM(256, heads=4, num_keys=64, topk=16, dim_head=32)
-    a = fwd_bwd(lambda: ours(x), list(ours.parameters()))
-    b = fwd_bwd(lambda: peer(x), list(peer.parameters()))
-    rows.append({"op": "product-key memory fwd+bwd", "shape": f"2x{T}x256, 4 heads, 4096 values, top-16",
-                 "ours_s": round(a, 4), "peer": "product-key-memory 0.3.0", "peer_s": round(b, 4), "peer_over_ours": round(b / a, 2)})
+    times = interleaved({"ours": fwd_bwd(lambda: ours(x), list(ours.parameters())),
+                         "peer": fwd_bwd(lambda: peer(x), list(peer.parameters()))}, n_rounds)
+    rows.append(peer_row("product-key memory fwd+bwd", f"2x{T}x256, 4 heads, 4096 values, top-16", "product-key-memory 0.3.0", times))
     # Infini-attention: 2 layers, d 128, 4 heads of 32, segments of 64, delta rule; inference over T tokens
     ids = torch.randint(0, 256, (1, 4 * T))
     cfg = memviz.ModelConfig(family="infini", d_model=128, n_layers=2, n_heads=4, d_mlp=512, vocab_size=256, segment_len=64,
@@ -187,9 +199,9 @@ def peers(quick: bool) -> list[dict]:
             _, _, memories = peer(segment, past_memories=memories, return_new_memories=True)
 
     with torch.no_grad():
-        a, b = best_of(lambda: ours(ids), 2), best_of(peer_segments, 2)
-    rows.append({"op": "Infini-attention model forward", "shape": f"1x{4 * T} tokens, 2 layers, d 128, segment 64, delta",
-                 "ours_s": round(a, 4), "peer": "infini-transformer-pytorch 0.2.1", "peer_s": round(b, 4), "peer_over_ours": round(b / a, 2)})
+        times = interleaved({"ours": lambda: ours(ids), "peer": peer_segments}, n_rounds)
+    rows.append(peer_row("Infini-attention model forward", f"1x{4 * T} tokens, 2 layers, d 128, segment 64, delta",
+                         "infini-transformer-pytorch 0.2.1", times))
     # Titans neural memory: MLP memory (2 layers, hidden 2d), d 128, chunks of 16
     x = torch.randn(1, T, 128)
     cfg = memviz.ModelConfig(family="titans", d_model=128, n_layers=1, n_heads=4, vocab_size=256, segment_len=16)
@@ -197,10 +209,8 @@ def peers(quick: bool) -> list[dict]:
     ours.reset_memory_parameters()
     peer = PeerNeuralMemory(dim=128, chunk_size=16)
     with torch.no_grad():
-        a = best_of(lambda: ours.step(x, ours.init_state(1, x.device), 0), 2)
-        b = best_of(lambda: peer(x), 2)
-    rows.append({"op": "Titans neural memory forward", "shape": f"1x{T}x128, MLP memory, chunk 16",
-                 "ours_s": round(a, 4), "peer": "titans-pytorch 0.5.5", "peer_s": round(b, 4), "peer_over_ours": round(b / a, 2)})
+        times = interleaved({"ours": lambda: ours.step(x, ours.init_state(1, x.device), 0), "peer": lambda: peer(x)}, n_rounds)
+    rows.append(peer_row("Titans neural memory forward", f"1x{T}x128, MLP memory, chunk 16", "titans-pytorch 0.5.5", times))
     return rows
 
 
@@ -268,7 +278,7 @@ def app(quick: bool) -> list[dict]:
     start = time.perf_counter()
     tr = memviz.trace(model, sample.prompt, evidence=sample.evidence)
     trace_s = time.perf_counter() - start
-    redraw = best_of(lambda: [f.to_json() for f in viz.family_figures(model, tr).values()])
+    redraw = median_s(interleaved({"redraw": lambda: [f.to_json() for f in viz.family_figures(tr).values()]}, rounds(quick)), "redraw")
     return [{"checkpoint": checkpoint, "cold_start_to_first_heatmap_s": round(cold, 1), "tokens": len(tr),
              "first_trace_s": round(trace_s, 1), "redraw_from_cache_s": round(redraw, 3),
              "note": "cold start includes importing torch, TransformerLens and Streamlit"}]
