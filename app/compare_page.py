@@ -5,7 +5,7 @@ import streamlit as st
 
 import memviz
 from app.common import checkpoint_picker, control_samples, current_path, greedy_answer, load_model
-from app.trace_page import cached_trace, spoken
+from app.trace_page import cached_trace
 from memviz import viz
 from probes import passkey
 
@@ -33,7 +33,7 @@ def render() -> None:
     for path, model in zip((left, right), models):
         try:
             sample = passkey.seeded_sample(model.tokenizer, int(length), float(depth), int(seed), 0)
-            traces.append((sample, cached_trace(path, sample.prompt, tuple(map(tuple, sample.evidence)), spoken(sample))))
+            traces.append((sample, cached_trace(path, sample.prompt, tuple(map(tuple, sample.evidence)), sample.reply)))
         except ValueError as exc:
             st.error(f"{path}: {exc}")
             return

@@ -31,7 +31,7 @@ def render() -> None:
     except ValueError as exc:
         st.error(str(exc))
         return
-    answer = " " + sample.answer
+    answer = sample.reply
     clean = interventions.answer_logprob(model, sample.prompt, answer)
     st.write(f"Answer **{sample.answer}** · clean run: greedy **{clean['greedy'].strip()!r}**, "
              f"log p(answer) = **{clean['logprob']:.2f}**")
@@ -85,7 +85,7 @@ def render_fact_question(model) -> None:
     attribute = c2.selectbox("attribute", facts.ATTRIBUTES, index=1, key="iv_attribute")
     sample = facts.make_sample(model.tokenizer, kb.entities[int(person)], attribute)
     st.code(sample.prompt, language=None)
-    answer = " " + sample.answer
+    answer = sample.reply
     clean = interventions.answer_logprob(model, sample.prompt, answer)
     st.write(f"Answer **{sample.answer}** · clean run: greedy **{clean['greedy'].strip()!r}**, "
              f"log p(answer) = **{clean['logprob']:.2f}**")

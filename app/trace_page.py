@@ -75,7 +75,7 @@ def choose_input(model, model_path: str) -> tuple[str, tuple[tuple[int, int], ..
         sample = facts.make_sample(model.tokenizer, kb.entities[int(person)], attribute)
         st.caption(f"answer **{sample.answer}** · model says **{greedy_answer(model_path, sample.prompt)!r}** "
                    "(from the knowledge base the model was trained on; its memory layers hold the facts)")
-        return sample.prompt, (), spoken(sample)
+        return sample.prompt, (), sample.reply
     if source == "pass-key sample":
         c1, c2, c3 = st.columns(3)
         # the default is an example the default sample (infini) answers right; Probes gives the rates
@@ -110,12 +110,7 @@ def choose_input(model, model_path: str) -> tuple[str, tuple[tuple[int, int], ..
     st.caption(f"{sample.n_tokens:,} tokens · answer **{sample.answer}** · model says "
                f"**{greedy_answer(model_path, sample.prompt)!r}**" if sample.n_tokens <= 20_000 else
                f"{sample.n_tokens:,} tokens · answer **{sample.answer}**")
-    return sample.prompt, tuple(map(tuple, sample.evidence)), spoken(sample)
-
-
-def spoken(sample) -> str:
-    """A probe sample's answer as the model would write it after the prompt (" 29717")."""
-    return sample.answer if sample.prompt[-1:].isspace() else f" {sample.answer}"
+    return sample.prompt, tuple(map(tuple, sample.evidence)), sample.reply
 
 
 def render() -> None:

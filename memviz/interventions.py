@@ -17,7 +17,6 @@ parametric memory offers its own points as hooks instead (memory layers: "silenc
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -88,7 +87,7 @@ def answer_logprob(model, prompt: str, answer: str, edits: Sequence[tuple[int, E
     tokens = ids + answer_ids
     by_position = {p: e for p, e in edits if 0 < p < len(ids)}
     bounds = [0, *sorted(by_position), len(tokens)]
-    with evaluating(model), model.hooks(fwd_hooks=list(fwd_hooks)):
+    with model.evaluating(), model.hooks(fwd_hooks=list(fwd_hooks)):
         state = model.init_state(1)
         for a, b in zip(bounds[:-1], bounds[1:]):
             if a in by_position:
@@ -122,16 +121,6 @@ def score_answer(model, logits: Tensor, answer_ids: list[int], answer: str) -> d
     answer_logp = logp.gather(1, torch.tensor(answer_ids)[:, None]).sum().item()
     greedy = model.tokenizer.decode(predicting.argmax(-1).tolist())
     return {"logprob": answer_logp, "greedy": greedy, "correct": greedy.strip() == answer.strip()}
-
-
-@contextmanager
-def evaluating(model):
-    was_training = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was_training)
 
 
 def reset_rates(model, samples, evidence_name: str) -> dict[str, float]:
@@ -185,7 +174,7 @@ def ablation_sweep(model, prompt: str, answer: str, points: int = 32,
             progress(done, total)
 
     keep = len(answer_ids) + 1
-    with evaluating(model):
+    with model.evaluating():
         state = model.init_state(1)
         for a, b in zip([0, *(s * seg for s in segments)], [*(s * seg for s in segments), len(tokens)]):
             tail, state = run_tail(model, tokens[a:b], state, keep)

@@ -11,6 +11,7 @@ boundaries themselves, so feeding an input in one call or in chunks gives the sa
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
@@ -329,10 +330,16 @@ class MemoryLM(HookedRootModule):
         ids = self.tokenizer.encode(prompt)
         if not ids:
             raise ValueError("empty prompt: at least one token is needed")
+        with self.evaluating():
+            return self.tokenizer.decode(self.generate_ids(ids, max_new_tokens))
+
+    @contextmanager
+    def evaluating(self) -> Iterator[None]:
+        """Eval mode for the block, then the mode the model was in (training or not)."""
         was_training = self.training
         self.eval()
         try:
-            return self.tokenizer.decode(self.generate_ids(ids, max_new_tokens))
+            yield
         finally:
             self.train(was_training)
 
@@ -396,14 +403,9 @@ class MemoryLM(HookedRootModule):
         def keep(value: Tensor, hook) -> None:
             parts[hook.name].append(value[0].detach().double().cpu())
 
-        was_training = self.training
-        self.eval()
-        try:
-            with torch.no_grad(), self.hooks(fwd_hooks=[(name, keep) for name in names]):
-                for _ in self.stream(tokens):
-                    pass
-        finally:
-            self.train(was_training)
+        with self.evaluating(), torch.no_grad(), self.hooks(fwd_hooks=[(name, keep) for name in names]):
+            for _ in self.stream(tokens):
+                pass
         return {name: torch.cat(values) for name, values in parts.items()}
 
     def default_trace_reducers(self) -> dict[str, str]:

@@ -238,19 +238,14 @@ def trace(
 
     all_ids = torch.tensor(ids, dtype=torch.long)
     losses = np.full(len(ids), np.nan, dtype=np.float32)
-    was_training = model.training
-    model.eval()
-    try:
-        with model.hooks(fwd_hooks=[(n, capture) for n in reducers]):
-            for start, logits, _ in model.stream(all_ids, chunk_len):
-                end = start + logits.shape[1]
-                targets = all_ids[start + 1 : end + 1].to(logits.device)
-                logp = F.log_softmax(logits[0, : len(targets)].float(), dim=-1)
-                losses[start : start + len(targets)] = (-logp.gather(1, targets[:, None])[:, 0]).cpu().numpy()
-                if progress is not None:
-                    progress(end, len(ids))
-    finally:
-        model.train(was_training)
+    with model.evaluating(), model.hooks(fwd_hooks=[(n, capture) for n in reducers]):
+        for start, logits, _ in model.stream(all_ids, chunk_len):
+            end = start + logits.shape[1]
+            targets = all_ids[start + 1 : end + 1].to(logits.device)
+            logp = F.log_softmax(logits[0, : len(targets)].float(), dim=-1)
+            losses[start : start + len(targets)] = (-logp.gather(1, targets[:, None])[:, 0]).cpu().numpy()
+            if progress is not None:
+                progress(end, len(ids))
     arrays = {n: np.concatenate(parts) for n, parts in buffers.items()}
     arrays["loss"] = losses
     vocab = model.tokenizer.token_strings(range(model.cfg.vocab_size))

@@ -23,6 +23,12 @@ class Sample:
     evidence: list[tuple[int, int]] = field(default_factory=list)  # token spans [start, end)
     meta: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def reply(self) -> str:
+        """The answer as the model writes it after the prompt: " 29717", with its leading space
+        unless the prompt ends in one."""
+        return self.answer if self.prompt[-1:].isspace() else f" {self.answer}"
+
 
 def sample_rng(*parts: Any) -> random.Random:
     """A generator seeded by a readable tuple: the same parts always give the same stream."""

@@ -168,10 +168,12 @@ def fit_units(costs: list[int], fixed_tokens: int, budget: int) -> int:
 
 @dataclass
 class Needles:
-    """A NIAH sample's needles: (key index, text) in insertion order, each one's depth, the keys
-    asked (the first `queries`; keys are random, so that is a random choice) and their values."""
+    """A NIAH sample's needles: (key index, text) in insertion order, every key, each needle's
+    depth, the keys asked (the first `queries`; keys are random, so that is a random choice) and
+    their values."""
 
     texts: list[tuple[int, str]]
+    keys: list[str]
     depths: list[float]
     query: str
     answers: list[str]
@@ -187,7 +189,7 @@ def draw_needles(spec: Niah, rng: random.Random, depth: float | None) -> Needles
     depths = [depth if depth is not None and k < spec.queries else rng.choice(DEPTHS) for k, _ in texts]
     queries = keys[: spec.queries]
     query = queries[0] if len(queries) == 1 else ", ".join(queries[:-1]) + ", and " + queries[-1]
-    return Needles(texts, depths, query, [v for k in range(spec.queries) for v in values[k]], kind)
+    return Needles(texts, keys, depths, query, [v for k in range(spec.queries) for v in values[k]], kind)
 
 
 def place(needles: Needles, units: list[str], costs: list[int], queries: int) -> tuple[list[str], list[int]]:
@@ -256,8 +258,7 @@ def niah_sample(tokenizer, task, spec: Niah, rng, length, room, seed, depth, hay
     if fixed > room:
         raise ValueError(f"length {length} is shorter than task {task}'s template, needles, question and answer budget "
                          f"({fixed + spec.budget} tokens)")
-    keys = {t.split(" for ", 1)[1].split(" is: ")[0] for _, t in needles.texts}
-    pool = niah_units(spec, rng, haystack, seed, max(8, (room - fixed) // 4), keys)
+    pool = niah_units(spec, rng, haystack, seed, max(8, (room - fixed) // 4), set(needles.keys))
     costs = [len(tokenizer.encode(sep + u)) for u in pool]
     n = fit_units(costs, fixed, room)
     meta = {"task": task, "query": needles.query, "depth": depth}
