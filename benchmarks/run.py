@@ -160,20 +160,31 @@ def peers(quick: bool) -> list[dict]:
     from memviz.models.memory_layer import MemoryLayerOptions, ProductKeyMemory
     from memviz.models.titans import NeuralMemory, TitansOptions
 
-    def fwd_bwd(module_call, params):
-        def run():
-            out = module_call()
-            out.float().pow(2).mean().backward()
-            for p in params:
-                p.grad = None
-        return run
+    def compare(op, shape, peer_name, ours_call, peer_call, ours_params, peer_params):
+        """Two rows: the forward without gradients, and forward + backward of a squared-output loss."""
+        def fwd_bwd(call, params):
+            def run():
+                call().float().pow(2).mean().backward()
+                for p in params:
+                    p.grad = None
+            return run
 
-    def peer_row(op, shape, peer_name, times):
-        return {"op": op, "shape": shape, "ours_s": round(median_s(times, "ours"), 4), "peer": peer_name,
-                "peer_s": round(median_s(times, "peer"), 4), "peer_over_ours": ratio_text(times, "peer", "ours")}
+        def no_grad(call):
+            def run():
+                with torch.no_grad():
+                    call()
+            return run
+
+        out = []
+        for mode, wrap in (("forward", no_grad), ("fwd+bwd", None)):
+            paths = ({"ours": no_grad(ours_call), "peer": no_grad(peer_call)} if wrap else
+                     {"ours": fwd_bwd(ours_call, ours_params), "peer": fwd_bwd(peer_call, peer_params)})
+            times = interleaved(paths, n_rounds)
+            out.append({"op": f"{op} {mode}", "shape": shape, "ours_s": round(median_s(times, "ours"), 4), "peer": peer_name,
+                        "peer_s": round(median_s(times, "peer"), 4), "peer_over_ours": ratio_text(times, "peer", "ours")})
+        return out
 
     n_rounds = rounds(quick, 9)
-
     rows = []
     T = 256 if quick else 1024
     # product keys: 4 heads, 64 x 64 = 4096 values, top-16, 32-dim half keys, d_model 256
@@ -183,34 +194,35 @@ def peers(quick: bool) -> list[dict]:
     ours = ProductKeyMemory(cfg, opts, torch.nn.Parameter(torch.randn(64 * 64, 256) / 16))
     ours.reset_memory_parameters()
     peer = PKM(256, heads=4, num_keys=64, topk=16, dim_head=32)
-    times = interleaved({"ours": fwd_bwd(lambda: ours(x), list(ours.parameters())),
-                         "peer": fwd_bwd(lambda: peer(x), list(peer.parameters()))}, n_rounds)
-    rows.append(peer_row("product-key memory fwd+bwd", f"2x{T}x256, 4 heads, 4096 values, top-16", "product-key-memory 0.3.0", times))
-    # Infini-attention: 2 layers, d 128, 4 heads of 32, segments of 64, delta rule; inference over T tokens
+    rows += compare("product-key memory", f"2x{T}x256, 4 heads, 4096 values, top-16", "product-key-memory 0.3.0",
+                    lambda: ours(x), lambda: peer(x), list(ours.parameters()), list(peer.parameters()))
+    # Infini-attention: 2 layers, d 128, 4 heads of 32, segments of 64, delta rule, over 4T tokens; the
+    # peer's feed-forward is a GEGLU of inner width int(4 * 128 * 2 / 3) = 341, so ours is a SwiGLU of 341
     ids = torch.randint(0, 256, (1, 4 * T))
-    cfg = memviz.ModelConfig(family="infini", d_model=128, n_layers=2, n_heads=4, d_mlp=512, vocab_size=256, segment_len=64,
+    cfg = memviz.ModelConfig(family="infini", d_model=128, n_layers=2, n_heads=4, d_mlp=341, vocab_size=256, segment_len=64,
                              memory={"update": "delta"})
-    ours = memviz.build_model(cfg).eval()
-    peer = InfiniTransformer(num_tokens=256, dim=128, depth=2, dim_head=32, heads=4, use_mem_delta_rule=True).eval()
+    ours = memviz.build_model(cfg)
+    peer = InfiniTransformer(num_tokens=256, dim=128, depth=2, dim_head=32, heads=4, use_mem_delta_rule=True)
 
     def peer_segments():
-        memories = None
+        memories, logits = None, []
         for segment in ids.split(64, dim=1):
-            _, _, memories = peer(segment, past_memories=memories, return_new_memories=True)
+            out, _, memories = peer(segment, past_memories=memories, return_new_memories=True)
+            logits.append(out)
+        return torch.cat(logits, dim=1)
 
-    with torch.no_grad():
-        times = interleaved({"ours": lambda: ours(ids), "peer": peer_segments}, n_rounds)
-    rows.append(peer_row("Infini-attention model forward", f"1x{4 * T} tokens, 2 layers, d 128, segment 64, delta",
-                         "infini-transformer-pytorch 0.2.1", times))
+    rows += compare("Infini-attention model", f"1x{4 * T} tokens, 2 layers, d 128, segment 64, delta",
+                    "infini-transformer-pytorch 0.2.1", lambda: ours(ids), peer_segments,
+                    list(ours.parameters()), list(peer.parameters()))
     # Titans neural memory: MLP memory (2 layers, hidden 2d), d 128, chunks of 16
     x = torch.randn(1, T, 128)
     cfg = memviz.ModelConfig(family="titans", d_model=128, n_layers=1, n_heads=4, vocab_size=256, segment_len=16)
     ours = NeuralMemory(cfg, TitansOptions(variant="lmm", memory="mlp", chunk=16), 16)
     ours.reset_memory_parameters()
     peer = PeerNeuralMemory(dim=128, chunk_size=16)
-    with torch.no_grad():
-        times = interleaved({"ours": lambda: ours.step(x, ours.init_state(1, x.device), 0), "peer": lambda: peer(x)}, n_rounds)
-    rows.append(peer_row("Titans neural memory forward", f"1x{T}x128, MLP memory, chunk 16", "titans-pytorch 0.5.5", times))
+    rows += compare("Titans neural memory", f"1x{T}x128, MLP memory, chunk 16", "titans-pytorch 0.5.5",
+                    lambda: ours.step(x, ours.init_state(1, x.device), 0)[0], lambda: peer(x)[0],
+                    list(ours.parameters()), list(peer.parameters()))
     return rows
 
 
@@ -301,10 +313,13 @@ def main() -> int:
     parser.add_argument("--only", nargs="+", choices=sorted(SECTIONS))
     parser.add_argument("--record", action="store_true", help="append the tables to benchmarks/RESULTS.md")
     parser.add_argument("--install-peers", action="store_true", help="pip-install benchmarks/peers.txt into benchmarks/.peers")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads (default: all cores)")
     args = parser.parse_args()
+    if args.threads < 1:
+        parser.error(f"--threads must be at least 1, got {args.threads}")
     if args.install_peers:
         install_peers()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    torch.set_num_threads(args.threads)
     header = (f"## {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC · {platform.machine()} CPU, {torch.get_num_threads()} threads · "
               f"torch {torch.__version__} · python {platform.python_version()}{' · --quick' if args.quick else ''}\n")
     report = [header]

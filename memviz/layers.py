@@ -184,35 +184,45 @@ class LocalAttention(nn.Module):
         values = torch.cat([state["v"], v.transpose(1, 2)], dim=2)
         cached = state["k"].shape[2]
         k_pos = torch.arange(pos - cached, pos + T, device=q.device)
-        mask = local_mask(positions, k_pos, self.window, self.segment_len)
         keep = self._cache_keep(pos + T, k_pos)
         new_state = LocalCache(k=keys[:, :, keep:], v=values[:, :, keep:])
-        all_k, all_v, all_mask = [keys], [values], [mask]
+        groups = [(keys, values)]  # key groups that share the positions k_pos (the side keys are a second)
         if self.side_keys:
             if side is None:
                 raise ValueError("this attention layer was built with side keys; pass side=(k, v)")
             side_keys = torch.cat([state["ks"], apply_rotary(side[0], cos, sin).transpose(1, 2)], dim=2)
             side_values = torch.cat([state["vs"], side[1].transpose(1, 2)], dim=2)
-            all_k.append(side_keys)
-            all_v.append(side_values)
-            all_mask.append(mask)
+            groups.append((side_keys, side_values))
             new_state.update(ks=side_keys[:, :, keep:], vs=side_values[:, :, keep:])
+        fixed_k = fixed_v = None
         if self.persistent is not None:
-            n = self.persistent.shape[0]
-            all_k.insert(0, self.heads(self.W_K(self.persistent)).permute(1, 0, 2).expand(B, -1, -1, -1))
-            all_v.insert(0, self.heads(self.W_V(self.persistent)).permute(1, 0, 2).expand(B, -1, -1, -1))
-            all_mask.insert(0, torch.ones(T, n, dtype=torch.bool, device=q.device))
-        q, keys, values, mask = q.transpose(1, 2), torch.cat(all_k, dim=2), torch.cat(all_v, dim=2), torch.cat(all_mask, dim=1)
+            fixed_k = self.heads(self.W_K(self.persistent)).permute(1, 0, 2).expand(B, -1, -1, -1)
+            fixed_v = self.heads(self.W_V(self.persistent)).permute(1, 0, 2).expand(B, -1, -1, -1)
+        q = q.transpose(1, 2)
         span = self.window or self.segment_len
-        if span is None or T <= 2 * span:
-            z = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-        else:  # blocks of `span` queries, each against only the keys it may see: O(T span), not O(T^2)
-            parts = []
-            for a in range(0, T, span):
-                cols = mask[a : a + span].any(0).nonzero().squeeze(1)
-                parts.append(F.scaled_dot_product_attention(q[:, :, a : a + span], keys[:, :, cols], values[:, :, cols],
-                                                            attn_mask=mask[a : a + span, cols]))
-            z = torch.cat(parts, dim=2)
+        # Blocks of `span` queries, each against the keys it may see: the cache and the block before
+        # it (O(T span), not O(T^2)). The pieces come from split, not slicing, so the backward pass
+        # concatenates their gradients instead of adding each into a zero tensor of the full length.
+        block = T if span is None or T <= 2 * span else span
+        sizes = [cached] + [min(block, T - a) for a in range(0, T, block)]
+        pieces = [[part.split(sizes, dim=2) for part in group] for group in groups]
+        parts = []
+        for j, q_block in enumerate(q.split(block, dim=2)):
+            a = j * block
+            first = j if block < T else 0  # the piece before the block: the cache for the first
+            lo = cached + a - sizes[first] if block < T else 0
+            hi = cached + a + q_block.shape[2]
+            mask = local_mask(positions[a : a + q_block.shape[2]], k_pos[lo:hi], self.window, self.segment_len)
+            ks = [torch.cat(k_parts[first : j + 2], dim=2) for k_parts, _ in pieces]
+            vs = [torch.cat(v_parts[first : j + 2], dim=2) for _, v_parts in pieces]
+            masks = [mask] * len(groups)
+            if fixed_k is not None:
+                ks.insert(0, fixed_k)
+                vs.insert(0, fixed_v)
+                masks.insert(0, torch.ones(q_block.shape[2], fixed_k.shape[2], dtype=torch.bool, device=q.device))
+            parts.append(F.scaled_dot_product_attention(q_block, torch.cat(ks, dim=2), torch.cat(vs, dim=2),
+                                                        attn_mask=torch.cat(masks, dim=1)))
+        z = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
         return z.transpose(1, 2), new_state
 
     def _cache_keep(self, next_pos: int, k_pos: Tensor) -> int:

@@ -41,13 +41,13 @@ def infini_memory_reference(sq: Tensor, sk: Tensor, v: Tensor, M: Tensor, z: Ten
     """sq, sk [B,H,T,d], v [B,H,T,dv], M [B,H,d,dv], z [B,H,d] -> (A_mem [B,H,T,dv],
     ||M_s||_F for each segment [B,H,n_segments], M and z after the last complete segment)."""
     reads, norms = [], []
-    T = sq.shape[2]
-    for a in range(0, T, segment_len):
-        b = min(T, a + segment_len)
-        reads.append(memory_retrieve(sq[:, :, a:b], M, z))
+    # split, not slices: the backward pass then concatenates the segments' gradients (O(T)) instead
+    # of adding each into a zero tensor of the whole length (O(T^2 / segment_len))
+    for q_s, k_s, v_s in zip(*(x.split(segment_len, dim=2) for x in (sq, sk, v))):
+        reads.append(memory_retrieve(q_s, M, z))
         norms.append(M.flatten(2).norm(dim=-1))
-        if b - a == segment_len:
-            M, z = memory_update(sk[:, :, a:b], v[:, :, a:b], M, z, rule)
+        if q_s.shape[2] == segment_len:
+            M, z = memory_update(k_s, v_s, M, z, rule)
     return torch.cat(reads, dim=2), torch.stack(norms, dim=-1), M, z
 
 
