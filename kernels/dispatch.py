@@ -17,7 +17,7 @@ Each asks `kernel_mode` which path to take:
   * otherwise the environment variable MEMVIZ_KERNELS ("triton", "native", "reference" or "auto");
   * "auto" (the default) takes the Triton kernel for CUDA tensors where one exists, the
     compiled CPU kernel for CPU tensors where one exists and builds (the LM2 scan, forward
-    only), and the reference elsewhere.
+    only; the product-key top-k, with gradients), and the reference elsewhere.
 """
 from __future__ import annotations
 
@@ -44,7 +44,8 @@ TRITON_KERNELS: dict[str, str] = {
     "titans_linear_memory": "kernels.titans.triton:titans_linear_memory",
 }
 #: operation -> "module:function" of its compiled CPU kernel; the module has `available()`
-NATIVE_KERNELS: dict[str, str] = {"lm2_scan": "kernels.lm2.cpu:lm2_scan"}
+NATIVE_KERNELS: dict[str, str] = {"lm2_scan": "kernels.lm2.cpu:lm2_scan",
+                                  "product_key_topk": "kernels.product_keys.cpu:product_key_topk"}
 #: kernels without a backward: when a gradient is needed the reference runs instead
 FORWARD_ONLY = {"lm2_scan", "titans_linear_memory"}  # Triton and native alike
 
@@ -124,6 +125,8 @@ def product_key_topk(q: Tensor, keys: Tensor, k: int, impl: str | None = None) -
     """Exact top-k over n^2 product keys (kernels/product_keys/)."""
     if use_triton("product_key_topk", q, impl):
         return triton_kernel("product_key_topk")(q, keys, k)
+    if use_native("product_key_topk", q, impl):
+        return native_kernel("product_key_topk")(q, keys, k)
     return product_key_topk_reference(q, keys, k)
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ TOL = dict(rtol=1e-4, atol=2e-5)
 #: where the kernel tests make their tensors: "cpu" (the Triton kernels in the interpreter) or "cuda"
 DEVICE = os.environ.get("MEMVIZ_TEST_DEVICE", "cpu")
 cpu_only = pytest.mark.skipif(DEVICE != "cpu", reason="tests the compiled CPU kernel or the CPU dispatch")
+needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="the compiled CPU kernels need a C compiler (cc)")
 
 
 @pytest.fixture

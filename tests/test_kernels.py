@@ -1,18 +1,14 @@
 """The dispatcher and whole models on both paths. Each op's own tests (its kernels against its
 reference on fresh random inputs, under TRITON_INTERPRET=1 on the CPU) are beside it, in
 kernels/<op>/test_*.py."""
-import shutil
-
 import pytest
 import torch
 
 import memviz
 from kernels import dispatch
 from kernels.lm2.reference import lm2_scan_reference
-from kernels.testing import close, poisoned_buffers, seed  # noqa: F401  (fixtures)
+from kernels.testing import close, needs_cc, poisoned_buffers, seed  # noqa: F401  (fixtures)
 from tests.conftest import scrambled, small_model
-
-needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="the LM2 CPU kernel needs a C compiler (cc)")
 
 
 # ----- dispatcher --------------------------------------------------------------------------------
@@ -91,14 +87,15 @@ def test_a_model_gives_the_same_logits_and_trace_on_both_paths(family, monkeypat
 
 
 @needs_cc
-def test_lm2_model_gives_the_same_logits_and_trace_with_the_cpu_kernel(monkeypatch, seed):
-    model = scrambled(small_model("lm2", **MODELS["lm2"]))
+@pytest.mark.parametrize("family,kernel", [("lm2", "lm2_scan"), ("memory_layer", "product_key_topk")])
+def test_a_model_gives_the_same_logits_and_trace_with_the_cpu_kernel(family, kernel, monkeypatch, seed):
+    model = scrambled(small_model(family, **MODELS[family]))
     ids = torch.randint(0, 256, (2, 15))
     ref_logits, ref_cache, logits, cache, used = run_on_both_paths(model, ids, monkeypatch, "auto", "native_kernel")
-    assert used and set(used) == {"lm2_scan"}, "auto takes the CPU kernel for inference"
-    close(logits, ref_logits, seed, "lm2 logits")
+    assert used and set(used) == {kernel}, "auto takes the CPU kernel"
+    close(logits, ref_logits, seed, f"{family} logits")
     for name in ref_cache:
-        close(cache[name], ref_cache[name], seed, f"lm2 {name}")
+        close(cache[name], ref_cache[name], seed, f"{family} {name}")
 
 
 def test_memviz_import_does_not_import_triton():

@@ -1,69 +1,30 @@
 """LM2 bank scan as a compiled CPU loop (kernels/lm2/cpu.c), forward only.
 
 The scan is sequential over tokens, and in eager PyTorch each token costs about eleven small
-op dispatches; the C loop does the same O(N d + d^2) arithmetic a token with no dispatch. The
-library is compiled on first use with the system C compiler (`$CC`, else `cc`) into a cache
-folder (`$MEMVIZ_CACHE`, else ~/.cache/memviz) keyed by the source's hash, and loaded with
-ctypes; `available()` says whether that worked, so callers can fall back to the reference.
+op dispatches; the C loop does the same O(N d + d^2) arithmetic a token with no dispatch. Built
+and loaded by kernels/native.py; `available()` says whether that worked, so callers can fall
+back to the reference.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from kernels.lm2.reference import ScanResult, finish_scan, read_weights
+from kernels.native import NativeKernelError, build
 
 SOURCE = Path(__file__).with_suffix(".c")
-FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=c99"]
 FUNCTIONS = {torch.float32: "lm2_scan_f32", torch.float64: "lm2_scan_f64"}
-
-
-class NativeKernelError(RuntimeError):
-    """The C kernel could not be built or loaded."""
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("MEMVIZ_CACHE") or Path.home() / ".cache" / "memviz")
-
-
-def cpu_name() -> str:
-    """The processor model: -march=native builds differ between CPUs sharing one cache folder."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text(errors="replace").splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.machine() + platform.processor()
 
 
 @functools.cache
 def library() -> ctypes.CDLL:
     """Compile (once per source version and machine) and load the shared library."""
-    compiler = shutil.which(os.environ.get("CC", "cc"))
-    if compiler is None:
-        raise NativeKernelError("the LM2 CPU kernel needs a C compiler (set $CC or install cc); "
-                                "use MEMVIZ_KERNELS=reference to run the PyTorch reference instead")
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS + [cpu_name()]).encode()).hexdigest()[:16]
-    target = cache_dir() / f"lm2_scan_cpu-{digest}.so"
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            built = Path(tmp) / target.name
-            result = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"], capture_output=True, text=True)
-            if result.returncode != 0:
-                raise NativeKernelError(f"compiling {SOURCE.name} failed:\n{result.stderr.strip()}")
-            os.replace(built, target)  # atomic: a concurrent build never leaves half a library
-    lib = ctypes.CDLL(str(target))
+    lib = build(SOURCE, "LM2")
     for name in FUNCTIONS.values():
         getattr(lib, name).restype = ctypes.c_int
     return lib

@@ -1,0 +1,90 @@
+/* Product-key top-k selection on the CPU: steps 1-3 of kernels/product_keys/reference.py for
+   each (query, head) row, given its sub-key scores s1 = q1 K1^T and s2 = q2 K2^T (n each).
+
+     1. the k best of s1 and of s2, best first;
+     2. the candidate sums s1[a] + s2[b], only for (a + 1) (b + 1) <= k: with both lists sorted,
+        the pair (a, b) is beaten by every pair (a' <= a, b' <= b), (a + 1) (b + 1) - 1 of them,
+        so no other pair can be in the top k (about k ln k candidates instead of k^2);
+     3. the k best candidates, best first.
+
+   Outputs the sub-key positions i [R, k] and j [R, k] of the chosen keys (value row i n + j);
+   the caller takes the scores from s1, s2 with a gather, so gradients stay in PyTorch. Ties
+   keep the earlier entry; with NaN scores the choice is arbitrary, but every position is in [0, n). */
+#include <math.h>
+#include <stdlib.h>
+#define MAX_K 256  /* kernels/product_keys/cpu.py checks k against it */
+
+#define RANK_LIMIT 256
+
+/* The k best of x[0..n) into vals/ids, best first, ties to the earlier entry.
+   A bound first: the maxima of k disjoint groups of entries are k entries, so the smallest of
+   them is at most the k-th largest, and only entries at least that large can be chosen (about
+   half a row of 64 for k = 16). Then each survivor's rank (how many survivors beat it) is
+   counted for all of them at once: per survivor j, one compare against all survivors, a loop the
+   compiler vectorises, with no data-dependent branch. Past RANK_LIMIT survivors, insertion into
+   the sorted buffer instead. Scratch: xs, idx, rank of n entries each. */
+#define DEFINE_TOPK(NAME, real)                                                                         \
+static void NAME##_select(const real *x, long n, long k, real *vals, long *ids, real *xs, long *idx,    \
+                          int *rank)                                                                    \
+{                                                                                                       \
+    for (long m = 0; m < k; m++) { vals[m] = -INFINITY; ids[m] = 0; xs[m] = x[m]; }                     \
+    for (long start = k; start < n; start += k)                                                         \
+        for (long m = 0; m < k && start + m < n; m++) xs[m] = x[start + m] > xs[m] ? x[start + m] : xs[m];\
+    real bound = xs[0];                                                                                 \
+    for (long m = 1; m < k; m++) bound = xs[m] < bound ? xs[m] : bound;                                 \
+    int c = 0;                                                                                          \
+    for (long m = 0; m < n; m++) { xs[c] = x[m]; idx[c] = m; c += x[m] >= bound; }  /* no branch */    \
+    if (c <= RANK_LIMIT) {                                                                              \
+        for (int m = 0; m < c; m++) rank[m] = 0;                                                        \
+        for (int j = 0; j < c; j++) {                                                                   \
+            real xj = xs[j];                                                                            \
+            for (int m = 0; m < c; m++) rank[m] += (xj > xs[m]) | ((xj == xs[m]) & (j < m));            \
+        }                                                                                               \
+        for (int m = 0; m < c; m++) {  /* ranks k and over land in the spare slot vals[k] */            \
+            long r = rank[m] < k ? rank[m] : k;                                                         \
+            vals[r] = xs[m];                                                                            \
+            ids[r] = idx[m];                                                                            \
+        }                                                                                               \
+        return;                                                                                         \
+    }                                                                                                   \
+    for (int m = 0; m < c; m++) {                                                                       \
+        real xm = xs[m];                                                                                \
+        if (!(xm > vals[k - 1])) continue;                                                              \
+        long r = k - 1;                                                                                 \
+        for (; r > 0 && xm > vals[r - 1]; r--) { vals[r] = vals[r - 1]; ids[r] = ids[r - 1]; }          \
+        vals[r] = xm;                                                                                   \
+        ids[r] = idx[m];                                                                                \
+    }                                                                                                   \
+}                                                                                                       \
+int NAME(long R, long n, long k, const real *scores, long *out_i, long *out_j)                          \
+{                                                                                                       \
+    real v1[MAX_K + 1], v2[MAX_K + 1], sums[MAX_K * 8], best[MAX_K + 1];                                            \
+    long i1[MAX_K + 1], i2[MAX_K + 1], pair[MAX_K * 8], picked[MAX_K + 1];                                          \
+    if (k > MAX_K || k > n || k < 1) return 1;                                                          \
+    long size = n > MAX_K * 8 ? n : MAX_K * 8;                                                          \
+    real *xs = (real *)malloc(sizeof(real) * size);                                                     \
+    long *idx = (long *)malloc(sizeof(long) * size);                                                    \
+    int *rank = (int *)malloc(sizeof(int) * size);                                                      \
+    if (!xs || !idx || !rank) { free(xs); free(idx); free(rank); return 2; }                            \
+    for (long r = 0; r < R; r++) {                                                                      \
+        const real *s1 = scores + r * 2 * n, *s2 = s1 + n;                                              \
+        NAME##_select(s1, n, k, v1, i1, xs, idx, rank);                                                 \
+        NAME##_select(s2, n, k, v2, i2, xs, idx, rank);                                                 \
+        long c = 0;                                                                                     \
+        for (long a = 0; a < k; a++)                                                                    \
+            for (long b = 0; (a + 1) * (b + 1) <= k; b++) {                                             \
+                sums[c] = v1[a] + v2[b];                                                                \
+                pair[c++] = a * k + b;                                                                  \
+            }                                                                                           \
+        NAME##_select(sums, c, k, best, picked, xs, idx, rank);                                         \
+        for (long m = 0; m < k; m++) {                                                                  \
+            out_i[r * k + m] = i1[pair[picked[m]] / k];                                                 \
+            out_j[r * k + m] = i2[pair[picked[m]] % k];                                                 \
+        }                                                                                               \
+    }                                                                                                   \
+    free(xs); free(idx); free(rank);                                                                    \
+    return 0;                                                                                           \
+}
+
+DEFINE_TOPK(product_key_topk_f32, float)
+DEFINE_TOPK(product_key_topk_f64, double)
