@@ -17,7 +17,7 @@ Each asks `kernel_mode` which path to take:
   * otherwise the environment variable MEMVIZ_KERNELS ("triton", "native", "reference" or "auto");
   * "auto" (the default) takes the Triton kernel for CUDA tensors where one exists, the
     compiled CPU kernel for CPU tensors where one exists and builds (the LM2 scan, forward
-    only; the product-key top-k, with gradients), and the reference elsewhere.
+    only; the product-key top-k and bag, with gradients), and the reference elsewhere.
 """
 from __future__ import annotations
 
@@ -45,7 +45,8 @@ TRITON_KERNELS: dict[str, str] = {
 }
 #: operation -> "module:function" of its compiled CPU kernel; the module has `available()`
 NATIVE_KERNELS: dict[str, str] = {"lm2_scan": "kernels.lm2.cpu:lm2_scan",
-                                  "product_key_topk": "kernels.product_keys.cpu:product_key_topk"}
+                                  "product_key_topk": "kernels.product_keys.cpu:product_key_topk",
+                                  "weighted_bag": "kernels.product_keys.cpu:weighted_bag"}
 #: kernels without a backward: when a gradient is needed the reference runs instead
 FORWARD_ONLY = {"lm2_scan", "titans_linear_memory"}  # Triton and native alike
 
@@ -134,6 +135,8 @@ def weighted_bag(indices: Tensor, weights: Tensor, values: Tensor, impl: str | N
     """Softmax-weighted sum of the selected value rows (kernels/product_keys/)."""
     if use_triton("weighted_bag", weights, impl):
         return triton_kernel("weighted_bag")(indices, weights, values)
+    if use_native("weighted_bag", values, impl):
+        return native_kernel("weighted_bag")(indices, weights, values)
     return weighted_bag_reference(indices, weights, values)
 
 

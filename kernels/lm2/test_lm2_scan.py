@@ -70,8 +70,8 @@ def test_auto_takes_the_cpu_kernel_for_inference_only(fresh_native_build, monkey
         assert not dispatch.use_native("lm2_scan", q, impl="reference")
         with pytest.raises(ValueError, match="float32 or float64 CPU tensors"):
             dispatch.use_native("lm2_scan", q.half(), impl="native")
-        with pytest.raises(NotImplementedError, match="no compiled CPU kernel for weighted_bag"):
-            dispatch.use_native("weighted_bag", q, impl="native")
+        with pytest.raises(NotImplementedError, match="no compiled CPU kernel for infini_memory"):
+            dispatch.use_native("infini_memory", q, impl="native")
         assert not dispatch.use_triton("lm2_scan", q, impl="native")
 
 

@@ -88,3 +88,35 @@ int NAME(long R, long n, long k, const real *scores, long *out_i, long *out_j)  
 
 DEFINE_TOPK(product_key_topk_f32, float)
 DEFINE_TOPK(product_key_topk_f64, double)
+
+/* The weighted bag's backward (out_r = sum_i w_ri V[idx_ri], kernels/product_keys/reference.py):
+   one pass over the chosen rows, each read once for both gradients,
+     dw_ri  = V[idx_ri] . g_r          dV[idx_ri] += w_ri g_r
+   grad_values must come in zeroed. */
+#define LANES 16
+#define DEFINE_BAG_BACKWARD(NAME, real)                                                                 \
+int NAME(long R, long k, long D, const long *indices, const real *weights, const real *values,          \
+         const real *grad_out, real *grad_weights, real *grad_values)                                  \
+{                                                                                                       \
+    for (long r = 0; r < R; r++) {                                                                      \
+        const real *g = grad_out + r * D;                                                               \
+        for (long i = 0; i < k; i++) {                                                                  \
+            long row = indices[r * k + i];                                                              \
+            const real *v = values + row * D;                                                           \
+            real *dv = grad_values + row * D, w = weights[r * k + i], lanes[LANES] = {0}, dot = 0;      \
+            long c = 0;                                                                                 \
+            for (; c + LANES <= D; c += LANES)  /* LANES partial sums: a dot product that vectorises */ \
+                for (long l = 0; l < LANES; l++) {                                                      \
+                    lanes[l] += v[c + l] * g[c + l];                                                    \
+                    dv[c + l] += w * g[c + l];                                                          \
+                }                                                                                       \
+            for (; c < D; c++) { dot += v[c] * g[c]; dv[c] += w * g[c]; }                               \
+            for (long l = 0; l < LANES; l++) dot += lanes[l];                                           \
+            grad_weights[r * k + i] = dot;                                                              \
+        }                                                                                               \
+    }                                                                                                   \
+    return 0;                                                                                           \
+}
+
+DEFINE_BAG_BACKWARD(weighted_bag_backward_f32, float)
+DEFINE_BAG_BACKWARD(weighted_bag_backward_f64, double)

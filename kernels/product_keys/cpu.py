@@ -1,4 +1,4 @@
-"""Product-key top-k with the selection compiled for the CPU (kernels/product_keys/cpu.c).
+"""Product-key top-k and the weighted bag's backward compiled for the CPU (kernels/product_keys/cpu.c).
 
 torch.topk costs about a microsecond a row at n = 64 on this CPU, and the reference calls it on
 every (query, head) twice (each half's sub-keys, then the k^2 candidate sums), which made it
@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from kernels.native import NativeKernelError, build
+from kernels.product_keys.reference import weighted_bag as weighted_bag_reference
 
 SOURCE = Path(__file__).with_suffix(".c")
 FUNCTIONS = {torch.float32: "product_key_topk_f32", torch.float64: "product_key_topk_f64"}
@@ -25,8 +26,8 @@ MAX_K = 256
 
 @functools.cache
 def library() -> ctypes.CDLL:
-    lib = build(SOURCE, "product-key top-k")
-    for name in FUNCTIONS.values():
+    lib = build(SOURCE, "product-key")
+    for name in (*FUNCTIONS.values(), *BAG_BACKWARD.values()):
         getattr(lib, name).restype = ctypes.c_int
     return lib
 
@@ -63,3 +64,37 @@ def product_key_topk(q: Tensor, keys: Tensor, k: int) -> tuple[Tensor, Tensor]:
         raise ValueError(f"the product-key CPU kernel rejected k={k} with n={n}")
     scores = sub_scores[..., 0, :].gather(-1, first) + sub_scores[..., 1, :].gather(-1, second)
     return scores, first * n + second
+
+
+BAG_BACKWARD = {torch.float32: "weighted_bag_backward_f32", torch.float64: "weighted_bag_backward_f64"}
+
+
+class WeightedBag(torch.autograd.Function):
+    """torch's embedding bag forward; the backward in one C pass over the chosen rows, where
+    torch makes two (a sort of the indices for the values' gradient, a gather for the weights')."""
+
+    @staticmethod
+    def forward(ctx, indices: Tensor, weights: Tensor, values: Tensor) -> Tensor:
+        ctx.save_for_backward(indices, weights, values)
+        return weighted_bag_reference(indices, weights, values)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: Tensor):
+        indices, weights, values = ctx.saved_tensors
+        k, D = indices.shape[-1], values.shape[-1]
+        index = indices.reshape(-1, k).contiguous()
+        w = weights.reshape(-1, k).to(values.dtype).contiguous()
+        g = grad_out.reshape(-1, D).to(values.dtype).contiguous()
+        grad_weights, grad_values = torch.empty_like(w), torch.zeros_like(values, memory_format=torch.contiguous_format)
+        getattr(library(), BAG_BACKWARD[values.dtype])(
+            ctypes.c_long(index.shape[0]), ctypes.c_long(k), ctypes.c_long(D),
+            *(ctypes.c_void_p(t.data_ptr()) for t in (index, w, values.contiguous(), g, grad_weights, grad_values)))
+        return None, grad_weights.view(weights.shape).to(weights.dtype), grad_values
+
+
+def weighted_bag(indices: Tensor, weights: Tensor, values: Tensor) -> Tensor:
+    """The contract of kernels.product_keys.reference.weighted_bag, with the C backward."""
+    if not supports(values):
+        raise ValueError(f"the weighted-bag CPU kernel takes float32 or float64 CPU values, got {values.dtype} on {values.device}")
+    return WeightedBag.apply(indices, weights, values)

@@ -32,14 +32,17 @@ def test_product_key_topk_matches_the_reference_with_gradients(seed, shape, impl
     close(k32.grad, k64.grad, seed, "dkeys")
 
 
-@pytest.mark.parametrize("strategy", ["reverse", "atomic"])
+@pytest.mark.parametrize("strategy", ["reverse", "atomic", pytest.param("native", marks=[cpu_only, needs_cc])])
 def test_weighted_bag_matches_embedding_bag_with_gradients(seed, strategy):
     rows, k, n_values, D = 11, 5, 37, 9
     indices = torch.randint(0, n_values, (rows, k))
     indices[0] = indices[1]  # rows sharing values: the reverse index must sum them
     w, values = torch.rand(rows, k), torch.randn(n_values, D)
     (w32, v32), (w64, v64) = leaves([w, values], torch.float32), leaves([w, values], torch.float64)
-    out = dispatch.triton_kernel("weighted_bag")(indices, w32, v32, strategy)
+    if strategy == "native":  # the CPU kernel's backward
+        out = dispatch.weighted_bag(indices, w32, v32, impl="native")
+    else:
+        out = dispatch.triton_kernel("weighted_bag")(indices, w32, v32, strategy)
     ref = bag_reference(indices, w64, v64)
     close(out, ref, seed, "bag forward")
     grad = torch.randn_like(out)
