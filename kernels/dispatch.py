@@ -16,8 +16,8 @@ Each asks `kernel_mode` which path to take:
   * `impl="triton"`, `"native"` or `"reference"` forces a path for one call;
   * otherwise the environment variable MEMVIZ_KERNELS ("triton", "native", "reference" or "auto");
   * "auto" (the default) takes the Triton kernel for CUDA tensors where one exists, the
-    compiled CPU kernel for CPU tensors where one exists and builds (the LM2 scan, forward
-    only; the product-key top-k and bag, with gradients), and the reference elsewhere.
+    compiled CPU kernel for CPU tensors where one exists and builds (the LM2 scan, the
+    product-key top-k and bag; all with gradients), and the reference elsewhere.
 """
 from __future__ import annotations
 
@@ -47,8 +47,9 @@ TRITON_KERNELS: dict[str, str] = {
 NATIVE_KERNELS: dict[str, str] = {"lm2_scan": "kernels.lm2.cpu:lm2_scan",
                                   "product_key_topk": "kernels.product_keys.cpu:product_key_topk",
                                   "weighted_bag": "kernels.product_keys.cpu:weighted_bag"}
-#: kernels without a backward: when a gradient is needed the reference runs instead
-FORWARD_ONLY = {"lm2_scan", "titans_linear_memory"}  # Triton and native alike
+#: Triton kernels without a backward: when a gradient is needed the reference runs instead
+#: (every compiled CPU kernel has one)
+FORWARD_ONLY = {"lm2_scan", "titans_linear_memory"}
 
 
 def kernel_mode(impl: str | None = None) -> str:
@@ -76,7 +77,7 @@ def use_triton(op: str, tensor: Tensor, impl: str | None = None) -> bool:
 
 def use_native(op: str, tensor: Tensor, impl: str | None = None) -> bool:
     """The compiled CPU kernel: forced by "native" (an error where it cannot run), taken by
-    "auto" for CPU tensors when it builds on this machine; never when a gradient is needed."""
+    "auto" for CPU tensors when it builds on this machine, with or without gradients."""
     mode = kernel_mode(impl)
     if mode not in ("auto", "native"):
         return False
@@ -89,8 +90,6 @@ def use_native(op: str, tensor: Tensor, impl: str | None = None) -> bool:
         if not module.supports(tensor):
             raise ValueError(f"the CPU kernel for {op} takes float32 or float64 CPU tensors, got {tensor.dtype} on {tensor.device}")
         module.library()  # raises with the compiler's message
-    if op in FORWARD_ONLY and torch.is_grad_enabled():
-        return False
     return module.supports(tensor) and module.available()
 
 
@@ -110,8 +109,8 @@ def triton_kernel(op: str):
 
 def lm2_scan(q_slot: Tensor, g_in: Tensor, W_V: Tensor, W_f: Tensor, b_f: Tensor, initial_state: Tensor,
              impl: str | None = None) -> tuple[tuple[Tensor, Tensor, Tensor, Tensor], Tensor]:
-    """The LM2 per-token bank scan from the bank `initial_state` [B,N,d] (kernels/lm2/);
-    the kernels under no_grad only."""
+    """The LM2 per-token bank scan from the bank `initial_state` [B,N,d] (kernels/lm2/); the
+    Triton kernel under no_grad only."""
     if use_triton("lm2_scan", q_slot, impl):
         kernel = triton_kernel("lm2_scan")
     elif use_native("lm2_scan", q_slot, impl):

@@ -1,5 +1,5 @@
-"""The LM2 bank scan: the Triton kernel (interpreter) and the compiled CPU kernel against the
-reference in float64, and how the dispatcher picks the CPU kernel."""
+"""The LM2 bank scan: the Triton kernel (interpreter) and the compiled CPU kernel (forward and
+backward) against the reference in float64, and how the dispatcher picks the CPU kernel."""
 
 import pytest
 import torch
@@ -47,6 +47,51 @@ def test_lm2_scan_cpu_kernel_matches_the_reference(seed, B, T, N, D, dtype):
         close(a, b, seed, f"lm2 cpu {name}")
 
 
+@cpu_only
+@needs_cc
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("B,T,N,D", [(2, 9, 5, 12), (1, 1, 3, 7), (3, 40, 17, 33)])
+def test_lm2_scan_cpu_kernel_gradients_match_the_reference(seed, B, T, N, D, dtype):
+    """The C backward against autograd through the float64 reference, every input, from a
+    random weighting of every output (the norms and the bank included). In float32 the
+    gradients sum over every token (the C loops in order, PyTorch's in blocks), so the bar is
+    float32 rounding: eight times the float32 reference's own error, or 4e-6 of the largest
+    gradient (about 30 float32 ulps), whichever is larger."""
+    args = scan_inputs(B, T, N, D, D**-0.5)
+    weights = None
+
+    def gradients(dtype, impl):
+        nonlocal weights
+        inputs = [x.to(dtype).clone().requires_grad_() for x in args]
+        outputs, bank = dispatch.lm2_scan(*inputs, impl=impl)
+        weights = weights or [torch.randn(x.shape, dtype=torch.float64) for x in (*outputs, bank)]
+        sum((w.to(dtype) * x).sum() for w, x in zip(weights, (*outputs, bank))).backward()
+        return [x.grad for x in inputs]
+
+    exact = gradients(torch.float64, "reference")
+    ours = gradients(dtype, "native")
+    rounding = gradients(torch.float32, "reference") if dtype == torch.float32 else None
+    for i, name in enumerate(("q_slot", "g_in", "W_V", "W_f", "b_f", "bank")):
+        assert ours[i].dtype == dtype, name
+        if rounding is None:
+            close(ours[i], exact[i], seed, f"lm2 cpu d{name}")
+        else:
+            error, reference_error = ((g.double() - exact[i]).abs().max().item() for g in (ours[i], rounding[i]))
+            bar = max(8 * reference_error, 4e-6 * exact[i].abs().max().item())
+            assert error <= bar, f"lm2 cpu d{name} (seed {seed}): off by {error:.3g}, the float32 reference by {reference_error:.3g}"
+
+
+@cpu_only
+@needs_cc
+def test_lm2_scan_cpu_kernel_passes_gradcheck():
+    args = [x.double().requires_grad_() for x in scan_inputs(1, 5, 3, 4, 0.5)]
+    def flat(*inputs):
+        outputs, bank = dispatch.lm2_scan(*inputs, impl="native")
+        return (*outputs, bank)
+
+    assert torch.autograd.gradcheck(flat, args)
+
+
 @pytest.fixture
 def fresh_native_build(monkeypatch, tmp_path):
     """An empty build cache, and the loader's memo cleared before and after."""
@@ -60,12 +105,12 @@ def fresh_native_build(monkeypatch, tmp_path):
 
 @cpu_only
 @needs_cc
-def test_auto_takes_the_cpu_kernel_for_inference_only(fresh_native_build, monkeypatch):
+def test_auto_takes_the_cpu_kernel_for_inference_and_training(fresh_native_build, monkeypatch):
     q = torch.randn(1, 3, 4)
-    assert not dispatch.use_native("lm2_scan", q), "training needs the reference's gradients"
+    assert dispatch.use_native("lm2_scan", q), "the kernel has a backward: training takes it too"
+    assert list(fresh_native_build.glob("lm2_cpu-*.so")), "the kernel is built into the cache folder"
     with torch.no_grad():
         assert dispatch.use_native("lm2_scan", q)
-        assert list(fresh_native_build.glob("lm2_cpu-*.so")), "the kernel is built into the cache folder"
         assert not dispatch.use_native("lm2_scan", q.half()), "float16 falls back to the reference"
         assert not dispatch.use_native("lm2_scan", q, impl="reference")
         with pytest.raises(ValueError, match="float32 or float64 CPU tensors"):
