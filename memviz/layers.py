@@ -114,6 +114,11 @@ def local_mask(q_pos: Tensor, k_pos: Tensor, window: int | None, segment_len: in
     return mask
 
 
+def joined(tensors: list[Tensor], dim: int = 2) -> Tensor:
+    """torch.cat, without the copy when there is one tensor."""
+    return tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=dim)
+
+
 def segment_pieces(pos: int, length: int, segment_len: int | None) -> list[tuple[int, int]]:
     """Split the chunk [pos, pos+length) at segment boundaries; offsets are chunk-relative."""
     if segment_len is None:
@@ -213,16 +218,15 @@ class LocalAttention(nn.Module):
             lo = cached + a - sizes[first] if block < T else 0
             hi = cached + a + q_block.shape[2]
             mask = local_mask(positions[a : a + q_block.shape[2]], k_pos[lo:hi], self.window, self.segment_len)
-            ks = [torch.cat(k_parts[first : j + 2], dim=2) for k_parts, _ in pieces]
-            vs = [torch.cat(v_parts[first : j + 2], dim=2) for _, v_parts in pieces]
+            ks = [piece for k_parts, _ in pieces for piece in k_parts[first : j + 2]]
+            vs = [piece for _, v_parts in pieces for piece in v_parts[first : j + 2]]
             masks = [mask] * len(groups)
             if fixed_k is not None:
                 ks.insert(0, fixed_k)
                 vs.insert(0, fixed_v)
                 masks.insert(0, torch.ones(q_block.shape[2], fixed_k.shape[2], dtype=torch.bool, device=q.device))
-            parts.append(F.scaled_dot_product_attention(q_block, torch.cat(ks, dim=2), torch.cat(vs, dim=2),
-                                                        attn_mask=torch.cat(masks, dim=1)))
-        z = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
+            parts.append(F.scaled_dot_product_attention(q_block, joined(ks), joined(vs), attn_mask=joined(masks, dim=1)))
+        z = joined(parts)
         return z.transpose(1, 2), new_state
 
     def _cache_keep(self, next_pos: int, k_pos: Tensor) -> int:

@@ -1,0 +1,119 @@
+"""A training step of each sample's recipe, this tree against a git revision, interleaved.
+
+    python benchmarks/train_step.py titans infini_long memory_plus --against bf7cf35 [--threads 1] [--rounds 3]
+
+For each recipe (sample_checkpoints/NAME.train.json) it times steps of the recipe's longest
+curriculum stage (the batches the run itself draws there, on the shipped sample's weights) in a
+fresh process for each tree, the revision's and this one's in turn round after round
+(benchmarks/timing.py's rule), and gives the median of the per-round ratios with their range.
+The revision is checked out into a temporary git worktree and removed afterwards. Run it with
+nothing else on the machine; --record appends the table to benchmarks/RESULTS.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: run in a child process whose working directory is the tree being timed
+STEP_SCRIPT = """
+import json, os, statistics, sys, tempfile, time
+sys.path.insert(0, os.getcwd())
+import torch
+torch.set_num_threads({threads})
+from pathlib import Path
+from memviz.checkpoint import load_weights, read_weights
+from training import TrainConfig, Trainer
+data = json.loads(open({recipe!r}).read())
+data.update(out=tempfile.mkdtemp(prefix="train_step-"), threads={threads})
+data["eval"] = {{**data.get("eval", {{}}), "every": 0}}
+data["init_from"] = None
+cfg = TrainConfig.from_dict(data)
+trainer = Trainer(cfg, progress=False)
+load_weights(trainer.model, read_weights(Path({weights!r})), Path({weights!r}))
+seconds = []
+for i in range({steps} + 1):
+    trainer.step = {step}
+    started = time.perf_counter()
+    trainer.train_step()
+    seconds.append(time.perf_counter() - started)
+print(json.dumps(statistics.median(seconds[1:])))
+"""
+
+
+def last_stage_step(recipe: dict) -> int:
+    """The middle step of the recipe's last (longest) length stage."""
+    steps = recipe["optim"]["steps"]
+    starts = [s for s, _ in recipe["data"].get("curriculum") or [[0, 0]] if s < steps]
+    return (max(starts) + steps) // 2
+
+
+def time_step(tree: Path, recipe: Path, weights: Path, step: int, threads: int, steps: int) -> float:
+    script = STEP_SCRIPT.format(recipe=str(recipe), weights=str(weights), step=step, threads=threads, steps=steps)
+    out = subprocess.run([sys.executable, "-c", script], cwd=tree, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"timing {recipe.stem} in {tree} failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("recipes", nargs="+", help="names of sample_checkpoints/NAME.train.json")
+    parser.add_argument("--against", required=True, help="the git revision to compare with")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=2, help="timed steps per process (after one warm-up)")
+    parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
+    args = parser.parse_args()
+    for name, value in (("--threads", args.threads), ("--rounds", args.rounds), ("--steps", args.steps)):
+        if value < 1:
+            parser.error(f"{name} must be at least 1, got {value}")
+    for name in args.recipes:
+        if not (ROOT / "sample_checkpoints" / f"{name}.train.json").is_file():
+            parser.error(f"no recipe sample_checkpoints/{name}.train.json")
+        if not (ROOT / "sample_checkpoints" / name / "model.safetensors").is_file():
+            parser.error(f"no sample sample_checkpoints/{name} to take the weights from")
+    revision = subprocess.run(["git", "rev-parse", "--short", args.against], cwd=ROOT, capture_output=True, text=True)
+    if revision.returncode != 0:
+        parser.error(f"--against: no git revision {args.against!r}")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="train_step-") as tmp:
+        base = Path(tmp) / "base"
+        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(base), args.against], cwd=ROOT, check=True)
+        try:
+            for name in args.recipes:
+                recipe = ROOT / "sample_checkpoints" / f"{name}.train.json"
+                weights = ROOT / "sample_checkpoints" / name / "model.safetensors"
+                config = json.loads(recipe.read_text())
+                step = last_stage_step(config)
+                times: dict[str, list[float]] = {"base": [], "ours": []}
+                for _ in range(args.rounds):
+                    for label, tree in (("base", base), ("ours", ROOT)):
+                        times[label].append(time_step(tree, recipe, weights, step, args.threads, args.steps))
+                ratios = sorted(b / o for b, o in zip(times["base"], times["ours"]))
+                length = max(length for _, length in config["data"].get("curriculum") or [[0, 0]])
+                row = (f"| `{name}` | {config['optim']['batch_size']} x {length} | {statistics.median(times['base']):.3f} s | "
+                       f"{statistics.median(times['ours']):.3f} s | {statistics.median(ratios):.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f}) |")
+                print(row, flush=True)
+                rows.append(row)
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, check=False)
+    if args.record:
+        with open(ROOT / "benchmarks" / "RESULTS.md", "a", encoding="utf-8") as fh:
+            fh.write(f"\n## {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC · a training step against {revision.stdout.strip()}, "
+                     f"{args.threads} thread(s), {args.rounds} rounds\n\n`python benchmarks/train_step.py ... --against "
+                     f"{args.against}`: median step time of each recipe's longest stage in each tree, and the median "
+                     "of the per-round ratios (above 1: this tree is faster).\n\n"
+                     "| recipe | batch x tokens | before | now | speedup |\n|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
