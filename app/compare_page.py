@@ -49,7 +49,7 @@ def render() -> None:
     same_text = traces[0][1].tokens[:n].tolist() == traces[1][1].tokens[:n].tolist()
     if same_text:
         labels = {f"left: {left}": traces[0][1], f"right: {right}": traces[1][1]}
-        st.plotly_chart(viz.loss_comparison(labels, start=start, stop=stop), use_container_width=True, key="cmp-loss")
+        st.plotly_chart(viz.loss_comparison(labels, start=start, stop=stop), width="stretch", key="cmp-loss")
     else:
         st.caption("The two tokenizers split the text differently, so positions do not line up token for token: "
                    "no overlay or difference; each model's loss is beside its figures.")
@@ -68,4 +68,4 @@ def render() -> None:
                     continue
                 fig = figs[title]
                 fig.update_layout(title_font_size=13)
-                st.plotly_chart(fig, use_container_width=True, key=f"cmp-{path}-{title}")
+                st.plotly_chart(fig, width="stretch", key=f"cmp-{path}-{title}")

@@ -73,7 +73,7 @@ def render() -> None:
             rows = interventions.ablation_sweep(model, sample.prompt, answer, points=SWEEP_POINTS, progress=show)
         finally:
             bar.empty()
-        st.plotly_chart(viz.ablation_sweep_figure(rows, sample.evidence), use_container_width=True, key="iv_sweep_fig")
+        st.plotly_chart(viz.ablation_sweep_figure(rows, sample.evidence), width="stretch", key="iv_sweep_fig")
 
 
 def render_fact_question(model) -> None:

@@ -40,7 +40,7 @@ def render_card(card: dict) -> None:
         st.code(card["train_command"], language="bash")
     rows = score_rows(card.get("probe_scores") or {})
     if rows:
-        st.dataframe(rows, hide_index=True, use_container_width=True)
+        st.dataframe(rows, hide_index=True, width="stretch")
     if card.get("note"):
         st.caption(str(card["note"]))
     with st.expander("the whole card (JSON)"):
@@ -75,4 +75,4 @@ def render() -> None:
         st.json(cfg.to_dict(), expanded=1)
     with right:
         st.subheader("Hooks")
-        st.dataframe(hook_table(model), hide_index=True, use_container_width=True)
+        st.dataframe(hook_table(model), hide_index=True, width="stretch")

@@ -58,9 +58,9 @@ def render_retention() -> None:
     except (ValueError, memviz.CheckpointError) as exc:
         st.error(str(exc))
         return
-    st.plotly_chart(retention.curve(df), use_container_width=True, key="retention_curve")
+    st.plotly_chart(retention.curve(df), width="stretch", key="retention_curve")
     st.download_button("Download CSV", df.drop(columns=["evidence"]).to_csv(index=False), file_name="retention.csv", key="rt_csv")
-    st.dataframe(df.pivot_table(index="model", columns="distance", values="correct", sort=False), use_container_width=True)
+    st.dataframe(df.pivot_table(index="model", columns="distance", values="correct", sort=False), width="stretch")
 
 
 def render() -> None:
@@ -97,7 +97,7 @@ def render() -> None:
         st.error(str(exc))
         return
     fig = {"passkey": passkey.heatmap, "ruler": ruler.heatmap}.get(probe, babilong.heatmap)(df)
-    st.plotly_chart(fig, use_container_width=True, key="probe_heatmap")
+    st.plotly_chart(fig, width="stretch", key="probe_heatmap")
     st.metric("accuracy", f"{df['correct'].mean():.0%}", help=f"{len(df)} samples")
     st.download_button("Download CSV", df.drop(columns=["evidence"]).to_csv(index=False), file_name=f"{probe}.csv", key="dl_csv")
-    st.dataframe(df.drop(columns=["evidence"]), hide_index=True, use_container_width=True)
+    st.dataframe(df.drop(columns=["evidence"]), hide_index=True, width="stretch")

@@ -143,14 +143,14 @@ def render() -> None:
                 f"{viz.text_with_evidence(tr, start, stop)}</div>")
     figures = viz.family_figures(tr, start=start, stop=stop)
     for title, fig in figures.items():
-        st.plotly_chart(fig, use_container_width=True, key=f"fig-{title}")
+        st.plotly_chart(fig, width="stretch", key=f"fig-{title}")
         st.download_button(f"Download {title} (HTML)", fig.to_html(include_plotlyjs=True), file_name=f"{title.replace(' ', '_')}.html",
                            key=f"dl-{title}")
     if evidence:
         hold = cached_needle_hold(path, text, answer, tuple(evidence[0]))
         if hold is not None:
             fig = viz.needle_hold_figure(tr, hold, start=start, stop=stop)
-            st.plotly_chart(fig, use_container_width=True, key="fig-needle-hold")
+            st.plotly_chart(fig, width="stretch", key="fig-needle-hold")
             st.caption("Where the evidence was written (outlined) and, at every later token, how much of it the "
                        "memory's read still carries: where this falls to zero, the model can no longer answer from memory.")
     show_readout(model, path, text, answer, evidence, tr)
@@ -173,4 +173,4 @@ def show_readout(model, path: str, text: str, answer: str | None, evidence, tr: 
                "to 1 (less the share of the memory's initial state, named in the title where it has one); red carries "
                "the read, blue pushes against it.")
     for title, fig in viz.readout_figures(readout, evidence).items():
-        st.plotly_chart(fig, use_container_width=True, key=f"fig-{title}")
+        st.plotly_chart(fig, width="stretch", key=f"fig-{title}")

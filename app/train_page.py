@@ -42,7 +42,7 @@ def run_job(job: dict) -> None:
 def live(name: str) -> None:
     job = jobs()[name]
     trainer = job["trainer"]
-    st.plotly_chart(viz.training_loss(trainer.out / "metrics.jsonl"), use_container_width=True, key=f"loss-{name}")
+    st.plotly_chart(viz.training_loss(trainer.out / "metrics.jsonl"), width="stretch", key=f"loss-{name}")
     st.write(f"**{name}**: {job['status']} · step {trainer.step} / {trainer.cfg.optim.steps}")
     if job["status"] == "running" and st.button("Stop (saves a checkpoint)", key=f"stop-{name}"):
         trainer.stop.set()
