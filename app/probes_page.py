@@ -10,18 +10,21 @@ from app.common import control_samples, current_model, current_path, load_model
 from probes import babilong, passkey, retention, ruler
 
 
+BACKGROUNDS = ["shakespeare", "procedural"]
+
+
 @st.cache_data(show_spinner=False, max_entries=16)
 def run_grid(model_path: str, probe: str, lengths: tuple[int, ...], depths_or_tasks: tuple, n: int, seed: int,
-             depths: tuple[float, ...] | None = None):
+             depths: tuple[float, ...] | None = None, haystack: str | None = None):
     model = load_model(model_path)
     bar = st.progress(0.0, text="Running the probe…")
     progress = lambda done, total: bar.progress(done / total, text=f"{done} / {total} samples")  # noqa: E731
     if probe == "passkey":
         df = passkey.run(model, lengths, depths_or_tasks, n=n, seed=seed, progress=progress)
     elif probe == "ruler":
-        df = ruler.run(model, depths_or_tasks, lengths, depths, n=n, seed=seed, progress=progress)
+        df = ruler.run(model, depths_or_tasks, lengths, depths, n=n, seed=seed, haystack=haystack, progress=progress)
     else:
-        df = babilong.run(model, depths_or_tasks, lengths, n=n, seed=seed, progress=progress)
+        df = babilong.run(model, depths_or_tasks, lengths, n=n, seed=seed, haystack=haystack, progress=progress)
     bar.empty()
     return df
 
@@ -82,6 +85,11 @@ def render() -> None:
                                [0.0, 0.25, 0.5, 0.75, 1.0], default=[], key="ruler_depths")
     else:
         axis = st.multiselect("Tasks", list(babilong.TASKS), default=["qa1"], key="tasks")
+    haystack = None
+    if probe != "passkey":
+        haystack = st.selectbox("Background", BACKGROUNDS, key="haystack",
+                                help="Shakespeare's plays (real English, as PG19 and essays are in the papers) or the "
+                                     "procedural sentences the shipped qa1 samples were trained on")
     c1, c2 = st.columns(2)
     n = c1.number_input("Samples per cell", 1, 200, 5, key="n")
     seed = c2.number_input("Seed", 0, 10_000, 0, key="probe_seed")
@@ -92,7 +100,7 @@ def render() -> None:
         return
     try:
         df = run_grid(current_path(), probe, tuple(sorted(lengths)), tuple(sorted(axis)), int(n), int(seed),
-                      tuple(sorted(fixed)) or None if probe == "ruler" else None)
+                      tuple(sorted(fixed)) or None if probe == "ruler" else None, haystack)
     except ValueError as exc:
         st.error(str(exc))
         return

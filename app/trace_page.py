@@ -84,11 +84,13 @@ def choose_input(model, model_path: str) -> tuple[str, tuple[tuple[int, int], ..
         seed = c3.number_input("seed", 0, 10_000, 3, key="pk_seed")
         sample = passkey.seeded_sample(model.tokenizer, int(length), float(depth), int(seed), 0)
     elif source == "BABILong sample":
-        c1, c2, c3 = st.columns(3)
+        c1, c2, c3, c4 = st.columns(4)
         task = c1.selectbox("task", babilong.TASKS, key="bl_task")
         length = c2.number_input("length (tokens)", 200, 200_000, 1000, step=250, key="bl_length")
         seed = c3.number_input("seed", 0, 10_000, 0, key="bl_seed")
-        sample = babilong.seeded_sample(model.tokenizer, task, int(length), int(seed), 0)
+        background = c4.selectbox("background", ["shakespeare", "procedural"], key="bl_haystack",
+                                  help="the shipped qa1 samples were trained on the procedural one")
+        sample = babilong.seeded_sample(model.tokenizer, task, int(length), int(seed), 0, haystack=background)
     elif source == "text":
         text = st.text_area("Text", key="text_input", height=150)
         return (text, (), None) if text.strip() else None

@@ -3,7 +3,10 @@
 Pass key at long lengths (default 1k, 4k, 16k and 64k tokens) with the needle at depths 0.1, 0.5
 and 0.9, `n` samples per depth (so 3n a cell) on a probe seed apart from the cards' (default 11),
 for each named checkpoint. With `--babilong TASK` the grid is that BABILong-style task instead
-(default lengths 4k, 8k and 16k, `n` samples a cell, facts spread over the input). `--set KEY=VALUE` loads with an option that holds no weights (e.g.
+(default lengths 4k, 8k and 16k, `n` samples a cell, facts spread over the input), its stories in
+the background each checkpoint was trained on (its card's data.haystack: procedural for the
+shipped qa1 samples) unless `--haystack` names another. `--set KEY=VALUE` loads with an option
+that holds no weights (e.g.
 `--set bank_size=1048576 --set search=hnsw` for LongMem), applied to the checkpoints whose family
 knows it. With `--record` the scores, the command and the wall time go into each sample's card
 under `long_grid` (one entry per length set). Prints one row per checkpoint.
@@ -55,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.5, 0.9])
     parser.add_argument("--n", type=int, default=10, help="samples per depth and length (per length with --babilong)")
     parser.add_argument("--babilong", metavar="TASK", help="a BABILong-style task (qa1..qa5) in place of the pass key")
+    parser.add_argument("--haystack", help="BABILong's background: shakespeare, procedural or a text file "
+                                           "(default: the one each checkpoint was trained on)")
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--set", dest="settings", type=parse_setting, action="append", default=[], metavar="KEY=VALUE")
@@ -71,21 +76,25 @@ def main(argv: list[str] | None = None) -> int:
         model, overrides = load_with_settings(directory, args.settings)
         started = time.perf_counter()
         if args.babilong:
-            df = babilong.run(model, [args.babilong], args.lengths, n=args.n, seed=args.seed, progress=False)
+            haystack = args.haystack or model.card.get("train_config", {}).get("data", {}).get("haystack", "procedural")
+            df = babilong.run(model, [args.babilong], args.lengths, n=args.n, seed=args.seed, haystack=haystack, progress=False)
             probe, per_cell, key = args.babilong, args.n, f"{args.babilong}:" + "-".join(map(str, args.lengths))
+            key += "" if haystack == "procedural" else f":{haystack}"
         else:
             df = passkey.run(model, args.lengths, args.depths, n=args.n, seed=args.seed, progress=False)
             probe, per_cell, key = "passkey", len(args.depths) * args.n, "-".join(map(str, args.lengths))
         wall = time.perf_counter() - started
         scores = {str(k): round(float(v), 4) for k, v in df.groupby("length")["correct"].mean().items()}
-        print(f"{name:24s} {config['family']:10s} {probe:8s} " + "  ".join(f"{k}: {v:.0%}" for k, v in scores.items())
+        print(f"{name:24s} {config['family']:10s} {probe:8s} " + (f"in {haystack} " if args.babilong else "") + "  ".join(f"{k}: {v:.0%}" for k, v in scores.items())
               + f"  ({per_cell} a cell, {wall:.0f} s)", flush=True)
         if args.record:
             card_path = directory / CARD_FILE
             card = json.loads(card_path.read_text())
             entry = {probe: scores, "n_per_cell": per_cell, "seed": args.seed, "overrides": overrides,
                      "command": command, "wall_time_s": round(wall, 1), "threads": args.threads}
-            if not args.babilong:
+            if args.babilong:
+                entry["haystack"] = haystack
+            else:
                 entry["by_length_and_depth"] = {f"{k[0]}@{k[1]}": round(float(v), 4)
                                                 for k, v in df.groupby(["length", "depth"])["correct"].mean().items()}
                 entry["depths"] = args.depths

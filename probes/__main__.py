@@ -47,7 +47,7 @@ def parser() -> argparse.ArgumentParser:
     bl.add_argument("--tasks", nargs="+", default=["qa1"])
     bl.add_argument("--lengths", type=int, nargs="+", required=True)
     bl.add_argument("--data-path", help="released BABILong files (JSON/JSONL/parquet) instead of generated samples")
-    bl.add_argument("--haystack", help="a local plain-text file to use as filler")
+    bl.add_argument("--haystack", help="the background: shakespeare (the default), procedural, or a plain-text file")
     sub.add_parser("facts", parents=[common], help="factual recall on the model's knowledge base")
     rt = sub.add_parser("retention", parents=[common], help="pass key against the distance to the question, per checkpoint")
     rt.add_argument("more", nargs="*", metavar="CHECKPOINT", help="more checkpoints, one line each")
@@ -57,7 +57,7 @@ def parser() -> argparse.ArgumentParser:
     ru.add_argument("--tasks", nargs="+", default=list(ruler.SINGLE_NEEDLE), help=f"of {', '.join(ruler.TASKS)}")
     ru.add_argument("--lengths", type=int, nargs="+", required=True)
     ru.add_argument("--depths", type=float, nargs="+", help="fix the asked needle's depth (default: RULER's random depths)")
-    ru.add_argument("--haystack", help="a local plain-text file for the essay haystack")
+    ru.add_argument("--haystack", help="the essay background: shakespeare (the default), procedural, or a plain-text file")
     ru.add_argument("--workers", type=int, default=1, help="processes to split the grid over")
     return p
 

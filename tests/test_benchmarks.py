@@ -50,9 +50,13 @@ def test_long_grid_records_a_babilong_grid_equal_to_the_probe_run(tmp_path):
     (tmp_path / "m" / "card.json").write_text("{}")
     assert long_grid.main([str(tmp_path / "m"), "--babilong", "qa1", "--lengths", "400", "500", "--n", "2", "--record"]) == 0
     entry = json.loads((tmp_path / "m" / "card.json").read_text())["long_grid"]["qa1:400-500"]
-    df = babilong.run(memviz.load(tmp_path / "m"), ["qa1"], [400, 500], n=2, seed=11, progress=False)
+    df = babilong.run(memviz.load(tmp_path / "m"), ["qa1"], [400, 500], n=2, seed=11, haystack="procedural", progress=False)
     assert entry["qa1"] == {str(k): round(float(v), 4) for k, v in df.groupby("length")["correct"].mean().items()}
     assert entry["n_per_cell"] == 2 and "--babilong qa1" in entry["command"]
+    assert entry["haystack"] == "procedural", "a card without a training haystack: the procedural default"
+    assert long_grid.main([str(tmp_path / "m"), "--babilong", "qa1", "--lengths", "400", "--n", "1", "--haystack",
+                           "shakespeare", "--record"]) == 0
+    assert json.loads((tmp_path / "m" / "card.json").read_text())["long_grid"]["qa1:400:shakespeare"]["haystack"] == "shakespeare"
 
 
 def test_the_samples_table_in_the_docs_is_the_cards():

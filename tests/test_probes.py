@@ -276,7 +276,7 @@ def test_babilong_run_with_the_solver_scores_everything():
     def solver(prompt):
         question = re.search(r"Question: (.*)\nAnswer:$", prompt)[1]
         context = prompt.split("\nQuestion:")[0]
-        story = [s.strip() for s in re.split(r"(?<=\.) ", context)]
+        story = [s.strip() for s in re.split(r"(?<=[.!?]) ", context)]
         known = [s for s in story if any(p.match(s) for p in (MOVE, GRAB, DROP, GIVE, RELATION))]
         return " " + solve(known, question)
 

@@ -41,7 +41,7 @@ class DataConfig:
     drill: int = 0  # qa1/qa2: up to this many more questions on the same story after the answer
     max_facts: list[list[int]] = field(default_factory=list)  # [from_step, most facts a qa story has]; [] = any
     names: str = "babi"  # bAbI vocabulary for qa tasks
-    haystack: str = "procedural"  # RULER's essay background: "procedural", "shakespeare" or a text file
+    haystack: str = "procedural"  # BABILong's and RULER's essay background: "procedural", "shakespeare" or a text file
     kb_seed: int = 0  # facts: which knowledge base
     n_entities: int = 1000
     # share of batches whose length is rounded down to a multiple of `align_to` tokens: the
@@ -63,7 +63,7 @@ class DataConfig:
             raise ValueError("data.max_facts is a list of [from_step, n] with n >= 1")
         if self.drill < 0:
             raise ValueError(f"data.drill must be >= 0, got {self.drill}")
-        if any(task in ruler.TASKS for task in self.mix):
+        if any(task in ruler.TASKS or task in babilong.TASKS for task in self.mix):
             try:
                 make_haystack(self.haystack, 0)  # a missing file or uninstalled texts fail before training
             except ValueError as exc:
@@ -164,7 +164,8 @@ class TaskSampler:
             sample = ruler.make_sample(self.tokenizer, task, length, seed=rng.randrange(2**31), haystack=self.cfg.haystack)
             return sample, ("" if sample.prompt.endswith(" ") else " ") + ", ".join(sample.meta["answers"]) + ".", []
         story = self.story(task, rng, max_facts)
-        sample = babilong.make_sample(self.tokenizer, task, length, story, seed=rng.randrange(2**31), names=self.cfg.names)
+        sample = babilong.make_sample(self.tokenizer, task, length, story, haystack=self.cfg.haystack,
+                                      seed=rng.randrange(2**31), names=self.cfg.names)
         drills = []
         if self.cfg.drill and story.more:  # drawn only when asked, so other recipes keep their data
             drills = [(babilong.question_suffix(q), f" {a}.")

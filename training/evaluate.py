@@ -29,14 +29,16 @@ def probe_scores(
     n: int = 10,
     seed: int = 0,
     progress: bool = False,
+    haystack: str = "procedural",
 ) -> dict[str, Any]:
-    """Accuracies keyed by probe: passkey[length], babilong[task][length], facts."""
+    """Accuracies keyed by probe: passkey[length], babilong[task][length], facts. BABILong's
+    stories lie in `haystack`, the background the model was trained on (the data config's)."""
     scores: dict[str, Any] = {}
     if passkey_lengths:
         df = passkey.run(model, passkey_lengths, passkey_depths, n=n, seed=seed, progress=progress)
         scores["passkey"] = {str(k): round(float(v), 4) for k, v in df.groupby("length")["correct"].mean().items()}
     if babilong_tasks and babilong_lengths:
-        df = babilong.run(model, babilong_tasks, babilong_lengths, n=n, seed=seed, progress=progress)
+        df = babilong.run(model, babilong_tasks, babilong_lengths, n=n, seed=seed, haystack=haystack, progress=progress)
         scores["babilong"] = {
             task: {str(k): round(float(v), 4) for k, v in group.groupby("length")["correct"].mean().items()}
             for task, group in df.groupby("task")
@@ -75,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         n=n,
         seed=seed,
         progress=True,
+        haystack=model.card.get("train_config", {}).get("data", {}).get("haystack", "procedural"),
     )
     print(json.dumps(scores, indent=2))
     if args.write_card:

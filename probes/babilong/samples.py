@@ -3,22 +3,40 @@ spread in order over random sentence boundaries of the haystack, then the questi
 from __future__ import annotations
 
 import random
+import re
+from typing import Iterable, Iterator
 
-from probes.babilong.stories import Story, make_story, task_labels
+from probes.babilong.stories import Story, make_story, task_labels, vocabulary
 from probes.common import Sample, check_length, sample_rng, spans_of, take_filler
-from probes.haystack import make_haystack
+from probes.haystack import ProceduralHaystack, make_haystack
+
+BACKGROUND = "shakespeare"  # the default haystack: real English prose, as PG19 is in the paper
 
 def question_suffix(question: str) -> str:
     return f"\nQuestion: {question}\nAnswer:"
 
 
+def unrelated(sentences: Iterable[str], names: str) -> Iterator[str]:
+    """The background's sentences that name none of the stories' people, places or things, so that
+    a real text (where "Mary" or "the garden" may well occur) never looks like a story fact or
+    holds a second answer. Not applied to the procedural background, whose sentences never take a
+    story's form and whose samples the recorded scores were measured on."""
+    vocab = vocabulary(names)
+    words = sorted({w.lower() for w in (*vocab.actors, *vocab.givers, *vocab.rooms, *vocab.objects)})
+    mentions = re.compile(r"\b(?:" + "|".join(words) + r")\b", re.IGNORECASE)
+    return (s for s in sentences if not mentions.search(s))
+
+
 def make_sample(tokenizer, task: str, length: int, story: Story, haystack=None, seed: int = 0, names: str = "babi") -> Sample:
-    """Spread the story's facts in order over random sentence boundaries of the background."""
+    """Spread the story's facts in order over random sentence boundaries of the background
+    (`haystack`: None for Shakespeare's plays, "procedural", or a text file's path)."""
     rng = random.Random(f"babilong-placement-{seed}")
     suffix = question_suffix(story.question)
     fixed = len(tokenizer.encode(" ".join(story.facts) + suffix)) + 1
     check_length(length, fixed, f"{task} story and question")
-    filler = take_filler(tokenizer, make_haystack(haystack, seed).sentences(), length - fixed)
+    background = make_haystack(BACKGROUND if haystack is None else haystack, seed)
+    sentences = background.sentences() if isinstance(background, ProceduralHaystack) else unrelated(background.sentences(), names)
+    filler = take_filler(tokenizer, sentences, length - fixed)
     slots = sorted(rng.randint(0, len(filler)) for _ in story.facts)
     pieces: list[str] = []
     fact_pieces: list[int] = []
