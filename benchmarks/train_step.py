@@ -34,7 +34,7 @@ from training import TrainConfig, Trainer
 data = json.loads(open({recipe!r}).read())
 data.update(out=tempfile.mkdtemp(prefix="train_step-"), threads={threads})
 data["eval"] = {{**data.get("eval", {{}}), "every": 0}}
-data["init_from"] = None
+data["init_from"] = data.get("init_from") and {sample!r}  # an earlier stage's export may be gone: its sample has the shapes
 cfg = TrainConfig.from_dict(data)
 trainer = Trainer(cfg, progress=False)
 load_weights(trainer.model, read_weights(Path({weights!r})), Path({weights!r}))
@@ -56,7 +56,8 @@ def last_stage_step(recipe: dict) -> int:
 
 
 def time_step(tree: Path, recipe: Path, weights: Path, step: int, threads: int, steps: int) -> float:
-    script = STEP_SCRIPT.format(recipe=str(recipe), weights=str(weights), step=step, threads=threads, steps=steps)
+    script = STEP_SCRIPT.format(recipe=str(recipe), weights=str(weights), sample=str(weights.parent), step=step, threads=threads,
+                                steps=steps)
     out = subprocess.run([sys.executable, "-c", script], cwd=tree, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"timing {recipe.stem} in {tree} failed:\n{out.stderr[-2000:]}")
