@@ -10,6 +10,7 @@ about a minute (on every fresh clone, the test suite's included); a kernel's mod
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import platform
@@ -17,6 +18,10 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+from torch import Tensor
 
 FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=c99"]
 
@@ -57,3 +62,35 @@ def build(source: Path, what: str) -> ctypes.CDLL:
                 raise NativeKernelError(f"compiling {source.name} failed:\n{result.stderr.strip()}")
             os.replace(built, target)  # atomic: a concurrent build never leaves half a library
     return ctypes.CDLL(str(target))
+
+
+def loader(source: Path, what: str, functions: Iterable[str]) -> tuple[Callable[[], ctypes.CDLL], Callable[[], bool]]:
+    """(library, available) for one C file: `library()` builds and loads it once (its `functions`
+    return int), `available()` says whether that works on this machine."""
+    functions = tuple(functions)
+
+    @functools.cache
+    def library() -> ctypes.CDLL:
+        lib = build(source, what)
+        for name in functions:
+            getattr(lib, name).restype = ctypes.c_int
+        return lib
+
+    @functools.cache
+    def available() -> bool:
+        try:
+            library()
+        except (NativeKernelError, OSError):
+            return False
+        return True
+
+    return library, available
+
+
+def supports(tensor: Tensor) -> bool:
+    """The C kernels take float32 and float64 CPU tensors."""
+    return tensor.device.type == "cpu" and tensor.dtype in (torch.float32, torch.float64)
+
+
+def pointers(tensors: Iterable[Tensor]) -> list[ctypes.c_void_p]:
+    return [ctypes.c_void_p(t.data_ptr()) for t in tensors]

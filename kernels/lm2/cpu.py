@@ -11,44 +11,20 @@ reference.
 from __future__ import annotations
 
 import ctypes
-import functools
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from kernels.lm2.reference import ScanResult, finish_scan, read_weights
-from kernels.native import NativeKernelError, build
+from kernels.native import loader, pointers, supports
 
 SOURCE = Path(__file__).with_suffix(".c")
 FUNCTIONS = {torch.float32: "lm2_scan_f32", torch.float64: "lm2_scan_f64"}
 BACKWARD = {torch.float32: "lm2_scan_backward_f32", torch.float64: "lm2_scan_backward_f64"}
 
 
-@functools.cache
-def library() -> ctypes.CDLL:
-    """Compile (once per source version and machine) and load the shared library."""
-    lib = build(SOURCE, "LM2")
-    for name in (*FUNCTIONS.values(), *BACKWARD.values()):
-        getattr(lib, name).restype = ctypes.c_int
-    return lib
-
-
-@functools.cache
-def available() -> bool:
-    try:
-        library()
-    except (NativeKernelError, OSError):
-        return False
-    return True
-
-
-def supports(q_slot: Tensor) -> bool:
-    return q_slot.device.type == "cpu" and q_slot.dtype in FUNCTIONS
-
-
-def pointers(tensors) -> list[ctypes.c_void_p]:
-    return [ctypes.c_void_p(t.data_ptr()) for t in tensors]
+library, available = loader(SOURCE, "LM2", (*FUNCTIONS.values(), *BACKWARD.values()))
 
 
 class FactoredScan(torch.autograd.Function):

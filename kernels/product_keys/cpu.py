@@ -10,39 +10,19 @@ autograd works as in the reference. Built and loaded by kernels/native.py.
 from __future__ import annotations
 
 import ctypes
-import functools
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from kernels.native import NativeKernelError, build
+from kernels.native import loader, pointers, supports
 from kernels.product_keys.reference import weighted_bag as weighted_bag_reference
 
 SOURCE = Path(__file__).with_suffix(".c")
 FUNCTIONS = {torch.float32: "product_key_topk_f32", torch.float64: "product_key_topk_f64"}
 MAX_K = 256
-
-
-@functools.cache
-def library() -> ctypes.CDLL:
-    lib = build(SOURCE, "product-key")
-    for name in (*FUNCTIONS.values(), *BAG_BACKWARD.values()):
-        getattr(lib, name).restype = ctypes.c_int
-    return lib
-
-
-@functools.cache
-def available() -> bool:
-    try:
-        library()
-    except (NativeKernelError, OSError):
-        return False
-    return True
-
-
-def supports(q: Tensor) -> bool:
-    return q.device.type == "cpu" and q.dtype in FUNCTIONS
+BAG_BACKWARD = {torch.float32: "weighted_bag_backward_f32", torch.float64: "weighted_bag_backward_f64"}
+library, available = loader(SOURCE, "product-key", (*FUNCTIONS.values(), *BAG_BACKWARD.values()))
 
 
 def product_key_topk(q: Tensor, keys: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -59,14 +39,12 @@ def product_key_topk(q: Tensor, keys: Tensor, k: int) -> tuple[Tensor, Tensor]:
     first, second = (torch.empty(*flat.shape[:-2], k, dtype=torch.long) for _ in range(2))
     status = getattr(library(), FUNCTIONS[flat.dtype])(
         ctypes.c_long(rows), ctypes.c_long(n), ctypes.c_long(k),
-        *(ctypes.c_void_p(t.data_ptr()) for t in (flat, first, second)))
+        *pointers((flat, first, second)))
     if status != 0:
         raise ValueError(f"the product-key CPU kernel rejected k={k} with n={n}")
     scores = sub_scores[..., 0, :].gather(-1, first) + sub_scores[..., 1, :].gather(-1, second)
     return scores, first * n + second
 
-
-BAG_BACKWARD = {torch.float32: "weighted_bag_backward_f32", torch.float64: "weighted_bag_backward_f64"}
 
 
 class WeightedBag(torch.autograd.Function):
@@ -89,7 +67,7 @@ class WeightedBag(torch.autograd.Function):
         grad_weights, grad_values = torch.empty_like(w), torch.zeros_like(values, memory_format=torch.contiguous_format)
         getattr(library(), BAG_BACKWARD[values.dtype])(
             ctypes.c_long(index.shape[0]), ctypes.c_long(k), ctypes.c_long(D),
-            *(ctypes.c_void_p(t.data_ptr()) for t in (index, w, values.contiguous(), g, grad_weights, grad_values)))
+            *pointers((index, w, values.contiguous(), g, grad_weights, grad_values)))
         return None, grad_weights.view(weights.shape).to(weights.dtype), grad_values
 
 
