@@ -24,6 +24,10 @@ import torch
 from torch import Tensor
 
 FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=c99"]
+#: with OpenMP where the compiler has it: the kernels' parallel regions then run on the OpenMP
+#: runtime torch has already loaded (the same libgomp.so.1), not on a second pool of threads that
+#: would spin against torch's between ops
+OPENMP = ["-fopenmp"]
 
 
 class NativeKernelError(RuntimeError):
@@ -51,14 +55,17 @@ def build(source: Path, what: str) -> ctypes.CDLL:
     if compiler is None:
         raise NativeKernelError(f"the {what} CPU kernel needs a C compiler (set $CC or install cc); "
                                 "use MEMVIZ_KERNELS=reference to run the PyTorch reference instead")
-    digest = hashlib.sha256(source.read_bytes() + " ".join(FLAGS + [cpu_name()]).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(source.read_bytes() + " ".join(FLAGS + OPENMP + [cpu_name()]).encode()).hexdigest()[:16]
     target = cache_dir() / f"{source.parent.name}_{source.stem}-{digest}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             built = Path(tmp) / target.name
-            result = subprocess.run([compiler, *FLAGS, str(source), "-o", str(built), "-lm"], capture_output=True, text=True)
-            if result.returncode != 0:
+            for flags in (FLAGS + OPENMP, FLAGS):  # without OpenMP the kernels run on one thread
+                result = subprocess.run([compiler, *flags, str(source), "-o", str(built), "-lm"], capture_output=True, text=True)
+                if result.returncode == 0:
+                    break
+            else:
                 raise NativeKernelError(f"compiling {source.name} failed:\n{result.stderr.strip()}")
             os.replace(built, target)  # atomic: a concurrent build never leaves half a library
     return ctypes.CDLL(str(target))
@@ -94,3 +101,4 @@ def supports(tensor: Tensor) -> bool:
 
 def pointers(tensors: Iterable[Tensor]) -> list[ctypes.c_void_p]:
     return [ctypes.c_void_p(t.data_ptr()) for t in tensors]
+

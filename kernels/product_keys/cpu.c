@@ -12,6 +12,12 @@
    keep the earlier entry; with NaN scores the choice is arbitrary, but every position is in [0, n). */
 #include <math.h>
 #include <stdlib.h>
+#ifdef _OPENMP  /* built with -fopenmp: the parallel regions run on torch's own OpenMP threads */
+#include <omp.h>
+#else
+static int omp_get_num_threads(void) { return 1; }
+static int omp_get_thread_num(void) { return 0; }
+#endif
 #define MAX_K 256  /* kernels/product_keys/cpu.py checks k against it */
 
 #define RANK_LIMIT 256
@@ -56,17 +62,16 @@ static void NAME##_select(const real *x, long n, long k, real *vals, long *ids, 
         ids[r] = idx[m];                                                                                \
     }                                                                                                   \
 }                                                                                                       \
-int NAME(long R, long n, long k, const real *scores, long *out_i, long *out_j)                          \
+static int NAME##_rows(long start, long stop, long n, long k, const real *scores, long *out_i, long *out_j)\
 {                                                                                                       \
-    real v1[MAX_K + 1], v2[MAX_K + 1], sums[MAX_K * 8], best[MAX_K + 1];                                            \
-    long i1[MAX_K + 1], i2[MAX_K + 1], pair[MAX_K * 8], picked[MAX_K + 1];                                          \
-    if (k > MAX_K || k > n || k < 1) return 1;                                                          \
+    real v1[MAX_K + 1], v2[MAX_K + 1], sums[MAX_K * 8], best[MAX_K + 1];                                \
+    long i1[MAX_K + 1], i2[MAX_K + 1], pair[MAX_K * 8], picked[MAX_K + 1];                              \
     long size = n > MAX_K * 8 ? n : MAX_K * 8;                                                          \
     real *xs = (real *)malloc(sizeof(real) * size);                                                     \
     long *idx = (long *)malloc(sizeof(long) * size);                                                    \
     int *rank = (int *)malloc(sizeof(int) * size);                                                      \
     if (!xs || !idx || !rank) { free(xs); free(idx); free(rank); return 2; }                            \
-    for (long r = 0; r < R; r++) {                                                                      \
+    for (long r = start; r < stop; r++) {                                                               \
         const real *s1 = scores + r * 2 * n, *s2 = s1 + n;                                              \
         NAME##_select(s1, n, k, v1, i1, xs, idx, rank);                                                 \
         NAME##_select(s2, n, k, v2, i2, xs, idx, rank);                                                 \
@@ -84,6 +89,17 @@ int NAME(long R, long n, long k, const real *scores, long *out_i, long *out_j)  
     }                                                                                                   \
     free(xs); free(idx); free(rank);                                                                    \
     return 0;                                                                                           \
+}                                                                                                       \
+int NAME(long R, long n, long k, const real *scores, long *out_i, long *out_j, int threads)             \
+{                                                                                                       \
+    if (k > MAX_K || k > n || k < 1) return 1;                                                          \
+    int status = 0;                                                                                     \
+    _Pragma("omp parallel num_threads(threads) reduction(|:status)")                                    \
+    {                                                                                                   \
+        long team = omp_get_num_threads(), t = omp_get_thread_num();                                    \
+        status |= NAME##_rows(R * t / team, R * (t + 1) / team, n, k, scores, out_i, out_j);           \
+    }                                                                                                   \
+    return status;                                                                                      \
 }
 
 DEFINE_TOPK(product_key_topk_f32, float)
@@ -92,13 +108,15 @@ DEFINE_TOPK(product_key_topk_f64, double)
 /* The weighted bag's backward (out_r = sum_i w_ri V[idx_ri], kernels/product_keys/reference.py):
    one pass over the chosen rows, each read once for both gradients,
      dw_ri  = V[idx_ri] . g_r          dV[idx_ri] += w_ri g_r
-   grad_values must come in zeroed. */
+   The rows are split over `threads`; rows share value rows, so each thread but the first adds
+   into a zeroed table of its own, and the tables are added to grad_values in thread order (the
+   same sums every run). grad_values [n_values, D] must come in zeroed. */
 #define LANES 16
 #define DEFINE_BAG_BACKWARD(NAME, real)                                                                 \
-int NAME(long R, long k, long D, const long *indices, const real *weights, const real *values,          \
-         const real *grad_out, real *grad_weights, real *grad_values)                                  \
+static void NAME##_rows(long start, long stop, long k, long D, const long *indices, const real *weights,\
+                        const real *values, const real *grad_out, real *grad_weights, real *grad_values)\
 {                                                                                                       \
-    for (long r = 0; r < R; r++) {                                                                      \
+    for (long r = start; r < stop; r++) {                                                               \
         const real *g = grad_out + r * D;                                                               \
         for (long i = 0; i < k; i++) {                                                                  \
             long row = indices[r * k + i];                                                              \
@@ -115,7 +133,30 @@ int NAME(long R, long k, long D, const long *indices, const real *weights, const
             grad_weights[r * k + i] = dot;                                                              \
         }                                                                                               \
     }                                                                                                   \
-    return 0;                                                                                           \
+}                                                                                                       \
+int NAME(long R, long k, long D, long n_values, const long *indices, const real *weights,               \
+         const real *values, const real *grad_out, real *grad_weights, real *grad_values, int threads)  \
+{                                                                                                       \
+    if (threads < 1) threads = 1;                                                                       \
+    real **tables = (real **)calloc(threads, sizeof(real *));                                           \
+    if (!tables) return 2;                                                                              \
+    int status = 0;                                                                                     \
+    _Pragma("omp parallel num_threads(threads) reduction(|:status)")                                    \
+    {                                                                                                   \
+        long team = omp_get_num_threads(), t = omp_get_thread_num();                                    \
+        real *mine = t == 0 ? grad_values : (real *)calloc(n_values * D, sizeof(real));                 \
+        tables[t] = mine;                                                                               \
+        if (mine) NAME##_rows(R * t / team, R * (t + 1) / team, k, D, indices, weights, values,         \
+                              grad_out, grad_weights, mine);                                            \
+        else status |= 2;                                                                               \
+    }                                                                                                   \
+    for (int t = 1; t < threads; t++) {                                                                 \
+        if (!tables[t]) continue;                                                                       \
+        for (long e = 0; e < n_values * D; e++) grad_values[e] += tables[t][e];                         \
+        free(tables[t]);                                                                                \
+    }                                                                                                   \
+    free(tables);                                                                                       \
+    return status;                                                                                      \
 }
 
 DEFINE_BAG_BACKWARD(weighted_bag_backward_f32, float)

@@ -3,9 +3,10 @@
 torch.topk costs about a microsecond a row at n = 64 on this CPU, and the reference calls it on
 every (query, head) twice (each half's sub-keys, then the k^2 candidate sums), which made it
 most of a product-key layer's forward. Here the sub-key scores are one product in PyTorch, the
-selection is the C loop (insertion into sorted buffers of k, and only the ~k ln k candidate
+selection is the C loop (cpu.c: rank counting behind a bound, and only the ~k ln k candidate
 pairs that can win), and the chosen keys' scores are gathered from the sub-key scores, so
-autograd works as in the reference. Built and loaded by kernels/native.py.
+autograd works as in the reference. Rows are split over torch's thread count (OpenMP, on torch's
+own threads). Built and loaded by kernels/native.py.
 """
 from __future__ import annotations
 
@@ -25,6 +26,11 @@ BAG_BACKWARD = {torch.float32: "weighted_bag_backward_f32", torch.float64: "weig
 library, available = loader(SOURCE, "product-key", (*FUNCTIONS.values(), *BAG_BACKWARD.values()))
 
 
+def threads(rows: int) -> int:
+    """torch's thread count, fewer for few rows (a thread's start costs more than 256 rows' work)."""
+    return max(1, min(torch.get_num_threads(), rows // 256))
+
+
 def product_key_topk(q: Tensor, keys: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """The contract of kernels.product_keys.reference.product_key_topk, with gradients to q and keys."""
     if not supports(q):
@@ -38,13 +44,12 @@ def product_key_topk(q: Tensor, keys: Tensor, k: int) -> tuple[Tensor, Tensor]:
     rows = flat.numel() // (2 * n)
     first, second = (torch.empty(*flat.shape[:-2], k, dtype=torch.long) for _ in range(2))
     status = getattr(library(), FUNCTIONS[flat.dtype])(
-        ctypes.c_long(rows), ctypes.c_long(n), ctypes.c_long(k),
-        *pointers((flat, first, second)))
+        ctypes.c_long(rows), ctypes.c_long(n), ctypes.c_long(k), *pointers((flat, first, second)),
+        ctypes.c_int(threads(rows)))
     if status != 0:
         raise ValueError(f"the product-key CPU kernel rejected k={k} with n={n}")
     scores = sub_scores[..., 0, :].gather(-1, first) + sub_scores[..., 1, :].gather(-1, second)
     return scores, first * n + second
-
 
 
 class WeightedBag(torch.autograd.Function):
@@ -64,10 +69,13 @@ class WeightedBag(torch.autograd.Function):
         index = indices.reshape(-1, k).contiguous()
         w = weights.reshape(-1, k).to(values.dtype).contiguous()
         g = grad_out.reshape(-1, D).to(values.dtype).contiguous()
-        grad_weights, grad_values = torch.empty_like(w), torch.zeros_like(values, memory_format=torch.contiguous_format)
-        getattr(library(), BAG_BACKWARD[values.dtype])(
-            ctypes.c_long(index.shape[0]), ctypes.c_long(k), ctypes.c_long(D),
-            *pointers((index, w, values.contiguous(), g, grad_weights, grad_values)))
+        table = values.contiguous()
+        grad_weights, grad_values = torch.empty_like(w), torch.zeros_like(table)
+        status = getattr(library(), BAG_BACKWARD[values.dtype])(
+            ctypes.c_long(index.shape[0]), ctypes.c_long(k), ctypes.c_long(D), ctypes.c_long(table.shape[0]),
+            *pointers((index, w, table, g, grad_weights, grad_values)), ctypes.c_int(threads(index.shape[0])))
+        if status != 0:
+            raise MemoryError("the weighted-bag CPU kernel could not allocate its per-thread tables")
         return None, grad_weights.view(weights.shape).to(weights.dtype), grad_values
 
 

@@ -57,3 +57,25 @@ def test_bag_value_gradient_rejects_an_unknown_strategy():
 
     with pytest.raises(ValueError, match="'reverse' or 'atomic'"):
         bag_value_grad(torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2), torch.ones(1, 3), 4, "sorted")
+
+
+@cpu_only
+@needs_cc
+def test_cpu_kernels_split_rows_over_threads_with_the_single_block_result(seed, monkeypatch):
+    """With two torch threads the rows run in two blocks at once: the same top-k as one block,
+    and the bag's gradients summed over the blocks in row order (the same every run)."""
+    q, keys = torch.randn(3, 200, 2, 16), torch.randn(2, 2, 64, 8)
+    values, weights = torch.randn(64 * 64, 5), torch.rand(3, 200, 2, 16)
+
+    def run(threads):
+        monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+        scores, indices = dispatch.product_key_topk(q, keys, 16, impl="native")
+        w, v = weights.clone().requires_grad_(), values.clone().requires_grad_()
+        dispatch.weighted_bag(indices, w, v, impl="native").pow(2).sum().backward()
+        return scores, indices, w.grad, v.grad
+
+    one, two, again = run(1), run(2), run(2)
+    assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
+    close(two[2], one[2], seed, "dweights in two blocks")
+    close(two[3], one[3], seed, "dvalues in two blocks")
+    assert all(torch.equal(a, b) for a, b in zip(two, again)), "two-block gradients must not depend on thread timing"
