@@ -158,15 +158,17 @@ def test_its_sample_keeps_a_pass_key_past_its_window():
     assert np.isfinite(ours)
 
 
-def test_its_qa1_sample_answers_where_the_control_cannot():
-    """sample_qa1 on fresh stories (seed 13) against the control it started from, at 1k tokens."""
+@pytest.mark.parametrize("sample,background", [("sample_qa1", "procedural"), ("sample_qa1_text", "shakespeare")])
+def test_its_qa1_samples_answer_where_the_control_cannot(sample, background):
+    """Each qa1 sample on fresh stories (seed 13) in the background it was trained on, against the
+    control it started from, at 1k tokens."""
     from probes import babilong
 
-    if not (FOLDER / "sample_qa1" / "config.json").is_file():
+    if not (FOLDER / sample / "config.json").is_file():
         pytest.skip("the qa1 sample is not trained yet")
-    model, control = memviz.load(FOLDER / "sample_qa1"), memviz.load("sliding_window_qa1")
-    ours = babilong.run(model, ["qa1"], [1000], n=10, seed=13, progress=False)["correct"].mean()
-    theirs = babilong.run(control, ["qa1"], [1000], n=10, seed=13, progress=False)["correct"].mean()
+    model, control = memviz.load(FOLDER / sample), memviz.load("sliding_window_qa1")
+    ours = babilong.run(model, ["qa1"], [1000], n=10, seed=13, haystack=background, progress=False)["correct"].mean()
+    theirs = babilong.run(control, ["qa1"], [1000], n=10, seed=13, haystack=background, progress=False)["correct"].mean()
     assert ours >= theirs + 0.3, (ours, theirs)
 
 
