@@ -8,9 +8,7 @@ import streamlit as st
 import memviz
 from app.common import control_samples, current_model, current_path, load_model
 from probes import babilong, passkey, retention, ruler
-
-
-BACKGROUNDS = ["shakespeare", "procedural"]
+from probes.haystack import BACKGROUNDS
 
 
 @st.cache_data(show_spinner=False, max_entries=16)

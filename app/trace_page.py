@@ -9,6 +9,7 @@ import memviz
 from app.common import current_model, current_path, greedy_answer, load_model, weights_stamp
 from memviz import viz
 from probes import babilong, facts, passkey
+from probes.haystack import BACKGROUNDS
 
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024
 MAX_TOKENS = 1_000_000
@@ -88,7 +89,7 @@ def choose_input(model, model_path: str) -> tuple[str, tuple[tuple[int, int], ..
         task = c1.selectbox("task", babilong.TASKS, key="bl_task")
         length = c2.number_input("length (tokens)", 200, 200_000, 1000, step=250, key="bl_length")
         seed = c3.number_input("seed", 0, 10_000, 0, key="bl_seed")
-        background = c4.selectbox("background", ["shakespeare", "procedural"], key="bl_haystack",
+        background = c4.selectbox("background", BACKGROUNDS, key="bl_haystack",
                                   help="the shipped qa1 samples were trained on the procedural one")
         sample = babilong.seeded_sample(model.tokenizer, task, int(length), int(seed), 0, haystack=background)
     elif source == "text":

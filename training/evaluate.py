@@ -19,6 +19,11 @@ from memviz.files import atomic_write_text
 from probes import babilong, facts, passkey
 
 
+def trained_haystack(card: dict) -> str:
+    """The background a checkpoint's BABILong stories were trained in (its card's data.haystack)."""
+    return card.get("train_config", {}).get("data", {}).get("haystack", "procedural")
+
+
 def probe_scores(
     model,
     passkey_lengths: Sequence[int] = (),
@@ -77,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         n=n,
         seed=seed,
         progress=True,
-        haystack=model.card.get("train_config", {}).get("data", {}).get("haystack", "procedural"),
+        haystack=trained_haystack(model.card),
     )
     print(json.dumps(scores, indent=2))
     if args.write_card:

@@ -35,8 +35,8 @@ class FactoredScan(torch.autograd.Function):
     def forward(ctx, q_slot: Tensor, g_in: Tensor, M0: Tensor, W_read: Tensor, b_f: Tensor):
         B, T, d = q_slot.shape
         N = M0.shape[1]
-        dtype = q_slot.dtype
-        inputs = [x.detach().to(dtype).contiguous() for x in (q_slot, g_in, M0, W_read, b_f)]
+        dtype = q_slot.dtype  # `lm2_scan` hands every input over in it
+        inputs = [x.detach().contiguous() for x in (q_slot, g_in, M0, W_read, b_f)]
         attn = torch.empty(B, T, N, dtype=dtype)
         reads, forgets, decays, commons = (torch.empty(B, T, d, dtype=dtype) for _ in range(4))
         D_last, c_last = torch.empty(B, d, dtype=dtype), torch.empty(B, d, dtype=dtype)
@@ -46,7 +46,6 @@ class FactoredScan(torch.autograd.Function):
         if status != 0:
             raise MemoryError("the LM2 CPU kernel could not allocate its work buffer")
         ctx.save_for_backward(*inputs[:4], *outputs[:5])
-        ctx.input_dtypes = [x.dtype for x in (q_slot, g_in, M0, W_read, b_f)]
         return tuple(outputs)
 
     @staticmethod
@@ -64,7 +63,7 @@ class FactoredScan(torch.autograd.Function):
             *pointers([q_slot, g_in, M0, W_read, *outputs, *grads, *results]))
         if status != 0:
             raise MemoryError("the LM2 CPU kernel could not allocate its work buffer")
-        return tuple(r.to(dt) for r, dt in zip(results, ctx.input_dtypes))
+        return tuple(results)
 
 
 def lm2_scan(q_slot: Tensor, g_in: Tensor, M0: Tensor, W_V: Tensor, W_f: Tensor, b_f: Tensor) -> ScanResult:
