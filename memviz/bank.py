@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 SEARCHES = ("exact", "hnsw")
+EXACT_SCORES = 2**25  # exact search scores at most this many (query, head, chunk) triples at once
 
 
 @dataclass(eq=False)
@@ -199,9 +200,11 @@ class ChunkBank:
             shape = (*q.shape[:3], 0)
             return q.new_zeros(shape), torch.zeros(shape, dtype=torch.long, device=q.device)
         if kind == "exact" or hi - lo <= self.exact_below:
-            scores = torch.einsum("bthd,bchd->bthc", q, self._storage.chunk_keys[:, lo:hi].to(q.dtype))
-            scores, entries = scores.topk(min(topk, hi - lo), dim=-1)
-            return scores, entries + lo
+            keys = self._storage.chunk_keys[:, lo:hi].to(q.dtype)
+            step = max(1, EXACT_SCORES // (q.shape[0] * q.shape[2] * (hi - lo)))  # queries a pass: bounded memory
+            parts = [torch.einsum("bthd,bchd->bthc", q[:, a : a + step], keys).topk(min(topk, hi - lo), dim=-1)
+                     for a in range(0, q.shape[1], step)]
+            return torch.cat([s for s, _ in parts], 1), torch.cat([e for _, e in parts], 1) + lo
         return self._graph_search(q, lo, hi, min(topk, hi - lo))
 
     def _graph_search(self, q: Tensor, lo: int, hi: int, k: int) -> tuple[Tensor, Tensor]:

@@ -303,6 +303,19 @@ class MemoryLM(HookedRootModule):
             yield start, logits, state
 
     @torch.no_grad()
+    def prefill(self, tokens: Sequence[int] | Tensor, state: ModelState | None = None) -> tuple[Tensor, ModelState]:
+        """Read a prompt for what follows it: the last position's logits [batch, 1, vocab] and the
+        state after the prompt, as `stream` gives them. A family may skip work that cannot reach
+        them (LongMem's side network far from the end)."""
+        tokens = self.as_tokens(tokens)
+        if tokens.shape[1] == 0:
+            raise ValueError("empty prompt: at least one token is needed")
+        logits = None
+        for _, logits, state in self.stream(tokens, state=state):
+            pass
+        return logits[:, -1:], state
+
+    @torch.no_grad()
     def generate_ids(
         self, prompt_ids: Sequence[int], max_new_tokens: int = 16, state: ModelState | None = None
     ) -> list[int]:
@@ -310,9 +323,7 @@ class MemoryLM(HookedRootModule):
         eos are never produced."""
         if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
-        logits = None
-        for _, logits, state in self.stream(prompt_ids, state=state):
-            pass
+        logits, state = self.prefill(prompt_ids, state)
         banned = [self.tokenizer.pad_id, self.tokenizer.bos_id]
         out: list[int] = []
         for _ in range(max_new_tokens):

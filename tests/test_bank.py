@@ -19,8 +19,11 @@ def filled_bank(chunks: int, search: str = "exact", seed: int = 0, H: int = 2, d
     return bank, keys
 
 
+@pytest.mark.parametrize("per_pass", [None, 100])
 @pytest.mark.parametrize("lo_hi", [(0, 40), (8, 33), (20, 21)])
-def test_exact_search_is_the_exhaustive_top_k_over_the_visible_chunks(lo_hi):
+def test_exact_search_is_the_exhaustive_top_k_over_the_visible_chunks(lo_hi, per_pass, monkeypatch):
+    if per_pass:  # queries scored a few at a time, as over a bank of millions of tokens
+        monkeypatch.setattr("memviz.bank.EXACT_SCORES", per_pass)
     bank, keys = filled_bank(40, seed=lo_hi[0])
     lo, hi = lo_hi
     q = torch.randn(1, 5, 2, 8, generator=torch.Generator().manual_seed(9))

@@ -73,6 +73,23 @@ def test_streamed_run_equals_one_pass_and_state_is_bounded(chunk_len):
     assert len(set(sizes[2:])) == 1  # bank full (16 tokens) from the third segment on
 
 
+@pytest.mark.parametrize("length", [5, 16, 43, 70])
+def test_prefill_runs_the_side_network_only_where_it_reaches_the_end_and_equals_a_stream(length):
+    model = longmem().double()
+    ids = random_ids(length + 4, seed=length)
+    seen = []
+    with torch.no_grad():
+        *_, (_, streamed, stream_state) = model.stream(ids[:, :length], 7)
+        with model.hooks(fwd_hooks=[("side_blocks.0.hook_resid_pre", lambda x, hook: seen.append(x.shape[1]))]):
+            last, state = model.prefill(ids[:, :length])
+        torch.testing.assert_close(last, streamed[:, -1:], atol=1e-12, rtol=0)
+        # the state carries on as the stream's does: the bank, the backbone's and the side caches
+        torch.testing.assert_close(model(ids[:, length:], state=state), model(ids[:, length:], state=stream_state),
+                                   atol=1e-12, rtol=0)
+    assert sum(seen) == min(length, 2 * 8)  # side_layers x window: the tokens that reach the end
+    assert state.pos == length and len(state.shared["bank"]) == len(stream_state.shared["bank"])
+
+
 def test_the_bank_carries_information_past_every_window():
     model = longmem()
     ids = random_ids(40)

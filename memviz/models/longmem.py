@@ -37,6 +37,7 @@ from backbone block b(l), as the paper initialises the SideNet from the backbone
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,7 +49,7 @@ from transformer_lens.hook_points import HookPoint
 from memviz.config import ConfigError, ModelConfig
 from memviz.layers import AttentionSpan, LocalAttention, SwiGLU
 from memviz.bank import SEARCHES, ChunkBank
-from memviz.model import BACKBONE_FIELDS, Block, MemoryLM, StateTree
+from memviz.model import BACKBONE_FIELDS, Block, MemoryLM, ModelState, StateTree
 from memviz.plots import EVIDENCE_OUTLINE, WIDTH, layer_names, layer_prefix, outline_evidence, position_heatmap, window_of
 from memviz.registry import check_choice, check_positive, register_family
 from memviz.trace import Trace
@@ -311,7 +312,7 @@ class LongMemLM(MemoryLM):
         o, cfg = self.options, self.cfg
         empty = torch.zeros(batch_size, 0, cfg.n_heads, cfg.d_head, device=self.device, dtype=self.dtype)
         state.shared = {
-            "side": self.in_model_dtype([b.init_state(batch_size, self.device) for b in self.side_blocks]),
+            "side": self.init_side_state(batch_size),
             # the bank: cached keys/values of whole earlier segments (memviz.bank.ChunkBank)
             "bank": ChunkBank.empty(batch_size, cfg.n_heads, cfg.d_head, o.chunk_size, o.bank_size, o.search,
                                     o.ef_search, o.exact_below, o.outliers, device=self.device, dtype=self.dtype),
@@ -320,9 +321,27 @@ class LongMemLM(MemoryLM):
         }
         return state
 
+    def init_side_state(self, batch_size: int) -> list[StateTree]:
+        """The side blocks' empty local caches."""
+        return self.in_model_dtype([b.init_state(batch_size, self.device) for b in self.side_blocks])
+
     def run_blocks(self, x: Tensor, tokens: Tensor, state) -> tuple[Tensor, list[StateTree], StateTree]:
+        pos, T = state.pos, x.shape[1]
+        hidden, new_states, bank, pending, open_from = self.run_backbone(x, state)
+        view = BankView(bank, self.query_groups(bank, pos, T))
+        taps, h, side_states = self.taps(), hidden[0], []
+        for l, (block, s) in enumerate(zip(self.side_blocks, state.shared["side"])):
+            h, s = block(h, s, pos, view)
+            h = h + (hidden[taps[l + 1]] - hidden[taps[l]])
+            side_states.append(s)
+        bank = bank.trimmed(open_from - self.options.bank_size)
+        return self.hook_side_out(h), new_states, {"side": side_states, "bank": bank, "pending": pending}
+
+    def run_backbone(self, x: Tensor, state) -> tuple[list[Tensor], list[StateTree], ChunkBank, StateTree, int]:
+        """The frozen backbone over a chunk and what it writes: (hidden states after each layer,
+        the layers' new states, the bank with the segments this chunk completes (untrimmed, as
+        the chunk's own tokens search it), the open segment's keys/values, its first position)."""
         pos, T, seg = state.pos, x.shape[1], self.cfg.segment_len
-        extra = state.shared
         hidden, new_states = [x], []
         for layer, (block, layer_state) in enumerate(zip(self.blocks, state.layers)):
             if layer == self.memory_layer:
@@ -332,22 +351,40 @@ class LongMemLM(MemoryLM):
             new_states.append(layer_state)
         # the segments this chunk completes join the bank first; each token then searches only
         # the chunks of segments before its own (the bank as it was when its segment began)
-        pending = extra["pending"]
+        pending = state.shared["pending"]
         n_pending = pending["keys"].shape[1]
         ext_k = torch.cat([pending["keys"], k_mem.detach()], 1)
         ext_v = torch.cat([pending["values"], v_mem.detach()], 1)
         open_from = (pos + T) - (pos + T) % seg  # first position of the open segment
         n_closed = max(0, open_from - (pos - n_pending))
-        bank = extra["bank"].append(ext_k[:, :n_closed], ext_v[:, :n_closed], pos - n_pending)
-        view = BankView(bank, self.query_groups(bank, pos, T))
-        taps, h, side_states = self.taps(), hidden[0], []
-        for l, (block, s) in enumerate(zip(self.side_blocks, extra["side"])):
-            h, s = block(h, s, pos, view)
-            h = h + (hidden[taps[l + 1]] - hidden[taps[l]])
-            side_states.append(s)
-        new_pending = {"keys": ext_k[:, n_closed:], "values": ext_v[:, n_closed:]}
-        bank = bank.trimmed(open_from - self.options.bank_size)
-        return self.hook_side_out(h), new_states, {"side": side_states, "bank": bank, "pending": new_pending}
+        bank = state.shared["bank"].append(ext_k[:, :n_closed], ext_v[:, :n_closed], pos - n_pending)
+        return hidden, new_states, bank, {"keys": ext_k[:, n_closed:], "values": ext_v[:, n_closed:]}, open_from
+
+    @torch.no_grad()
+    def prefill(self, tokens: Tensor | Sequence[int], state: ModelState | None = None) -> tuple[Tensor, ModelState]:
+        """`MemoryLM.prefill` without the work nobody reads: a token more than the side network's
+        reach (side_layers x the attention span) before the end reaches the last logits only
+        through the bank, which the frozen backbone writes. So over those tokens only the backbone
+        runs (its caches, the bank and the open segment exactly as a full run leaves them), then the
+        whole model over the last `reach` tokens with the side caches starting empty: the side
+        outputs are exact from `reach` tokens in, and so are the last logits and the side caches
+        (tests/test_longmem.py compares with a full stream). Hooks on the side network fire only
+        for those last tokens. Full-causal attention has no reach: the default path."""
+        tokens = self.as_tokens(tokens)
+        span = self.attention.span
+        if span is None:
+            return super().prefill(tokens, state)
+        state = state or self.init_state(tokens.shape[0])
+        head = max(0, tokens.shape[1] - self.options.side_layers * span)
+        fresh_side = self.init_side_state(tokens.shape[0])
+        for start in range(0, head, self.chunk_len):
+            chunk = tokens[:, start : min(start + self.chunk_len, head)]
+            x = self.hook_embed(self.embed(chunk) * self.cfg.embed_scale)
+            _, layer_states, bank, pending, open_from = self.run_backbone(x, state)
+            shared = {"side": fresh_side,
+                      "bank": bank.trimmed(open_from - self.options.bank_size), "pending": pending}
+            state = ModelState(state.pos + chunk.shape[1], layer_states, shared)
+        return super().prefill(tokens[:, head:], state)
 
     def query_groups(self, bank: ChunkBank, pos: int, T: int) -> list[tuple[int, int, int, int]]:
         """(start, stop, lo, hi) per segment of the chunk: its tokens start:stop read bank
