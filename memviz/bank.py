@@ -32,7 +32,9 @@ intervention) first copies what it holds, so no state ever sees another's writes
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -53,7 +55,8 @@ class _Storage:
     chunk_size: int
     base: int = 0
     size: int = 0  # chunks stored
-    owner: object = field(default_factory=object)  # the bank allowed to append in place
+    owner: Callable[[], object] = lambda: None  # weak reference to the bank allowed to append in place (no
+    # cycle: a dropped bank's tensors are freed at once, not at the next garbage collection)
     graphs: list | None = None  # faiss indexes [B][H] over entries 0..indexed-1
     indexed: int = 0
     radius: float = 0.0  # the graphs' lift radius (see ChunkBank._index_new_chunks)
@@ -101,7 +104,7 @@ class ChunkBank:
     def _successor(self, storage: _Storage, n_chunks: int) -> "ChunkBank":
         """A bank over `storage` with this one's options, made the storage's owner."""
         bank = ChunkBank(storage, n_chunks, self.capacity, self.search_kind, self.ef_search, self.exact_below, self.outliers)
-        storage.owner = bank
+        storage.owner = weakref.ref(bank)
         return bank
 
     # ----- what the bank holds --------------------------------------------------------------
@@ -144,7 +147,7 @@ class ChunkBank:
     def _own_storage(self) -> _Storage:
         """The storage, copied first when another bank has appended to it since this one."""
         s = self._storage
-        if s.owner is self and s.base + s.size == self.n_chunks:
+        if s.owner() is self and s.base + s.size == self.n_chunks:
             return s
         a, b = self._kept()
         cs = s.chunk_size
@@ -173,7 +176,7 @@ class ChunkBank:
         """Drop storage of chunks that start before token `keep_from`, once they are most of it
         (amortised: storage stays within about twice what is read)."""
         s = self._storage
-        if s.owner is not self or s.size < 128:
+        if s.owner() is not self or s.size < 128:
             return self
         first_needed = int(torch.searchsorted(s.positions[: s.size], keep_from))
         if first_needed < s.size // 2:

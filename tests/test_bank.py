@@ -122,6 +122,21 @@ def test_a_fifo_bank_keeps_its_last_capacity_tokens_and_trims_its_storage():
     assert bank._storage.keys.shape[1] <= 4 * 256  # not every token ever seen
 
 
+def test_a_dropped_bank_frees_its_storage_without_waiting_for_the_garbage_collector():
+    import gc
+    import weakref
+
+    bank, _ = filled_bank(64)
+    bank = bank.append(torch.ones(1, 8, 2, 8), torch.ones(1, 8, 2, 8), 256)
+    storage = weakref.ref(bank._storage)
+    gc.disable()  # a reference cycle would keep a million-token bank alive until the next collection
+    try:
+        del bank
+        assert storage() is None
+    finally:
+        gc.enable()
+
+
 def longmem(**options):
     base = {"chunk_size": 4, "topk_chunks": 3, "bank_size": 64, "side_layers": 2}
     return scrambled(small_model("longmem", window=8, segment_len=8, memory={**base, **options}), std=0.2)
