@@ -3,9 +3,9 @@
 
 The retention probe's samples (a pass key, then `distance` tokens of filler, then the question;
 `probes/retention.py`) at one distance, each streamed and answered on its own, on probe seed 11
-by default. A 1M-token sample takes minutes on this CPU, so each result is appended to a JSONL log
-as soon as it is known, and a rerun with the same log skips the samples already there: a run cut
-off goes on where it stopped. With `--record` the accuracy so far, the command and the times go
+by default. Each result is appended to a JSONL log as soon as it is known, with the memory options
+it ran with, and a rerun with the same log skips the samples already answered under the same
+options: a run cut off goes on where it stopped. With `--record` the accuracy so far, the command and the times go
 into the checkpoint's card under `long_grid`, key `retention:DISTANCE`.
 """
 from __future__ import annotations
@@ -47,11 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     model, overrides = load_with_settings(directory, args.settings)
     log = args.log or ROOT / "runs" / "retention" / f"{directory.name}-{args.distance}-{args.seed}.jsonl"
     log.parent.mkdir(parents=True, exist_ok=True)
+    memory = json.loads(json.dumps(model.cfg.memory))
     done = {}
     if log.is_file():
         for line in log.read_text().splitlines():
             row = json.loads(line)
-            if row["overrides"] == overrides:
+            if row.get("memory") == memory:  # the same memory options, whether from the config or --set
                 done[row["sample"]] = row
     for i in range(args.n):
         if i in done:
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         prediction = model.generate(sample.prompt, max_new_tokens=8)
         row = {"sample": i, "gap": sample.meta["distance"], "n_tokens": sample.n_tokens, "answer": sample.answer,
-               "prediction": prediction, "correct": bool(score(prediction, sample)), "overrides": overrides,
+               "prediction": prediction, "correct": bool(score(prediction, sample)), "overrides": overrides, "memory": memory,
                "seconds": round(time.perf_counter() - started, 1), "threads": args.threads}
         with log.open("a") as f:
             f.write(json.dumps(row) + "\n")
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         card = json.loads(card_path.read_text())
         card.setdefault("long_grid", {})[f"retention:{args.distance}"] = {
             "retention": {str(args.distance): round(accuracy, 4)}, "n_per_cell": len(rows), "seed": args.seed,
-            "overrides": overrides, "command": command, "median_s_per_sample": sorted(r["seconds"] for r in rows)[len(rows) // 2],
+            "overrides": overrides, "memory": memory, "command": command, "median_s_per_sample": sorted(r["seconds"] for r in rows)[len(rows) // 2],
             "threads": sorted({r["threads"] for r in rows})}
         atomic_write_text(card_path, json.dumps(card, indent=2, sort_keys=True))
     return 0

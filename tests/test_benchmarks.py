@@ -59,6 +59,31 @@ def test_long_grid_records_a_babilong_grid_equal_to_the_probe_run(tmp_path):
     assert json.loads((tmp_path / "m" / "card.json").read_text())["long_grid"]["qa1:400:shakespeare"]["haystack"] == "shakespeare"
 
 
+def test_long_retention_goes_on_where_it_stopped_under_the_same_memory_options_only(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import long_retention
+
+    import memviz
+    from probes import retention
+    from tests.conftest import small_model
+
+    memviz.save(small_model("longmem", window=8, segment_len=8, memory={"chunk_size": 4, "bank_size": 64}), tmp_path / "m")
+    (tmp_path / "m" / "card.json").write_text("{}")
+    log = tmp_path / "log.jsonl"
+    run = [str(tmp_path / "m"), "--distance", "100", "--seed", "3", "--log", str(log)]
+    assert long_retention.main([*run, "--n", "2"]) == 0
+    assert long_retention.main([*run, "--n", "3", "--record"]) == 0  # samples 0 and 1 are in the log: only 2 runs
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["sample"] for r in rows] == [0, 1, 2] and all(r["memory"]["chunk_size"] == 4 for r in rows)
+    model = memviz.load(tmp_path / "m")
+    expected = [retention.seeded_sample(model.tokenizer, 100, 3, i).answer for i in range(3)]
+    assert [r["answer"] for r in rows] == expected
+    entry = json.loads((tmp_path / "m" / "card.json").read_text())["long_grid"]["retention:100"]
+    assert entry["n_per_cell"] == 3 and entry["retention"]["100"] == round(sum(r["correct"] for r in rows) / 3, 4)
+    assert long_retention.main([*run, "--n", "1", "--set", "chunk_size=2"]) == 0  # other options: answered anew
+    assert json.loads(log.read_text().splitlines()[-1])["memory"]["chunk_size"] == 2
+
+
 def test_the_samples_table_in_the_docs_is_the_cards():
     """docs/samples.md's table is generated from every sample's card; an edited card or a new
     sample without `python benchmarks/samples_doc.py` fails here."""
