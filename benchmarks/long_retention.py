@@ -5,8 +5,8 @@ The retention probe's samples (a pass key, then `distance` tokens of filler, the
 `probes/retention.py`) at one distance, each streamed and answered on its own, on probe seed 11
 by default. Each result is appended to a JSONL log as soon as it is known, with the memory options
 it ran with, and a rerun with the same log skips the samples already answered under the same
-options: a run cut off goes on where it stopped. With `--record` the accuracy so far, the command and the times go
-into the checkpoint's card under `long_grid`, key `retention:DISTANCE`.
+options: a run cut off goes on where it stopped. With `--record` the accuracy so far, the command
+and the times go into the checkpoint's card under `long_grid`, key `retention:DISTANCE`.
 """
 from __future__ import annotations
 

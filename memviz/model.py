@@ -276,9 +276,12 @@ class MemoryLM(HookedRootModule):
 
     def run(self, tokens: Tensor, state: ModelState) -> tuple[Tensor, list[StateTree], StateTree]:
         """A chunk's logits, each layer's new state and the new shared state."""
-        x = self.hook_embed(self.embed(tokens) * self.cfg.embed_scale)
-        x, layer_states, shared = self.run_blocks(x, tokens, state)
+        x, layer_states, shared = self.run_blocks(self.embedded(tokens), tokens, state)
         return self.unembed(self.ln_final(x)), layer_states, shared
+
+    def embedded(self, tokens: Tensor) -> Tensor:
+        """The residual stream's input: scaled token embeddings (hook_embed)."""
+        return self.hook_embed(self.embed(tokens) * self.cfg.embed_scale)
 
     def run_blocks(self, x: Tensor, tokens: Tensor, state: ModelState) -> tuple[Tensor, list[StateTree], StateTree]:
         """The blocks over a chunk: (output, each layer's new state, the new shared state)."""

@@ -379,8 +379,7 @@ class LongMemLM(MemoryLM):
         fresh_side = self.init_side_state(tokens.shape[0])
         for start in range(0, head, self.chunk_len):
             chunk = tokens[:, start : min(start + self.chunk_len, head)]
-            x = self.hook_embed(self.embed(chunk) * self.cfg.embed_scale)
-            _, layer_states, bank, pending, open_from = self.run_backbone(x, state)
+            _, layer_states, bank, pending, open_from = self.run_backbone(self.embedded(chunk), state)
             shared = {"side": fresh_side,
                       "bank": bank.trimmed(open_from - self.options.bank_size), "pending": pending}
             state = ModelState(state.pos + chunk.shape[1], layer_states, shared)
