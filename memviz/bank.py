@@ -26,22 +26,43 @@ Search:
     while recall@8 over filler queries rose from 0.944 to 0.962.
 
 A `ChunkBank` is a value, as model states are: appending returns a new bank and leaves the old
-one as it was. Storage is shared and grows in place (amortised O(1) a token); a bank that is
-appended to after a later one was made from it (a second continuation of a saved state, an
-intervention) first copies what it holds, so no state ever sees another's writes.
+one as it was. Storage is shared and grows in place (amortised O(1) a token). A bank appends in
+place when no live bank over the storage holds more chunks than it (entries past its own that
+nobody reads any more are overwritten: a saved state continued again and again, as a training
+batch after a fixed prefix, reuses one storage); otherwise (a second continuation while the first
+is alive, an intervention) it first copies what it holds, so no state ever sees another's writes.
 """
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 SEARCHES = ("exact", "hnsw")
 EXACT_SCORES = 2**25  # exact search scores at most this many (query, head, chunk) triples at once
+
+
+def blocked_topk(scores: Tensor, k: int, block: int = 256) -> tuple[Tensor, Tensor]:
+    """torch.topk(scores, k) over the last dimension, best first, read a block at a time: the k
+    best lie in the k blocks with the highest maxima, so only k * block candidates are ranked
+    (3-4x faster than torch.topk over 131k chunks on this CPU; the same values and indices)."""
+    n = scores.shape[-1]
+    if n <= 4 * k * block:
+        return scores.topk(k, dim=-1)
+    whole = n - n % block
+    blocks = scores[..., :whole].unflatten(-1, (whole // block, block))
+    maxima = blocks.amax(-1)
+    if whole < n:  # a last, partial block
+        maxima = torch.cat([maxima, scores[..., whole:].amax(-1, keepdim=True)], -1)
+        blocks = torch.cat([blocks, F.pad(scores[..., whole:], (0, block - n + whole), value=-torch.inf)[..., None, :]], -2)
+    best_blocks = maxima.topk(k, dim=-1).indices  # [..., k]
+    candidates = blocks.gather(-2, best_blocks[..., None].expand(*best_blocks.shape, block))  # [..., k, block]
+    values, flat = candidates.flatten(-2).topk(k, dim=-1)
+    return values, best_blocks.gather(-1, flat // block) * block + flat % block
 
 
 @dataclass(eq=False)
@@ -50,13 +71,13 @@ class _Storage:
 
     keys: Tensor  # [B, capacity_tokens, H, d]
     values: Tensor
-    chunk_keys: Tensor  # [B, capacity_chunks, H, d]
+    chunk_keys: Tensor  # [B, H, capacity_chunks, d]: a head's keys are one block, as exact search reads them
     positions: Tensor  # [capacity_chunks] first token position of each chunk
     chunk_size: int
     base: int = 0
     size: int = 0  # chunks stored
-    owner: Callable[[], object] = lambda: None  # weak reference to the bank allowed to append in place (no
-    # cycle: a dropped bank's tensors are freed at once, not at the next garbage collection)
+    readers: weakref.WeakSet = field(default_factory=weakref.WeakSet)  # the live banks over this storage (weak:
+    # no cycle, so a dropped bank's tensors are freed at once, not at the next garbage collection)
     graphs: list | None = None  # faiss indexes [B][H] over entries 0..indexed-1
     indexed: int = 0
     radius: float = 0.0  # the graphs' lift radius (see ChunkBank._index_new_chunks)
@@ -65,19 +86,31 @@ class _Storage:
     tracked: int = 0  # entries 0..tracked-1 have been considered as outliers
     rescored_at: int = 0  # size at the last rescoring of every entry against the mean
 
-    def reserve(self, chunks: int) -> None:
-        if chunks <= self.chunk_keys.shape[1]:
+    def truncate(self, size: int) -> None:
+        """Forget entries size.. (no live bank reads them); graphs and outliers that cover them go."""
+        if size >= self.size:
             return
-        new = max(chunks, 2 * self.chunk_keys.shape[1], 64)
+        self.size = size
+        if self.indexed > size:
+            self.graphs, self.indexed = None, 0
+        if self.tracked > size:
+            self.outliers, self.key_sum, self.tracked, self.rescored_at = None, None, 0, 0
+
+    def reserve(self, chunks: int) -> None:
+        if chunks <= self.chunk_keys.shape[2]:
+            return
+        new = max(chunks, 2 * self.chunk_keys.shape[2], 64)
         cs = self.chunk_size
 
-        def grow(t: Tensor, n: int) -> Tensor:
-            out = t.new_empty((t.shape[0], n, *t.shape[2:]))
-            out[:, : t.shape[1]] = t
+        def grow(t: Tensor, n: int, dim: int = 1) -> Tensor:
+            shape = list(t.shape)
+            shape[dim] = n
+            out = t.new_empty(shape)
+            out.narrow(dim, 0, t.shape[dim]).copy_(t)
             return out
 
         self.keys, self.values = grow(self.keys, new * cs), grow(self.values, new * cs)
-        self.chunk_keys = grow(self.chunk_keys, new)
+        self.chunk_keys = grow(self.chunk_keys, new, dim=2)
         positions = self.positions.new_empty(new)
         positions[: self.positions.shape[0]] = self.positions
         self.positions = positions
@@ -90,6 +123,7 @@ class ChunkBank:
                  outliers: int) -> None:
         self._storage, self.n_chunks, self.capacity = storage, n_chunks, capacity
         self.search_kind, self.ef_search, self.exact_below, self.outliers = search, ef_search, exact_below, outliers
+        storage.readers.add(self)
 
     @classmethod
     def empty(cls, batch: int, heads: int, d_head: int, chunk_size: int, capacity: int, search: str = "exact",
@@ -98,14 +132,13 @@ class ChunkBank:
         if search not in SEARCHES:
             raise ValueError(f"search must be one of {list(SEARCHES)}, got {search!r}")
         none = torch.zeros(batch, 0, heads, d_head, device=device, dtype=dtype)
-        storage = _Storage(none, none.clone(), none.clone(), torch.zeros(0, dtype=torch.long, device=device), chunk_size)
+        storage = _Storage(none, none.clone(), none.transpose(1, 2).contiguous(), torch.zeros(0, dtype=torch.long, device=device),
+                           chunk_size)
         return cls(storage, 0, capacity, search, ef_search, exact_below, outliers)
 
     def _successor(self, storage: _Storage, n_chunks: int) -> "ChunkBank":
-        """A bank over `storage` with this one's options, made the storage's owner."""
-        bank = ChunkBank(storage, n_chunks, self.capacity, self.search_kind, self.ef_search, self.exact_below, self.outliers)
-        storage.owner = weakref.ref(bank)
-        return bank
+        """A bank over `storage` with this one's options."""
+        return ChunkBank(storage, n_chunks, self.capacity, self.search_kind, self.ef_search, self.exact_below, self.outliers)
 
     # ----- what the bank holds --------------------------------------------------------------
     @property
@@ -144,15 +177,21 @@ class ChunkBank:
         return (b - a) * self.chunk_size
 
     # ----- appending ------------------------------------------------------------------------
+    def _writes_in_place(self) -> bool:
+        """No live bank over the storage holds more chunks than this one."""
+        return all(bank.n_chunks <= self.n_chunks for bank in list(self._storage.readers))
+
     def _own_storage(self) -> _Storage:
-        """The storage, copied first when another bank has appended to it since this one."""
+        """The storage cut back to this bank's chunks when no live bank reads past them (the
+        search structures of the entries cut are dropped), else a copy of what this bank holds."""
         s = self._storage
-        if s.owner() is self and s.base + s.size == self.n_chunks:
+        if self._writes_in_place():
+            s.truncate(self.n_chunks - s.base)
             return s
         a, b = self._kept()
         cs = s.chunk_size
         return _Storage(s.keys[:, a * cs : b * cs].clone(), s.values[:, a * cs : b * cs].clone(),
-                        s.chunk_keys[:, a:b].clone(), s.positions[a:b].clone(), cs, base=s.base + a, size=b - a)
+                        s.chunk_keys[:, :, a:b].clone(), s.positions[a:b].clone(), cs, base=s.base + a, size=b - a)
 
     def append(self, keys: Tensor, values: Tensor, first_position: int) -> "ChunkBank":
         """The bank with tokens first_position.. (keys/values [B, T, H, d], T whole chunks) added."""
@@ -167,7 +206,7 @@ class ChunkBank:
         keys, values = keys.detach(), values.detach()
         s.keys[:, s.size * cs : (s.size + n_new) * cs] = keys
         s.values[:, s.size * cs : (s.size + n_new) * cs] = values
-        s.chunk_keys[:, s.size : s.size + n_new] = keys.unflatten(1, (n_new, cs)).mean(2)
+        s.chunk_keys[:, :, s.size : s.size + n_new] = keys.unflatten(1, (n_new, cs)).mean(2).transpose(1, 2)
         s.positions[s.size : s.size + n_new] = first_position + cs * torch.arange(n_new, device=s.positions.device)
         s.size += n_new
         return self._successor(s, self.n_chunks + n_new)
@@ -176,14 +215,14 @@ class ChunkBank:
         """Drop storage of chunks that start before token `keep_from`, once they are most of it
         (amortised: storage stays within about twice what is read)."""
         s = self._storage
-        if s.owner() is not self or s.size < 128:
+        if not self._writes_in_place() or s.size < 128:
             return self
         first_needed = int(torch.searchsorted(s.positions[: s.size], keep_from))
         if first_needed < s.size // 2:
             return self
         cs = s.chunk_size
         fresh = _Storage(s.keys[:, first_needed * cs : s.size * cs].clone(), s.values[:, first_needed * cs : s.size * cs].clone(),
-                         s.chunk_keys[:, first_needed : s.size].clone(), s.positions[first_needed : s.size].clone(), cs,
+                         s.chunk_keys[:, :, first_needed : s.size].clone(), s.positions[first_needed : s.size].clone(), cs,
                          base=s.base + first_needed, size=s.size - first_needed)
         return self._successor(fresh, self.n_chunks)
 
@@ -203,11 +242,12 @@ class ChunkBank:
             shape = (*q.shape[:3], 0)
             return q.new_zeros(shape), torch.zeros(shape, dtype=torch.long, device=q.device)
         if kind == "exact" or hi - lo <= self.exact_below:
-            keys = self._storage.chunk_keys[:, lo:hi].to(q.dtype)
+            keys = self._storage.chunk_keys[:, :, lo:hi].to(q.dtype)  # [B, H, C, d]
+            heads_first = q.transpose(1, 2)  # [B, H, T, d]
             step = max(1, EXACT_SCORES // (q.shape[0] * q.shape[2] * (hi - lo)))  # queries a pass: bounded memory
-            parts = [torch.einsum("bthd,bchd->bthc", q[:, a : a + step], keys).topk(min(topk, hi - lo), dim=-1)
+            parts = [blocked_topk(heads_first[:, :, a : a + step] @ keys.transpose(-1, -2), min(topk, hi - lo))
                      for a in range(0, q.shape[1], step)]
-            return torch.cat([s for s, _ in parts], 1), torch.cat([e for _, e in parts], 1) + lo
+            return torch.cat([s for s, _ in parts], 2).transpose(1, 2), torch.cat([e for _, e in parts], 2).transpose(1, 2) + lo
         return self._graph_search(q, lo, hi, min(topk, hi - lo))
 
     def _graph_search(self, q: Tensor, lo: int, hi: int, k: int) -> tuple[Tensor, Tensor]:
@@ -232,7 +272,7 @@ class ChunkBank:
         outliers = s.outliers.to(q.device)  # [B, H, S]
         if outliers.shape[-1]:
             heads = torch.arange(H, device=q.device)[None, :, None]
-            keys = s.chunk_keys[torch.arange(B, device=q.device)[:, None, None], outliers, heads]  # [B, H, S, d]
+            keys = s.chunk_keys[torch.arange(B, device=q.device)[:, None, None], heads, outliers]  # [B, H, S, d]
             extra = torch.einsum("bthd,bhsd->bths", q, keys.to(q.dtype))
             extra_entries = outliers[:, None].expand(B, T, H, -1)
             found_already = (extra_entries[..., :, None] == entries[..., None, :]).any(-1)
@@ -250,21 +290,21 @@ class ChunkBank:
         s, S = self._storage, self.outliers
         if s.outliers is not None and s.tracked == s.size:
             return
-        B, H = s.chunk_keys.shape[0], s.chunk_keys.shape[2]
+        B, H = s.chunk_keys.shape[0], s.chunk_keys.shape[1]
         device = s.chunk_keys.device
         if S == 0:  # none asked for: nothing to track
             s.outliers, s.tracked = torch.zeros(B, H, 0, dtype=torch.long, device=device), s.size
             return
         if s.outliers is None or s.size >= 2 * max(s.rescored_at, 1):
-            s.key_sum, s.rescored_at = s.chunk_keys[:, : s.size].sum(1, dtype=torch.float64), s.size
+            s.key_sum, s.rescored_at = s.chunk_keys[:, :, : s.size].sum(2, dtype=torch.float64), s.size
             candidates = torch.arange(s.size, device=device).expand(B, H, -1)
         else:
-            s.key_sum = s.key_sum + s.chunk_keys[:, s.tracked : s.size].sum(1, dtype=torch.float64)
+            s.key_sum = s.key_sum + s.chunk_keys[:, :, s.tracked : s.size].sum(2, dtype=torch.float64)
             fresh = torch.arange(s.tracked, s.size, device=device).expand(B, H, -1)
             candidates = torch.cat([s.outliers, fresh], -1)
         mean = (s.key_sum / s.size).to(s.chunk_keys.dtype)[:, :, None]  # [B, H, 1, d]
         rows, heads = torch.arange(B, device=device)[:, None, None], torch.arange(H, device=device)[None, :, None]
-        distance = torch.cat([(s.chunk_keys[rows, block, heads] - mean).norm(dim=-1)  # blocks bound the memory
+        distance = torch.cat([(s.chunk_keys[rows, heads, block] - mean).norm(dim=-1)  # blocks bound the memory
                               for block in candidates.split(1 << 14, dim=-1)], -1)
         s.outliers = candidates.gather(-1, distance.topk(min(S, candidates.shape[-1]), dim=-1).indices)
         s.tracked = s.size
@@ -275,24 +315,24 @@ class ChunkBank:
         q -> [q, 0]: |q - x|^2 = |q|^2 + R^2 - 2 q.x), for which HNSW keeps its recall; a key
         longer than R rebuilds the graphs with R doubled past it."""
         s = self._storage
-        new = s.chunk_keys[:, s.indexed : s.size].detach().float().cpu().numpy()  # [B, n, H, d]
-        if new.shape[1] == 0:
+        new = s.chunk_keys[:, :, s.indexed : s.size].detach().float().cpu().numpy()  # [B, H, n, d]
+        if new.shape[2] == 0:
             return
         longest = float(np.linalg.norm(new, axis=-1).max())
         if s.graphs is None or longest > s.radius:
             s.radius = 2 * max(longest, 1e-6)
-            B, _, H, d = new.shape
+            B, H, _, d = new.shape
             s.graphs = [[faiss.IndexHNSWFlat(d + 1, 32) for _ in range(H)] for _ in range(B)]
             for row in s.graphs:
                 for graph in row:
                     graph.hnsw.efConstruction = 128
             s.indexed = 0
-            new = s.chunk_keys[:, : s.size].detach().float().cpu().numpy()
+            new = s.chunk_keys[:, :, : s.size].detach().float().cpu().numpy()
         lift = np.sqrt(np.maximum(s.radius**2 - (new**2).sum(-1, keepdims=True), 0.0))
         lifted = np.concatenate([new, lift], -1).astype(np.float32)
         for b, row in enumerate(s.graphs):
             for h, graph in enumerate(row):
-                graph.add(np.ascontiguousarray(lifted[b, :, h]))
+                graph.add(np.ascontiguousarray(lifted[b, h]))
         s.indexed = s.size
 
     # ----- reading --------------------------------------------------------------------------
@@ -301,7 +341,7 @@ class ChunkBank:
         B, T, H, K = entries.shape
         batch = torch.arange(B, device=entries.device)[:, None, None, None]
         heads = torch.arange(H, device=entries.device)[None, None, :, None]
-        return self._storage.chunk_keys[batch, entries, heads]
+        return self._storage.chunk_keys[batch, heads, entries]
 
     def gather(self, entries: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Keys and values [B, T, H, K * chunk_size, d] of the chunks at storage entries

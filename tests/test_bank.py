@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import memviz
-from memviz.bank import ChunkBank
+from memviz.bank import ChunkBank, blocked_topk
 from memviz.checkpoint import CheckpointError
 from memviz.models.longmem import retrieve_chunks
 from tests.conftest import random_ids, scrambled, small_model
@@ -38,6 +38,26 @@ def test_exact_search_is_the_exhaustive_top_k_over_the_visible_chunks(lo_hi, per
     assert torch.equal(first, entries * 4)  # one chunk = 4 token positions, appended from 0
     torch.testing.assert_close(k.unflatten(-2, (n, 4)).mean(-2), bank.gather_chunk_keys(entries))
     torch.testing.assert_close(v, -k)
+
+
+@pytest.mark.parametrize("n, k", [(8192, 8), (70_013, 8), (70_013, 1), (20_000, 33)])
+def test_blocked_top_k_is_torch_topk(n, k):
+    scores = torch.randn(3, 2, n, generator=torch.Generator().manual_seed(n + k))
+    scores[0, 0, -1] = 100.0  # the best in the partial last block
+    values, indices = blocked_topk(scores, k)
+    expected = scores.topk(k, dim=-1)
+    assert torch.equal(values, expected.values) and torch.equal(indices, expected.indices)
+
+
+def test_exact_search_over_a_bank_of_many_blocks_is_the_exhaustive_top_k():
+    bank, keys = filled_bank(9_000, H=2, d=8)
+    q = torch.randn(1, 7, 2, 8, generator=torch.Generator().manual_seed(3))
+    visible = torch.zeros(7, 9_000, dtype=torch.bool)
+    visible[:, 100:8_990] = True
+    scores, entries = bank.search(q, 100, 8_990, topk=8)
+    ref_scores, ref_chunks = retrieve_chunks(q, keys, 4, 8, visible)
+    assert torch.equal(entries, ref_chunks)
+    torch.testing.assert_close(scores, ref_scores)
 
 
 def test_hnsw_recall_against_exact_search():
@@ -98,9 +118,9 @@ def test_a_needle_written_first_stays_among_the_outliers_as_the_mean_drifts():
     s = bank._storage
     assert s.rescored_at > 1024 // 4 and s.tracked == s.size  # both the full and the incremental paths ran
     assert (s.outliers == 2).any(-1).all()  # in every head
-    keys = s.chunk_keys[:, : s.size].double()
-    distance = (keys - keys.mean(1, keepdim=True)).norm(dim=-1)  # [1, C, H]
-    assert (distance[0, 2] >= distance[0].kthvalue(s.size - 8, dim=0).values).all()  # a true outlier
+    keys = s.chunk_keys[:, :, : s.size].double()  # [1, H, C, d]
+    distance = (keys - keys.mean(2, keepdim=True)).norm(dim=-1)  # [1, H, C]
+    assert (distance[0, :, 2] >= distance[0].kthvalue(s.size - 8, dim=-1).values).all()  # a true outlier
 
 
 def test_a_bank_appended_to_twice_keeps_both_continuations_apart():
@@ -111,6 +131,26 @@ def test_a_bank_appended_to_twice_keeps_both_continuations_apart():
     assert len(bank) == 64 and torch.equal(bank.keys, keys)
     assert torch.equal(a.keys[:, -8:], torch.ones(1, 8, 2, 8)) and torch.equal(b.keys[:, -8:], torch.full((1, 8, 2, 8), 2.0))
     assert torch.equal(a2.keys[:, -12:-4], torch.ones(1, 8, 2, 8)) and a2.positions[-1].item() == 75
+
+
+@pytest.mark.parametrize("search", ["exact", "hnsw"])
+def test_a_prefix_continued_again_after_its_continuation_is_dropped_reuses_its_storage(search):
+    prefix, keys = filled_bank(32, search, exact_below=1)
+    live = prefix.append(torch.ones(1, 8, 2, 8), torch.ones(1, 8, 2, 8), 128)
+    live.search(torch.randn(1, 3, 2, 8), 0, 34, 4)  # its graph now covers the continuation
+    second = prefix.append(torch.full((1, 8, 2, 8), 2.0), torch.full((1, 8, 2, 8), 2.0), 128)
+    assert second._storage is not prefix._storage  # the first continuation is alive: copied
+    assert torch.equal(live.keys[:, -8:], torch.ones(1, 8, 2, 8))
+    del live, second
+    third = prefix.append(torch.full((1, 8, 2, 8), 3.0), torch.full((1, 8, 2, 8), 3.0), 128)
+    assert third._storage is prefix._storage  # nobody reads past the prefix: written in place
+    assert torch.equal(prefix.keys, keys) and torch.equal(third.keys[:, -8:], torch.full((1, 8, 2, 8), 3.0))
+    q = torch.randn(1, 5, 2, 8)
+    written = third._storage.keys[:, : 34 * 4]  # every entry, the two the FIFO drops from view included
+    reference = ChunkBank.empty(1, 2, 8, 4, capacity=136).append(written, written, 0)
+    assert torch.equal(third.search(q, 0, 34, 4, kind="exact")[1], reference.search(q, 0, 34, 4, kind="exact")[1])
+    if search == "hnsw":  # the graph held the overwritten entries: rebuilt, so it finds the new ones
+        assert third.search(torch.full((1, 1, 2, 8), 3.0), 0, 34, 1)[1].flatten().tolist() == [33, 33]
 
 
 def test_a_fifo_bank_keeps_its_last_capacity_tokens_and_trims_its_storage():
