@@ -54,27 +54,11 @@ def recall_at(model, state, ids: list[int]) -> float:
     return float((approx[..., :, None] == exact[..., None, :]).any(-1).float().mean())
 
 
-def fixed_mmap_threshold() -> None:
-    """glibc raises its mmap threshold whenever a large block is freed; from then on the bank's
-    growing tensors and each chunk's activations come from the heap and fragment it (peak RSS of a
-    131k-token trace 1.6-2.7 GB from run to run, 0.70 GB with a fixed threshold). A fixed threshold,
-    what the environment variable MALLOC_MMAP_THRESHOLD_=131072 sets, gives freed blocks back."""
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc: nothing to set
-        return
-    libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD
-
-
-def run(checkpoint: str, n_tokens: int, threads: int, chunk_size: int | None = None, fixed_mmap: bool = False) -> dict:
+def run(checkpoint: str, n_tokens: int, threads: int, chunk_size: int | None = None) -> dict:
     import memviz
     from memviz.trace import trace
 
     torch.set_num_threads(threads)
-    if fixed_mmap:
-        fixed_mmap_threshold()
     model = memviz.load(checkpoint, bank_size=n_tokens, search="hnsw", **({"chunk_size": chunk_size} if chunk_size else {}))
     ids = filler_ids(model, n_tokens + 1024)
     marks: dict[int, float] = {}
@@ -112,13 +96,11 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=2**20)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--chunk-size", type=int, help="tokens a bank chunk (default: the checkpoint's config)")
-    parser.add_argument("--fixed-mmap-threshold", action="store_true",
-                        help="give freed blocks back to the system (a third of the peak RSS, slower: RESULTS.md)")
     parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = parser.parse_args()
     if args.tokens < 2 * 65536:
         parser.error("--tokens must be at least 131072 (the comparison is against the time per token at 64k)")
-    r = run(args.checkpoint, args.tokens, args.threads, args.chunk_size, args.fixed_mmap_threshold)
+    r = run(args.checkpoint, args.tokens, args.threads, args.chunk_size)
     ratio = r["us_per_token_at_end"] / r["us_per_token_at_64k"]
     recall = ", ".join(f"{k:,} tokens: {v:.3f}" for k, v in r["recall"].items())
     table = "\n".join([
@@ -136,7 +118,7 @@ def main() -> int:
                 f"({r['checkpoint']}, HNSW, chunks of {r['chunk_size']}) · {platform.machine()} CPU, {r['threads']} threads · torch {torch.__version__}\n\n"
                 f"Command: `python benchmarks/longmem_bank.py {r['checkpoint']} --tokens {r['tokens']} --threads {r['threads']}"
                 f"{f' --chunk-size {args.chunk_size}' if args.chunk_size else ''}"
-                f"{' --fixed-mmap-threshold' if args.fixed_mmap_threshold else ''} --record`\n\n")
+                " --record`\n\n")
         with open(ROOT / "benchmarks" / "RESULTS.md", "a") as fh:
             fh.write(head + table + "\n")
     return 0

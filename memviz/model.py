@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
+from memviz import heap
 from memviz.config import ConfigError, ModelConfig
 from memviz.layers import AttentionSpan, LocalAttention, RMSNorm, SwiGLU
 from memviz.registry import parse_options
@@ -303,6 +304,8 @@ class MemoryLM(HookedRootModule):
         for start in range(0, tokens.shape[1], chunk_len):
             logits, state = self(tokens[:, start : start + chunk_len], state=state, return_state=True)
             state = state.detach()
+            if heap.crossed(start, start + chunk_len):
+                heap.release_free_heap()
             yield start, logits, state
 
     @torch.no_grad()

@@ -294,3 +294,31 @@ def test_every_quick_preset_makes_progress(family, tmp_path):
     Trainer(cfg, progress=False).run()
     losses = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
     assert len(losses) == 3 and losses[-1] < losses[0] - 0.3, losses
+
+
+def test_longmem_batches_continue_one_prefix_of_filler_that_the_frozen_backbone_wrote(tmp_path, monkeypatch):
+    from memviz.bank import ChunkBank
+
+    baseline = Trainer(tiny_config(tmp_path / "base", steps=2), progress=False).run()
+    exported = memviz.save(baseline.model, tmp_path / "baseline")
+    longmem = {"family": "longmem", "segment_len": 16, "memory": {"bank_size": 512, "chunk_size": 2, "topk_chunks": 2}}
+    cfg = tiny_config(tmp_path / "prefixed", steps=3, model=longmem, init_from=str(exported), data={"prefix_tokens": [[0, 200]]})
+    trainer = Trainer(cfg, progress=False)
+    filler = trainer.sampler.prefix(200, 2)
+    assert filler.shape == (2, 200) and not torch.equal(filler[0], filler[1]) and torch.equal(filler, trainer.sampler.prefix(200, 2))
+    storages, append = [], ChunkBank.append
+    monkeypatch.setattr(ChunkBank, "append", lambda bank, *args: storages.append((bank := append(bank, *args))._storage) or bank)
+    read = []
+    hook = ("side_blocks.1.attn.hook_retrieved_pos", lambda positions, hook: read.append(positions))
+    with trainer.model.hooks(fwd_hooks=[hook]):
+        for _ in range(3):
+            trainer.train_step()
+    prefix_bank = trainer.prefix_states[200].shared["bank"]
+    assert all(s is prefix_bank._storage for s in storages)  # each batch appends to the prefix's storage, not a copy
+    assert len(read) == 3 and all(((p >= 0) & (p < 200)).any() for p in read)  # and every batch reads the filler
+    written = trainer.model.backbone_prefill(filler).shared["bank"]  # the weights the steps changed do not enter it
+    assert torch.equal(prefix_bank.keys, written.keys) and torch.equal(prefix_bank.values, written.values)
+    with pytest.raises(ValueError, match="do not fit in model.memory.bank_size"):
+        Trainer(tiny_config(tmp_path / "long", model=longmem, init_from=str(exported), data={"prefix_tokens": [[0, 480]]}))
+    with pytest.raises(ValueError, match="needs a memory that frozen weights write"):
+        Trainer(tiny_config(tmp_path / "window", data={"prefix_tokens": [[0, 64]]}))

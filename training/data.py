@@ -26,6 +26,7 @@ import torch
 
 from memviz.tokenizer import BPETokenizer, ByteTokenizer, Tokenizer, load_tokenizer
 from probes import babilong, facts, passkey, ruler
+from probes.common import take_filler
 from probes.haystack import ProceduralHaystack, make_haystack
 
 LONG_TASKS = ("passkey", *babilong.TASKS, *ruler.TASKS)
@@ -49,6 +50,10 @@ class DataConfig:
     # case a probe at a length of whole segments measures (see README, pass key)
     aligned_frac: float = 0.0
     align_to: int = 64
+    # [from_step, n]: every batch continues n tokens of procedural filler, which only the frozen
+    # part of the model reads (LongMem's backbone fills the bank with them once: `backbone_prefill`),
+    # so the bank a batch searches holds n tokens of distractors, as at a million tokens; [] = none
+    prefix_tokens: list[list[int]] = field(default_factory=list)
     seed: int = 1
 
     def __post_init__(self) -> None:
@@ -68,6 +73,8 @@ class DataConfig:
                 make_haystack(self.haystack, 0)  # a missing file or uninstalled texts fail before training
             except ValueError as exc:
                 raise ValueError(f"data.haystack: {exc}") from exc
+        if any(len(c) != 2 or not isinstance(c[1], int) or c[1] < 0 for c in self.prefix_tokens):
+            raise ValueError("data.prefix_tokens is a list of [from_step, n] with n a whole number of tokens >= 0")
         if not 0 < self.min_len_frac <= 1:
             raise ValueError(f"data.min_len_frac must lie in (0, 1], got {self.min_len_frac}")
         if not 0 <= self.aligned_frac <= 1 or not isinstance(self.align_to, int) or self.align_to < 1:
@@ -79,6 +86,9 @@ class DataConfig:
 
     def facts_limit(self, step: int) -> int | None:
         return stage(self.max_facts, step) if self.max_facts else None
+
+    def prefix_at(self, step: int) -> int:
+        return stage(self.prefix_tokens, step) if self.prefix_tokens else 0
 
 
 def stage(schedule: list[list[int]], step: int) -> int:
@@ -187,6 +197,15 @@ class TaskSampler:
             tokens += self.tokenizer.encode(next(docs) + "\n\n")
         tokens = tokens[:length]
         return Example(tokens, [0.0] + [self.cfg.text_weight] * (len(tokens) - 1))
+
+    def prefix(self, n: int, batch_size: int) -> torch.Tensor:
+        """[batch_size, n] token ids of procedural filler, another text a row, the same every call."""
+        rows = []
+        for row in range(batch_size):
+            rng = random.Random(f"train-prefix|{self.cfg.seed}|{row}")
+            sentences = make_haystack("procedural", rng.randrange(2**31)).sentences()
+            rows.append(self.tokenizer.encode(" ".join(take_filler(self.tokenizer, sentences, n + 64)))[:n])
+        return torch.tensor(rows, dtype=torch.long)
 
     def draw_length(self, step: int, rng: random.Random) -> int:
         """A batch's prompt length: uniform in [min_len_frac, 1] x the curriculum's length, and

@@ -136,6 +136,8 @@ class Trainer:
                     shutil.rmtree(path) if path.is_dir() else path.unlink()
         self.model = self.build_model(checkpoint)
         self.sampler = TaskSampler(self.model.tokenizer, cfg.data)
+        self.prefix_states: dict[int, Any] = {}  # data.prefix_tokens: n -> the state after n tokens of filler
+        self.check_prefix()
         self.optimizer = make_optimizer(self.model, cfg.optim)
         if checkpoint is not None:
             self.restore(checkpoint)
@@ -165,6 +167,27 @@ class Trainer:
         if cfg.data.mix.get("facts"):  # the facts probe asks the knowledge base named here
             model.card["facts"] = {"kb_seed": cfg.data.kb_seed, "n_entities": cfg.data.n_entities}
         return model.to(self.device).train()
+
+    def check_prefix(self) -> None:
+        longest_prefix = max((n for _, n in self.cfg.data.prefix_tokens), default=0)
+        if not longest_prefix:
+            return
+        if not hasattr(self.model, "backbone_prefill"):
+            raise ValueError(f"data.prefix_tokens needs a memory that frozen weights write (LongMem's bank); "
+                             f"{self.model.family} trains the weights that write its memory")
+        room = longest_prefix + max(length for _, length in self.cfg.data.curriculum)
+        if room > self.model.options.bank_size:
+            raise ValueError(f"data.prefix_tokens ({longest_prefix:,}) and the longest batch ({room - longest_prefix:,} tokens) "
+                             f"do not fit in model.memory.bank_size ({self.model.options.bank_size:,}): the prefix would leave the bank")
+
+    def prefix_state(self, step: int):
+        """The state a batch continues: None, or the one after data.prefix_tokens of filler (made once per size)."""
+        n = self.cfg.data.prefix_at(step)
+        if not n:
+            return None
+        if n not in self.prefix_states:
+            self.prefix_states = {n: self.model.backbone_prefill(self.sampler.prefix(n, self.cfg.optim.batch_size).to(self.device))}
+        return self.prefix_states[n]
 
     def latest_checkpoint(self) -> Path | None:
         pointer = self.out / "checkpoints" / "latest"
@@ -213,7 +236,7 @@ class Trainer:
         lr = cfg.optim.lr_at(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)
-        logits = self.ddp(tokens)
+        logits = self.ddp(tokens, state=self.prefix_state(self.step))
         loss, answer_loss = weighted_loss(logits, tokens, weights)
         if not torch.isfinite(loss):
             raise TrainingDiverged(

@@ -46,6 +46,7 @@ import torch
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
+from memviz import heap
 from memviz.config import ConfigError, ModelConfig
 from memviz.layers import AttentionSpan, LocalAttention, SwiGLU
 from memviz.bank import SEARCHES, ChunkBank
@@ -374,16 +375,28 @@ class LongMemLM(MemoryLM):
         span = self.attention.span
         if span is None:
             return super().prefill(tokens, state)
-        state = state or self.init_state(tokens.shape[0])
         head = max(0, tokens.shape[1] - self.options.side_layers * span)
+        if head:
+            state = self.backbone_prefill(tokens[:, :head], state)
+        return super().prefill(tokens[:, head:], state)
+
+    @torch.no_grad()
+    def backbone_prefill(self, tokens: Tensor | Sequence[int], state: ModelState | None = None) -> ModelState:
+        """The state after `tokens` as the frozen backbone leaves it (its caches, the bank, the open
+        segment), the side caches empty. No trained weight enters it, so training can start batch
+        after batch from one such state (a bank of distractors: `data.prefix_tokens`)."""
+        tokens = self.as_tokens(tokens)
+        state = state or self.init_state(tokens.shape[0])
         fresh_side = self.init_side_state(tokens.shape[0])
-        for start in range(0, head, self.chunk_len):
-            chunk = tokens[:, start : min(start + self.chunk_len, head)]
+        for start in range(0, tokens.shape[1], self.chunk_len):
+            chunk = tokens[:, start : start + self.chunk_len]
             _, layer_states, bank, pending, open_from = self.run_backbone(self.embedded(chunk), state)
             shared = {"side": fresh_side,
                       "bank": bank.trimmed(open_from - self.options.bank_size), "pending": pending}
             state = ModelState(state.pos + chunk.shape[1], layer_states, shared)
-        return super().prefill(tokens[:, head:], state)
+            if heap.crossed(start, start + chunk.shape[1]):
+                heap.release_free_heap()
+        return state
 
     def query_groups(self, bank: ChunkBank, pos: int, T: int) -> list[tuple[int, int, int, int]]:
         """(start, stop, lo, hi) per segment of the chunk: its tokens start:stop read bank
