@@ -28,6 +28,7 @@ def release_free_heap() -> None:
         _MALLOC_TRIM(0)
 
 
-def crossed(start: int, stop: int) -> bool:
-    """Whether tokens [start, stop) cross a multiple of RELEASE_EVERY: a stream releases there."""
-    return start // RELEASE_EVERY != stop // RELEASE_EVERY
+def release_between(start: int, stop: int) -> None:
+    """After a stream's tokens [start, stop): give the free heap back if they crossed a multiple of RELEASE_EVERY."""
+    if start // RELEASE_EVERY != stop // RELEASE_EVERY:
+        release_free_heap()

@@ -304,8 +304,7 @@ class MemoryLM(HookedRootModule):
         for start in range(0, tokens.shape[1], chunk_len):
             logits, state = self(tokens[:, start : start + chunk_len], state=state, return_state=True)
             state = state.detach()
-            if heap.crossed(start, start + chunk_len):
-                heap.release_free_heap()
+            heap.release_between(start, start + chunk_len)
             yield start, logits, state
 
     @torch.no_grad()

@@ -394,8 +394,7 @@ class LongMemLM(MemoryLM):
             shared = {"side": fresh_side,
                       "bank": bank.trimmed(open_from - self.options.bank_size), "pending": pending}
             state = ModelState(state.pos + chunk.shape[1], layer_states, shared)
-            if heap.crossed(start, start + chunk.shape[1]):
-                heap.release_free_heap()
+            heap.release_between(start, start + chunk.shape[1])
         return state
 
     def query_groups(self, bank: ChunkBank, pos: int, T: int) -> list[tuple[int, int, int, int]]:
