@@ -40,7 +40,9 @@ def filler_ids(model, n: int) -> list[int]:
 
 
 def recall_at(model, state, ids: list[int]) -> float:
-    """Recall@K of the HNSW search against exact top-K for the side queries of `ids` read after `state`."""
+    """Recall@K of the HNSW search against exact top-K for the side queries of `ids` read after
+    `state` (each query also reading what the search found for the queries before it, from the
+    first of `ids` on: the model's `recent_queries`)."""
     layer = model.side_blocks[model.augmented_layer].attn
     captured = {}
     hook = (f"side_blocks.{model.augmented_layer}.attn.hook_q", lambda q, hook: captured.setdefault("q", q))
@@ -48,9 +50,13 @@ def recall_at(model, state, ids: list[int]) -> float:
         model.run_with_hooks(torch.tensor([ids]), fwd_hooks=[hook], state=state)
     bank = state.shared["bank"]
     lo, hi = bank.visible_range(state.pos - model.options.bank_size, state.pos)
-    K = layer.options.topk_chunks
-    exact = bank.search(captured["q"], lo, hi, K, kind="exact")[1]
-    approx = bank.search(captured["q"], lo, hi, K, kind="hnsw")[1]
+    K, q, seg = layer.options.topk_chunks, captured["q"], model.cfg.segment_len
+    exact = bank.search(q, lo, hi, K, kind="exact")[1]
+    approx, recent = [], model.no_recent_queries(q.shape[0])  # the queries in order, a segment at a time, as a stream
+    for start in range(0, q.shape[1], seg):
+        _, found, recent = bank.search_in_stream(q[:, start : start + seg], lo, hi, K, recent)
+        approx.append(found)
+    approx = torch.cat(approx, 1)
     return float((approx[..., :, None] == exact[..., None, :]).any(-1).float().mean())
 
 

@@ -73,9 +73,10 @@ def test_streamed_run_equals_one_pass_and_state_is_bounded(chunk_len):
     assert len(set(sizes[2:])) == 1  # bank full (16 tokens) from the third segment on
 
 
+@pytest.mark.parametrize("search", ["exact", "hnsw"])
 @pytest.mark.parametrize("length", [5, 16, 43, 70])
-def test_prefill_runs_the_side_network_only_where_it_reaches_the_end_and_equals_a_stream(length):
-    model = longmem().double()
+def test_prefill_runs_the_side_network_only_where_it_reaches_the_end_and_equals_a_stream(length, search):
+    model = longmem(search=search, exact_below=1, recent_queries=6).double()
     ids = random_ids(length + 4, seed=length)
     seen = []
     with torch.no_grad():
@@ -86,7 +87,11 @@ def test_prefill_runs_the_side_network_only_where_it_reaches_the_end_and_equals_
         # the state carries on as the stream's does: the bank, the backbone's and the side caches
         torch.testing.assert_close(model(ids[:, length:], state=state), model(ids[:, length:], state=stream_state),
                                    atol=1e-12, rtol=0)
-    assert sum(seen) == min(length, 2 * 8)  # side_layers x window: the tokens that reach the end
+    reach = 2 * 8 + (6 if search == "hnsw" else 0)  # side_layers x window (and the queries a query reads the finds of)
+    assert sum(seen) == min(length, reach)
+    if search == "hnsw":
+        assert torch.equal(state.shared["recent"], stream_state.shared["recent"])
+        assert state.shared["recent"].shape[2] == min(6, max(0, length - 8))  # tokens past the first segment search
     assert state.pos == length and len(state.shared["bank"]) == len(stream_state.shared["bank"])
 
 

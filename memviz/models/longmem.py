@@ -74,6 +74,7 @@ class LongMemOptions:
     ef_search: int = 128  # hnsw: candidates kept while searching (more: higher recall, slower)
     exact_below: int = 4096  # hnsw: a query that sees at most this many chunks is answered exactly
     outliers: int = 1024  # hnsw: chunks per head farthest from the mean key, always scored exactly (0: none)
+    recent_queries: int = 128  # hnsw: a query also scores exactly the graph's finds for the last this many tokens (0: none)
 
     def __post_init__(self) -> None:
         check_positive(side_layers=self.side_layers, chunk_size=self.chunk_size, topk_chunks=self.topk_chunks,
@@ -81,8 +82,10 @@ class LongMemOptions:
         for name in ("side_layers", "chunk_size", "topk_chunks", "bank_size", "ef_search", "exact_below"):
             if not isinstance(getattr(self, name), int):
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        if not isinstance(self.outliers, int) or isinstance(self.outliers, bool) or self.outliers < 0:
-            raise ValueError(f"outliers must be a whole number >= 0, got {self.outliers!r}")
+        for name in ("outliers", "recent_queries"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")
         check_choice("search", self.search, SEARCHES)
         if self.bank_size % self.chunk_size:
             raise ValueError(f"bank_size ({self.bank_size}) must be a multiple of chunk_size ({self.chunk_size})")
@@ -126,7 +129,7 @@ class MemoryAugmentedAttention(LocalAttention):
         entries = torch.zeros(B, T, H, K, dtype=torch.long, device=q.device)
         with torch.no_grad():  # which chunks: a discrete choice; the attention below carries the gradient
             for start, stop, lo, hi in view.groups:
-                s, e = view.bank.search(q[:, start:stop].detach(), lo, hi, K)
+                s, e, view.recent = view.bank.search_in_stream(q[:, start:stop].detach(), lo, hi, K, view.recent)
                 scores[:, start:stop, :, : s.shape[-1]], entries[:, start:stop, :, : e.shape[-1]] = s, e
         valid = torch.isfinite(scores)
         keys, values, first = view.bank.gather(entries)  # [B,T,H,K*cs,d]
@@ -316,11 +319,16 @@ class LongMemLM(MemoryLM):
             "side": self.init_side_state(batch_size),
             # the bank: cached keys/values of whole earlier segments (memviz.bank.ChunkBank)
             "bank": ChunkBank.empty(batch_size, cfg.n_heads, cfg.d_head, o.chunk_size, o.bank_size, o.search,
-                                    o.ef_search, o.exact_below, o.outliers, device=self.device, dtype=self.dtype),
+                                    o.ef_search, o.exact_below, o.outliers, o.recent_queries, device=self.device, dtype=self.dtype),
             # keys/values of the open segment's tokens seen so far
             "pending": {"keys": empty, "values": empty.clone()},
+            "recent": self.no_recent_queries(batch_size),
         }
         return state
+
+    def no_recent_queries(self, batch_size: int) -> Tensor:
+        """What the search of the last tokens found, before any (ChunkBank.search_in_stream)."""
+        return torch.zeros(batch_size, self.cfg.n_heads, 0, 0, dtype=torch.long, device=self.device)
 
     def init_side_state(self, batch_size: int) -> list[StateTree]:
         """The side blocks' empty local caches."""
@@ -329,14 +337,14 @@ class LongMemLM(MemoryLM):
     def run_blocks(self, x: Tensor, tokens: Tensor, state) -> tuple[Tensor, list[StateTree], StateTree]:
         pos, T = state.pos, x.shape[1]
         hidden, new_states, bank, pending, open_from = self.run_backbone(x, state)
-        view = BankView(bank, self.query_groups(bank, pos, T))
+        view = BankView(bank, self.query_groups(bank, pos, T), state.shared["recent"])
         taps, h, side_states = self.taps(), hidden[0], []
         for l, (block, s) in enumerate(zip(self.side_blocks, state.shared["side"])):
             h, s = block(h, s, pos, view)
             h = h + (hidden[taps[l + 1]] - hidden[taps[l]])
             side_states.append(s)
         bank = bank.trimmed(open_from - self.options.bank_size)
-        return self.hook_side_out(h), new_states, {"side": side_states, "bank": bank, "pending": pending}
+        return self.hook_side_out(h), new_states, {"side": side_states, "bank": bank, "pending": pending, "recent": view.recent}
 
     def run_backbone(self, x: Tensor, state) -> tuple[list[Tensor], list[StateTree], ChunkBank, StateTree, int]:
         """The frozen backbone over a chunk and what it writes: (hidden states after each layer,
@@ -370,12 +378,16 @@ class LongMemLM(MemoryLM):
         whole model over the last `reach` tokens with the side caches starting empty: the side
         outputs are exact from `reach` tokens in, and so are the last logits and the side caches
         (tests/test_longmem.py compares with a full stream). Hooks on the side network fire only
-        for those last tokens. Full-causal attention has no reach: the default path."""
+        for those last tokens. Full-causal attention has no reach: the default path. With HNSW
+        search a query also reads what the search found for the `recent_queries` tokens before it,
+        so the reach is that much longer."""
         tokens = self.as_tokens(tokens)
         span = self.attention.span
         if span is None:
             return super().prefill(tokens, state)
-        head = max(0, tokens.shape[1] - self.options.side_layers * span)
+        o = self.options
+        reach = o.side_layers * span + (o.recent_queries if o.search == "hnsw" else 0)
+        head = max(0, tokens.shape[1] - reach)
         if head:
             state = self.backbone_prefill(tokens[:, :head], state)
         return super().prefill(tokens[:, head:], state)
@@ -392,7 +404,8 @@ class LongMemLM(MemoryLM):
             chunk = tokens[:, start : start + self.chunk_len]
             _, layer_states, bank, pending, open_from = self.run_backbone(self.embedded(chunk), state)
             shared = {"side": fresh_side,
-                      "bank": bank.trimmed(open_from - self.options.bank_size), "pending": pending}
+                      "bank": bank.trimmed(open_from - self.options.bank_size), "pending": pending,
+                      "recent": self.no_recent_queries(tokens.shape[0])}
             state = ModelState(state.pos + chunk.shape[1], layer_states, shared)
             heap.release_between(start, start + chunk.shape[1])
         return state
@@ -418,3 +431,4 @@ class BankView:
 
     bank: ChunkBank
     groups: list[tuple[int, int, int, int]]
+    recent: Tensor  # what the search found for the last tokens (ChunkBank.search_in_stream), updated as it reads
