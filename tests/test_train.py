@@ -205,6 +205,19 @@ def test_memory_values_get_their_own_lr_and_no_decay(tmp_path):
     assert len(plain.param_groups) == 2, "without memory_value_lr the values decay with the other matrices"
 
 
+def test_train_only_trains_the_named_parameters_and_freezes_the_rest(tmp_path):
+    only = ["blocks.*.ln2.*", "blocks.1.mlp.W_down.weight"]
+    trainer = Trainer(tiny_config(tmp_path / "t", steps=2, optim={"train_only": only}), progress=False)
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    trainer.run()
+    changed = {name for name, p in trainer.model.named_parameters() if not torch.equal(p.detach(), before[name])}
+    assert changed == {"blocks.0.ln2.weight", "blocks.1.ln2.weight", "blocks.1.mlp.W_down.weight"}
+    with pytest.raises(ValueError, match=r"train_only: no parameter name matches \['blocks.\*.W_gate'\]"):
+        Trainer(tiny_config(tmp_path / "u", optim={"train_only": ["blocks.*.W_gate"]}), progress=False)
+    with pytest.raises(ValueError, match="optim.train_only must be a list"):
+        TrainConfig.from_dict({"name": "x", "model": {}, "optim": {"train_only": "W_in"}})
+
+
 DDP_SCRIPT = """
 import json, sys, torch
 from safetensors.torch import save_file

@@ -33,9 +33,12 @@ class OptimConfig:
     betas: tuple[float, float] = (0.9, 0.95)
     clip: float = 1.0
     memory_value_lr: float | None = None  # memory layers' value tables: own peak lr, no decay (None: as the rest)
+    train_only: list[str] = field(default_factory=list)  # fnmatch patterns of parameter names to train; the rest frozen (empty: all)
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)
+        if not isinstance(self.train_only, list) or not all(isinstance(p, str) and p for p in self.train_only):
+            raise ValueError(f"optim.train_only must be a list of parameter-name patterns, got {self.train_only!r}")
         if self.memory_value_lr is not None and not self.memory_value_lr > 0:
             raise ValueError(f"optim.memory_value_lr must be > 0, got {self.memory_value_lr!r}")
         for name in ("steps", "batch_size"):

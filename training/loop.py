@@ -18,6 +18,7 @@ Checkpoints never hold pickles: weights and optimizer moments are safetensors, t
 """
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import platform
@@ -89,6 +90,20 @@ def make_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Adam
     if values:
         groups.append({"params": values, "weight_decay": 0.0, "lr_scale": cfg.memory_value_lr / cfg.lr})
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
+
+
+def freeze_all_but(model: torch.nn.Module, patterns: list[str]) -> None:
+    """Train only the parameters whose names match one of `patterns` (fnmatch; optim.train_only),
+    among those that train at all (a LongMem backbone stays frozen)."""
+    matched = set()
+    for name, p in model.named_parameters():
+        hits = {pattern for pattern in patterns if fnmatch.fnmatchcase(name, pattern)}
+        matched |= hits
+        if not hits:
+            p.requires_grad_(False)
+    if unmatched := [pattern for pattern in patterns if pattern not in matched]:
+        raise ValueError(f"optim.train_only: no parameter name matches {unmatched} (names look like "
+                         f"{next(name for name, _ in model.named_parameters())!r})")
 
 
 def weighted_loss(logits: torch.Tensor, tokens: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -166,6 +181,8 @@ class Trainer:
                 raise CheckpointError(f"{cfg.init_from}: {exc}") from exc
         if cfg.data.mix.get("facts"):  # the facts probe asks the knowledge base named here
             model.card["facts"] = {"kb_seed": cfg.data.kb_seed, "n_entities": cfg.data.n_entities}
+        if cfg.optim.train_only:
+            freeze_all_but(model, cfg.optim.train_only)
         return model.to(self.device).train()
 
     def check_prefix(self) -> None:
