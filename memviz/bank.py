@@ -340,8 +340,7 @@ class ChunkBank:
         pool = torch.cat([ids, outliers], -1)  # [B, H, N]
         first_reader = torch.cat([first_reader, torch.where(in_range, 0, T)], -1)
         last_reader = torch.cat([last_reader, torch.full_like(outliers, T)], -1)
-        batch, heads = torch.arange(B, device=q.device)[:, None, None], torch.arange(H, device=q.device)[None, :, None]
-        keys = s.chunk_keys[batch, heads, pool.clamp_min(0)]  # [B, H, N, d]
+        keys = self.gather_chunk_keys(pool.clamp_min(0)[:, None])[:, 0]  # [B, H, N, d]
         scores = q.transpose(1, 2) @ keys.to(q.dtype).transpose(-1, -2)  # [B, H, T, N]
         t = torch.arange(T, device=q.device)[:, None]
         scores.masked_fill_((t < first_reader[:, :, None]) | (t > last_reader[:, :, None]), -torch.inf)
