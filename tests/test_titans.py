@@ -187,3 +187,33 @@ def test_the_read_out_parts_sum_to_the_memory_read(variant, extra):
     with pytest.raises(ValueError, match="position must lie in"):
         model.memory_readout(ids, 30)
     assert titans(variant, memory="mlp", **extra).memory_readout(ids, 20) is None
+
+
+def flushing_subnormals() -> bool:
+    return (torch.tensor([1e-39]) * 1.0).item() == 0.0
+
+
+def test_a_forward_flushes_subnormals_agrees_with_float64_and_restores_the_callers_mode():
+    """With a small eta the momentum products of a 16-token chunk fall below 1.2e-38, where each
+    x86 multiply is slow (memviz.model.denormals_flushed): a float32 forward runs with them
+    flushed, agrees with the float64 model to float32 rounding and leaves the caller's mode."""
+    model = titans("lmm", chunk=16, std=0.3)
+    with torch.no_grad():
+        for block in model.blocks:
+            block.memory.W_rates.bias[0] = -6.0  # eta ~ 0.0025: prod over 16 tokens ~ 1e-42
+    tokens = random_ids(40)
+    reference = model(tokens)
+    fp32 = model.float()
+    seen = []
+    fp32.blocks[0].memory.hook_eta.add_hook(lambda eta, hook: seen.append(flushing_subnormals()))
+    eta = fp32.run_with_cache(tokens, names_filter="blocks.0.memory.hook_eta")[1]["blocks.0.memory.hook_eta"]
+    assert eta.double().log().sum(-1).item() / 40 * 16 < -87.3  # a chunk's product is subnormal or below
+    try:
+        for callers_mode in (False, True):
+            torch.set_flush_denormal(callers_mode)
+            logits = fp32(tokens)
+            assert flushing_subnormals() == callers_mode
+            torch.testing.assert_close(logits.double(), reference, atol=2e-4, rtol=2e-4)
+    finally:
+        torch.set_flush_denormal(False)
+    assert seen and all(seen)

@@ -302,11 +302,12 @@ def test_an_export_that_fails_leaves_the_earlier_folder_whole(tmp_path):
 @pytest.mark.parametrize("family", sorted(quick_families()))
 def test_every_quick_preset_makes_progress(family, tmp_path):
     """What the Train page offers: each family's quick preset, a short pass-key run at its own
-    learning rate, loses loss and never meets a non-finite gradient (Trainer raises on one)."""
+    learning rate, loses loss and never meets a non-finite gradient (Trainer raises on one). At
+    lr 1e-8 the logged loss moves by 0.02; the slowest preset (titans, lr 1e-3) drops about 0.3."""
     cfg = quick_config(family, "passkey", 15, "progress", tmp_path / "run", length=256)
     Trainer(cfg, progress=False).run()
     losses = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
-    assert len(losses) == 3 and losses[-1] < losses[0] - 0.3, losses
+    assert len(losses) == 3 and losses[-1] < losses[0] - 0.2, losses
 
 
 def test_longmem_batches_continue_one_prefix_of_filler_that_the_frozen_backbone_wrote(tmp_path, monkeypatch):

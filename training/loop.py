@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from memviz.checkpoint import CheckpointError, load, load_weights, read_weights, save
 from memviz.config import ConfigError, ModelConfig
 from memviz.files import atomic_write_bytes, atomic_write_text
+from memviz.model import denormals_flushed
 from memviz.models import build_model
 from memviz.tokenizer import load_tokenizer
 from training.config import OptimConfig, TrainConfig, TrainingDiverged
@@ -253,25 +254,26 @@ class Trainer:
         lr = cfg.optim.lr_at(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)
-        logits = self.ddp(tokens, state=self.prefix_state(self.step))
-        loss, answer_loss = weighted_loss(logits, tokens, weights)
-        if not torch.isfinite(loss):
-            raise TrainingDiverged(
-                f"loss became {loss.item()} at step {self.step}; stopped without saving, so the last good "
-                f"checkpoint under {self.out / 'checkpoints'} is intact (try a lower optim.lr)"
-            )
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.clip)
-        if not torch.isfinite(grad_norm):  # clipping by a non-finite norm would poison every weight
-            bad = [n for n, p in self.model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
-            raise TrainingDiverged(
-                f"the gradient became non-finite at step {self.step} (loss {loss.item():.4g}, {tokens.shape[1]} tokens) "
-                f"in {', '.join(bad[:4])}{' ...' if len(bad) > 4 else ''}; stopped without updating or saving, so "
-                f"the last good checkpoint under {self.out / 'checkpoints'} is intact (early in training this is the "
-                f"model at its init on sequences too long for it: start data.curriculum shorter; later, lower optim.lr)"
-            )
-        self.optimizer.step()
+        with denormals_flushed():  # the backward's subnormals too (memviz.model.denormals_flushed)
+            logits = self.ddp(tokens, state=self.prefix_state(self.step))
+            loss, answer_loss = weighted_loss(logits, tokens, weights)
+            if not torch.isfinite(loss):
+                raise TrainingDiverged(
+                    f"loss became {loss.item()} at step {self.step}; stopped without saving, so the last good "
+                    f"checkpoint under {self.out / 'checkpoints'} is intact (try a lower optim.lr)"
+                )
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.clip)
+            if not torch.isfinite(grad_norm):  # clipping by a non-finite norm would poison every weight
+                bad = [n for n, p in self.model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+                raise TrainingDiverged(
+                    f"the gradient became non-finite at step {self.step} (loss {loss.item():.4g}, {tokens.shape[1]} tokens) "
+                    f"in {', '.join(bad[:4])}{' ...' if len(bad) > 4 else ''}; stopped without updating or saving, so "
+                    f"the last good checkpoint under {self.out / 'checkpoints'} is intact (early in training this is the "
+                    f"model at its init on sequences too long for it: start data.curriculum shorter; later, lower optim.lr)"
+                )
+            self.optimizer.step()
         seconds = time.perf_counter() - started
         self.step += 1
         self.elapsed += seconds
