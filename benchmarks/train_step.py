@@ -3,9 +3,10 @@
     python benchmarks/train_step.py titans infini_long memory_plus --against bf7cf35 [--threads 1] [--rounds 3]
 
 For each recipe (sample_checkpoints/NAME.train.json) it times steps of the recipe's longest
-curriculum stage (the batches the run itself draws there, on the shipped sample's weights) in a
-fresh process for each tree, the revision's and this one's in turn round after round
-(benchmarks/timing.py's rule), and gives the median of the per-round ratios with their range.
+curriculum stage (`--steps` consecutive batches from its middle, the ones the run itself draws
+there, on the shipped sample's weights; their mean) in a fresh process for each tree, the
+revision's and this one's in turn round after round (benchmarks/timing.py's rule), and gives the
+median of the per-round ratios with their range.
 The revision is checked out into a temporary git worktree and removed afterwards. Run it with
 nothing else on the machine; --record appends the table to benchmarks/RESULTS.md.
 """
@@ -38,13 +39,15 @@ data["init_from"] = data.get("init_from") and {sample!r}  # an earlier stage's e
 cfg = TrainConfig.from_dict(data)
 trainer = Trainer(cfg, progress=False)
 load_weights(trainer.model, read_weights(Path({weights!r})), Path({weights!r}))
+trainer.step = {step} - 1
+trainer.train_step()  # warm-up
 seconds = []
-for i in range({steps} + 1):
-    trainer.step = {step}
+for i in range({steps}):
+    trainer.step = {step} + i  # consecutive batches of the stage: their lengths vary as the run's do
     started = time.perf_counter()
     trainer.train_step()
     seconds.append(time.perf_counter() - started)
-print(json.dumps(statistics.median(seconds[1:])))
+print(json.dumps(statistics.fmean(seconds)))
 """
 
 
@@ -70,7 +73,7 @@ def main() -> int:
     parser.add_argument("--against", required=True, help="the git revision to compare with")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=2, help="timed steps per process (after one warm-up)")
+    parser.add_argument("--steps", type=int, default=4, help="consecutive timed steps per process (after one warm-up)")
     parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = parser.parse_args()
     for name, value in (("--threads", args.threads), ("--rounds", args.rounds), ("--steps", args.steps)):
@@ -110,7 +113,8 @@ def main() -> int:
         with open(ROOT / "benchmarks" / "RESULTS.md", "a", encoding="utf-8") as fh:
             fh.write(f"\n## {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC · a training step against {revision.stdout.strip()}, "
                      f"{args.threads} thread(s), {args.rounds} rounds\n\n`python benchmarks/train_step.py ... --against "
-                     f"{args.against}`: median step time of each recipe's longest stage in each tree, and the median "
+                     f"{args.against}`: the mean time of {args.steps} consecutive steps from the middle of each recipe's longest stage, "
+                     f"the median over rounds in each tree, and the median "
                      "of the per-round ratios (above 1: this tree is faster).\n\n"
                      "| recipe | batch x tokens | before | now | speedup |\n|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
     return 0
