@@ -33,6 +33,11 @@ BACKBONE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "d_head", "d_
                    "tie_embeddings", "embed_scale")  # what a backbone's weights mean
 
 
+def flushing_subnormals() -> bool:
+    """Whether this process now treats float32 values below 1.2e-38 as zero (torch has no getter)."""
+    return (torch.tensor([1e-39]) * 1.0).item() == 0.0
+
+
 @contextmanager
 def denormals_flushed() -> Iterator[None]:
     """Within the block, float32 values below 1.2e-38 count as zero (x86 FTZ/DAZ); the mode the
@@ -44,7 +49,7 @@ def denormals_flushed() -> Iterator[None]:
     a slow microcode path (a `titans` forward and backward at 320 tokens 1.5x slower). Flushing
     moves no value by more than 1.2e-38. Every forward runs in it, and a training step with its
     backward (training/loop.py)."""
-    was_flushing = bool((torch.tensor([1e-39]) * 1.0).item() == 0.0)
+    was_flushing = flushing_subnormals()
     torch.set_flush_denormal(True)
     try:
         yield

@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from memviz.model import flushing_subnormals
 from memviz.models.titans import memory_forward
 from tests.conftest import random_ids, scrambled, small_model
 
@@ -187,10 +188,6 @@ def test_the_read_out_parts_sum_to_the_memory_read(variant, extra):
     with pytest.raises(ValueError, match="position must lie in"):
         model.memory_readout(ids, 30)
     assert titans(variant, memory="mlp", **extra).memory_readout(ids, 20) is None
-
-
-def flushing_subnormals() -> bool:
-    return (torch.tensor([1e-39]) * 1.0).item() == 0.0
 
 
 def test_a_forward_flushes_subnormals_agrees_with_float64_and_restores_the_callers_mode():
