@@ -336,3 +336,37 @@ def test_longmem_batches_continue_one_prefix_of_filler_that_the_frozen_backbone_
         Trainer(tiny_config(tmp_path / "long", model=longmem, init_from=str(exported), data={"prefix_tokens": [[0, 480]]}))
     with pytest.raises(ValueError, match="needs a memory that frozen weights write"):
         Trainer(tiny_config(tmp_path / "window", data={"prefix_tokens": [[0, 64]]}))
+
+
+PAGE_FAULTS_SCRIPT = """
+import json, resource, sys, torch
+from memviz import heap
+from training import Trainer
+from tests.test_train import tiny_config
+if sys.argv[1] == "trainer":
+    Trainer(tiny_config(sys.argv[2], steps=1))
+def rss_mb():
+    return int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize() / 2**20
+def faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+torch.empty(16 << 20).fill_(1.0)  # 64 MiB, then freed
+before = faults()
+torch.empty((16 << 20) - 1024).fill_(2.0)  # a block that fits in the freed one
+again = faults() - before
+held = rss_mb()
+heap.release_free_heap()
+print(json.dumps({"faults": again, "released_mb": held - rss_mb()}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_a_training_process_reuses_freed_pages_and_a_trim_still_gives_them_back(tmp_path):
+    def run(mode):
+        out = subprocess.run([sys.executable, "-c", PAGE_FAULTS_SCRIPT, mode, str(tmp_path / mode)], cwd=ROOT,
+                             capture_output=True, text=True, check=True)
+        return json.loads(out.stdout.splitlines()[-1])
+
+    plain, training = run("plain"), run("trainer")
+    assert plain["faults"] > 10_000  # 16k pages of 4 KiB: the freed block went back to the system
+    assert training["faults"] < 1_000  # after a Trainer: the same pages again
+    assert training["released_mb"] > 48  # release_free_heap (streams) still gives the 64 MiB back

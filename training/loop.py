@@ -33,6 +33,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from memviz import heap
 from memviz.checkpoint import CheckpointError, load, load_weights, read_weights, save
 from memviz.config import ConfigError, ModelConfig
 from memviz.files import atomic_write_bytes, atomic_write_text
@@ -135,6 +136,7 @@ class Trainer:
         self.rank, self.world = init_distributed()
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
+        heap.keep_freed_pages()  # a step re-allocates what the last one freed: no page faults for it
         self.out = Path(cfg.out)
         self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else torch.device("cpu")
         torch.manual_seed(cfg.seed)
