@@ -17,6 +17,7 @@ from training import __main__ as training_cli
 from training import loop as train_module
 from memviz.checkpoint import read_weights
 from training import TrainConfig, Trainer, TrainingDiverged, quick_config, quick_families
+from training.loop import weighted_loss
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -302,12 +303,21 @@ def test_an_export_that_fails_leaves_the_earlier_folder_whole(tmp_path):
 @pytest.mark.parametrize("family", sorted(quick_families()))
 def test_every_quick_preset_makes_progress(family, tmp_path):
     """What the Train page offers: each family's quick preset, a short pass-key run at its own
-    learning rate, loses loss and never meets a non-finite gradient (Trainer raises on one). At
-    lr 1e-8 the logged loss moves by 0.02; the slowest preset (titans, lr 1e-3) drops about 0.3."""
+    learning rate, lowers the loss on a held-out batch and never meets a non-finite gradient
+    (Trainer raises on one). The logged losses are of other batches each time, and on one CPU
+    the titans preset's last logged loss was 0.08 below its first; on the held-out batch it
+    drops 0.36 (the others 1.7-2.1), at lr 1e-8 by nothing."""
     cfg = quick_config(family, "passkey", 15, "progress", tmp_path / "run", length=256)
-    Trainer(cfg, progress=False).run()
-    losses = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
-    assert len(losses) == 3 and losses[-1] < losses[0] - 0.2, losses
+    trainer = Trainer(cfg, progress=False)
+    tokens, weights = trainer.sampler.batch(10_000, 8, 0)  # a step the run never reaches
+
+    def held_out_loss():
+        with torch.no_grad():
+            return weighted_loss(trainer.model(tokens), tokens, weights)[0].item()
+
+    before = held_out_loss()
+    trainer.run()
+    assert held_out_loss() < before - 0.2
 
 
 def test_longmem_batches_continue_one_prefix_of_filler_that_the_frozen_backbone_wrote(tmp_path, monkeypatch):
