@@ -10,8 +10,8 @@ A training step is the opposite case: it frees and re-allocates the same activat
 their log-softmax, gradients) every step, and each page glibc gave back costs a page fault when
 it is touched again. `keep_freed_pages` has glibc serve every block from the heap (no mmap,
 whose blocks go back to the system when freed) and stop trimming the heap's top, so a step
-reuses the last one's pages: a training step 1.08-1.16x faster on the short recipes and 1.1-1.3x on the
-16k-token ones (benchmarks/RESULTS.md), the peak memory within a few percent.
+reuses the last one's pages: training steps 1.05-1.28x faster (not `titans`, which faulted little) and
+1.08-1.23x at 16k tokens (benchmarks/RESULTS.md, 2026-11-25 16:50), the peak memory a few percent higher.
 """
 from __future__ import annotations
 
