@@ -8,7 +8,8 @@ for a state of several parts):
   infini_memory(q, k, v, (M, z, open_k, open_v), segment_len, rule) -> ((A_mem, ||M||), state)
   lm2_scan(q_slot, g_in, W_V, W_f, b_f, bank) -> ((slot attn, read, forget gate, slot norms), bank)
   titans_linear_memory(q, k, v, rates, (W, S), chunk) -> ((read, surprise, loss, loss after), (W, S))
-  titans_chunk_update(factors, rates, (params, momentum)) -> ((), (params, momentum))
+  titans_chunk_coefficients(rates) -> the chunk's closed-form scalars   stateless
+  titans_chunk_update(factors, coefficients, (params, momentum)) -> ((), (params, momentum))
   product_key_topk(q, keys, k) -> (scores, indices)          stateless
   weighted_bag(indices, weights, values) -> output            stateless
 
@@ -31,7 +32,7 @@ from kernels.infini.reference import infini_memory_reference, infini_memory_stre
 from kernels.lm2.reference import lm2_scan_reference
 from kernels.product_keys.reference import product_key_topk as product_key_topk_reference
 from kernels.product_keys.reference import weighted_bag as weighted_bag_reference
-from kernels.titans.reference import chunk_update, titans_linear_reference
+from kernels.titans.reference import chunk_coefficients, chunk_update, titans_linear_reference
 
 CHOICES = ("auto", "triton", "native", "reference")
 #: operation -> "module:function" of its Triton kernel, imported on first use (so importing
@@ -156,10 +157,17 @@ def titans_linear_memory(q: Tensor, k: Tensor, v: Tensor, rates: Tensor, initial
     return tuple(outputs), (W, S)
 
 
-def titans_chunk_update(factors: dict[str, tuple[Tensor, Tensor]], rates: Tensor,
+def titans_chunk_coefficients(rates: Tensor) -> tuple[Tensor, ...]:
+    """The scalars of a Titans chunk's closed-form update from its rates [..., b, 3] = (eta,
+    theta, alpha), for any leading shape: a caller forms them for all its chunks in one call
+    (kernels/titans/; reference only)."""
+    return chunk_coefficients(rates)
+
+
+def titans_chunk_update(factors: dict[str, tuple[Tensor, Tensor]], coefficients: tuple[Tensor, ...],
                         initial_state: tuple[dict[str, Tensor], dict[str, Tensor]]):
     """One chunk's update of any Titans memory whose per-token gradients are sums of outer
-    products, `factors` {weight name: (a, g)}, rates [B,b,3] = (eta, theta, alpha), state
+    products, `factors` {weight name: (a, g)}, the chunk's `titans_chunk_coefficients`, state
     (params, momentum) -> ((), (params, momentum)) (kernels/titans/; reference only)."""
-    params, momentum = chunk_update(*initial_state, factors, rates[..., 0], rates[..., 1], rates[..., 2])
+    params, momentum = chunk_update(*initial_state, factors, coefficients)
     return (), (params, momentum)

@@ -27,7 +27,8 @@ def test_the_chunk_update_is_the_token_recurrence(seed):
     B, b, m, n = 2, 5, 3, 4
     params, momentum = {"W": torch.randn(B, m, n, dtype=torch.float64)}, {"W": torch.randn(B, m, n, dtype=torch.float64)}
     a, g, rates = torch.randn(B, b, m, dtype=torch.float64), torch.randn(B, b, n, dtype=torch.float64), torch.rand(B, b, 3, dtype=torch.float64)
-    outputs, (new_params, new_momentum) = dispatch.titans_chunk_update({"W": (a, g)}, rates, (params, momentum))
+    outputs, (new_params, new_momentum) = dispatch.titans_chunk_update({"W": (a, g)}, dispatch.titans_chunk_coefficients(rates),
+                                                                       (params, momentum))
     M, S = params["W"], momentum["W"]
     for t in range(b):
         grad = a[:, t, :, None] * g[:, t, None, :]
@@ -36,3 +37,13 @@ def test_the_chunk_update_is_the_token_recurrence(seed):
     assert outputs == ()
     close(new_params["W"], M, seed, "M after the chunk")
     close(new_momentum["W"], S, seed, "S after the chunk")
+
+
+def test_chunk_coefficients_of_many_chunks_are_each_chunks(seed):
+    """Formed for a stack of chunks in one call, the coefficients are those of each chunk alone."""
+    rates = torch.rand(3, 4, 7, 3, dtype=torch.float64)  # [batch, chunk, token, (eta, theta, alpha)]
+    together = dispatch.titans_chunk_coefficients(rates)
+    for j in range(rates.shape[1]):
+        alone = dispatch.titans_chunk_coefficients(rates[:, j])
+        for name, a, b in zip(("write M", "write S", "keep", "carry", "decay"), together, alone):
+            close(a[:, j], b, seed, f"chunk {j}: {name}")

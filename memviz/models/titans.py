@@ -56,7 +56,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
-from kernels import titans_chunk_update, titans_linear_memory
+from kernels import titans_chunk_coefficients, titans_chunk_update, titans_linear_memory
 from memviz.config import ConfigError, ModelConfig
 from memviz.layers import AttentionSpan, LocalAttention, RMSNorm, SwiGLU, segment_pieces
 from memviz.model import Block, MemoryLM, Readout, StateTree
@@ -168,8 +168,13 @@ class NeuralMemory(nn.Module):
         rates = torch.cat([rates[..., :1], rates[..., 1:2] * self.options.theta_max, rates[..., 2:]], dim=-1)
         return k, v, rates
 
+    def query(self, x: Tensor) -> Tensor:
+        """q_t = norm(silu(x_t W_Q)), the memory's query (it needs no memory state)."""
+        return F.normalize(F.silu(self.W_Q(x)), dim=-1)
+
     def read(self, x: Tensor, params: dict[str, Tensor]) -> Tensor:
-        return memory_forward(params, F.normalize(F.silu(self.W_Q(x)), dim=-1))[0]
+        """M*(q_t) for x's queries with the weights `params`, without an update (eq. 15)."""
+        return memory_forward(params, self.query(x))[0]
 
     def step(self, x: Tensor, state: StateTree, pos: int, query: Tensor | None = None) -> tuple[Tensor, StateTree, dict]:
         """Retrieve M*(q) for every token (q from `query`, default x) with its chunk-start
@@ -180,17 +185,30 @@ class NeuralMemory(nn.Module):
         pending = state["pending"]
         query = x if query is None else query
         if "W" in params and pending.shape[1] == 0:  # linear memory from a chunk boundary: one call
-            q = F.normalize(F.silu(self.W_Q(query)), dim=-1)
+            q = self.query(query)
             (read, surprise, loss, loss_after), (W, S) = titans_linear_memory(q, k, v, rates, (params["W"], momentum["W"]), self.chunk)
             open_len = x.shape[1] % self.chunk
             pending = torch.cat([k, v, rates], dim=-1)[:, x.shape[1] - open_len:]
             stats = {"surprise": surprise, "loss": loss, "loss_after": loss_after, "rates": rates}
             return read, {"params": {"W": W}, "momentum": {"W": S}, "pending": pending}, stats
         parts: dict[str, list[Tensor]] = {n: [] for n in ("read", "surprise", "loss", "loss_after")}
-        for a, b in segment_pieces(pos, x.shape[1], self.chunk):
-            parts["read"].append(self.read(query[:, a:b], params))
-            pending = torch.cat([pending, torch.cat([k[:, a:b], v[:, a:b], rates[:, a:b]], dim=-1)], dim=1)
-            ck, cv, cr = pending[..., : self.d], pending[..., self.d : 2 * self.d], pending[..., 2 * self.d :]
+        # The pieces come from split, not slicing, so the backward pass concatenates their gradients
+        # instead of adding each into a zero tensor of the input's length; the queries need no
+        # memory state, so they are projected once for the whole input.
+        pieces = segment_pieces(pos, x.shape[1], self.chunk)
+        sizes = [b - a for a, b in pieces]
+        written = torch.cat([k, v, rates], dim=-1).split(sizes, dim=1)
+        queries = self.query(query).split(sizes, dim=1)
+        # The closed form's scalars depend on the rates alone: one call for every chunk this input
+        # completes (the open chunk's pending tokens start at a chunk boundary).
+        chunk_rates = torch.cat([pending[..., 2 * self.d :], rates], dim=1)
+        n_chunks = chunk_rates.shape[1] // self.chunk
+        chunk_rates = chunk_rates[:, : n_chunks * self.chunk].unflatten(1, (n_chunks, self.chunk))
+        coefficients = zip(*(c.unbind(1) for c in titans_chunk_coefficients(chunk_rates)))
+        for (a, b), new, q in zip(pieces, written, queries):
+            parts["read"].append(memory_forward(params, q)[0])
+            pending = torch.cat([pending, new], dim=1) if pending.shape[1] else new
+            ck, cv, _ = pending.split([self.d, self.d, 3], dim=-1)
             out, cache = memory_forward(params, ck)
             r = out - cv
             factors = memory_grad_factors(params, ck, r, cache)
@@ -199,7 +217,7 @@ class NeuralMemory(nn.Module):
             sq = sum(fa.pow(2).sum(-1) * fg.pow(2).sum(-1) for fa, fg in factors.values())
             parts["surprise"].append(sq[:, -n_new:].sqrt())
             if (pos + b) % self.chunk == 0:
-                _, (params, momentum) = titans_chunk_update(factors, cr, (params, momentum))
+                _, (params, momentum) = titans_chunk_update(factors, next(coefficients), (params, momentum))
                 pending = pending[:, :0]
             after, _ = memory_forward(params, ck[:, -n_new:])
             parts["loss_after"].append((after - cv[:, -n_new:]).pow(2).sum(-1))
@@ -327,13 +345,16 @@ class MACBlock(TitansBlock):
         gate y by M*(y). Each segment's h needs the memory trained on the segment before, so the
         loop is sequential; hooks fire once afterwards (hook_z and the memory statistics are
         observed there: editing them changes the block output, not what the memory stored)."""
-        q, k, v = self.attn.project(e)
+        pieces = segment_pieces(pos, e.shape[1], self.memory.chunk)
+        sizes = [b - a for a, b in pieces]  # split, not sliced: see NeuralMemory.step
+        q, k, v = (t.split(sizes, dim=1) for t in self.attn.project(e))
+        memory_queries = self.memory.query(e).split(sizes, dim=1)
         attn_state, memory_state = state["attn"], state["memory"]
         zs, hs, gate_reads, stats = [], [], [], []
-        for a, b in segment_pieces(pos, e.shape[1], self.memory.chunk):
-            h = self.memory.read(e[:, a:b], self.memory.start_params(memory_state))
+        for i, (a, b) in enumerate(pieces):
+            h = memory_forward(self.memory.start_params(memory_state), memory_queries[i])[0]
             side = (self.attn.heads(self.attn.W_K(h)), self.attn.heads(self.attn.W_V(h)))
-            z, attn_state = self.attn.attend(q[:, a:b], k[:, a:b], v[:, a:b], attn_state, pos + a, side=side)
+            z, attn_state = self.attn.attend(q[i], k[i], v[i], attn_state, pos + a, side=side)
             read, memory_state, piece_stats = self.memory.step(self.attn.W_O(z.flatten(2)), memory_state, pos + a)
             zs.append(z)
             hs.append(h)
@@ -431,7 +452,7 @@ class TitansLM(MemoryLM):
                 W, S = W0, torch.zeros_like(W0)
                 for a in range(0, written_at, memory.chunk):
                     ck, cv, cr = (t[:, a : a + memory.chunk] for t in (k, values, rates))
-                    _, (new, momentum) = titans_chunk_update({"W": (ck, 2 * (ck @ W - cv))}, cr, ({"W": W}, {"W": S}))
+                    _, (new, momentum) = titans_chunk_update({"W": (ck, 2 * (ck @ W - cv))}, titans_chunk_coefficients(cr), ({"W": W}, {"W": S}))
                     W, S = new["W"], momentum["W"]
                 return (q @ W)[0, 0]
 
