@@ -52,15 +52,13 @@ def titans_linear_reference(q: Tensor, k: Tensor, v: Tensor, rates: Tensor, W: T
     loss_after [B,T], W, S after the last complete chunk). A final partial chunk reads and
     scores but does not update."""
     reads, surprise, loss, loss_after = [], [], [], []
-    T = q.shape[1]
-    for a in range(0, T, chunk):
-        b = min(T, a + chunk)
-        ck, cv, cr = k[:, a:b], v[:, a:b], rates[:, a:b]
-        reads.append(q[:, a:b] @ W)
+    # split, not sliced: a slice's backward adds a zero tensor of the whole input's length
+    for cq, ck, cv, cr in zip(*(t.split(chunk, dim=1) for t in (q, k, v, rates))):
+        reads.append(cq @ W)
         r = ck @ W - cv
         loss.append(r.pow(2).sum(-1))
         surprise.append(2 * ck.norm(dim=-1) * r.norm(dim=-1))  # ||k^T (2 r)||_F
-        if b - a == chunk:
+        if ck.shape[1] == chunk:
             new, momentum = chunk_update({"W": W}, {"W": S}, {"W": (ck, 2 * r)}, chunk_coefficients(cr))
             W, S = new["W"], momentum["W"]
         loss_after.append((ck @ W - cv).pow(2).sum(-1))

@@ -164,9 +164,9 @@ class LM2Memory(nn.Module):
         """Mean slot of the bank each token reads, from the same recurrence as the scan."""
         mean0, means = M0.mean(1), []
         D, c = torch.ones_like(mean0), torch.zeros_like(mean0)
-        for t in range(read.shape[1]):
+        for g_f_t, g_in_t, read_t in zip(g_f.unbind(1), g_in.unbind(1), read.unbind(1)):  # unbind: see segment_scan
             means.append(D * mean0 + c)
-            D, c = g_f[:, t] * D, g_f[:, t] * c + g_in[:, t] * torch.tanh(read[:, t])
+            D, c = g_f_t * D, g_f_t * c + g_in_t * torch.tanh(read_t)
         return torch.stack(means, 1)
 
     def segment_scan(self, e: Tensor, g_in: Tensor, state: StateTree, pos: int):
@@ -180,8 +180,12 @@ class LM2Memory(nn.Module):
         q = self.W_Q(e)
         slots = self.options.update == "slots"
         parts: dict[str, list[Tensor]] = {"attn": [], "read": [], "g_f": [], "norms": [], "mean": [], "score": []}
-        for a, b in segment_pieces(pos, e.shape[1], self.segment_len):
-            logits = torch.einsum("btd,bnd->btn", q[:, a:b], self.W_K(M)) / e.shape[-1] ** 0.5
+        pieces = segment_pieces(pos, e.shape[1], self.segment_len)
+        sizes = [b - a for a, b in pieces]
+        # The pieces come from split, not slicing: a slice's backward adds a zero tensor of the whole
+        # input's length, so a long input's backward cost grew with its length times its segments.
+        for (a, b), q_piece, g_in_piece, e_piece in zip(pieces, *(t.split(sizes, dim=1) for t in (q, g_in, e))):
+            logits = torch.einsum("btd,bnd->btn", q_piece, self.W_K(M)) / e.shape[-1] ** 0.5
             attn = torch.softmax(logits, dim=-1)
             read = attn @ self.W_V(M)
             g_f = torch.sigmoid(self.W_forget(read))
@@ -189,7 +193,7 @@ class LM2Memory(nn.Module):
                 parts[key].append(value)
             parts["norms"].append(M.norm(dim=-1)[:, None].expand(-1, b - a, -1))
             parts["mean"].append(M.mean(1)[:, None].expand(-1, b - a, -1))
-            write = g_in[:, a:b] * torch.tanh(self.W_write(e[:, a:b]) if slots else read)
+            write = g_in_piece * torch.tanh(self.W_write(e_piece) if slots else read)
             score = logits if slots else torch.zeros_like(logits)
             parts["score"].append(score)
             sums = self.accumulate(sums, score, g_f, write)
