@@ -1,8 +1,10 @@
 """A training step of each sample's recipe, this tree against a git revision, interleaved.
 
     python benchmarks/train_step.py titans infini_long memory_plus --against bf7cf35 [--threads 1] [--rounds 3]
+    python benchmarks/train_step.py families/gated_deltanet/gated_deltanet_16k.train.json:families/gated_deltanet/sample_16k --against ...
 
-For each recipe (sample_checkpoints/NAME.train.json) it times steps of the recipe's longest
+For each recipe (sample_checkpoints/NAME.train.json, or a recipe file and the sample it trained as
+RECIPE:SAMPLE, e.g. a family's outside memviz) it times steps of the recipe's longest
 curriculum stage (`--steps` consecutive batches from its middle, the ones the run itself draws
 there, on the shipped sample's weights; their mean) in a fresh process for each tree, the
 revision's and this one's in turn round after round (benchmarks/timing.py's rule), and gives the
@@ -58,6 +60,15 @@ def last_stage_step(recipe: dict) -> int:
     return (max(starts) + steps) // 2
 
 
+def recipe_and_weights(name: str) -> tuple[Path, Path]:
+    """A recipe's file and its sample's weights: NAME for sample_checkpoints/NAME.train.json and
+    sample_checkpoints/NAME, or RECIPE:SAMPLE, two paths from the repository's root."""
+    if ":" in name:
+        recipe, sample = name.split(":", 1)
+        return ROOT / recipe, ROOT / sample / "model.safetensors"
+    return ROOT / "sample_checkpoints" / f"{name}.train.json", ROOT / "sample_checkpoints" / name / "model.safetensors"
+
+
 def time_step(tree: Path, recipe: Path, weights: Path, step: int, threads: int, steps: int) -> float:
     script = STEP_SCRIPT.format(recipe=str(recipe), weights=str(weights), sample=str(weights.parent), step=step, threads=threads,
                                 steps=steps)
@@ -69,7 +80,7 @@ def time_step(tree: Path, recipe: Path, weights: Path, step: int, threads: int, 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("recipes", nargs="+", help="names of sample_checkpoints/NAME.train.json")
+    parser.add_argument("recipes", nargs="+", help="NAME of sample_checkpoints/NAME.train.json, or RECIPE_FILE:SAMPLE_DIR")
     parser.add_argument("--against", required=True, help="the git revision to compare with")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3)
@@ -79,11 +90,12 @@ def main() -> int:
     for name, value in (("--threads", args.threads), ("--rounds", args.rounds), ("--steps", args.steps)):
         if value < 1:
             parser.error(f"{name} must be at least 1, got {value}")
-    for name in args.recipes:
-        if not (ROOT / "sample_checkpoints" / f"{name}.train.json").is_file():
-            parser.error(f"no recipe sample_checkpoints/{name}.train.json")
-        if not (ROOT / "sample_checkpoints" / name / "model.safetensors").is_file():
-            parser.error(f"no sample sample_checkpoints/{name} to take the weights from")
+    recipes = {name: recipe_and_weights(name) for name in args.recipes}
+    for name, (recipe, weights) in recipes.items():
+        if not recipe.is_file():
+            parser.error(f"no recipe {recipe}")
+        if not weights.is_file():
+            parser.error(f"no sample {weights.parent} to take the weights from")
     revision = subprocess.run(["git", "rev-parse", "--short", args.against], cwd=ROOT, capture_output=True, text=True)
     if revision.returncode != 0:
         parser.error(f"--against: no git revision {args.against!r}")
@@ -92,9 +104,7 @@ def main() -> int:
         base = Path(tmp) / "base"
         subprocess.run(["git", "worktree", "add", "--detach", "-q", str(base), args.against], cwd=ROOT, check=True)
         try:
-            for name in args.recipes:
-                recipe = ROOT / "sample_checkpoints" / f"{name}.train.json"
-                weights = ROOT / "sample_checkpoints" / name / "model.safetensors"
+            for name, (recipe, weights) in recipes.items():
                 config = json.loads(recipe.read_text())
                 step = last_stage_step(config)
                 times: dict[str, list[float]] = {"base": [], "ours": []}
@@ -103,7 +113,7 @@ def main() -> int:
                         times[label].append(time_step(tree, recipe, weights, step, args.threads, args.steps))
                 ratios = sorted(b / o for b, o in zip(times["base"], times["ours"]))
                 length = max(length for _, length in config["data"].get("curriculum") or [[0, 0]])
-                row = (f"| `{name}` | {config['optim']['batch_size']} x {length} | {statistics.median(times['base']):.3f} s | "
+                row = (f"| `{recipe.name.removesuffix('.train.json')}` | {config['optim']['batch_size']} x {length} | {statistics.median(times['base']):.3f} s | "
                        f"{statistics.median(times['ours']):.3f} s | {statistics.median(ratios):.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f}) |")
                 print(row, flush=True)
                 rows.append(row)

@@ -47,10 +47,11 @@ def chunked(q: Tensor, k: Tensor, v: Tensor, alpha: Tensor, beta: Tensor, S: Ten
     q, k, v, alpha, beta, S = (t.to(work) for t in (q, k, v, alpha, beta, S))
     outputs, norms = [], []
     log_alpha = torch.log(alpha.clamp_min(1e-30))
-    for a in range(0, q.shape[2], chunk):
-        Q, K, V, beta_c = q[:, :, a : a + chunk], k[:, :, a : a + chunk], v[:, :, a : a + chunk], beta[:, :, a : a + chunk]
+    # The chunks come from split, not slicing: a slice's backward adds a zero tensor of the whole
+    # input's length, which made a long input's backward grow with its length times its chunks.
+    for Q, K, V, beta_c, log_alpha_c in zip(*(t.split(chunk, dim=2) for t in (q, k, v, beta, log_alpha))):
         C = Q.shape[2]
-        G = log_alpha[:, :, a : a + chunk].cumsum(-1)  # log gamma_i
+        G = log_alpha_c.cumsum(-1)  # log gamma_i
         diff = G[..., :, None] - G[..., None, :]  # log gamma_i / gamma_j
         lower = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
         ratio = torch.where(lower, diff, torch.full_like(diff, -torch.inf)).exp()  # j <= i
