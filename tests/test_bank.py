@@ -40,6 +40,24 @@ def test_exact_search_is_the_exhaustive_top_k_over_the_visible_chunks(lo_hi, per
     torch.testing.assert_close(v, -k)
 
 
+def test_gather_reads_each_rows_own_chunks():
+    """Keys and values of the chunks each (batch row, token, head) names, against a loop over them."""
+    B, H, d, cs, chunks = 3, 2, 5, 4, 30
+    g = torch.Generator().manual_seed(3)
+    keys, values = torch.randn(B, chunks * cs, H, d, generator=g), torch.randn(B, chunks * cs, H, d, generator=g)
+    bank = ChunkBank.empty(B, H, d, cs, capacity=chunks * cs)
+    for start in range(0, chunks * cs, 40):
+        bank = bank.append(keys[:, start : start + 40], values[:, start : start + 40], start)
+    entries = torch.randint(0, chunks, (B, 7, H, 3), generator=g)
+    k, v, first = bank.gather(entries)
+    for b in range(B):
+        for t in range(7):
+            for h in range(H):
+                tokens = torch.cat([torch.arange(e * cs, (e + 1) * cs) for e in entries[b, t, h].tolist()])
+                assert torch.equal(k[b, t, h], keys[b, tokens, h]) and torch.equal(v[b, t, h], values[b, tokens, h])
+    assert torch.equal(first, entries * cs)
+
+
 @pytest.mark.parametrize("n, k", [(8192, 8), (70_013, 8), (70_013, 1), (20_000, 33)])
 def test_blocked_top_k_is_torch_topk(n, k):
     scores = torch.randn(3, 2, n, generator=torch.Generator().manual_seed(n + k))
