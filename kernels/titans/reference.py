@@ -3,8 +3,8 @@ paper's equations and the closed form derived there).
 
 Within a chunk every token's gradient is taken against the chunk-start weights; momentum
 (eta), inner learning rate (theta) and forgetting (alpha) are linear recurrences, so a whole
-chunk's update is a few matmuls (`chunk_coefficients`, then `chunk_update`, for any memory whose per-token gradient is a
-sum of outer products). `titans_linear_reference` runs the linear memory M(k) = k W over
+chunk's update is a few matmuls (`chunk_coefficients`, then `chunk_update`, for any memory whose
+per-token gradient is a sum of outer products). `titans_linear_reference` runs the linear memory M(k) = k W over
 whole chunks and returns everything the traces show: the retrievals, the per-token loss and
 surprise against the chunk-start weights and the loss after the chunk's update.
 """

@@ -351,10 +351,10 @@ class MACBlock(TitansBlock):
         memory_queries = self.memory.query(e).split(sizes, dim=1)
         attn_state, memory_state = state["attn"], state["memory"]
         zs, hs, gate_reads, stats = [], [], [], []
-        for i, (a, b) in enumerate(pieces):
-            h = memory_forward(self.memory.start_params(memory_state), memory_queries[i])[0]
+        for (a, _), q_piece, k_piece, v_piece, memory_query in zip(pieces, q, k, v, memory_queries):
+            h = memory_forward(self.memory.start_params(memory_state), memory_query)[0]
             side = (self.attn.heads(self.attn.W_K(h)), self.attn.heads(self.attn.W_V(h)))
-            z, attn_state = self.attn.attend(q[i], k[i], v[i], attn_state, pos + a, side=side)
+            z, attn_state = self.attn.attend(q_piece, k_piece, v_piece, attn_state, pos + a, side=side)
             read, memory_state, piece_stats = self.memory.step(self.attn.W_O(z.flatten(2)), memory_state, pos + a)
             zs.append(z)
             hs.append(h)
@@ -445,14 +445,16 @@ class TitansLM(MemoryLM):
                 z = seen[f"{name}.attn.hook_z"][None] if mac else None
                 written, queried = block.memory_inputs(seen[f"{name}.hook_resid_pre"][None], z)
                 k, v, rates = memory.keys_values(written[:, :written_at])
-                q = F.normalize(F.silu(memory.W_Q(queried[:, position])), dim=-1)  # [1, d]
+                q = memory.query(queried[:, position])  # [1, d]
                 W0 = memory.init_W[None]
 
             def read_with(values: Tensor) -> Tensor:
                 W, S = W0, torch.zeros_like(W0)
-                for a in range(0, written_at, memory.chunk):
-                    ck, cv, cr = (t[:, a : a + memory.chunk] for t in (k, values, rates))
-                    _, (new, momentum) = titans_chunk_update({"W": (ck, 2 * (ck @ W - cv))}, titans_chunk_coefficients(cr), ({"W": W}, {"W": S}))
+                # split, not sliced (see step); nothing written yet: no chunk (split would give one empty piece)
+                chunks = zip(*(t.split(memory.chunk, dim=1) for t in (k, values, rates))) if written_at else ()
+                for ck, cv, cr in chunks:
+                    gradient = {"W": (ck, 2 * (ck @ W - cv))}
+                    _, (new, momentum) = titans_chunk_update(gradient, titans_chunk_coefficients(cr), ({"W": W}, {"W": S}))
                     W, S = new["W"], momentum["W"]
                 return (q @ W)[0, 0]
 
