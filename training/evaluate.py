@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import memviz
 from memviz.checkpoint import CARD_FILE, resolve
 from memviz.files import atomic_write_text
-from probes import babilong, facts, passkey
+from probes import babilong, facts, lm, passkey, texts
 
 
 def trained_haystack(card: dict) -> str:
@@ -35,13 +35,18 @@ def probe_scores(
     seed: int = 0,
     progress: bool = False,
     haystack: str = "procedural",
+    passkey_haystacks: Sequence[str] = (),
+    language_modelling: bool = False,
 ) -> dict[str, Any]:
-    """Accuracies keyed by probe: passkey[length], babilong[task][length], facts. BABILong's
-    stories lie in `haystack`, the background the model was trained on (the data config's)."""
+    """Accuracies keyed by probe: passkey[length] (and passkey_<background>[length] for each of
+    `passkey_haystacks`), babilong[task][length], facts, and with `language_modelling` lm[corpus], bits per
+    byte on the held-out documents. BABILong's stories lie in `haystack`, the background the model was
+    trained on (the data config's)."""
     scores: dict[str, Any] = {}
-    if passkey_lengths:
-        df = passkey.run(model, passkey_lengths, passkey_depths, n=n, seed=seed, progress=progress)
-        scores["passkey"] = {str(k): round(float(v), 4) for k, v in df.groupby("length")["correct"].mean().items()}
+    for background in (None, *passkey_haystacks) if passkey_lengths else ():
+        df = passkey.run(model, passkey_lengths, passkey_depths, n=n, seed=seed, haystack=background, progress=progress)
+        scores["passkey" if background is None else f"passkey_{background}"] = {
+            str(k): round(float(v), 4) for k, v in df.groupby("length")["correct"].mean().items()}
     if babilong_tasks and babilong_lengths:
         df = babilong.run(model, babilong_tasks, babilong_lengths, n=n, seed=seed, haystack=haystack, progress=progress)
         scores["babilong"] = {
@@ -51,6 +56,10 @@ def probe_scores(
     if n_facts:
         df = facts.run(model, n=n_facts, seed=seed, progress=progress)
         scores["facts"] = round(float(df["correct"].mean()), 4)
+    if language_modelling:
+        table = lm.summary(lm.run(model, corpus=None, keep_losses=False))
+        scores["lm"] = {corpus: round(float(v), 4) for corpus, v in table["bits_per_byte"].items()}
+        scores["lm_held_out"] = {corpus: list(names) for corpus, names in texts.HELD_OUT.items()}
     scores["n_per_cell"] = n
     return scores
 
@@ -83,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         seed=seed,
         progress=True,
         haystack=trained_haystack(model.card),
+        passkey_haystacks=grid.get("passkey_haystacks", []),
+        language_modelling=grid.get("lm", False),
     )
     print(json.dumps(scores, indent=2))
     if args.write_card:

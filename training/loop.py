@@ -315,6 +315,8 @@ class Trainer:
             seed=e.seed,
             progress=progress,
             haystack=self.cfg.data.haystack,
+            passkey_haystacks=e.passkey_haystacks,
+            language_modelling=e.lm,
         )
 
     # ----- checkpoints ----------------------------------------------------------------------

@@ -7,8 +7,15 @@ while the model reads, on keys and values of the input (Section 3.1):
   loss              l(M; x_t) = ||M(k_t) - v_t||^2                                    (eq. 12)
   surprise          S_t = eta_t S_t-1 - theta_t grad l(M_t-1; x_t)                    (eq. 10)
   forgetting        M_t = (1 - alpha_t) M_t-1 + S_t                                   (eq. 13)
-  data-dependent    eta_t, alpha_t = sigmoid(x_t w + b),  theta_t = theta_max sigmoid(x_t w + b)
+  data-dependent    eta_t = eta_max sigmoid(.), alpha_t = sigmoid(.), theta_t = theta_max sigmoid(.)  (of x_t w + b)
   retrieval         y_t = M*(q_t), a forward pass without update                     (eq. 15)
+
+Boundedness: within a chunk of B tokens every gradient is taken at the chunk-start weights and momentum
+sums them with weights up to 1 / (1 - eta), so with ||k_t|| = 1 the chunk's step on the summed loss is at
+most theta B / (1 - eta) times its Hessian (eigenvalues <= 2); it overshoots without bound once that passes 1.
+theta_max <= (1 - eta_max) / B with eta_max < 1 keeps a linear memory bounded on any input (the English
+sample: eta_max 0.9, theta_max 0.1 / 64; a test feeds a repeated phrase with the rates at their bounds). The
+paper leaves both unbounded (eta_max 1, the default here, and theta_max 0.5 diverge on such input).
 
 Chunked parallel training (Section 3.2): within a chunk of `chunk` tokens every gradient is
 taken against the chunk-start weights M_0 (a mini-batch step at the chunk start; chunk = 1 is
@@ -78,6 +85,7 @@ class TitansOptions:
     chunk: int | None = None  # tokens per parallel update; None: 16 (MAC: its segment, always)
     persistent: int = 4  # persistent memory tokens per attention layer
     theta_max: float = 0.5  # largest inner learning rate
+    eta_max: float = 1.0  # largest momentum rate: below 1 the momentum S forgets, so the memory stays bounded
 
     def __post_init__(self) -> None:
         check_choice("variant", self.variant, ("lmm", "mac", "mag", "mal"))
@@ -85,6 +93,8 @@ class TitansOptions:
         if self.chunk is not None:
             check_positive(chunk=self.chunk)
         check_positive(theta_max=self.theta_max)
+        if not 0 < self.eta_max <= 1:
+            raise ValueError(f"memory.eta_max must lie in (0, 1], got {self.eta_max!r}")
         if self.persistent < 0 or self.mlp_hidden < 0:
             raise ValueError("persistent and mlp_hidden must be non-negative")
 
@@ -165,7 +175,7 @@ class NeuralMemory(nn.Module):
         k = F.normalize(F.silu(self.W_K(x)), dim=-1)
         v = F.silu(self.W_V(x))
         rates = torch.sigmoid(self.W_rates(x))
-        rates = torch.cat([rates[..., :1], rates[..., 1:2] * self.options.theta_max, rates[..., 2:]], dim=-1)
+        rates = torch.cat([rates[..., :1] * self.options.eta_max, rates[..., 1:2] * self.options.theta_max, rates[..., 2:]], dim=-1)
         return k, v, rates
 
     def query(self, x: Tensor) -> Tensor:

@@ -1,0 +1,162 @@
+"""Language modelling on held-out text: bits per byte, and loss against token position.
+
+The figure the Infini-attention, LongMem and Titans papers lead with: a model reads whole held-out
+documents (a play is 35-60k tokens of these samples' tokenizer) and its loss on each token is kept; the loss
+averaged over documents at each position says whether a memory lowers the loss past the local window, and a
+control beside it says by how much.
+
+* Per token t >= 1, nll_t = -ln p(x_t | x_<t), streamed through `model.stream` (bounded memory, any length).
+* Bits per byte of a document = sum_t nll_t / ln 2 / (UTF-8 bytes of x_1..x_n-1): the first token has no
+  context and is not scored; it is independent of the tokenizer, so models with other vocabularies compare.
+* `by_position` averages nll_t over documents in log-spaced position bins (every token in its bin).
+
+The documents are `probes.texts` corpora (default: the held-out split, which no training run reads) or any
+UTF-8 file or folder of `.txt` files.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from probes import texts
+
+#: a document is cut to this many tokens unless asked otherwise (Hamlet is 60k of the English samples' tokens)
+MAX_TOKENS = 1 << 20
+
+
+def token_losses(model, tokens: Sequence[int], chunk_len: int | None = None) -> np.ndarray:
+    """nll_t in nats for t = 1..n-1 (predicting tokens[t] from tokens[:t]), streamed chunk by chunk."""
+    ids = torch.as_tensor(list(tokens), dtype=torch.long)
+    if ids.numel() < 2:
+        raise ValueError(f"a document needs at least 2 tokens to score, got {ids.numel()}")
+    out = np.empty(ids.numel() - 1, dtype=np.float64)
+    with torch.no_grad(), model.evaluating():
+        for start, logits, _ in model.stream(ids[None].to(model.device), chunk_len=chunk_len):
+            logp = torch.log_softmax(logits[0].double(), dim=-1)  # [chunk, vocab]; position i predicts start + i + 1
+            targets = ids[start + 1:start + 1 + logp.shape[0]].to(logp.device)
+            out[start:start + targets.numel()] = -logp[torch.arange(targets.numel()), targets].cpu().numpy()
+    if not np.isfinite(out).all():
+        bad = int(np.flatnonzero(~np.isfinite(out))[0]) + 1
+        raise ValueError(f"the model's loss is not finite from token {bad} on (its memory diverged there)")
+    return out
+
+
+def scored_bytes(tokenizer, tokens: Sequence[int], text: str) -> int:
+    """UTF-8 bytes of tokens[1:]: the document's bytes less the first token's."""
+    return len(text.encode("utf-8")) - len(tokenizer.decode(list(tokens[:1])).encode("utf-8"))
+
+
+def select(corpus: str | None, split: str, documents: Sequence[str] | None) -> list[texts.Document]:
+    corpora = [corpus] if corpus else list(texts.CORPORA)
+    docs = [d for c in corpora for d in texts.documents(c, split)]
+    if documents:
+        names = {d.name for d in docs}
+        missing = sorted(set(documents) - names)
+        if missing:
+            raise ValueError(f"document(s) {missing} are not in the {split} split of {corpora}; there are {sorted(names)[:50]}")
+        docs = [d for d in docs if d.name in documents]
+    if not docs:
+        raise ValueError(f"no {split} documents in {corpora}")
+    return docs
+
+
+def run(model, corpus: str | None = "shakespeare", split: str = "heldout", documents: Sequence[str] | None = None,
+        max_tokens: int | None = None, progress: bool | Callable[[int, int], None] = False,
+        keep_losses: bool = True) -> pd.DataFrame:
+    """One row per document: corpus, document, tokens, bytes, nats (summed), bits_per_byte, nats_per_token and
+    (with `keep_losses`) `losses`, the nll_t array. `corpus` None reads every built-in corpus."""
+    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 2):
+        raise ValueError(f"max_tokens is a whole number of tokens >= 2, got {max_tokens!r}")
+    docs = select(corpus, split, documents)
+    rows = []
+    for i, doc in enumerate(docs):
+        tokens = model.tokenizer.encode(doc.text)[:max_tokens or MAX_TOKENS]
+        text = model.tokenizer.decode(tokens) if len(tokens) < len(model.tokenizer.encode(doc.text)) else doc.text
+        losses = token_losses(model, tokens)
+        n_bytes = scored_bytes(model.tokenizer, tokens, text)
+        row = {"corpus": doc.corpus, "document": doc.name, "tokens": len(tokens), "bytes": n_bytes,
+               "nats": float(losses.sum()), "bits_per_byte": float(losses.sum() / math.log(2) / n_bytes),
+               "nats_per_token": float(losses.mean())}
+        if keep_losses:
+            row["losses"] = losses
+        rows.append(row)
+        if callable(progress):
+            progress(i + 1, len(docs))
+    return pd.DataFrame(rows)
+
+
+def summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Bits per byte over all documents of each corpus (bytes-weighted), per model where there is a `model` column."""
+    keys = (["model"] if "model" in df else []) + ["corpus"]
+    table = df.groupby(keys, sort=False)[["nats", "bytes", "tokens"]].sum()
+    table["bits_per_byte"] = table["nats"] / math.log(2) / table["bytes"]
+    table["bytes_per_token"] = table["bytes"] / table["tokens"]
+    return table[["bits_per_byte", "tokens", "bytes", "bytes_per_token"]]
+
+
+def compare(models: Mapping[str, object], **kw) -> pd.DataFrame:
+    """`run` for each named model on the same documents, with a `model` column."""
+    return pd.concat([run(m, **kw).assign(model=name) for name, m in models.items()], ignore_index=True)
+
+
+def bin_edges(longest: int, per_octave: int = 4, first: int = 16) -> np.ndarray:
+    """Position-bin edges: [1, first) whole, then log-spaced, `per_octave` bins per doubling, up to `longest`."""
+    edges = [1, first]
+    while edges[-1] < longest:
+        edges.append(max(edges[-1] + 1, int(round(edges[-1] * 2 ** (1 / per_octave)))))
+    return np.array(edges[:-1] + [longest], dtype=np.int64)
+
+
+def by_position(df: pd.DataFrame, per_octave: int = 4) -> pd.DataFrame:
+    """Mean nll_t over every token of every document in each position bin (positions are t, the number of tokens
+    of context), per model: columns model, start, end, position (the bin's geometric centre), nats, tokens,
+    documents (how many reach the bin)."""
+    if "losses" not in df:
+        raise ValueError("by_position needs the per-token losses: run(..., keep_losses=True)")
+    if "model" not in df:
+        df = df.assign(model="model")
+    longest = max(len(x) for x in df["losses"]) + 1
+    edges = bin_edges(longest, per_octave)
+    rows = []
+    for name, group in df.groupby("model", sort=False):
+        for lo, hi in zip(edges[:-1], edges[1:]):
+            parts = [x[lo - 1:hi - 1] for x in group["losses"] if len(x) >= lo]
+            if not parts:
+                continue
+            values = np.concatenate(parts)
+            rows.append({"model": name, "start": int(lo), "end": int(hi), "position": float(math.sqrt(lo * (hi - 1))),
+                         "nats": float(values.mean()), "tokens": int(values.size), "documents": len(parts)})
+    return pd.DataFrame(rows)
+
+
+def local_span(model) -> int | None:
+    """The span of a model's local attention in tokens (a window or a segment), None where it sees every token."""
+    attention = getattr(getattr(model, "cfg", None), "attention", None) or {}
+    return attention.get("span") if attention.get("kind") in ("window", "segment") else None
+
+
+def position_curve(df: pd.DataFrame, title: str = "Loss against token position (held-out text)", window: int | None = None):
+    """Mean loss per log-spaced position bin, one line per model; `window` marks the local attention's span."""
+    import plotly.graph_objects as go
+
+    table = df if "position" in df else by_position(df)
+    if table.empty:
+        raise ValueError("no language-modelling results to plot")
+    fig = go.Figure()
+    for name, group in table.groupby("model", sort=False):
+        fig.add_trace(go.Scatter(
+            x=group["position"], y=group["nats"], mode="lines+markers", name=str(name),
+            customdata=np.stack([group["start"], group["end"] - 1, group["tokens"], group["documents"]], axis=1),
+            hovertemplate=("tokens %{customdata[0]:,}-%{customdata[1]:,}<br>%{y:.3f} nats a token over "
+                           "%{customdata[2]:,} tokens of %{customdata[3]} documents<extra>%{fullData.name}</extra>"),
+        ))
+    if window:
+        fig.add_vline(x=window, line_dash="dot", annotation_text=f"local window ({window})")
+    fig.update_layout(title=title, xaxis_title="token position in the document (log scale)",
+                      yaxis_title="loss (nats a token)", legend_title="model")
+    fig.update_xaxes(type="log")
+    return fig
