@@ -1,7 +1,7 @@
 """Checkpoints: a folder of config.json, model.safetensors, tokenizer.json and card.json.
 
-Every file is written to a temporary name in the same folder and renamed into place, so an
-interrupted save never leaves a half-written file under the real name. Loading never
+A checkpoint is written beside its folder and swapped in whole (`memviz.files.replace_folder`), so an
+interrupted save leaves the earlier checkpoint as it was, never new weights beside an old config. Loading never
 unpickles anything, and each way a checkpoint can be broken raises one `CheckpointError`
 naming the file and the problem.
 """
@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from memviz.config import ConfigError, ModelConfig
-from memviz.files import atomic_write_bytes, atomic_write_text
+from memviz.files import atomic_write_bytes, atomic_write_text, replace_folder
 from memviz.models import build_model, families
 from memviz.tokenizer import TOKENIZER_FILE, load_tokenizer
 
@@ -52,14 +52,16 @@ def save(model, directory: str | Path, card: dict[str, Any] | None = None, dtype
 
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     model.card = {**model.card, **(card or {})}
-    atomic_write_bytes(directory / WEIGHTS_FILE, save_safetensors(weights_to_save(model, DTYPES[dtype])))
-    model.tokenizer.save(directory)
-    atomic_write_text(directory / CONFIG_FILE, model.cfg.to_json())
-    atomic_write_text(directory / CARD_FILE, json.dumps(model.card, indent=2, sort_keys=True, default=str))
-    return directory
+    weights = save_safetensors(weights_to_save(model, DTYPES[dtype]))
+
+    def write(folder: Path) -> None:
+        atomic_write_bytes(folder / WEIGHTS_FILE, weights)
+        model.tokenizer.save(folder)
+        atomic_write_text(folder / CONFIG_FILE, model.cfg.to_json())
+        atomic_write_text(folder / CARD_FILE, json.dumps(model.card, indent=2, sort_keys=True, default=str))
+
+    return replace_folder(directory, write)
 
 
 def resolve(path: str | Path) -> Path:

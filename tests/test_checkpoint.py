@@ -125,3 +125,41 @@ def test_failed_save_leaves_the_previous_checkpoint_intact(saved, monkeypatch):
         memviz.save(model, path)
     assert (path / "model.safetensors").read_bytes() == before
     assert not [p for p in path.iterdir() if p.name.endswith(".tmp")]
+
+
+KILLED_SAVER = """
+import sys, torch, memviz
+from memviz import ModelConfig
+torch.manual_seed(1)
+model = memviz.build_model(ModelConfig(family="transformer", d_model=48, n_layers=2, n_heads=2, d_mlp=96, vocab_size=259))
+print("ready", flush=True)
+while True:
+    memviz.save(model, sys.argv[1])
+"""
+
+
+def test_a_save_killed_at_any_moment_leaves_a_whole_checkpoint(tmp_path):
+    """`memviz.save` over a good checkpoint, killed with SIGKILL part-way, many times: the folder always loads,
+    as the old model or the new one, never new weights beside the old config; a file the save did not write stays."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    folder = tmp_path / "ckpt"
+    memviz.save(small_model("transformer"), folder)
+    (folder / "notes.txt").write_text("mine")
+    script = tmp_path / "saver.py"
+    script.write_text(KILLED_SAVER)
+    widths = set()
+    for delay in (0.0, 0.01, 0.03, 0.05, 0.08, 0.13, 0.21, 0.34):
+        proc = subprocess.Popen([sys.executable, str(script), str(folder)], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        widths.add(memviz.load(folder).cfg.d_model)
+        assert (folder / "notes.txt").read_text() == "mine"
+    assert widths <= {32, 48} and 48 in widths
+    memviz.save(small_model("transformer"), folder)  # the next save clears what the killed ones left beside it
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".ckpt")] == []

@@ -280,7 +280,7 @@ def test_a_fresh_run_refuses_a_folder_that_holds_an_earlier_run(tmp_path):
 
 
 def test_an_export_that_fails_leaves_the_earlier_folder_whole(tmp_path):
-    from training.loop import swap_in
+    from memviz.files import replace_folder
 
     trainer = Trainer(tiny_config(tmp_path / "run", steps=1), progress=False).run()
     first = trainer.export(tmp_path / "export", final_eval=False)
@@ -292,7 +292,7 @@ def test_an_export_that_fails_leaves_the_earlier_folder_whole(tmp_path):
         raise OSError("disk full")
 
     with pytest.raises(OSError, match="disk full"):
-        swap_in(tmp_path / "export", broken)
+        replace_folder(tmp_path / "export", broken)
     assert {p.name: p.read_bytes() for p in (tmp_path / "export").iterdir()} == before
     assert memviz.load(tmp_path / "export").family == "sliding_window"
     trainer.export(tmp_path / "export", final_eval=False)  # over the old one, and over the failed attempt's leftovers

@@ -358,7 +358,7 @@ class Trainer:
             self.model.card["probe_scores"] = self.evaluate(self.cfg.eval.final_n, progress=self.progress)
             self.model.card["probe_seed"] = self.cfg.eval.seed
         self.model.train()
-        return swap_in(directory, lambda staging: save(self.model, staging, dtype=dtype))
+        return save(self.model, directory, dtype=dtype)
 
     # ----- signals --------------------------------------------------------------------------
     def install_signal_handlers(self) -> dict:
@@ -375,22 +375,6 @@ class Trainer:
     def restore_signal_handlers(previous: dict) -> None:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-def swap_in(directory: str | Path, write: Callable[[Path], Any]) -> Path:
-    """Write a folder beside `directory`, then put it in its place: an export interrupted at any
-    point leaves the earlier folder whole (or, between the two renames, beside the new one)."""
-    directory = Path(directory)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = directory.parent / f".{directory.name}.exporting-{os.getpid()}"
-    old = directory.parent / f".{directory.name}.replaced-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    write(staging)
-    if directory.exists():
-        directory.rename(old)
-    staging.rename(directory)
-    shutil.rmtree(old, ignore_errors=True)
-    return directory
 
 
 def machine_description() -> str:
