@@ -1,7 +1,7 @@
 """memviz: an interpretability workbench for small memory-augmented language models."""
 from memviz.checkpoint import CheckpointError, list_samples, list_user_checkpoints, load, save
 from memviz.config import ConfigError, ModelConfig
-from memviz.model import MemoryLM, ModelState
+from memviz.model import MemoryLM, ModelState, NonFiniteError
 from memviz.models import build_model, families
 from memviz.registry import register_family
 from memviz.tokenizer import BPETokenizer, ByteTokenizer, load_tokenizer
@@ -15,6 +15,7 @@ __all__ = [
     "MemoryLM",
     "ModelConfig",
     "ModelState",
+    "NonFiniteError",
     "Trace",
     "build_model",
     "families",

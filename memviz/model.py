@@ -80,6 +80,10 @@ def tree_tensors(tree: StateTree) -> Iterator[Tensor]:
             yield from tree_tensors(v)
 
 
+class NonFiniteError(ValueError):
+    """A model's logits stopped being finite numbers (its memory diverged); nothing is decoded from them."""
+
+
 @dataclass
 class ModelState:
     """What a model carries from one chunk to the next: the position reached, per layer that
@@ -356,8 +360,12 @@ class MemoryLM(HookedRootModule):
         logits, state = self.prefill(prompt_ids, state)
         banned = [self.tokenizer.pad_id, self.tokenizer.bos_id]
         out: list[int] = []
-        for _ in range(max_new_tokens):
+        for step in range(max_new_tokens):
             last = logits[0, -1].clone()
+            if not torch.isfinite(last).all():  # argmax of NaN logits is an arbitrary token, never an answer
+                where = "the prompt's last token" if step == 0 else f"generated token {step}"
+                raise NonFiniteError(f"the logits at {where} (position {state.pos - 1}) are not finite: the model's "
+                                     "state diverged on this input (memviz.trace shows where its quantities stop being finite)")
             last[banned] = -math.inf
             nxt = int(last.argmax())
             if nxt == self.tokenizer.eos_id:

@@ -221,3 +221,11 @@ def test_the_command_lines_exit_2_with_one_line(case, tmp_path):
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], out.stderr
+
+
+def test_generate_decodes_nothing_from_non_finite_logits():
+    model = small_model("infini", segment_len=8)
+    with torch.no_grad():
+        model.blocks[1].mlp.W_down.weight[0, 0] = float("nan")  # the state and logits become NaN from the first token
+    with pytest.raises(memviz.NonFiniteError, match=r"logits at the prompt's last token \(position 9\) are not finite"):
+        model.generate("0123456789", max_new_tokens=4)
