@@ -114,3 +114,21 @@ def test_the_gpu_run_goes_end_to_end_in_cpu_mode():
     assert re.search(r"^\| 64 \| [\d.]+ \| [\d.]+ \| [\d.]+ \| \d+% \|$", out.stdout, re.M)  # bag vs copy bandwidth
     assert re.search(r"^\| infini_long \| \d+ \| [\d,]+ \| [\d,]+ \|", out.stdout, re.M)  # a trace's tokens/s
     assert (ROOT / "benchmarks" / "RESULTS.md").read_text() == results
+
+
+def test_english_lm_records_the_probes_bits_per_byte_and_the_window_split(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import memviz
+    from english_lm import main
+    from probes import lm
+
+    from tests.conftest import small_model
+
+    configs = {"sliding_window": {"attention": {"kind": "window", "span": 8}}, "infini": {"segment_len": 8}}
+    folders = [memviz.save(small_model(family, seed=i, **extra), tmp_path / family) for i, (family, extra) in enumerate(configs.items())]
+    assert main([*map(str, folders), "--max-tokens", "90", "--window", "8", "--record", "--threads", "1"]) == 0
+    for folder in folders:
+        card = json.loads((folder / "card.json").read_text())["lm"]
+        expected = lm.summary(lm.run(memviz.load(folder), corpus=None, max_tokens=90))["bits_per_byte"]
+        assert card["bits_per_byte"] == {c: round(float(v), 4) for c, v in expected.items()}
+        assert card["held_out"]["shakespeare"] == ["hamlet", "tempest"] and card["loss_past_window"] > 0

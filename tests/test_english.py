@@ -88,6 +88,16 @@ def test_text_windows_come_from_the_training_split_only():
     assert tokens.shape == (2, 128) and (weights[:, 1:] == 1.0).all() and (weights[:, 0] == 0).all()
 
 
+def test_a_memory_tasks_prompt_has_its_own_weight_beside_the_texts():
+    tok = load_tokenizer(ENGLISH_TOKENIZER)
+    cfg = DataConfig(mix={"passkey": 1.0}, passkey_haystacks=["shakespeare_train"], curriculum=[[0, 300]], min_len_frac=1.0,
+                     text_weight=1.0, prompt_weight=0.1, answer_weight=5.0)
+    example = TaskSampler(tok, cfg).example(random.Random(0), 300)
+    answer = tok.decode([t for t, w in zip(example.tokens, example.weights) if w == 5.0][:-1]).strip()
+    assert set(example.weights[1:]) == {0.1, 5.0} and answer.isdigit() and len(answer) == 5
+    assert DataConfig(mix={"passkey": 1.0}).prompt_weight is None  # older recipes: the prompt takes text_weight
+
+
 def test_the_papers_pass_key_filler_repeats_five_sentences():
     sample = passkey.make_sample(ByteTokenizer(), 600, 0.5, 12345, haystack="grass")
     body = sample.prompt[len(passkey.INSTRUCTION):sample.prompt.index("The pass key is")]

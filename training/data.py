@@ -6,7 +6,7 @@ step, rank, index), so no training sample is ever a probe sample and a given ste
 sees the same batch: resuming regenerates exactly the data the run would have seen.
 
 A sample is the prompt followed by its answer and eos. Its loss weights are `text_weight`
-on the prompt's tokens and `answer_weight` on the answer's, so a small model is pushed
+(or `prompt_weight` where set) on the prompt's tokens and `answer_weight` on the answer's, so a small model is pushed
 towards the retrieval the probes measure while still modelling the background text.
 With `drill` > 0, qa1/qa2 samples go on after the answer with more questions on the same
 story (bAbI's own format asks several): each answer is one more retrieval to learn from,
@@ -44,6 +44,7 @@ class DataConfig:
     curriculum: list[list[int]] = field(default_factory=lambda: [[0, 512]])  # [from_step, max_len]
     min_len_frac: float = 0.5  # a batch's length is drawn from [min_len_frac * max_len, max_len]
     text_weight: float = 1.0
+    prompt_weight: float | None = None  # a memory task's prompt tokens (filler, needle, question); None: text_weight
     answer_weight: float = 5.0
     drill: int = 0  # qa1/qa2: up to this many more questions on the same story after the answer
     max_facts: list[list[int]] = field(default_factory=list)  # [from_step, most facts a qa story has]; [] = any
@@ -223,11 +224,12 @@ class TaskSampler:
             limit = f" and at most {max_facts} facts a story (data.max_facts)" if max_facts else ""
             raise ValueError(f"data.curriculum length {length}{limit} is too short for the tasks {self.tasks}")
         tokens = self.tokenizer.encode(sample.prompt)
-        weights = [0.0] + [self.cfg.text_weight] * (len(tokens) - 1)
+        prompt_weight = self.cfg.text_weight if self.cfg.prompt_weight is None else self.cfg.prompt_weight
+        weights = [0.0] + [prompt_weight] * (len(tokens) - 1)
         for question, reply in [("", answer), *drills]:
             q, a = self.tokenizer.encode(question), self.tokenizer.encode(reply)
             tokens += q + a
-            weights += [self.cfg.text_weight] * len(q) + [self.cfg.answer_weight] * len(a)
+            weights += [prompt_weight] * len(q) + [self.cfg.answer_weight] * len(a)
         return Example(tokens + [self.tokenizer.eos_id], weights + [self.cfg.answer_weight])
 
     def long_sample(self, task: str, rng: random.Random, length: int, max_facts: int | None = None):
