@@ -29,8 +29,8 @@ from retention_curve import save_png  # noqa: E402
 def window_split(losses, window: int) -> tuple[float, float]:
     """Mean loss of tokens inside the window (positions 1..window-1) and past it."""
     inside = np.concatenate([x[:window - 1] for x in losses])
-    past = np.concatenate([x[window - 1:] for x in losses if len(x) >= window])
-    return float(inside.mean()), float(past.mean())
+    past = [x[window - 1:] for x in losses if len(x) >= window]
+    return float(inside.mean()), float(np.concatenate(past).mean()) if past else float("nan")
 
 
 def main(argv: list[str] | None = None) -> int:

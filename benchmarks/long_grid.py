@@ -5,7 +5,8 @@ and 0.9, `n` samples per depth (so 3n a cell) on a probe seed apart from the car
 for each named checkpoint. With `--babilong TASK` the grid is that BABILong-style task instead
 (default lengths 4k, 8k and 16k, `n` samples a cell, facts spread over the input), its stories in
 the background each checkpoint was trained on (its card's data.haystack: procedural for the
-shipped qa1 samples) unless `--haystack` names another. `--set KEY=VALUE` loads with an option
+shipped qa1 samples) unless `--haystack` names another; for the pass key `--haystack` names its filler
+(`grass`: the papers' prompt; recorded under the lengths' key with `:grass`). `--set KEY=VALUE` loads with an option
 that holds no weights (e.g.
 `--set bank_size=1048576 --set search=hnsw` for LongMem), applied to the checkpoints whose family
 knows it. With `--record` the scores, the command and the wall time go into each sample's card
@@ -60,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=10, help="samples per depth and length (per length with --babilong)")
     parser.add_argument("--babilong", metavar="TASK", help="a BABILong-style task (qa1..qa5) in place of the pass key")
     parser.add_argument("--haystack", help="BABILong's background: shakespeare, procedural or a text file "
-                                           "(default: the one each checkpoint was trained on)")
+                                           "(default: the one each checkpoint was trained on); the pass key's filler: "
+                                           "procedural (default), grass (the papers'), shakespeare or a text file")
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--set", dest="settings", type=parse_setting, action="append", default=[], metavar="KEY=VALUE")
@@ -82,20 +84,21 @@ def main(argv: list[str] | None = None) -> int:
             probe, per_cell, key = args.babilong, args.n, f"{args.babilong}:" + "-".join(map(str, args.lengths))
             key += "" if haystack == "procedural" else f":{haystack}"
         else:
-            df = passkey.run(model, args.lengths, args.depths, n=args.n, seed=args.seed, progress=False)
+            df = passkey.run(model, args.lengths, args.depths, n=args.n, seed=args.seed, haystack=args.haystack, progress=False)
             probe, per_cell, key = "passkey", len(args.depths) * args.n, "-".join(map(str, args.lengths))
+            key += f":{args.haystack}" if args.haystack else ""
         wall = time.perf_counter() - started
         scores = {str(k): round(float(v), 4) for k, v in df.groupby("length")["correct"].mean().items()}
-        print(f"{name:24s} {config['family']:10s} {probe:8s} " + (f"in {haystack} " if args.babilong else "") + "  ".join(f"{k}: {v:.0%}" for k, v in scores.items())
+        print(f"{name:24s} {config['family']:10s} {probe:8s} " + (f"in {haystack if args.babilong else args.haystack} " if args.babilong or args.haystack else "") + "  ".join(f"{k}: {v:.0%}" for k, v in scores.items())
               + f"  ({per_cell} a cell, {wall:.0f} s)", flush=True)
         if args.record:
             card_path = directory / CARD_FILE
             card = json.loads(card_path.read_text())
             entry = {probe: scores, "n_per_cell": per_cell, "seed": args.seed, "overrides": overrides,
                      "command": command, "wall_time_s": round(wall, 1), "threads": args.threads}
-            if args.babilong:
-                entry["haystack"] = haystack
-            else:
+            if args.babilong or args.haystack:
+                entry["haystack"] = haystack if args.babilong else args.haystack
+            if not args.babilong:
                 entry["by_length_and_depth"] = {f"{k[0]}@{k[1]}": round(float(v), 4)
                                                 for k, v in df.groupby(["length", "depth"])["correct"].mean().items()}
                 entry["depths"] = args.depths

@@ -82,7 +82,8 @@ def family_samples() -> dict[str, Path]:
 
 def list_samples() -> list[str]:
     """The names of the sample checkpoints: sample_checkpoints/ and those families ship."""
-    shipped = [d.name for d in SAMPLE_DIR.iterdir() if (d / CONFIG_FILE).is_file()] if SAMPLE_DIR.is_dir() else []
+    shipped = [d.name for d in SAMPLE_DIR.iterdir() if not d.name.startswith(".") and (d / CONFIG_FILE).is_file()] \
+        if SAMPLE_DIR.is_dir() else []  # a dot-folder is a save under way or a killed one's leftover
     return sorted({*shipped, *family_samples()})
 
 
@@ -90,7 +91,7 @@ def list_user_checkpoints() -> list[str]:
     """Paths of checkpoints trained from the app (under USER_DIR)."""
     if not USER_DIR.is_dir():
         return []
-    return sorted(str(d) for d in USER_DIR.iterdir() if (d / CONFIG_FILE).is_file())
+    return sorted(str(d) for d in USER_DIR.iterdir() if not d.name.startswith(".") and (d / CONFIG_FILE).is_file())
 
 
 def read_config(directory: Path) -> ModelConfig:

@@ -32,60 +32,82 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 def exchange(a: Path, b: Path) -> bool:
     """Swap two paths in one step (Linux renameat2 with RENAME_EXCHANGE); False where the system cannot."""
     import ctypes
-    import ctypes.util
+    import errno
 
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        renameat2 = libc.renameat2
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
     except (OSError, AttributeError):
         return False
     at_fdcwd, rename_exchange = -100, 2
     if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
         return True
-    if ctypes.get_errno() in (22, 38, 95):  # EINVAL, ENOSYS, EOPNOTSUPP: this file system or kernel cannot
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV, errno.EBUSY):  # this file system cannot
         return False
-    raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()), str(b))
+    raise OSError(code, os.strerror(code), str(b))
+
+
+def keep_beside(old: Path, new: Path) -> None:
+    """Put what `old` holds into `new` (a link, a hard link, or a copy across file systems)."""
+    import shutil
+
+    if old.is_symlink():
+        os.symlink(os.readlink(old), new)
+    elif old.is_dir():
+        shutil.copytree(old, new, symlinks=True, copy_function=link_or_copy)
+    else:
+        link_or_copy(old, new)
+
+
+def link_or_copy(src: str | Path, dst: str | Path) -> None:
+    import shutil
+
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 def replace_folder(directory: str | Path, write: Callable[[Path], object]) -> Path:
     """Write a folder beside `directory` (`write(staging)`), then put it in `directory`'s place whole, so a save
     killed at any point leaves the earlier folder as it was: never new weights beside an old config. Files in the
-    earlier folder that this write does not make are kept (linked into the new one). Leftovers of killed writes
-    (`.NAME.writing-PID` beside it) are removed by the next write."""
+    earlier folder that this write does not make are kept. A symbolic link is followed (its target is replaced).
+    Leftovers of killed writes (`.NAME.writing-PID-*` beside it, their process gone) are removed by the next write."""
+    import re
     import shutil
+    import tempfile
 
-    directory = Path(directory)
+    directory = Path(os.path.realpath(directory))
     if directory.exists() and not directory.is_dir():
         raise ValueError(f"{directory} exists and is not a folder: nothing written over it")
     directory.parent.mkdir(parents=True, exist_ok=True)
-    for leftover in directory.parent.glob(f".{directory.name}.writing-*"):
-        pid = leftover.name.rsplit("-", 1)[-1]
-        if not pid.isdigit() or not pid_alive(int(pid)):
+    owner = re.compile(rf"\.{re.escape(directory.name)}\.writing-(\d+)-.*")
+    for leftover in directory.parent.iterdir():
+        match = owner.fullmatch(leftover.name)
+        if match and not pid_alive(int(match.group(1))):
             shutil.rmtree(leftover, ignore_errors=True)
-    staging = directory.parent / f".{directory.name}.writing-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.writing-{os.getpid()}-", dir=directory.parent))
     try:
         write(staging)
-        if directory.is_dir():
-            for old in directory.iterdir():  # what this write does not make stays
-                if not (staging / old.name).exists():
-                    if old.is_dir():
-                        shutil.copytree(old, staging / old.name, copy_function=os.link)
-                    else:
-                        os.link(old, staging / old.name)
-            if not exchange(staging, directory):
-                aside = directory.parent / f".{directory.name}.writing-{os.getpid()}-old"
-                directory.rename(aside)  # where no exchange exists: a short window with no folder at all
-                staging.rename(directory)
-                staging = aside
-        else:
+        if not directory.is_dir():
             staging.rename(directory)
+            return directory
+        for old in directory.iterdir():  # what this write does not make stays
+            if not (staging / old.name).exists() and not (staging / old.name).is_symlink():
+                keep_beside(old, staging / old.name)
+        if not exchange(staging, directory):
+            aside = Path(tempfile.mkdtemp(prefix=f".{directory.name}.writing-{os.getpid()}-", dir=directory.parent))
+            aside.rmdir()
+            directory.rename(aside)  # where no exchange exists: a short window with no folder at all
+            staging.rename(directory)
+            staging = aside
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return directory
 
 
 def pid_alive(pid: int) -> bool:
+    """Whether a process of that id runs here (a leftover's owner may still be writing)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -45,6 +45,11 @@ class Tokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         raise NotImplementedError
 
+    def byte_length(self, ids: Iterable[int]) -> int:
+        """UTF-8 bytes the text tokens `ids` stand for (specials count none), a multi-byte character cut
+        between tokens counted by its own bytes: what bits per byte divide by."""
+        raise NotImplementedError
+
     def token_strings(self, ids: Iterable[int]) -> list[str]:
         """A printable string per token (for hover text), specials shown by name."""
         out = []
@@ -68,6 +73,9 @@ class ByteTokenizer(Tokenizer):
 
     def encode_bytes(self, data: bytes) -> list[int]:
         return list(data)
+
+    def byte_length(self, ids: Iterable[int]) -> int:
+        return sum(1 for i in map(int, ids) if 0 <= i < 256)
 
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
         return bytes(i for i in map(int, ids) if 0 <= i < 256)
@@ -113,6 +121,11 @@ class BPETokenizer(Tokenizer):
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.backend.decode([i for i in map(int, ids) if 0 <= i < self.text_vocab_size])
+
+    def byte_length(self, ids: Iterable[int]) -> int:
+        if not hasattr(self, "_token_bytes"):  # a byte-level token's string has one character per byte
+            self._token_bytes = [len(self.backend.id_to_token(i) or "") for i in range(self.text_vocab_size)]
+        return sum(self._token_bytes[i] for i in map(int, ids) if 0 <= i < self.text_vocab_size)
 
     def save(self, directory: str | Path) -> Path:
         path = Path(directory) / TOKENIZER_FILE

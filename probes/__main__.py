@@ -72,7 +72,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def run_lm(args, model, progress: bool):
+def run_lm(args, model):
     """The lm probe's table, positions and figure; `lm.csv` without the per-token arrays."""
     import memviz
 
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             df = retention.compare(models, args.distances, n=args.n, seed=args.seed, haystack=args.haystack, progress=progress)
             fig, table = retention.curve(df), df.pivot_table(index="model", columns="distance", values="correct", sort=False)
         elif args.probe == "lm":
-            df, positions, fig, table = run_lm(args, model, progress)
+            df, positions, fig, table = run_lm(args, model)
         else:
             df = facts.run(model, n=args.n, seed=args.seed, progress=progress)
             fig, table = facts.bar(df), df.groupby("attribute")["correct"].mean()

@@ -13,6 +13,8 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import pandas as pd
 
+from memviz.model import NonFiniteError
+
 
 @dataclass
 class Sample:
@@ -79,7 +81,8 @@ def run_samples(
     desc: str = "probe",
     shard: tuple[int, int] = (0, 1),
 ) -> pd.DataFrame:
-    """Generate greedily for each sample and score it; one row per sample. `max_new_tokens` may
+    """Generate greedily for each sample and score it; one row per sample (`diverged`: the model's logits stopped
+    being finite, scored wrong). `max_new_tokens` may
     depend on the job's keys. With `shard` (i, n) only jobs i, i + n, ... run, each row with its
     job index in "job" (`run_in_workers` puts the shards back in order)."""
     from tqdm.auto import tqdm
@@ -91,7 +94,10 @@ def run_samples(
     for i, (j, keys, make) in enumerate(picked):
         sample = make()
         budget = max_new_tokens(keys) if callable(max_new_tokens) else max_new_tokens
-        prediction = model.generate(sample.prompt, max_new_tokens=budget)
+        try:
+            prediction, diverged = model.generate(sample.prompt, max_new_tokens=budget), False
+        except NonFiniteError:  # the model's state diverged on this input: a wrong answer, marked
+            prediction, diverged = "", True
         result = score(prediction, sample)
         rows.append(
             {
@@ -101,6 +107,7 @@ def run_samples(
                 "answer": sample.answer,
                 "prediction": prediction,
                 "correct": result if isinstance(result, float) else bool(result),
+                "diverged": diverged,
                 "evidence": sample.evidence,
             }
         )

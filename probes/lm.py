@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from memviz.model import NonFiniteError
 from probes import texts
 
 #: a document is cut to this many tokens unless asked otherwise (Hamlet is 60k of the English samples' tokens)
@@ -41,13 +42,8 @@ def token_losses(model, tokens: Sequence[int], chunk_len: int | None = None) -> 
             out[start:start + targets.numel()] = -logp[torch.arange(targets.numel()), targets].cpu().numpy()
     if not np.isfinite(out).all():
         bad = int(np.flatnonzero(~np.isfinite(out))[0]) + 1
-        raise ValueError(f"the model's loss is not finite from token {bad} on (its memory diverged there)")
+        raise NonFiniteError(f"the model's loss is not finite from token {bad} on (its memory diverged there)")
     return out
-
-
-def scored_bytes(tokenizer, tokens: Sequence[int], text: str) -> int:
-    """UTF-8 bytes of tokens[1:]: the document's bytes less the first token's."""
-    return len(text.encode("utf-8")) - len(tokenizer.decode(list(tokens[:1])).encode("utf-8"))
 
 
 def select(corpus: str | None, split: str, documents: Sequence[str] | None) -> list[texts.Document]:
@@ -60,7 +56,8 @@ def select(corpus: str | None, split: str, documents: Sequence[str] | None) -> l
             raise ValueError(f"document(s) {missing} are not in the {split} split of {corpora}; there are {sorted(names)[:50]}")
         docs = [d for d in docs if d.name in documents]
     if not docs:
-        raise ValueError(f"no {split} documents in {corpora}")
+        hint = " (a corpus of your own has no held-out documents: use split 'all')" if corpus not in texts.CORPORA else ""
+        raise ValueError(f"no {split} documents in {corpora}{hint}")
     return docs
 
 
@@ -75,9 +72,8 @@ def run(model, corpus: str | None = "shakespeare", split: str = "heldout", docum
     rows = []
     for i, doc in enumerate(docs):
         tokens = model.tokenizer.encode(doc.text)[:max_tokens or MAX_TOKENS]
-        text = model.tokenizer.decode(tokens) if len(tokens) < len(model.tokenizer.encode(doc.text)) else doc.text
         losses = token_losses(model, tokens)
-        n_bytes = scored_bytes(model.tokenizer, tokens, text)
+        n_bytes = model.tokenizer.byte_length(tokens[1:])  # the first token is not scored
         row = {"corpus": doc.corpus, "document": doc.name, "tokens": len(tokens), "bytes": n_bytes,
                "nats": float(losses.sum()), "bits_per_byte": float(losses.sum() / math.log(2) / n_bytes),
                "nats_per_token": float(losses.mean())}

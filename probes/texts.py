@@ -147,6 +147,8 @@ def botchan_documents(text: str) -> tuple[Document, ...]:
     body = text[text.index("\n", start) + 1:end]
     body = body[:body.index("--(THE END)--") + len("--(THE END)--")] if "--(THE END)--" in body else body  # no transcriber's notes
     heads = list(CHAPTER.finditer(body))
+    if not heads:
+        raise ValueError("botchan.txt has no chapter headings (CHAPTER I, ...)")
     docs = [Document("botchan", "preface", normalise(body[:heads[0].start()]))]
     for head, nxt in zip(heads, [*heads[1:], None]):
         number = roman(head.group(0).split()[1].rstrip("."))

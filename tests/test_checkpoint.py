@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 import torch
@@ -163,3 +164,26 @@ def test_a_save_killed_at_any_moment_leaves_a_whole_checkpoint(tmp_path):
     assert widths <= {32, 48} and 48 in widths
     memviz.save(small_model("transformer"), folder)  # the next save clears what the killed ones left beside it
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".ckpt")] == []
+
+
+@pytest.mark.parametrize("can_exchange", [True, False])
+def test_a_save_keeps_the_files_and_links_it_did_not_write_and_follows_a_linked_folder(tmp_path, monkeypatch, can_exchange):
+    from memviz import files
+
+    if not can_exchange:  # a file system without renameat2's exchange: the two renames
+        monkeypatch.setattr(files, "exchange", lambda a, b: False)
+    target = tmp_path / "real"
+    memviz.save(small_model("transformer"), target)
+    (target / "notes.txt").write_text("mine")
+    (target / "plots").mkdir()
+    (target / "plots" / "a.txt").write_text("a")
+    (target / "elsewhere").symlink_to(tmp_path)
+    (tmp_path / "link").symlink_to(target)
+    memviz.save(small_model("transformer", d_model=48, d_mlp=96), tmp_path / "link")
+    assert (tmp_path / "link").is_symlink() and memviz.load(tmp_path / "link").cfg.d_model == 48
+    assert (target / "notes.txt").read_text() == "mine" and (target / "plots" / "a.txt").read_text() == "a"
+    assert (target / "elsewhere").is_symlink() and os.readlink(target / "elsewhere") == str(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"]
+    with pytest.raises(ValueError, match="notes.txt exists and is not a folder: nothing written over it"):
+        memviz.save(small_model("transformer"), target / "notes.txt")
+    assert (target / "notes.txt").read_text() == "mine"

@@ -53,7 +53,7 @@ def test_a_bad_corpus_path_is_one_clear_error_naming_it(tmp_path, corpus, messag
     (tmp_path / "latin1.txt").write_bytes("caf\xe9 au lait".encode("latin-1"))
     with pytest.raises(ValueError, match=message):
         texts.documents(str(tmp_path / corpus))
-    with pytest.raises(ValueError, match="data.corpora: " + message.replace("corpus '", "corpus '")):
+    with pytest.raises(ValueError, match="data.corpora: " + message):
         DataConfig(mix={"text": 1.0}, corpora={str(tmp_path / corpus): 1.0})
 
 
@@ -120,13 +120,18 @@ class Uniform:
 
 
 def test_bits_per_byte_of_a_uniform_model_is_its_vocabulary_over_the_bytes(tmp_path):
-    (tmp_path / "doc.txt").write_text("Bernardo. Who's there? Nay, answer me: stand, and unfold yourself. " * 20)
+    """A uniform byte model scores log2(259) bits on every byte, a multi-byte character cut by max_tokens too;
+    a uniform BPE model log2(4096) bits on every token, so its bits per byte is that over the bytes a token."""
+    (tmp_path / "doc.txt").write_text("Bernardo. Who's there? Nay, answer me: stand, and unfold yourself. café " * 20)
+    byte = lm.run(Uniform(ByteTokenizer()), corpus=str(tmp_path), split="all")
+    assert byte["bits_per_byte"].item() == pytest.approx(math.log2(259), rel=1e-12)
+    cut = lm.run(Uniform(ByteTokenizer()), corpus=str(tmp_path), split="all", max_tokens=71)  # ends inside the é of café
+    assert cut["bytes"].item() == 70 and cut["bits_per_byte"].item() == pytest.approx(math.log2(259), rel=1e-12)
     tok = load_tokenizer(ENGLISH_TOKENIZER)
     df = lm.run(Uniform(tok), corpus=str(tmp_path), split="all")
-    text = (tmp_path / "doc.txt").read_text().strip() + "\n"
-    ids = tok.encode(text)
-    expected = (len(ids) - 1) * math.log2(tok.vocab_size) / (len(text.encode()) - len(tok.decode(ids[:1]).encode()))
-    assert df["bits_per_byte"].item() == pytest.approx(expected, rel=1e-12)
+    n_tokens = len(tok.encode((tmp_path / "doc.txt").read_text().strip() + "\n"))
+    assert df["tokens"].item() == n_tokens and 2.5 < df["bytes"].item() / n_tokens < 5
+    assert df["bits_per_byte"].item() == pytest.approx((n_tokens - 1) * math.log2(4096) / df["bytes"].item(), rel=1e-12)
     assert np.allclose(df["losses"].item(), math.log(tok.vocab_size))
 
 
@@ -179,3 +184,33 @@ def test_a_titans_memory_with_bounded_rates_stays_finite_where_the_papers_diverg
         unbounded = memory_norms(diverging_titans(), ids)
     assert all(math.isfinite(n) for n in bounded) and max(bounded) < 1e4
     assert not all(math.isfinite(n) and n < 1e4 for n in unbounded)
+
+
+def test_training_refuses_the_held_out_plays_and_unknown_backgrounds_before_it_starts():
+    from training.config import EvalConfig
+
+    with pytest.raises(ValueError, match="data.passkey_haystacks: 'shakespeare' holds the held-out plays"):
+        DataConfig(mix={"passkey": 1.0}, passkey_haystacks=["shakespeare"])
+    with pytest.raises(ValueError, match="eval.passkey_haystacks: haystack file gras does not exist"):
+        EvalConfig(passkey_haystacks=["gras"])
+    with pytest.raises(ValueError, match="eval.passkey_haystacks is a list"):
+        EvalConfig(passkey_haystacks="grass")
+    with pytest.raises(ValueError, match="data.prompt_weight must be a non-negative number"):
+        DataConfig(prompt_weight=-1)
+
+
+def test_a_probe_scores_a_diverged_sample_wrong_and_goes_on():
+    from memviz import NonFiniteError
+    from probes.common import run_samples
+
+    class Diverging:
+        tokenizer = ByteTokenizer()
+
+        def generate(self, prompt, max_new_tokens):
+            if "71432" in prompt:
+                raise NonFiniteError("logits are not finite")
+            return " " + prompt.split("The pass key is ")[1][:5]
+
+    jobs = [({"i": i}, lambda key=key: passkey.make_sample(ByteTokenizer(), 300, 0.5, key)) for i, key in enumerate([12345, 71432, 55555])]
+    df = run_samples(Diverging(), jobs, passkey.score, max_new_tokens=8, progress=False)
+    assert df["correct"].tolist() == [True, False, True] and df["diverged"].tolist() == [False, True, False]

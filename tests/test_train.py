@@ -287,7 +287,6 @@ def test_an_export_that_fails_leaves_the_earlier_folder_whole(tmp_path):
     before = {p.name: p.read_bytes() for p in first.iterdir()}
 
     def broken(staging):
-        staging.mkdir()
         (staging / "model.safetensors").write_bytes(b"half")
         raise OSError("disk full")
 

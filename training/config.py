@@ -73,6 +73,25 @@ class EvalConfig:
     final_n: int = 20  # samples per cell for the exported card
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.lm, bool):
+            raise ValueError(f"eval.lm must be true or false, got {self.lm!r}")
+        if not isinstance(self.passkey_haystacks, list) or not all(isinstance(h, str) for h in self.passkey_haystacks):
+            raise ValueError(f"eval.passkey_haystacks is a list of background names or text files, got {self.passkey_haystacks!r}")
+        from probes.haystack import make_haystack
+        from probes.texts import CORPORA, documents
+
+        for name in self.passkey_haystacks:
+            try:
+                make_haystack(name, 0)
+            except ValueError as exc:
+                raise ValueError(f"eval.passkey_haystacks: {exc}") from exc
+        for corpus in CORPORA if self.lm else ():
+            try:
+                documents(corpus, "heldout")
+            except ValueError as exc:
+                raise ValueError(f"eval.lm: {exc}") from exc
+
 
 @dataclass
 class TrainConfig:

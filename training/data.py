@@ -82,6 +82,9 @@ class DataConfig:
         if not isinstance(self.passkey_haystacks, list) or not all(isinstance(h, str) for h in self.passkey_haystacks):
             raise ValueError(f"data.passkey_haystacks is a list of background names or text files, got {self.passkey_haystacks!r}")
         for name in self.passkey_haystacks:
+            if name == "shakespeare":
+                raise ValueError("data.passkey_haystacks: 'shakespeare' holds the held-out plays; training reads "
+                                 "'shakespeare_train'")
             try:
                 make_haystack(name, 0)
             except ValueError as exc:
@@ -101,6 +104,8 @@ class DataConfig:
                 raise ValueError(f"data.haystack: {exc}") from exc
         if any(len(c) != 2 or not isinstance(c[1], int) or c[1] < 0 for c in self.prefix_tokens):
             raise ValueError("data.prefix_tokens is a list of [from_step, n] with n a whole number of tokens >= 0")
+        if self.prompt_weight is not None and (not isinstance(self.prompt_weight, (int, float)) or self.prompt_weight < 0):
+            raise ValueError(f"data.prompt_weight must be a non-negative number or null, got {self.prompt_weight!r}")
         if not 0 < self.min_len_frac <= 1:
             raise ValueError(f"data.min_len_frac must lie in (0, 1], got {self.min_len_frac}")
         if not 0 <= self.aligned_frac <= 1 or not isinstance(self.align_to, int) or self.align_to < 1:

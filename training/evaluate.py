@@ -14,6 +14,7 @@ import sys
 from typing import Any, Sequence
 
 import memviz
+from memviz.model import NonFiniteError
 from memviz.checkpoint import CARD_FILE, resolve
 from memviz.files import atomic_write_text
 from probes import babilong, facts, lm, passkey, texts
@@ -57,8 +58,11 @@ def probe_scores(
         df = facts.run(model, n=n_facts, seed=seed, progress=progress)
         scores["facts"] = round(float(df["correct"].mean()), 4)
     if language_modelling:
-        table = lm.summary(lm.run(model, corpus=None, keep_losses=False))
-        scores["lm"] = {corpus: round(float(v), 4) for corpus, v in table["bits_per_byte"].items()}
+        try:
+            table = lm.summary(lm.run(model, corpus=None, keep_losses=False))
+            scores["lm"] = {corpus: round(float(v), 4) for corpus, v in table["bits_per_byte"].items()}
+        except NonFiniteError as exc:  # a diverged memory is a result, not a reason to lose the run
+            scores["lm"] = {"diverged": str(exc)}
         scores["lm_held_out"] = {corpus: list(names) for corpus, names in texts.HELD_OUT.items()}
     scores["n_per_cell"] = n
     return scores

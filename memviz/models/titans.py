@@ -93,7 +93,7 @@ class TitansOptions:
         if self.chunk is not None:
             check_positive(chunk=self.chunk)
         check_positive(theta_max=self.theta_max)
-        if not 0 < self.eta_max <= 1:
+        if isinstance(self.eta_max, bool) or not isinstance(self.eta_max, (int, float)) or not 0 < self.eta_max <= 1:
             raise ValueError(f"memory.eta_max must lie in (0, 1], got {self.eta_max!r}")
         if self.persistent < 0 or self.mlp_hidden < 0:
             raise ValueError("persistent and mlp_hidden must be non-negative")
