@@ -42,8 +42,13 @@ def probe_cell(card: dict) -> str:
         parts.append(f"pass key {by_length(scores['passkey'])}")
     for task, cells in scores.get("babilong", {}).items():
         parts.append(f"{task} {by_length(cells)}")
+    for key, cells in scores.items():
+        if key.startswith("passkey_"):
+            parts.append(f"pass key in {key.removeprefix('passkey_')} {by_length(cells)}")
     if "facts" in scores:
         parts.append(f"facts {percent(scores['facts'])}")
+    if all(isinstance(v, float) for v in scores.get("lm", {"": None}).values()):
+        parts.append("held-out bits per byte " + ", ".join(f"{corpus} {v:.3f}" for corpus, v in scores["lm"].items()))
     return "; ".join(parts) + (f" (n = {scores['n_per_cell']} a cell)" if parts and scores.get("n_per_cell", 1) > 1 else "")
 
 
@@ -55,7 +60,8 @@ def long_grid_cell(card: dict) -> str:
         for probe, scores in entry.items():
             if isinstance(scores, dict) and scores and all(k.isdigit() for k in scores):
                 overrides = ", ".join(f"{k}={str(v).split(' ')[0]}" for k, v in entry.get("overrides", {}).items())
-                parts.append(f"{probe.replace('passkey', 'pass key')} {by_length(scores)}" + (f" ({overrides})" if overrides else ""))
+                background = f" in {entry['haystack']}" if entry.get("haystack") and probe == "passkey" else ""
+                parts.append(f"{probe.replace('passkey', 'pass key')}{background} {by_length(scores)}" + (f" ({overrides})" if overrides else ""))
     return "; ".join(parts)
 
 

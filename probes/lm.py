@@ -151,7 +151,9 @@ def position_curve(df: pd.DataFrame, title: str = "Loss against token position (
                            "%{customdata[2]:,} tokens of %{customdata[3]} documents<extra>%{fullData.name}</extra>"),
         ))
     if window:
-        fig.add_vline(x=window, line_dash="dot", annotation_text=f"local window ({window})")
+        fig.add_vline(x=window, line_dash="dot")
+        fig.add_annotation(x=math.log10(window), y=1, yref="paper", text=f" local window ({window})", showarrow=False,
+                           xanchor="left")  # an annotation on a log axis takes log10 units, a shape data units
     fig.update_layout(title=title, xaxis_title="token position in the document (log scale)",
                       yaxis_title="loss (nats a token)", legend_title="model")
     fig.update_xaxes(type="log")

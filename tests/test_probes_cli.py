@@ -86,3 +86,17 @@ def test_cli_errors_are_one_clear_line(checkpoint, tmp_path, args, message):
     assert out.returncode == 2
     assert out.stderr.startswith("error: ") and len(out.stderr.strip().splitlines()) == 1
     assert re.search(message, out.stderr), out.stderr
+
+
+def test_lm_cli_writes_bits_per_byte_and_the_position_curve_for_each_checkpoint(checkpoint, tmp_path):
+    other = memviz.save(small_model("sliding_window", seed=3, window=16), tmp_path / "other")
+    out = probes_cli("lm", checkpoint, other, "--corpus", "all", "--max-tokens", 200, "--out", tmp_path / "res")
+    assert out.returncode == 0, out.stderr
+    df = pd.read_csv(tmp_path / "res" / "lm.csv")
+    assert sorted(df["document"]) == sorted(["hamlet", "tempest", "chapter_11"] * 2) and (df["tokens"] == 200).all()
+    assert df.groupby("model")["bits_per_byte"].mean().between(7, 10).all()  # a fresh byte model: about log2(259) bits
+    positions = pd.read_csv(tmp_path / "res" / "lm_positions.csv")
+    assert positions.groupby("model")["tokens"].sum().tolist() == [3 * 199] * 2
+    assert "local window (16)" in (tmp_path / "res" / "lm.html").read_text() and "shakespeare" in out.stdout
+    bad = probes_cli("lm", checkpoint, "--documents", "macbeth", "--out", tmp_path / "bad")
+    assert bad.returncode == 2 and "not in the heldout split" in bad.stderr and not (tmp_path / "bad").exists()

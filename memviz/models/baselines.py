@@ -23,7 +23,7 @@ class TransformerLM(MemoryLM):
 
 
 @register_family("sliding_window", summary="attention over the last `window` tokens, no memory: the control",
-                 interventions={}, quick={"attention": {"kind": "window", "span": 32}}, sample="sliding_window", role="control")
+                 interventions={}, quick={"attention": {"kind": "window", "span": 32}}, sample="sliding_window_english", role="control")
 class SlidingWindowLM(TransformerLM):
     """Sliding-window transformer: the control every memory family is compared with."""
 

@@ -122,7 +122,7 @@ def infini_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int |
 
 @register_family("infini", summary="Infini-attention (arXiv 2404.07143): a compressive memory M, z per head beside "
                  "segment-local attention, mixed by a learned gate", figures=infini_figures,
-                 quick={"segment_len": 32, "memory": {"update": "delta"}}, sample="infini")
+                 quick={"segment_len": 32, "memory": {"update": "delta"}}, sample="infini_english")
 class InfiniLM(MemoryLM):
     """Transformer whose attention layers are Infini-attention layers."""
 

@@ -1,0 +1,57 @@
+"""The family views on held-out English, for the docs: `python benchmarks/english_views.py NAME [NAME ...]
+[--document hamlet] [--start 0] [--tokens 2048] [--png-dir docs/images]`.
+
+Traces a passage of a held-out document (no sample was trained on it) through each checkpoint with
+`memviz.trace` and saves every figure of `viz.family_figures` as `english_<name>_<figure>.png` (drawn in
+Chromium, `retention_curve.save_png`); prints each figure's file and the passage's bits per byte.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from retention_curve import save_png  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    import memviz
+    from memviz import viz
+    from probes import texts
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoints", nargs="+")
+    parser.add_argument("--document", default="hamlet", help="a held-out document's name")
+    parser.add_argument("--start", type=int, default=0, help="first token of the passage")
+    parser.add_argument("--tokens", type=int, default=2048)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--png-dir", type=Path)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    held = {d.name: d for c in texts.CORPORA for d in texts.documents(c, "heldout")}
+    if args.document not in held:
+        parser.error(f"--document must be a held-out document, one of {sorted(held)}")
+    for name in args.checkpoints:
+        model = memviz.load(name)
+        ids = model.tokenizer.encode(held[args.document].text)[args.start:args.start + args.tokens]
+        tr = memviz.trace(model, ids)
+        bits = float(np.nansum(tr["loss"])) / math.log(2) / model.tokenizer.byte_length(ids[1:])  # loss[t] predicts t + 1
+        print(f"{name}: {args.document} tokens {args.start}-{args.start + len(ids)}, {bits:.3f} bits a byte")
+        for title, fig in viz.family_figures(tr).items():
+            if args.png_dir:
+                path = args.png_dir / f"english_{Path(name).name}_{re.sub(r'[^a-z0-9]+', '_', title.lower()).strip('_')}.png"
+                save_png(fig, path, width=1100, height=420)
+                print(f"  {title}: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
