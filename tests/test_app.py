@@ -204,7 +204,7 @@ def test_probes_page_draws_retention_beside_the_control(infini_checkpoint):
     at = page("probes_page", infini_checkpoint)
     at.run()
     at.radio(key="probe").set_value("retention").run()
-    assert at.multiselect(key="rt_models").value == ["sliding_window"]
+    assert at.multiselect(key="rt_models").value == ["sliding_window_english"]  # the control family's sample
     at.multiselect(key="rt_distances").set_value([64, 1024]).run()
     at.number_input(key="rt_n").set_value(2).run()
     at.button(key="run_retention").click().run()
@@ -215,6 +215,20 @@ def test_probes_page_draws_retention_beside_the_control(infini_checkpoint):
     at.multiselect(key="rt_distances").set_value([]).run()
     at.button(key="run_retention").click().run()
     assert "at least one distance" in at.error[0].value
+
+
+def test_probes_page_draws_language_modelling_beside_the_control(infini_checkpoint):
+    at = page("probes_page", infini_checkpoint)
+    at.run()
+    at.radio(key="probe").set_value("language modelling").run()
+    assert at.multiselect(key="lm_models").value == ["sliding_window_english"]
+    at.selectbox(key="lm_corpus").set_value("botchan").run()
+    at.number_input(key="lm_max").set_value(300).run()
+    at.button(key="run_lm").click().run()
+    assert not at.exception, at.exception
+    assert len(at.get("plotly_chart")) == 1
+    table = at.dataframe[0].value
+    assert len(table) == 2 and (table["tokens"] == 299 + 1).all() and table["bits_per_byte"].between(0.5, 12).all()
 
 
 def test_intervene_page_ablates_replaces_and_sweeps(infini_checkpoint):
