@@ -84,7 +84,10 @@ def greedy_answer(model_path: str, prompt: str, max_new_tokens: int = 8) -> str:
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def cached_greedy_answer(model_path: str, stamp: int, prompt: str, max_new_tokens: int) -> str:
-    return session_copy(model_path, stamp).generate(prompt, max_new_tokens).strip()
+    try:
+        return session_copy(model_path, stamp).generate(prompt, max_new_tokens).strip()
+    except memviz.NonFiniteError:  # said in place of an answer; the figures show where the state stopped being finite
+        return "no answer: its logits are not finite (the memory diverged on this input)"
 
 
 def current_path() -> str | None:

@@ -79,10 +79,10 @@ def choose_input(model, model_path: str) -> tuple[str, tuple[tuple[int, int], ..
         return sample.prompt, (), sample.reply
     if source == "pass-key sample":
         c1, c2, c3 = st.columns(3)
-        # the default is an example the default sample (infini) answers right; Probes gives the rates
-        length = c1.number_input("length (tokens)", 100, 200_000, 512, step=256, key="pk_length")
+        # the default is an example the default sample (infini_english) answers right; Probes gives the rates
+        length = c1.number_input("length (tokens)", 100, 200_000, 2048, step=256, key="pk_length")
         depth = c2.slider("needle depth", 0.0, 1.0, 0.5, key="pk_depth")
-        seed = c3.number_input("seed", 0, 10_000, 3, key="pk_seed")
+        seed = c3.number_input("seed", 0, 10_000, 0, key="pk_seed")
         sample = passkey.seeded_sample(model.tokenizer, int(length), float(depth), int(seed), 0)
     elif source == "BABILong sample":
         c1, c2, c3, c4 = st.columns(4)
