@@ -122,15 +122,10 @@ class FileHaystack:
     SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
     def __init__(self, path: str | Path, seed: int = 0) -> None:
+        from probes.texts import read_utf8
+
         path = Path(path).expanduser()
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError as exc:
-            raise ValueError(f"haystack file {path} does not exist") from exc
-        except UnicodeDecodeError as exc:
-            raise ValueError(f"haystack file {path} is not UTF-8 text") from exc
-        except OSError as exc:
-            raise ValueError(f"haystack file {path} cannot be read: {exc}") from exc
+        text = read_utf8(path, "haystack file")
         self.items = [s for s in (" ".join(p.split()) for p in self.SENTENCE_END.split(text)) if s]
         if not self.items:
             raise ValueError(f"haystack file {path} holds no sentences")

