@@ -11,6 +11,8 @@ boundaries themselves, so feeding an input in one call or in chunks gives the sa
 from __future__ import annotations
 
 import math
+import threading
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
@@ -82,6 +84,46 @@ def tree_tensors(tree: StateTree) -> Iterator[Tensor]:
 
 class NonFiniteError(ValueError):
     """A model's logits stopped being finite numbers (its memory diverged); nothing is decoded from them."""
+
+
+class ModelBusyError(RuntimeError):
+    """A thread asked a model object to run (a forward, a trace, a hooked run) while another thread's run of the
+    same object was under way: hooks and train/eval mode belong to the object, so the two would mix."""
+
+
+_run_owners: "weakref.WeakKeyDictionary[nn.Module, list]" = weakref.WeakKeyDictionary()  # model -> [thread, what, depth]
+_run_owners_lock = threading.Lock()
+
+
+def model_label(model: nn.Module) -> str:
+    """What a message calls a model: by its config's or card's name, else by its family or class."""
+    name = getattr(getattr(model, "cfg", None), "name", "") or getattr(model, "card", {}).get("name")
+    return f"model {name!r}" if name else f"this {getattr(model, 'family', '') or type(model).__name__} model"
+
+
+@contextmanager
+def running_alone(model: nn.Module, what: str) -> Iterator[None]:
+    """Hold `model` for the calling thread for the block; the same thread may enter again (a trace's forwards),
+    another thread is refused with ModelBusyError naming the model and what holds it, instead of seeing this
+    run's hooks or mode (or this run seeing its)."""
+    me = threading.current_thread()
+    with _run_owners_lock:
+        owner = _run_owners.get(model)
+        if owner is not None and owner[0] is not me:
+            raise ModelBusyError(
+                f"{model_label(model)} is already running {owner[1]} in thread {owner[0].name!r}; one model object runs "
+                f"one input at a time (its hooks and train/eval mode are shared), so {what} here was refused: wait "
+                "for that run, or give this thread its own copy (memviz.load again, or copy.deepcopy(model))")
+        if owner is None:
+            owner = _run_owners[model] = [me, what, 0]
+        owner[2] += 1
+    try:
+        yield
+    finally:
+        with _run_owners_lock:
+            owner[2] -= 1
+            if owner[2] == 0:
+                _run_owners.pop(model, None)
 
 
 @dataclass
@@ -291,7 +333,7 @@ class MemoryLM(HookedRootModule):
         tokens = self.as_tokens(tokens)
         if state is None:
             state = self.init_state(tokens.shape[0])
-        with denormals_flushed():
+        with running_alone(self, "a forward"), denormals_flushed():
             logits, layer_states, shared = self.run(tokens, state)
         outputs: list[Any] = []
         if return_type in ("logits", "both"):
@@ -384,13 +426,24 @@ class MemoryLM(HookedRootModule):
 
     @contextmanager
     def evaluating(self) -> Iterator[None]:
-        """Eval mode for the block, then the mode the model was in (training or not)."""
-        was_training = self.training
-        self.eval()
-        try:
-            yield
-        finally:
-            self.train(was_training)
+        """Eval mode for the block, then the mode the model was in (training or not); the model is this
+        thread's for the block (`running_alone`)."""
+        with running_alone(self, "an evaluation"):
+            was_training = self.training
+            self.eval()
+            try:
+                yield
+            finally:
+                self.train(was_training)
+
+    @contextmanager
+    def hooks(self, fwd_hooks=(), bwd_hooks=(), reset_hooks_end: bool = True, clear_contexts: bool = False):
+        """TransformerLens' temporary hooks (so `run_with_hooks` and `run_with_cache` too), with the model this
+        thread's while they are on: another thread's run would otherwise pass through them."""
+        with running_alone(self, "a hooked run"), super().hooks(
+            list(fwd_hooks), list(bwd_hooks), reset_hooks_end, clear_contexts
+        ) as model:
+            yield model
 
     def value_tables(self) -> list[nn.Parameter]:
         """Tables read a few rows at a time, so each row is trained only when selected (memory
