@@ -61,6 +61,10 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"config field {name!r} must be a positive integer, got {value!r}")
+        if not isinstance(self.tie_embeddings, bool):
+            raise ConfigError(f"config field 'tie_embeddings' must be true or false, got {self.tie_embeddings!r}")
+        if not isinstance(self.name, str):
+            raise ConfigError(f"config field 'name' must be a string, got {self.name!r}")
         if self.d_head % 2:
             raise ConfigError(f"d_head must be even for rotary embeddings, got {self.d_head}")
         if self.segment_len is not None and (not isinstance(self.segment_len, int) or isinstance(self.segment_len, bool)

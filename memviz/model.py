@@ -11,6 +11,7 @@ boundaries themselves, so feeding an input in one call or in chunks gives the sa
 from __future__ import annotations
 
 import math
+import numbers
 import threading
 import weakref
 from contextlib import contextmanager
@@ -368,9 +369,11 @@ class MemoryLM(HookedRootModule):
     ) -> Iterator[tuple[int, Tensor, ModelState]]:
         """Feed a long input chunk by chunk, carrying the state: yields (start, logits, state)."""
         tokens = self.as_tokens(tokens)
-        chunk_len = chunk_len or self.chunk_len
-        if chunk_len <= 0:
-            raise ValueError(f"chunk_len must be positive, got {chunk_len}")
+        chunk_len = self.chunk_len if chunk_len is None else chunk_len
+        if not isinstance(chunk_len, numbers.Integral) or isinstance(chunk_len, bool) or chunk_len <= 0:
+            raise ValueError(f"chunk_len must be a positive number of tokens (or None: the model's {self.chunk_len}), "
+                             f"got {chunk_len!r}")
+        chunk_len = int(chunk_len)
         state = state or self.init_state(tokens.shape[0])
         for start in range(0, tokens.shape[1], chunk_len):
             logits, state = self(tokens[:, start : start + chunk_len], state=state, return_state=True)

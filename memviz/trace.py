@@ -253,7 +253,7 @@ def trace(
         "family": model.family,
         "model": model.cfg.name or model.card.get("name", ""),
         "reducers": reducers,
-        "chunk_len": chunk_len or model.chunk_len,
+        "chunk_len": model.chunk_len if chunk_len is None else chunk_len,
         "evidence": [[int(a), int(b)] for a, b in evidence],
         "answer": answer_span,  # [start, stop) of the appended answer's tokens, or None
         # what the family's figures need that the arrays do not say (a saved trace plots alone)

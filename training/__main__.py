@@ -9,7 +9,7 @@ import sys
 import torch
 
 from training.config import TrainConfig, TrainingDiverged
-from training.loop import Trainer
+from training.loop import Trainer, check_export_folder
 
 
 def positive_int(text: str) -> int:
@@ -33,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     try:
+        if args.export:
+            check_export_folder(args.export)
         cfg = TrainConfig.load(args.config)
         if args.steps is not None:
             cfg.optim.steps = args.steps

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from training.data import DataConfig
+from training.fields import check_types
 
 #: caps checked before a run starts (`TrainConfig.check_bounds`)
 MAX_TOKENS_PER_STEP = 2**18
@@ -36,6 +37,7 @@ class OptimConfig:
     train_only: list[str] = field(default_factory=list)  # fnmatch patterns of parameter names to train; the rest frozen (empty: all)
 
     def __post_init__(self) -> None:
+        check_types(self, "optim.")
         self.betas = tuple(self.betas)
         if not isinstance(self.train_only, list) or not all(isinstance(p, str) and p for p in self.train_only):
             raise ValueError(f"optim.train_only must be a list of parameter-name patterns, got {self.train_only!r}")
@@ -74,8 +76,15 @@ class EvalConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.lm, bool):
-            raise ValueError(f"eval.lm must be true or false, got {self.lm!r}")
+        check_types(self, "eval.")
+        for name in ("every", "facts", "n", "final_n"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"eval.{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("passkey_lengths", "babilong_lengths"):
+            if any(length < 1 for length in getattr(self, name)):
+                raise ValueError(f"eval.{name} must be positive token counts, got {getattr(self, name)}")
+        if any(not 0 <= d <= 1 for d in self.passkey_depths):
+            raise ValueError(f"eval.passkey_depths must lie in [0, 1], got {self.passkey_depths}")
         if not isinstance(self.passkey_haystacks, list) or not all(isinstance(h, str) for h in self.passkey_haystacks):
             raise ValueError(f"eval.passkey_haystacks is a list of background names or text files, got {self.passkey_haystacks!r}")
         from probes.haystack import make_haystack
@@ -91,6 +100,17 @@ class EvalConfig:
                 documents(corpus, "heldout")
             except ValueError as exc:
                 raise ValueError(f"eval.lm: {exc}") from exc
+
+
+    def check_grid(self) -> None:
+        """The samples and lengths the grid asks for, against the caps, before any is drawn."""
+        cells = (len(self.passkey_lengths) * len(self.passkey_depths) * (1 + len(self.passkey_haystacks))
+                 + len(self.babilong_tasks) * len(self.babilong_lengths))
+        asked = cells * max(self.n, self.final_n) + self.facts
+        longest = max([*self.passkey_lengths, *self.babilong_lengths, 0])
+        if asked > MAX_EVAL_SAMPLES or longest > MAX_EVAL_LENGTH:
+            raise ValueError(f"the eval grid asks for {asked:,} samples at up to {longest:,} tokens; the caps are "
+                             f"{MAX_EVAL_SAMPLES:,} samples and {MAX_EVAL_LENGTH:,} tokens")
 
 
 @dataclass
@@ -116,13 +136,22 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"unknown training config fields {unknown}; known fields are {sorted(known)}")
         for key, sub in (("data", DataConfig), ("optim", OptimConfig), ("eval", EvalConfig)):
-            if key in data and isinstance(data[key], dict):
+            if key in data and not isinstance(data[key], dict):
+                raise ValueError(f"{key} must be a mapping of its fields, got {data[key]!r}")
+            if key in data:
                 fields = {f.name for f in dataclasses.fields(sub)}
                 bad = sorted(set(data[key]) - fields)
                 if bad:
                     raise ValueError(f"unknown {key} fields {bad}; known fields are {sorted(fields)}")
                 data[key] = sub(**data[key])
+        if "name" not in data or "model" not in data:
+            raise ValueError("a training config needs 'name' and 'model'")
         cfg = cls(**data)
+        check_types(cfg)
+        if not cfg.name:
+            raise ValueError("name must be a non-empty string")
+        if cfg.threads < 0:
+            raise ValueError(f"threads must be >= 0 (0: torch's default), got {cfg.threads}")
         for name in ("save_every", "log_every"):
             value = getattr(cfg, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -138,12 +167,7 @@ class TrainConfig:
         if longest * self.optim.batch_size > MAX_TOKENS_PER_STEP:
             raise ValueError(f"data.curriculum's longest length {longest:,} x optim.batch_size {self.optim.batch_size} is "
                              f"{longest * self.optim.batch_size:,} tokens a step, over the cap of {MAX_TOKENS_PER_STEP:,}")
-        e = self.eval
-        cells = (len(e.passkey_lengths) * len(e.passkey_depths) + len(e.babilong_tasks) * len(e.babilong_lengths))
-        asked = cells * max(e.n, e.final_n) + e.facts
-        if asked > MAX_EVAL_SAMPLES or max([*e.passkey_lengths, *e.babilong_lengths, 0]) > MAX_EVAL_LENGTH:
-            raise ValueError(f"the eval grid asks for {asked:,} samples at up to {max([*e.passkey_lengths, *e.babilong_lengths, 0]):,} "
-                             f"tokens; the caps are {MAX_EVAL_SAMPLES:,} samples and {MAX_EVAL_LENGTH:,} tokens")
+        self.eval.check_grid()
         if self.data.n_entities > MAX_ENTITIES:
             raise ValueError(f"data.n_entities {self.data.n_entities:,} is over the cap of {MAX_ENTITIES:,} people")
 

@@ -33,6 +33,7 @@ from memviz.tokenizer import BPETokenizer, ByteTokenizer, Tokenizer, load_tokeni
 from probes import babilong, facts, passkey, ruler, texts
 from probes.common import take_filler
 from probes.haystack import ProceduralHaystack, RepeatedHaystack, make_haystack
+from training.fields import check_schedule, check_types
 
 LONG_TASKS = ("passkey", *babilong.TASKS, *ruler.TASKS)
 OTHER_TASKS = ("facts", "text")
@@ -66,6 +67,7 @@ class DataConfig:
     seed: int = 1
 
     def __post_init__(self) -> None:
+        check_types(self, "data.")
         unknown = sorted(set(self.mix) - set(LONG_TASKS) - set(OTHER_TASKS))
         if unknown:
             raise ValueError(f"unknown data tasks {unknown}; tasks are {[*LONG_TASKS, *OTHER_TASKS]}")
@@ -95,6 +97,8 @@ class DataConfig:
             raise ValueError("data.curriculum is a list of [from_step, max_len] with max_len > 0")
         if any(len(c) != 2 or c[1] < 1 for c in self.max_facts):
             raise ValueError("data.max_facts is a list of [from_step, n] with n >= 1")
+        for name in ("curriculum", "max_facts", "prefix_tokens"):
+            check_schedule(getattr(self, name), f"data.{name}")
         if self.drill < 0:
             raise ValueError(f"data.drill must be >= 0, got {self.drill}")
         if any(task in ruler.TASKS or task in babilong.TASKS for task in self.mix):

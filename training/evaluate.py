@@ -9,6 +9,7 @@ whose n = 20 scores differ by a story or two are told apart at n = 100 on two se
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import Any, Sequence
@@ -18,11 +19,36 @@ from memviz.model import NonFiniteError
 from memviz.checkpoint import CARD_FILE, resolve
 from memviz.files import atomic_write_text
 from probes import babilong, facts, lm, passkey, texts
+from training.config import EvalConfig
+
+
+def card_train_config(card: dict) -> dict:
+    """A card's `train_config` (empty where it has none); ValueError naming the field where it, its `data` or
+    its `eval` is not a mapping."""
+    train_config = card.get("train_config", {})
+    if not isinstance(train_config, dict):
+        raise ValueError(f"card.json: train_config must be a mapping (the run's training config), got {train_config!r:.80}")
+    for part in ("data", "eval"):
+        if not isinstance(train_config.get(part, {}), dict):
+            raise ValueError(f"card.json: train_config.{part} must be a mapping, got {train_config[part]!r:.80}")
+    return train_config
+
+
+def card_eval_grid(card: dict) -> EvalConfig:
+    """The probe grid a card's training config names, validated as a training config's `eval` is."""
+    grid = card_train_config(card).get("eval", {})
+    known = {f.name for f in dataclasses.fields(EvalConfig)}
+    try:
+        config = EvalConfig(**{k: v for k, v in grid.items() if k in known})
+        config.check_grid()
+        return config
+    except ValueError as exc:
+        raise ValueError(f"card.json: train_config.{exc}") from exc
 
 
 def trained_haystack(card: dict) -> str:
     """The background a checkpoint's BABILong stories were trained in (its card's data.haystack)."""
-    return card.get("train_config", {}).get("data", {}).get("haystack", "procedural")
+    return card_train_config(card).get("data", {}).get("haystack", "procedural")
 
 
 def probe_scores(
@@ -82,22 +108,26 @@ def main(argv: list[str] | None = None) -> int:
     except memviz.CheckpointError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    grid = model.card.get("train_config", {}).get("eval", {})
-    n = args.n or grid.get("final_n", 20)
-    seed = grid.get("seed", 0) if args.seed is None else args.seed
+    try:
+        grid, haystack = card_eval_grid(model.card), trained_haystack(model.card)
+    except ValueError as exc:
+        print(f"error: {resolve(args.checkpoint)}/{exc}", file=sys.stderr)
+        return 2
+    n = args.n or grid.final_n
+    seed = grid.seed if args.seed is None else args.seed
     scores = probe_scores(
         model,
-        passkey_lengths=grid.get("passkey_lengths", []),
-        passkey_depths=grid.get("passkey_depths", [0.1, 0.5, 0.9]),
-        babilong_tasks=grid.get("babilong_tasks", []),
-        babilong_lengths=grid.get("babilong_lengths", []),
-        n_facts=grid.get("facts", 0),
+        passkey_lengths=grid.passkey_lengths,
+        passkey_depths=grid.passkey_depths,
+        babilong_tasks=grid.babilong_tasks,
+        babilong_lengths=grid.babilong_lengths,
+        n_facts=grid.facts,
         n=n,
         seed=seed,
         progress=True,
-        haystack=trained_haystack(model.card),
-        passkey_haystacks=grid.get("passkey_haystacks", []),
-        language_modelling=grid.get("lm", False),
+        haystack=haystack,
+        passkey_haystacks=grid.passkey_haystacks,
+        language_modelling=grid.lm,
     )
     print(json.dumps(scores, indent=2))
     if args.write_card:

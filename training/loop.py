@@ -22,6 +22,7 @@ import fnmatch
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import sys
@@ -43,6 +44,7 @@ from memviz.tokenizer import load_tokenizer
 from training.config import OptimConfig, TrainConfig, TrainingDiverged
 from training.data import TaskSampler, build_tokenizer
 from training.evaluate import probe_scores
+from training.runlock import LOCK_NAME, RunLock
 
 
 # ----- distributed helpers -------------------------------------------------------------------
@@ -141,6 +143,26 @@ class Trainer:
         self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else torch.device("cpu")
         torch.manual_seed(cfg.seed)
         self.step, self.elapsed, self.tokens_seen = 0, 0.0, 0
+        created = not self.out.exists()
+        self.run_lock = RunLock(self.out, cfg.name) if self.rank == 0 else None
+        try:
+            self.set_up(resume, overwrite)
+        except BaseException:
+            self.release_folder()
+            if created and self.rank == 0:
+                (self.out / LOCK_NAME).unlink(missing_ok=True)
+                if not any(self.out.iterdir()):
+                    self.out.rmdir()
+            raise
+
+    def release_folder(self) -> None:
+        """Let another run use the output folder."""
+        if self.run_lock is not None:
+            self.run_lock.release()
+
+    def set_up(self, resume: bool, overwrite: bool) -> None:
+        """Everything before the first step that reads or clears the (locked) run folder."""
+        cfg = self.cfg
         checkpoint = self.latest_checkpoint() if resume else None
         if resume and checkpoint is None:
             raise ValueError(f"--resume: no checkpoint under {self.out / 'checkpoints'}")
@@ -210,23 +232,64 @@ class Trainer:
         return self.prefix_states[n]
 
     def latest_checkpoint(self) -> Path | None:
-        pointer = self.out / "checkpoints" / "latest"
+        """The checkpoint `checkpoints/latest` names: one of this run folder's `step-NNNNNNN` folders, never a
+        path elsewhere. Leftovers of writes killed part-way (`.*.tmp`) are removed first."""
+        root = self.out / "checkpoints"
+        for leftover in [*root.glob(".*.tmp"), *root.glob("step-*/.*.tmp")]:
+            leftover.unlink(missing_ok=True)
+        pointer = root / "latest"
         if not pointer.is_file():
             return None
-        path = self.out / "checkpoints" / pointer.read_text().strip()
-        return path if path.is_dir() else None
+        with open(pointer, "rb") as fh:
+            name = fh.read(64).decode("utf-8", "replace").strip()
+        if not re.fullmatch(r"step-\d{7}", name):
+            raise ValueError(f"{pointer} names {name[:40]!r}, not one of this run's checkpoints (step-NNNNNNN): "
+                             "a run resumes only from inside its own folder")
+        path = root / name
+        return path if path.is_dir() and not path.is_symlink() else None
 
     def restore(self, path: Path) -> None:
         load_weights(self.model, read_weights(path / "model.safetensors"), path / "model.safetensors")
-        meta = json.loads((path / "train_state.json").read_text())
-        optimizer_from_files(self.optimizer, read_weights(path / "optimizer.safetensors"), meta["optimizer"])
-        self.step, self.elapsed, self.tokens_seen = meta["step"], meta["elapsed"], meta["tokens_seen"]
+        state_file = path / "train_state.json"
+        try:
+            meta = json.loads(state_file.read_text(encoding="utf-8"))
+            optimizer_meta = meta["optimizer"]
+            self.step, self.elapsed, self.tokens_seen = int(meta["step"]), float(meta["elapsed"]), int(meta["tokens_seen"])
+        except FileNotFoundError as exc:
+            raise ValueError(f"--resume: {state_file} is missing, so the step and optimizer state are unknown") from exc
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError, KeyError, ValueError) as exc:
+            detail = f"lacks {exc}" if isinstance(exc, KeyError) else f"is not a run's training state ({exc})"
+            raise ValueError(f"--resume: {state_file} {detail}") from exc
+        try:
+            optimizer_from_files(self.optimizer, read_weights(path / "optimizer.safetensors"), optimizer_meta)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"--resume: {path / 'optimizer.safetensors'} does not match {state_file} and this "
+                             f"model's optimizer ({exc})") from exc
+        self.keep_metrics_up_to(self.step)
+
+    def keep_metrics_up_to(self, step: int) -> None:
+        """Drop what metrics.jsonl logged after `step` (a run killed after logging, before saving, logs those steps
+        again when resumed) and a line torn by the kill."""
+        path = self.out / "metrics.jsonl"
+        if self.rank != 0 or not path.is_file():
+            return
+        kept = []
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict) and record.get("step", 0) <= step:
+                kept.append(line)
+        atomic_write_text(path, "".join(f"{line}\n" for line in kept))
 
     # ----- the loop -------------------------------------------------------------------------
     def run(self) -> "Trainer":
+        """Train until optim.steps or a stop request; the output folder is this run's until it returns."""
         cfg = self.cfg
         if self.rank == 0:
-            self.out.mkdir(parents=True, exist_ok=True)
+            if self.run_lock is None or self.run_lock.file.closed:
+                self.run_lock = RunLock(self.out, cfg.name)
             atomic_write_text(self.out / "train_config.json", json.dumps(cfg.to_dict(), indent=2))
         from tqdm.auto import tqdm
 
@@ -246,6 +309,7 @@ class Trainer:
         finally:
             bar.close()
             self.restore_signal_handlers(previous)
+            self.release_folder()
         return self
 
     def train_step(self) -> dict[str, Any]:
@@ -340,6 +404,7 @@ class Trainer:
 
     def export(self, directory: str | Path, dtype: str = "float16", final_eval: bool = True) -> Path:
         """Write the trained model as a sample-checkpoint folder with a full card."""
+        check_export_folder(directory)
         card = {
             "name": self.cfg.name,
             "family": self.model.family,
@@ -375,6 +440,32 @@ class Trainer:
     def restore_signal_handlers(previous: dict) -> None:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "card.json")
+
+
+def check_export_folder(directory: str | Path) -> None:
+    """Refuse, before any work, an export that would put aside what it did not write: a path that is a file, or
+    a folder holding files none of which a checkpoint has; and one into a place that cannot be written."""
+    path = Path(directory)
+    if path.exists() or path.is_symlink():
+        real = Path(os.path.realpath(path))
+        if not real.is_dir():
+            raise ValueError(f"--export: {path} exists and is not a folder; an export replaces only a checkpoint "
+                             "folder, never a file it did not write")
+        if not os.access(real, os.W_OK):
+            raise ValueError(f"--export: cannot write in {path}")
+        present = {child.name for child in real.iterdir()}
+        if present and not present & set(CHECKPOINT_FILES):
+            raise ValueError(f"--export: {path} holds {len(present)} files and none of a checkpoint's "
+                             f"({', '.join(CHECKPOINT_FILES)}); an export replaces only a checkpoint folder")
+        return
+    ancestor = path.absolute().parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK):
+        raise ValueError(f"--export: cannot make {path}: {ancestor} is not a folder this process can write in")
 
 
 def machine_description() -> str:
