@@ -87,6 +87,17 @@ def list_samples() -> list[str]:
     return sorted({*shipped, *family_samples()})
 
 
+def retirement(directory: Path) -> dict[str, str] | None:
+    """A retired sample's card entry (its weights live in git history only), or None."""
+    if (directory / CONFIG_FILE).exists() or not (directory / CARD_FILE).is_file():
+        return None
+    try:
+        retired = json.loads((directory / CARD_FILE).read_text(encoding="utf-8")).get("retired")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return retired if isinstance(retired, dict) and {"why", "restore"} <= set(retired) else None
+
+
 def list_user_checkpoints() -> list[str]:
     """Paths of checkpoints trained from the app (under USER_DIR)."""
     if not USER_DIR.is_dir():
@@ -123,6 +134,9 @@ def load(path: str | Path, device: str | torch.device = "cpu", **overrides: Any)
     if not directory.is_dir():
         samples = ", ".join(list_samples()) or "none"
         raise CheckpointError(f"{directory}: no such checkpoint folder (sample checkpoints: {samples})")
+    retired = retirement(directory)
+    if retired:
+        raise CheckpointError(f"{directory}: a retired sample; {retired['why']}. Restore its weights with `{retired['restore']}`")
     for name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE):
         if not (directory / name).is_file():
             raise CheckpointError(f"{directory / name}: missing; a checkpoint folder needs {CONFIG_FILE}, {WEIGHTS_FILE} and {TOKENIZER_FILE}")

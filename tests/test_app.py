@@ -50,12 +50,12 @@ def test_model_page_shows_a_checkpoint(tmp_path):
 
 
 def test_model_page_shows_how_a_sample_was_trained_and_what_it_scores():
-    at = choose_path(open_app(), "infini")
+    at = choose_path(open_app(), "infini_long")
     assert not at.exception, at.exception
-    card = memviz.load("infini").card
+    card = memviz.load("infini_long").card
     assert card["train_command"] in [c.value for c in at.code]
     scores = at.dataframe[0].value
-    assert dict(zip(scores["probe"], scores["score"]))["passkey 256"] == "100%"
+    assert dict(zip(scores["probe"], scores["score"]))["passkey 4096"] == "100%"
 
 
 @pytest.mark.parametrize("corrupt", ["missing", "garbage"])

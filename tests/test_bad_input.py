@@ -215,7 +215,7 @@ def test_the_command_lines_exit_2_with_one_line(case, tmp_path):
         "training config missing": (["-m", "training", "--config", str(tmp_path / "none.json")], "none.json"),
         "evaluate": (["-m", "training.evaluate", str(tmp_path / "nowhere")], "nowhere"),
         "probes": (["-m", "probes", "passkey", str(tmp_path / "nowhere"), "--lengths", "512"], "nowhere"),
-        "probes threads": (["-m", "probes", "passkey", "infini", "--lengths", "512", "--threads", "0"], "--threads"),
+        "probes threads": (["-m", "probes", "passkey", "infini_english", "--lengths", "512", "--threads", "0"], "--threads"),
     }[case]
     out = subprocess.run([sys.executable, "-W", "ignore", *command], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2, out.stderr

@@ -5,6 +5,8 @@ and Memory+ recalls facts that a dense model of the same compute has not stored.
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,13 +16,34 @@ from training import TrainConfig
 from probes import babilong, facts, passkey
 
 ROOT = Path(__file__).resolve().parent.parent / "sample_checkpoints"
-SAMPLES = sorted(p.name for p in ROOT.iterdir() if (p / "card.json").exists())
+SAMPLES = sorted(p.name for p in ROOT.iterdir() if (p / "config.json").exists())
+#: folders whose weights left the tree (their card stays, naming the commit that holds them)
+RETIRED = sorted(p.parent for p in [*ROOT.glob("*/card.json"), *ROOT.parent.glob("families/*/sample*/card.json")]
+                 if not (p.parent / "config.json").exists())
 CARD_FIELDS = {"train_command", "train_config", "steps", "wall_time_s", "machine", "probe_scores", "parameters"}
 
 
 def test_the_zoo_ships_a_memory_model_and_its_control():
-    assert {"infini", "lm2", "titans", "longmem", "sliding_window", "memory_plus", "dense",
-            "longmem_qa1", "infini_qa1", "titans_qa1", "lm2_qa1", "sliding_window_qa1"} <= set(SAMPLES)
+    assert {"infini_long", "lm2", "titans_long", "longmem", "sliding_window", "memory_plus", "dense",
+            "longmem_qa1", "infini_qa1", "titans_qa1", "lm2_qa1", "sliding_window_qa1",
+            "infini_english", "sliding_window_english"} <= set(SAMPLES)
+
+
+@pytest.mark.parametrize("folder", RETIRED, ids=lambda p: p.name)
+def test_a_retired_sample_names_the_commit_that_holds_its_weights(folder):
+    """A retired sample keeps only its card; `retired.restore` brings the weights back from git history
+    (checked when this is a git checkout with that history), and loading it says so."""
+    card = json.loads((folder / "card.json").read_text())
+    relative = folder.relative_to(ROOT.parent).as_posix()
+    assert card["retired"]["restore"] == f"git checkout {card['retired']['commit']} -- {relative}"
+    assert sorted(p.name for p in folder.iterdir()) == ["card.json"]
+    with pytest.raises(memviz.CheckpointError, match="retired"):
+        memviz.load(folder)
+    if shutil.which("git") and (ROOT.parent / ".git").exists():
+        tree = subprocess.run(["git", "ls-tree", "--name-only", card["retired"]["commit"], f"{relative}/"], cwd=ROOT.parent,
+                              capture_output=True, text=True)
+        if "not a tree object" not in tree.stderr and "bad object" not in tree.stderr.lower():  # a shallow clone lacks it
+            assert {f"{relative}/{n}" for n in ("config.json", "model.safetensors", "tokenizer.json")} <= set(tree.stdout.split())
 
 
 @pytest.mark.parametrize("name", SAMPLES)
@@ -44,7 +67,7 @@ def test_a_sample_trained_in_stages_is_reproduced_by_its_cards_command_alone(nam
     or from one that its card's command exports before the recipe's own stage runs."""
     init_from = TrainConfig.load(ROOT / f"{name}.train.json").init_from
     if init_from is None or (ROOT.parent / init_from / "card.json").exists():
-        return
+        return  # a shipped sample, or a retired one whose card says how to restore it
     command = json.loads((ROOT / name / "card.json").read_text())["train_command"]
     stage = f"--export {init_from} "
     assert stage in command, f"{name} starts from {init_from}, which neither ships nor is trained by {command!r}"
@@ -53,7 +76,7 @@ def test_a_sample_trained_in_stages_is_reproduced_by_its_cards_command_alone(nam
 
 #: samples whose memory carries the key (resetting it at the question loses the answer: each
 #: card's passkey_diagnostics)
-LONG_CONTEXT_MEMORY = ("infini", "lm2", "titans", "longmem")
+LONG_CONTEXT_MEMORY = ("infini_long", "lm2", "titans_long", "longmem")
 
 
 @pytest.fixture(scope="module")

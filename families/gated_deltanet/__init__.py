@@ -136,7 +136,7 @@ def gated_deltanet_figures(trace: Trace, width: int = WIDTH, start: int = 0, sto
 @register_family("gated_deltanet", summary="Gated DeltaNet (arXiv 2412.06464): a per-head state written by the gated "
                  "delta rule (decay alpha, write strength beta) beside local attention",
                  figures=gated_deltanet_figures, quick={"attention": {"kind": "window", "span": 32}},
-                 sample=str(Path(__file__).resolve().parent / "sample"))
+                 sample=str(Path(__file__).resolve().parent / "sample_16k"))
 class GatedDeltaNetLM(MemoryLM):
     """Transformer whose attention layers carry a gated delta rule memory beside local attention."""
 

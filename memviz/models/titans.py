@@ -396,7 +396,7 @@ def titans_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int |
 
 @register_family("titans", summary="Titans (arXiv 2501.00663): a neural memory trained at test time by the gradient of its "
                  "recall loss, with momentum and forgetting; MAC, MAG, MAL or LMM", figures=titans_figures,
-                 quick={"segment_len": 32, "memory": {"variant": "mac"}, "lr": 1e-3}, sample="titans")
+                 quick={"segment_len": 32, "memory": {"variant": "mac"}, "lr": 1e-3}, sample="titans_long")
 class TitansLM(MemoryLM):
     """Titans: a neural long-term memory trained at test time, joined to attention by `variant`."""
 
