@@ -11,24 +11,16 @@ Search:
     the bank.
   * "hnsw": a faiss HNSW graph (one per batch row and head), as LongMem's own code searches
     its bank with faiss. A query's cost grows with the logarithm of the bank. Inner products
-    are searched as distances on keys lifted to a sphere: HNSW over raw inner products found
-    0.24-0.76 of the exact top-8 on the longmem sample's bank, the lifted graph 0.95-0.99.
-    It is approximate; `benchmarks/longmem_bank.py` measures its recall against "exact".
-    A query that sees at most `exact_below` chunks is answered exactly, so short inputs give
-    the exact result in either mode.
-    What a question needs is what the graph reaches worst: a pass key's chunks are outliers in
-    key space (within the 12 chunks farthest from the bank's mean key of 4,112 at 16k tokens,
-    in the heads that retrieve them), and a graph built over filler routes around them. So
-    the `outliers` chunks per head farthest from the mean chunk key are also scored exactly
-    for every query and merged with the graph's candidates: on `longmem_long`'s bank at 262k
-    tokens, the question's top-8 held a needle chunk for 31% of (token, head) pairs with exact
-    search, 8% with the graph alone, 31% with 256 outliers added and 35% with 1,024 (the default),
-    while recall@8 over filler queries rose from 0.944 to 0.962.
-    In a stream (`search_in_stream`, what the model uses) the queries of nearby tokens share what
-    the graph finds: each query also scores exactly the graph's best 32 for each of the last
-    `recent_queries` tokens' queries (its own included). They want much the same chunks and the
-    graph misses different ones for each: at 2^20 tokens recall@8 rose from 0.895 to 0.965 with
-    128 tokens, for about 80 us a token (the graph's own search costs about 150).
+    are searched as distances on keys lifted to a sphere (HNSW over raw inner products misses
+    most of the exact top-k). It is approximate; `benchmarks/longmem_bank.py` measures its
+    recall against "exact" (figures in benchmarks/RESULTS.md). A query that sees at most
+    `exact_below` chunks is answered exactly, so short inputs give the exact result in either mode.
+    A pass key's chunks are outliers in key space, which a graph built over filler routes around,
+    so the `outliers` chunks per head farthest from the mean chunk key are also scored exactly for
+    every query and merged with the graph's candidates.
+    In a stream (`search_in_stream`, what the model uses) nearby tokens' queries want much the same
+    chunks and the graph misses different ones for each, so each query also scores exactly the
+    graph's best 32 for each of the last `recent_queries` tokens' queries (its own included).
 
 A `ChunkBank` is a value, as model states are: appending returns a new bank and leaves the old
 one as it was. Storage is shared and grows in place (amortised O(1) a token). A bank appends in

@@ -2,16 +2,14 @@
 
 glibc serves a stream's activations from its heap once a large block has been freed (its mmap
 threshold then rises), and the small arrays a stream keeps (a trace's reduced hooks, a bank's
-growth) sit between them, so freed pages stay resident: a 131k-token LongMem trace peaked at
-1.5 GB, 1.0 GB with the free pages given back every 16k tokens, in the same time.
-`malloc_trim(0)` returns every free page of the heap; off glibc this does nothing.
+growth) sit between them, so freed pages stay resident until `malloc_trim(0)` returns every free
+page of the heap; off glibc this does nothing.
 
 A training step is the opposite case: it frees and re-allocates the same activations (logits,
 their log-softmax, gradients) every step, and each page glibc gave back costs a page fault when
 it is touched again. `keep_freed_pages` has glibc serve every block from the heap (no mmap,
 whose blocks go back to the system when freed) and stop trimming the heap's top, so a step
-reuses the last one's pages: training steps 1.05-1.28x faster (not `titans`, which faulted little) and
-1.08-1.23x at 16k tokens (benchmarks/RESULTS.md, 2026-11-25 16:50), the peak memory a few percent higher.
+reuses the last one's pages (speed and peak memory in benchmarks/RESULTS.md).
 """
 from __future__ import annotations
 

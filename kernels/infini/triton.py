@@ -1,4 +1,4 @@
-"""Triton kernels for Infini-attention's segment memory (reference: infini_memory.py).
+"""Triton kernels for Infini-attention's segment memory (reference: `kernels/infini/reference.py`).
 
 One program per (batch, head) walks the segments with M [d, dv] and z [d] held on chip:
 retrieval, the linear or delta-rule update, and ||M_s||_F, in one launch for the whole input.

@@ -1,4 +1,4 @@
-"""Triton kernel for the LM2 memory scan (reference: lm2_scan.py, whose factored form it runs).
+"""Triton kernel for the LM2 memory scan (reference: `kernels/lm2/reference.py`, whose factored form it runs).
 
 One program per sequence walks the tokens with everything a step touches on chip: the
 scan-start bank M_0 [N, d], its squares, W_V and W_f [d, d], and the running decay D and

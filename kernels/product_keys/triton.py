@@ -1,4 +1,4 @@
-"""Triton kernels for the product-key lookup and the weighted bag (reference: product_keys.py).
+"""Triton kernels for the product-key lookup and the weighted bag (reference: `kernels/product_keys/reference.py`).
 
   * `pk_topk_kernel`: per (token, head) row, both half-key score vectors, the top-k of each,
     the k x k candidate sums and their top-k, in one program; nothing of size n^2 or k x k

@@ -1,4 +1,4 @@
-"""Triton kernel for Titans' linear neural memory (reference: titans_memory.py).
+"""Triton kernel for Titans' linear neural memory (reference: `kernels/titans/reference.py`).
 
 One program per sequence keeps the weights W and the momentum S [d, d] on chip and walks the
 chunks; per chunk of C tokens it forms
