@@ -82,8 +82,10 @@ def timeline(trace: Trace, names: dict[str, str], title: str, width: int = WIDTH
     """Per-token scalars (arrays [pos] or [pos, k], averaged over k) as stacked line panels,
     one per `names` entry {hook name: label}, sharing the position axis."""
     start, stop = window_of(trace, start, stop)
+    broken = {name: non_finite_within(trace, name, stop) for name in names}
     fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, vertical_spacing=0.04,
-                        subplot_titles=list(names.values()))
+                        subplot_titles=[label + (f" (not finite from token {broken[name]:,})" if broken[name] is not None else "")
+                                        for name, label in names.items()])
     for row, name in enumerate(names, start=1):
         pooled = trace.pool(name, width, start, stop, reduce=reduce)
         values = pooled.values
@@ -93,6 +95,8 @@ def timeline(trace: Trace, names: dict[str, str], title: str, width: int = WIDTH
                 values = np.nanmean(values.reshape(len(values), -1), 1)
         fig.add_trace(go.Scatter(x=pooled.positions, y=values, mode="lines", name=names[name],
                                  hovertext=hover_text(trace, pooled.positions, pooled.bin_size), hoverinfo="text+y"), row=row, col=1)
+        if broken[name] is not None:
+            mark_non_finite(fig, max(broken[name], start), row)
     outline_evidence(fig, trace.meta.get("evidence", []), start, stop)
     fig.update_layout(title=title, showlegend=False, height=160 + 170 * len(names))
     fig.update_xaxes(title_text=position_axis(pooled.bin_size, reduce), row=len(names), col=1)
@@ -118,8 +122,24 @@ def position_heatmap(trace: Trace, name: str, title: str, row_label: str, width:
                                customdata=np.broadcast_to(np.asarray(hover, dtype=object), z.shape),
                                hovertemplate=f"%{{customdata}}<br>{row_label} %{{y}}<br>%{{z:.3g}}<extra></extra>"))
     outline_evidence(fig, trace.meta.get("evidence", []), start, stop)
+    broken = non_finite_within(trace, name, stop)
+    if broken is not None:
+        title += f"<br><sub>not finite from token {broken:,} (NaN or infinite: no colour)</sub>"
+        mark_non_finite(fig, max(broken, start))
     fig.update_layout(title=title, xaxis_title=position_axis(pooled.bin_size, "max"), yaxis_title=row_label)
     return fig
+
+
+def non_finite_within(trace: Trace, name: str, stop: int) -> int | None:
+    """The first token before `stop` where array `name` is not finite, or None."""
+    first = trace.non_finite_from(name)
+    return first if first is not None and first < stop else None
+
+
+def mark_non_finite(fig: go.Figure, position: int, row: int | None = None) -> None:
+    """A dashed red line where a quantity stops being finite (in subplot `row`, or the only plot)."""
+    where = dict(row=row, col=1) if row is not None else {}
+    fig.add_vline(x=position - 0.5, line_color="crimson", line_width=1, line_dash="dash", **where)
 
 
 def layer_names(trace: Trace, generic: str) -> list[str]:

@@ -50,6 +50,14 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
     return t.to(torch.int64).numpy().astype(np.int32 if t.abs().max() < 2**31 else np.int64)
 
 
+def first_non_finite(values: np.ndarray) -> int | None:
+    """The first position [pos, ...] where any entry is NaN or infinite; None where all are finite (or integer)."""
+    if not np.issubdtype(values.dtype, np.floating) or len(values) == 0:
+        return None
+    bad = ~np.isfinite(values.reshape(len(values), -1)).all(1)
+    return int(bad.argmax()) if bad.any() else None
+
+
 @dataclass
 class Pooled:
     """A trace array max-pooled along positions: `values[i]` summarises tokens
@@ -99,6 +107,18 @@ class Trace:
         `answer` (`trace(..., answer=...)`), else the last."""
         answer = self.meta.get("answer")
         return answer[0] - 1 if answer else len(self) - 1
+
+    def non_finite_from(self, name: str) -> int | None:
+        """The first token where array `name` is not finite (NaN or infinite), or None. The last token's loss has
+        no next token and is left out."""
+        values = self[name]
+        return first_non_finite(values[:-1] if name == "loss" else values)
+
+    @property
+    def diverged_at(self) -> int | None:
+        """The first token whose logits were not finite (the model diverged there), as recorded while tracing."""
+        entry = self.meta.get("non_finite", {}).get("logits")
+        return entry["first"] if entry else None
 
     def token_text(self, start: int = 0, stop: int | None = None) -> list[str]:
         ids = self.tokens[start:stop]
@@ -180,6 +200,17 @@ class Trace:
         return cls(tokens, arrays, meta.get("vocab"), meta.get("meta"))
 
 
+def non_finite_summary(arrays: Mapping[str, np.ndarray], logits_finite: np.ndarray) -> dict[str, dict[str, int]]:
+    """{name: {"first": the first token where it is not finite, "count": at how many tokens}} for the logits and
+    each floating-point array that is not finite somewhere (the last token's loss, which has no next token, aside)."""
+    bad = {"logits": ~logits_finite}
+    for name, values in arrays.items():
+        if np.issubdtype(values.dtype, np.floating):
+            kept = values[:-1] if name == "loss" else values
+            bad[name] = ~np.isfinite(kept.reshape(len(kept), -1)).all(1)
+    return {name: {"first": int(b.argmax()), "count": int(b.sum())} for name, b in bad.items() if b.any()}
+
+
 def generic_hook_name(name: str) -> str:
     """blocks.3.attn.hook_q -> blocks.{l}.attn.hook_q (the form the hook table documents)."""
     return re.sub(r"(^|\.)(blocks|side_blocks)\.\d+\.", r"\1\2.{l}.", name)
@@ -238,9 +269,11 @@ def trace(
 
     all_ids = torch.tensor(ids, dtype=torch.long)
     losses = np.full(len(ids), np.nan, dtype=np.float32)
+    logits_finite = np.ones(len(ids), dtype=bool)
     with model.evaluating(), model.hooks(fwd_hooks=[(n, capture) for n in reducers]):
         for start, logits, _ in model.stream(all_ids, chunk_len):
             end = start + logits.shape[1]
+            logits_finite[start:end] = torch.isfinite(logits[0]).all(-1).cpu().numpy()
             targets = all_ids[start + 1 : end + 1].to(logits.device)
             logp = F.log_softmax(logits[0, : len(targets)].float(), dim=-1)
             losses[start : start + len(targets)] = (-logp.gather(1, targets[:, None])[:, 0]).cpu().numpy()
@@ -258,5 +291,7 @@ def trace(
         "answer": answer_span,  # [start, stop) of the appended answer's tokens, or None
         # what the family's figures need that the arrays do not say (a saved trace plots alone)
         "figure_settings": get_family(model.family).figure_settings(model),
+        # where the logits and each kept quantity first stop being finite: {name: {"first", "count"}}
+        "non_finite": non_finite_summary(arrays, logits_finite),
     }
     return Trace(np.asarray(ids, dtype=np.int32), arrays, vocab, meta)

@@ -31,7 +31,22 @@ def family_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int |
     outline_answer(figs["loss"], trace, start, len(trace) if stop is None else stop)
     if trace.meta.get("answer"):
         figs["loss"].update_layout(title=f"Next-token loss<br><sub>{answer_loss_note(trace)} (outlined, dotted)</sub>")
+    note = non_finite_note(trace)
+    for fig in figs.values() if note else ():
+        fig.update_layout(title=f"{fig.layout.title.text or ''}<br><sub>{note}</sub>")
     return figs
+
+
+def non_finite_note(trace: Trace) -> str:
+    """What every figure of a trace whose numbers stop being finite says (recorded while tracing, `meta["non_finite"]`):
+    where the logits stop, and which kept quantity stops first; "" for a trace that stays finite."""
+    found = trace.meta.get("non_finite", {})
+    quantities = sorted((entry["first"], name) for name, entry in found.items() if name not in ("logits", "loss"))
+    first = f"{quantities[0][1]} is not finite from token {quantities[0][0]:,}" if quantities else ""
+    if trace.diverged_at is None:
+        return first
+    return (f"the model diverged: its logits are not finite from token {trace.diverged_at:,} "
+            f"({found['logits']['count']:,} of {len(trace):,} tokens)" + (f"; {first}" if first else ""))
 
 
 def text_with_evidence(trace: Trace, start: int = 0, stop: int | None = None, limit: int = 3000) -> str:

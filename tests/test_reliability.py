@@ -285,3 +285,39 @@ def test_evaluate_names_a_card_whose_train_config_is_not_a_mapping(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
     assert "card.json: train_config must be a mapping" in out.stderr and "ckpt" in out.stderr
+
+
+# ----- numbers that stop being numbers, named in the trace and on its figures ---------------------
+def test_a_trace_whose_memory_diverges_names_where_each_quantity_and_the_logits_stop_being_finite(tmp_path):
+    from memviz.viz import family_figures
+
+    model = small_model("titans", segment_len=8, memory={"variant": "mac"}, tie_embeddings=False)
+    poison = model.tokenizer.encode("Z")[0]
+    with torch.no_grad():
+        model.embed.weight[poison] = float("nan")  # the memory's update at that token makes it NaN from there on
+    trace = memviz.trace(model, "a" * 40 + "Z" + "b" * 40)
+    found = trace.meta["non_finite"]
+    assert found["logits"] == {"first": 40, "count": 41} and trace.diverged_at == 40
+    for name in ("blocks.0.memory.hook_surprise", "blocks.1.memory.hook_eta", "loss"):
+        assert found[name]["first"] == 40 and trace.non_finite_from(name) == 40
+        assert np.isfinite(trace[name][:40]).all()
+    assert saved_and_loaded(trace, tmp_path).meta["non_finite"] == found
+
+    figs = family_figures(trace)
+    for title, fig in figs.items():
+        assert "the model diverged: its logits are not finite from token 40 (41 of 81 tokens)" in fig.layout.title.text, title
+    panels = [a.text for a in figs["blocks.0.memory surprise"].layout.annotations]
+    assert "surprise ||grad|| (not finite from token 40)" in panels and "eta (momentum) (not finite from token 40)" in panels
+    assert any(shape.line.color == "crimson" and shape.x0 == 39.5 for shape in figs["loss"].layout.shapes)
+
+
+def saved_and_loaded(trace, tmp_path):
+    return memviz.Trace.load(trace.save(tmp_path / "diverged.npz"))
+
+
+def test_a_trace_that_stays_finite_records_nothing_and_its_figures_say_nothing_of_it():
+    from memviz.viz import family_figures
+
+    trace = memviz.trace(small_model("titans", segment_len=8, memory={"variant": "mac"}), "a" * 40)
+    assert trace.meta["non_finite"] == {} and trace.diverged_at is None
+    assert not any("finite" in (fig.layout.title.text or "") for fig in family_figures(trace).values())
