@@ -124,6 +124,14 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{path}: not a readable safetensors file ({exc})") from exc
 
 
+def is_hf_folder(directory: Path) -> bool:
+    """Whether `directory`'s config.json is a Hugging Face one (it names a `model_type`)."""
+    try:
+        return "model_type" in json.loads((directory / CONFIG_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, TypeError):
+        return False
+
+
 def load(path: str | Path, device: str | torch.device = "cpu", **overrides: Any):
     """Load a checkpoint folder (or a sample checkpoint's name) into a model in eval mode.
 
@@ -131,6 +139,10 @@ def load(path: str | Path, device: str | torch.device = "cpu", **overrides: Any)
     search: `load("longmem", bank_size=2**20, search="hnsw")`. An option the family does not
     know, a bad value, or one that changes the weights' shapes raises `CheckpointError`."""
     directory = resolve(path)
+    if is_hf_folder(directory):  # a released model's Hugging Face checkpoint, read by memviz.hf
+        from memviz import hf  # imported here: it builds on this module, and registers its family when imported
+
+        return hf.load(directory, device, **overrides)
     if not directory.is_dir():
         samples = ", ".join(list_samples()) or "none"
         raise CheckpointError(f"{directory}: no such checkpoint folder (sample checkpoints: {samples})")

@@ -1,0 +1,534 @@
+"""Released hybrid language models with Gated DeltaNet layers (Qwen3.5, Qwen3-Next), loaded through
+transformers' own classes and traced under the sixth family's (gated_deltanet) hook names.
+
+A Gated DeltaNet layer (Yang, Kautz and Hatamizadeh, arXiv 2412.06464, eq. 10) keeps per value head
+a state S [d_k, d_v] (the paper's S^T):
+
+  S_t = alpha_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,      o_t = S_t^T q_t
+
+with the model's own normalisations (transformers' Qwen3_5GatedDeltaNet / Qwen3NextGatedDeltaNet):
+q, k, v = silu(causal depthwise conv over 4 tokens of x W_qkv); q, k scaled to unit norm by
+x * rsqrt(|x|^2 + 1e-6), q also by d_k^-1/2; alpha_t = exp(-exp(A_log) softplus(x w_a + dt_bias));
+beta_t = sigmoid(x w_b); the layer's output is out_proj(RMSNormGated(o_t, z_t)), z_t = x W_z.
+
+transformers runs the model; memviz only watches it (hooks added for the length of each call) and
+carries its cache as a `ModelState`, so a long input streams chunk by chunk and a state can be reset
+or patched between chunks. Per Gated DeltaNet layer `blocks.{l}.attn.`: `hook_alpha`, `hook_beta`
+[batch, pos, head]; `hook_write_key` [.., head, d_k], `hook_write_value` [.., head, d_v] (k_t, v_t);
+`hook_read_query` [.., head, d_k] (q_t); `hook_read` [.., head, d_v] (o_t); `hook_state_norm`
+[batch, pos, head] (||S_t||_F after the write); `hook_mem_out` [.., head, d_v] (RMSNormGated(o_t, z_t),
+the layer's own value: what a hook returns replaces it). The first six are recomputed here in the
+model's dtype from the layer's own projections (transformers computes the recurrence in float32
+whatever the model's dtype), cost a few percent of a forward, and are read-only. Full-attention
+layers: `blocks.{l}.attn.hook_q`, `hook_k` (after q_norm / k_norm, before RoPE), `hook_v`, `hook_z`
+(per head, after the output gate, before o_proj). Every layer: `blocks.{l}.hook_resid_pre`,
+`hook_attn_out`, `hook_mlp_out`, `hook_resid_post` (what a hook returns replaces the value).
+
+Why not TransformerLens 4.3's bridge: its Gated DeltaNet hooks fire only on a cache-less prefill
+(during generation only the layer's input and output do), and its state hook keeps S_t per token.
+"""
+from __future__ import annotations
+
+import json
+import math
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformer_lens import HookedRootModule
+from transformer_lens.hook_points import HookPoint
+
+from memviz.checkpoint import CONFIG_FILE, CheckpointError
+from memviz.layers import LocalCache
+from memviz.model import MemoryLM, ModelState, Readout
+from memviz.plots import WIDTH, layer_names, layer_prefix, position_heatmap, timeline
+from memviz.registry import register_family
+from memviz.tokenizer import TOKENIZER_FILE, Tokenizer
+
+#: model_type -> what memviz reads of it
+SUPPORTED = {"qwen3_5": "Qwen3.5 (its language model; a vision tower is left unread)", "qwen3_5_text": "Qwen3.5 text",
+             "qwen3_next": "Qwen3-Next"}
+ALPHA, BETA = "blocks.{l}.attn.hook_alpha", "blocks.{l}.attn.hook_beta"
+STATE_NORM, MEM_OUT = "blocks.{l}.attn.hook_state_norm", "blocks.{l}.attn.hook_mem_out"
+GDN_HOOKS = ("alpha", "beta", "write_key", "write_value", "read_query", "read", "state_norm")
+DEFAULT_SEGMENT = 512
+
+
+class HFTokenizer(Tokenizer):
+    """A checkpoint's own `tokenizer.json` (the `tokenizers` library) behind memviz's tokenizer
+    interface; no special tokens are added when encoding."""
+
+    kind = "hf"
+
+    def __init__(self, backend, vocab_size: int, eos_id: int, pad_id: int, bos_id: int) -> None:
+        self.backend = backend
+        self.text_vocab_size = backend.get_vocab_size(with_added_tokens=True)
+        self._vocab_size, self._eos, self._pad, self._bos = vocab_size, eos_id, pad_id, bos_id
+
+    vocab_size = property(lambda self: self._vocab_size)
+    eos_id = property(lambda self: self._eos)
+    pad_id = property(lambda self: self._pad)
+    bos_id = property(lambda self: self._bos)
+
+    def encode(self, text: str) -> list[int]:
+        return self.backend.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.backend.decode([i for i in map(int, ids) if 0 <= i < self.text_vocab_size])
+
+    def byte_length(self, ids: Iterable[int]) -> int:
+        """UTF-8 bytes of the decoded text (a character cut between the tokens counts as U+FFFD)."""
+        return len(self.decode(ids).encode("utf-8"))
+
+    def token_strings(self, ids: Iterable[int]) -> list[str]:
+        ids = [int(i) for i in ids]
+        return [s if i < self.text_vocab_size else "" for i, s in
+                zip(ids, self.backend.decode_batch([[i] for i in ids], skip_special_tokens=False))]
+
+    def save(self, directory: str | Path) -> Path:
+        path = Path(directory) / TOKENIZER_FILE
+        self.backend.save(str(path))
+        return path
+
+
+@dataclass
+class ReleasedConfig:
+    """What memviz shows of a released model's config (`hf_config` is transformers' own)."""
+
+    model_type: str
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    d_head: int
+    linear_layers: list[int]
+    segment_len: int = DEFAULT_SEGMENT  # where reset and patch act (memviz.interventions)
+    family: str = "hf_gated_deltanet"
+    name: str = ""
+    attention: None = None
+    memory: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
+class GDNHooks(nn.Module):
+    """The HookPoints of one Gated DeltaNet layer (module docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        for name in (*GDN_HOOKS, "mem_out"):
+            setattr(self, f"hook_{name}", HookPoint())
+
+
+class AttentionHooks(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        for name in ("q", "k", "v", "z"):
+            setattr(self, f"hook_{name}", HookPoint())
+
+
+class LayerHooks(nn.Module):
+    def __init__(self, linear: bool) -> None:
+        super().__init__()
+        self.attn = GDNHooks() if linear else AttentionHooks()
+        for name in ("resid_pre", "attn_out", "mlp_out", "resid_post"):
+            setattr(self, f"hook_{name}", HookPoint())
+
+
+def hooked(point: HookPoint) -> bool:
+    return bool(point._forward_hooks)
+
+
+def unit(x: Tensor) -> Tensor:
+    """The layer's l2 normalisation, x rsqrt(|x|^2 + 1e-6)."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
+def delta_rule(q: Tensor, k: Tensor, v: Tensor, log_alpha: Tensor, beta: Tensor, S: Tensor,
+               chunk: int = 64) -> tuple[Tensor, Tensor, Tensor]:
+    """S_t = alpha_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T, o_t = S_t^T q_t over chunks
+    (q, k [B,H,T,dk], v [B,H,T,dv], log_alpha, beta [B,H,T], S [B,H,dk,dv]) -> (o, ||S_t||_F [B,H,T], S_T).
+
+    Within a chunk from S_0, with gamma_i = prod_{j<=i} alpha_j and u_t = beta_t (v_t - alpha_t S_{t-1}^T k_t):
+      U = (I + diag(beta) A)^-1 diag(beta) (V - diag(gamma) K S_0),  A_ij = (gamma_i/gamma_j) k_i.k_j (j < i)
+      S_i = gamma_i S_0 + sum_{j<=i} (gamma_i/gamma_j) k_j u_j^T,  O = diag(gamma) Q S_0 + (R o Q K^T) U
+      ||S_i||^2 = gamma_i^2 ||S_0||^2 + 2 gamma_i (R p)_i + (R (KK^T o UU^T) R^T)_ii,  p_j = k_j^T S_0 u_j
+    with R_ij = gamma_i/gamma_j (j <= i), so no per-token state is formed."""
+    outputs, norms = [], []
+    for Q, K, V, B, G in zip(*(t.split(chunk, dim=2) for t in (q, k, v, beta, log_alpha))):
+        C = Q.shape[2]
+        G = G.cumsum(-1)
+        lower = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+        R = torch.where(lower, G[..., :, None] - G[..., None, :], -math.inf).exp()
+        gamma = G.exp()
+        KK = K @ K.transpose(-1, -2)
+        system = torch.eye(C, dtype=q.dtype, device=q.device) + B[..., :, None] * R.tril(-1) * KK
+        KS = K @ S
+        U = torch.linalg.solve_triangular(system, B[..., None] * (V - gamma[..., None] * KS), upper=False)
+        outputs.append(gamma[..., None] * (Q @ S) + (R * (Q @ K.transpose(-1, -2))) @ U)
+        square = (gamma**2 * S.pow(2).sum((-1, -2))[..., None] + 2 * gamma * (R @ (KS * U).sum(-1)[..., None])[..., 0]
+                  + ((R @ (KK * (U @ U.transpose(-1, -2)))) * R).sum(-1))
+        norms.append(square.clamp_min(0).sqrt())
+        S = gamma[..., -1, None, None] * S + K.transpose(-1, -2) @ ((G[..., -1:] - G).exp()[..., None] * U)
+    return torch.cat(outputs, 2), torch.cat(norms, 2), S
+
+
+def rate_and_norm_figures(trace, width: int = WIDTH, start: int = 0, stop: int | None = None) -> dict:
+    """The sixth family's views: alpha and beta over tokens and value heads per Gated DeltaNet layer; ||S_t||."""
+    zoom, figs = dict(width=width, start=start, stop=stop), {}
+    for name in layer_names(trace, ALPHA):
+        prefix = layer_prefix(name, ALPHA)
+        layer = prefix.split(".attn")[0]
+        figs[f"{layer} alpha"] = position_heatmap(trace, name, f"{layer}: decay alpha (1 keeps the state)", "head",
+                                                  zmin=0, zmax=1, **zoom)
+        figs[f"{layer} beta"] = position_heatmap(trace, f"{prefix}.hook_beta", f"{layer}: write strength beta", "head",
+                                                 zmin=0, zmax=1, **zoom)
+    norms = layer_names(trace, STATE_NORM)
+    if norms:
+        figs["state norm"] = timeline(trace, {n: n for n in norms}, "||S_t|| (mean over heads)", **zoom)
+    return figs
+
+
+@register_family("hf_gated_deltanet", summary="A released hybrid (Qwen3.5, Qwen3-Next) loaded through transformers: its "
+                 "Gated DeltaNet layers under the gated_deltanet hook names", figures=rate_and_norm_figures)
+class ReleasedLM(MemoryLM):
+    """A transformers Qwen3.5 / Qwen3-Next causal LM under memviz's model contract (module docstring).
+
+    State: per Gated DeltaNet layer {"conv": LocalCache {"conv": [B, conv_dim, K]}, "S": [B, H, d_k, d_v]},
+    per full-attention layer a LocalCache {"k", "v": [B, H_kv, pos, d_head]} (after RoPE). Reset and
+    patch act on S alone: the convolution's last tokens and the attention caches are kept."""
+
+    memory_hooks = {ALPHA: "none", BETA: "none", STATE_NORM: "none", MEM_OUT: "norm"}
+
+    def __init__(self, hf_model: nn.Module, tokenizer: Tokenizer, cfg: ReleasedConfig, card: dict | None = None) -> None:
+        HookedRootModule.__init__(self)
+        self.hf = hf_model
+        self.cfg, self._tokenizer, self.card = cfg, tokenizer, dict(card or {})
+        self.attention = None
+        self.linear = set(cfg.linear_layers)
+        self.blocks = nn.ModuleList(LayerHooks(l in self.linear) for l in range(cfg.n_layers))
+        self.setup()
+
+    @property
+    def decoder_layers(self) -> nn.ModuleList:
+        return self.hf.model.layers
+
+    # ----- state --------------------------------------------------------------------------
+    def init_state(self, batch_size: int = 1) -> ModelState:
+        layers = []
+        for l, layer in enumerate(self.decoder_layers):
+            if l in self.linear:
+                g = layer.linear_attn
+                layers.append({"conv": LocalCache(conv=torch.zeros(batch_size, g.conv_dim, g.conv_kernel_size)),
+                               "S": torch.zeros(batch_size, g.num_v_heads, g.head_k_dim, g.head_v_dim)})
+            else:
+                a = layer.self_attn
+                empty = torch.zeros(batch_size, self.hf.config.num_key_value_heads, 0, a.head_dim)
+                layers.append(LocalCache(k=empty, v=empty.clone()))
+        return ModelState(0, self.in_model_dtype(layers))
+
+    def cache_from(self, state: ModelState):
+        """A transformers cache holding copies of `state` (the layers write their cache in place). A part
+        that is all zeros is left out, so transformers starts it as its own one-pass forward does."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.hf.config)
+        for l, part in enumerate(state.layers):
+            if l not in self.linear:
+                if part["k"].shape[2]:
+                    cache.update(part["k"], part["v"], l)
+                continue
+            if part["conv"]["conv"].any():
+                cache.update_conv_state(part["conv"]["conv"].clone(), l)
+            if part["S"].any():
+                cache.update_recurrent_state(part["S"].clone(), l)
+        return cache
+
+    def state_from(self, cache, before: ModelState) -> list:
+        """`before` with what the cache now holds (a layer the chunk did not reach keeps its part)."""
+        layers = []
+        for l, part in enumerate(before.layers):
+            if l not in self.linear:
+                layer = cache.layers[l]
+                layers.append(LocalCache(k=layer.keys, v=layer.values) if layer.is_initialized else part)
+            else:
+                conv, S = cache.get_conv_state(l), cache.get_recurrent_state(l)
+                layers.append({"conv": LocalCache(conv=part["conv"]["conv"] if conv is None else conv),
+                               "S": part["S"] if S is None else S})
+        return layers
+
+    # ----- running ------------------------------------------------------------------------
+    def run(self, tokens: Tensor, state: ModelState) -> tuple[Tensor, list, None]:
+        cache = self.cache_from(state)
+        positions = torch.arange(state.pos, state.pos + tokens.shape[1], device=tokens.device).expand(tokens.shape[0], -1)
+        with self.watching():
+            out = self.hf(input_ids=tokens, position_ids=positions, cache=cache, use_cache=True)
+        return out.logits, self.state_from(cache, state), None
+
+    @contextmanager
+    def watching(self) -> Iterator[None]:
+        """transformers hooks, for one call, that pass its values through the HookPoints that have hooks."""
+        handles = []
+
+        def add(module: nn.Module, kind: str, fn, **kwargs) -> None:
+            handles.append(getattr(module, f"register_forward_{kind}")(fn, **kwargs))
+
+        for l, (layer, points) in enumerate(zip(self.decoder_layers, self.blocks)):
+            mixer = layer.linear_attn if l in self.linear else layer.self_attn
+            if hooked(points.hook_resid_pre):
+                add(layer, "pre_hook", lambda m, args, p=points.hook_resid_pre: (p(args[0]), *args[1:]))
+            for module, point in ((layer, points.hook_resid_post), (layer.mlp, points.hook_mlp_out)):
+                if hooked(point):
+                    add(module, "hook", lambda m, args, out, p=point: p(out))
+            if hooked(points.hook_attn_out):
+                add(mixer, "hook", lambda m, args, out, p=points.hook_attn_out:
+                    (p(out[0]), *out[1:]) if isinstance(out, tuple) else p(out))
+            if l in self.linear:
+                self.watch_gdn(mixer, points.attn, add)
+            else:
+                self.watch_attention(mixer, points.attn, add)
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def watch_attention(self, attn: nn.Module, points: AttentionHooks, add) -> None:
+        def heads(point: HookPoint):
+            return lambda m, args, out: point(out.reshape(*out.shape[:2], -1, attn.head_dim)).reshape(out.shape)
+
+        for module, point in ((attn.q_norm, points.hook_q), (attn.k_norm, points.hook_k), (attn.v_proj, points.hook_v)):
+            if hooked(point):
+                add(module, "hook", heads(point))
+        if hooked(points.hook_z):
+            add(attn.o_proj, "pre_hook", lambda m, args: (heads(points.hook_z)(m, (), args[0]), *args[1:]))
+
+    def watch_gdn(self, gdn: nn.Module, points: GDNHooks, add) -> None:
+        derived = any(hooked(getattr(points, f"hook_{n}")) for n in GDN_HOOKS)
+        if not derived and not hooked(points.hook_mem_out):
+            return
+        seen: dict[str, Any] = {}
+
+        def before(m, args, kwargs):
+            hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+            seen["shape"] = hidden.shape[:2]
+            if derived:  # None where the layer starts from zeros
+                conv, S = kwargs["cache"].get_conv_state(gdn.layer_idx), kwargs["cache"].get_recurrent_state(gdn.layer_idx)
+                seen["conv"], seen["S"] = (None if t is None else t.clone() for t in (conv, S))
+
+        add(gdn, "pre_hook", before, with_kwargs=True)
+        if hooked(points.hook_mem_out):  # the layer calls its norm on [B * T * H, d_v]
+            add(gdn.norm, "hook", lambda m, args, out: points.hook_mem_out(
+                out.reshape(*seen["shape"], -1, gdn.head_v_dim)).reshape(out.shape))
+        if not derived:
+            return
+
+        def keep(name: str):
+            def hook(m, args, out):
+                seen[name] = out
+            return hook
+
+        for name in ("in_proj_qkv", "in_proj_b", "in_proj_a", "in_proj_qkvz", "in_proj_ba"):
+            if hasattr(gdn, name):
+                add(getattr(gdn, name), "hook", keep(name))
+        add(gdn, "hook", lambda m, args, out: self.recompute(gdn, points, seen))
+
+    def projections(self, gdn: nn.Module, seen: dict) -> tuple[Tensor, Tensor, Tensor]:
+        """(the convolution's input [B, T, conv_dim] in q, k, v order, b, a) from the layer's own projections."""
+        if "in_proj_qkvz" in seen:  # Qwen3-Next interleaves q, k, v, z per key head; its own method splits them
+            q, k, v, _, b, a = gdn.fix_query_key_value_ordering(seen["in_proj_qkvz"], seen["in_proj_ba"])
+            return torch.cat([t.flatten(2) for t in (q, k, v)], -1), b, a
+        return seen["in_proj_qkv"], seen["in_proj_b"], seen["in_proj_a"]
+
+    def recompute(self, gdn: nn.Module, points: GDNHooks, seen: dict) -> None:
+        """The Gated DeltaNet quantities of the call, from its projections and starting cache (module docstring)."""
+        mixed, b, a = self.projections(gdn, seen)
+        B, T, _ = mixed.shape
+        conv = seen["conv"] if seen["conv"] is not None else mixed.new_zeros(B, gdn.conv_dim, gdn.conv_kernel_size)
+        window = torch.cat([conv.to(mixed.dtype), mixed.transpose(1, 2)], -1)  # [B, conv_dim, K + T]
+        conv = F.silu(F.conv1d(window, gdn.conv1d.weight.to(mixed.dtype), groups=gdn.conv_dim)[..., 1:]).transpose(1, 2)
+        q, k, v = conv.split([gdn.key_dim, gdn.key_dim, gdn.value_dim], -1)
+        repeat = gdn.num_v_heads // gdn.num_k_heads
+        q, k = (unit(t.reshape(B, T, -1, gdn.head_k_dim)).repeat_interleave(repeat, 2) for t in (q, k))
+        q = points.hook_read_query(q * gdn.head_k_dim**-0.5)
+        k = points.hook_write_key(k)
+        v = points.hook_write_value(v.reshape(B, T, -1, gdn.head_v_dim))
+        log_alpha = -gdn.A_log.to(b.dtype).exp() * F.softplus(a + gdn.dt_bias.to(b.dtype))
+        points.hook_alpha(log_alpha.exp())
+        beta = points.hook_beta(b.sigmoid())
+        if hooked(points.hook_read) or hooked(points.hook_state_norm):
+            S = seen["S"] if seen["S"] is not None else q.new_zeros(B, gdn.num_v_heads, gdn.head_k_dim, gdn.head_v_dim)
+            o, norms, _ = delta_rule(*(t.transpose(1, 2) for t in (q, k, v, log_alpha, beta)), S.to(q.dtype))
+            points.hook_read(o.transpose(1, 2))
+            points.hook_state_norm(norms.transpose(1, 2))
+
+    # ----- introspection ------------------------------------------------------------------
+    def gdn_names(self, layer: int, names: Iterable[str]) -> list[str]:
+        return [f"blocks.{layer}.attn.hook_{n}" for n in names]
+
+    def memory_readout(self, tokens, position: int) -> Readout:
+        """o_t = S_t^T q_t at `position`, per Gated DeltaNet layer, as a sum over writes: S_t is linear in
+        the writes beta_j k_j v_j^T with transitions A_j = alpha_j (I - beta_j k_j k_j^T) (symmetric, not
+        depending on S), so write j gives (r_j . k_j) beta_j v_j with r_t = q_t, r_{j-1} = A_j r_j.
+        The part at j is write j's: its k_j and v_j mix tokens j-3..j through the short convolution."""
+        full = self.as_tokens(tokens)
+        if not 0 <= position < full.shape[1]:
+            raise ValueError(f"position must lie in [0, {full.shape[1]}), got {position}")
+        parts_of = ("read_query", "write_key", "write_value", "alpha", "beta")
+        seen = self.capture(full[:, : position + 1], [n for l in sorted(self.linear) for n in self.gdn_names(l, parts_of)])
+        parts = {}
+        for layer in sorted(self.linear):
+            q, k, v, alpha, beta = (seen[n] for n in self.gdn_names(layer, parts_of))
+            r = q[position]
+            weights = torch.zeros(position + 1, r.shape[0], dtype=torch.float64)
+            for j in range(position, -1, -1):
+                along = (r * k[j]).sum(-1)
+                weights[j] = along * beta[j]
+                r = alpha[j][:, None] * (r - (beta[j] * along)[:, None] * k[j])
+            parts[f"blocks.{layer}"] = weights[..., None] * v
+        return Readout(position, "o_t = S_t^T q_t, the Gated DeltaNet state's read before the gated norm", parts)
+
+    @torch.no_grad()
+    def needle_hold(self, tokens, span: tuple[int, int]) -> dict[str, np.ndarray]:
+        """Per Gated DeltaNet layer, ||S^span_t||_F over its peak (largest over heads): the part of the
+        state the span's writes left, carried by the run's own alpha, beta and keys (S is linear in
+        the writes, so the span's part is the recurrence fed only the span's writes)."""
+        a, b = span
+        names = ("alpha", "beta", "write_key", "write_value")
+        captured: dict[tuple[int, str], Tensor] = {}
+
+        def keep(value: Tensor, hook) -> None:
+            captured[(int(hook.name.split(".")[1]), hook.name.split("hook_")[1])] = value[0].double()
+
+        hooks = [(n, keep) for l in sorted(self.linear) for n in self.gdn_names(l, names)]
+        parts = {l: None for l in self.linear}
+        norms: dict[int, list[Tensor]] = {l: [] for l in self.linear}
+        with self.evaluating(), self.hooks(fwd_hooks=hooks):
+            for start, logits, _ in self.stream(tokens):
+                positions = torch.arange(start, start + logits.shape[1])
+                in_span = ((positions >= a) & (positions < b)).double()[:, None, None]
+                for l in sorted(self.linear):
+                    k, v = captured[(l, "write_key")], captured[(l, "write_value")] * in_span
+                    alpha, beta = captured[(l, "alpha")], captured[(l, "beta")]
+                    S = parts[l] if parts[l] is not None else torch.zeros(1, k.shape[1], k.shape[2], v.shape[2], dtype=torch.float64)
+                    _, n, parts[l] = delta_rule(*(t.transpose(0, 1)[None] for t in (k, k, v, alpha.log(), beta)), S)
+                    norms[l].append(n[0].amax(0))
+        hold = {}
+        for l in sorted(self.linear):
+            values = torch.cat(norms[l]).numpy()
+            hold[f"layer {l}: share of the span's write still in the state"] = (values / max(values.max(), 1e-30)).astype(np.float32)
+        return hold
+
+
+# ----- loading --------------------------------------------------------------------------------
+def read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path}: not readable JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: a config must be a JSON object")
+    return data
+
+
+def text_config(directory: Path, data: dict):
+    """transformers' config of the language model the folder holds, or CheckpointError naming the field."""
+    where = directory / CONFIG_FILE
+    model_type = data.get("model_type")
+    if model_type not in SUPPORTED:
+        what = ("a vision-language checkpoint" if "vision_config" in data else "a model type memviz does not read")
+        raise CheckpointError(f"{where}: field 'model_type' is {model_type!r}, {what}; memviz loads "
+                              + ", ".join(f"{k} ({v})" for k, v in SUPPORTED.items()))
+    try:
+        if model_type == "qwen3_next":
+            from transformers import Qwen3NextConfig
+
+            return Qwen3NextConfig(**data)
+        from transformers import Qwen3_5Config, Qwen3_5TextConfig
+
+        if model_type == "qwen3_5":
+            return Qwen3_5Config(**data).text_config
+        return Qwen3_5TextConfig(**data)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{where}: not a {model_type} config transformers accepts: {exc}") from exc
+
+
+def hf_class(model_type: str):
+    from transformers import Qwen3_5ForCausalLM, Qwen3NextForCausalLM
+
+    return Qwen3NextForCausalLM if model_type == "qwen3_next" else Qwen3_5ForCausalLM
+
+
+def special_ids(config, backend) -> tuple[int, int, int]:
+    """(eos, pad, bos): the config's ids, else the tokenizer's <|endoftext|>; pad and bos (never
+    generated) fall back to the last embedding row, a padding row in the released vocabularies."""
+    def first(value):
+        return value[0] if isinstance(value, list) else value
+
+    eos = first(config.eos_token_id)
+    if eos is None:
+        eos = backend.token_to_id("<|endoftext|>")
+    last = config.vocab_size - 1
+    pad = first(config.pad_token_id)
+    pad = last if pad is None or pad == eos else pad
+    bos = first(config.bos_token_id)
+    bos = pad if bos is None or bos == eos else bos
+    return (last if eos is None else eos), pad, bos
+
+
+def load(directory: str | Path, device: str | torch.device = "cpu", **overrides: Any) -> ReleasedLM:
+    """Load a Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer.json) of a model_type
+    in `SUPPORTED` through transformers' own class, in eval mode. Overrides: `dtype` ("float32",
+    "float64", "bfloat16") and `segment_len` (where reset and patch act, default 512 tokens)."""
+    from tokenizers import Tokenizer as Backend
+
+    directory = Path(directory)
+    unknown = sorted(set(overrides) - {"dtype", "segment_len"})
+    if unknown:
+        raise CheckpointError(f"{directory}: a Hugging Face checkpoint takes the overrides dtype and segment_len, "
+                              f"not {unknown}")
+    dtype, segment_len = overrides.get("dtype", "float32"), overrides.get("segment_len", DEFAULT_SEGMENT)
+    data = read_json(directory / CONFIG_FILE)
+    config = text_config(directory, data)
+    if not list(directory.glob("*.safetensors")):
+        raise CheckpointError(f"{directory}: no *.safetensors weights beside {CONFIG_FILE} (memviz reads safetensors only)")
+    if not (directory / TOKENIZER_FILE).is_file():
+        raise CheckpointError(f"{directory / TOKENIZER_FILE}: missing; memviz needs the checkpoint's own tokenizer.json")
+    torch_dtype = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}.get(dtype)
+    if torch_dtype is None or not isinstance(segment_len, int) or segment_len < 1:
+        raise CheckpointError(f"{directory}: dtype must be float32, float64 or bfloat16 and segment_len a positive "
+                              f"integer, got {dtype!r} and {segment_len!r}")
+    try:
+        backend = Backend.from_file(str(directory / TOKENIZER_FILE))
+    except Exception as exc:  # the tokenizers library raises its own Exception type
+        raise CheckpointError(f"{directory / TOKENIZER_FILE}: not a tokenizers file: {exc}") from exc
+    try:
+        # Qwen3-Next's experts: torch's grouped_mm takes no float64, the eager loop does
+        experts = {"experts_implementation": "eager"} if config.model_type == "qwen3_next" and dtype == "float64" else {}
+        hf, info = hf_class(config.model_type).from_pretrained(
+            directory, config=config, dtype=torch_dtype, output_loading_info=True, use_safetensors=True,
+            ignore_mismatched_sizes=True, **experts)  # so that the mismatches come back in `info`, named
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise CheckpointError(f"{directory}: transformers could not load the weights: {exc}") from exc
+    bad = [f"tensor {k!r} is {tuple(theirs)} but {CONFIG_FILE} makes it {tuple(ours)}" for k, theirs, ours in
+           sorted(info.get("mismatched_keys", ()))] + [f"tensor {k!r} is missing" for k in sorted(info.get("missing_keys", ()))]
+    if bad:
+        files = ", ".join(sorted(p.name for p in directory.glob("*.safetensors")))
+        raise CheckpointError(f"{directory}: the weights ({files}) do not fit {CONFIG_FILE}: {'; '.join(bad[:3])}"
+                              + (f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""))
+    linear = [l for l, kind in enumerate(config.layer_types) if kind == "linear_attention"]
+    cfg = ReleasedConfig(model_type=config.model_type, vocab_size=config.vocab_size, d_model=config.hidden_size,
+                         n_layers=config.num_hidden_layers, n_heads=config.num_attention_heads, d_head=config.head_dim,
+                         linear_layers=linear, segment_len=segment_len, name=directory.name)
+    tokenizer = HFTokenizer(backend, config.vocab_size, *special_ids(config, backend))
+    model = ReleasedLM(hf, tokenizer, cfg, card={"path": str(directory), "model_type": data["model_type"]})
+    return model.to(device).eval()
