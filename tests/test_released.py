@@ -323,3 +323,35 @@ def test_bad_folders_get_one_clear_error(tmp_path):
         memviz.load(folder("wrong_shape", {**config, "linear_key_head_dim": 4}))
     with pytest.raises(CheckpointError, match=r"takes the overrides dtype and segment_len, not \['bank_size'\]"):
         memviz.load(good, bank_size=4)
+
+
+def test_transformer_lens_bridge_agrees_where_it_has_the_quantity(checkpoint):
+    """TransformerLens 4.3's GatedDeltaNetBridge on the same layer, cache-less prefill with its eager
+    scan: beta, the log decay (alpha = exp g) and S_t (its norm, and the last S against the state
+    memviz carries). Given transformers 5.24's `cache=` (it looks for `cache_params`) the bridge
+    ignores the cache, which is why memviz streams through its own hooks (docs/released.md)."""
+    from transformer_lens.model_bridge.generalized_components.gated_delta_net import GatedDeltaNetBridge
+
+    model = memviz.load(checkpoint)
+    ids = ids_of(model)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(ids)
+        _, state = model(ids, return_state=True)
+    layer = model.hf.model.layers[1]
+    bridge = GatedDeltaNetBridge("linear_attn")
+    bridge.set_original_component(layer.linear_attn)
+    bridge.eager_scan = True
+    got = {}
+    for name in ("hook_beta", "hook_log_decay", "hook_ssm_state"):
+        getattr(bridge, name).add_hook(lambda value, hook, name=name: got.__setitem__(name, value))
+    x = layer.input_layernorm(cache["blocks.1.hook_resid_pre"])
+    with torch.no_grad():
+        bridge(hidden_states=x)
+        torch.testing.assert_close(got["hook_beta"], cache["blocks.1.attn.hook_beta"], atol=1e-7, rtol=0)
+        torch.testing.assert_close(got["hook_log_decay"].exp(), cache["blocks.1.attn.hook_alpha"], atol=1e-7, rtol=0)
+        states = got["hook_ssm_state"]  # [batch, pos, head, d_k, d_v]
+        torch.testing.assert_close(states.flatten(3).norm(dim=-1), cache["blocks.1.attn.hook_state_norm"], atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(states[:, -1], state.layers[1]["S"], atol=1e-5, rtol=1e-5)
+        _, early = model(ids[:, :20], return_state=True)
+        bridged = bridge(hidden_states=x[:, 20:], cache=model.cache_from(early))
+    assert (bridged - cache["blocks.1.hook_attn_out"][:, 20:]).abs().max() > 0.1
