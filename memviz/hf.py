@@ -86,9 +86,11 @@ class HFTokenizer(Tokenizer):
         return len(self.decode(ids).encode("utf-8"))
 
     def token_strings(self, ids: Iterable[int]) -> list[str]:
+        """Each token's text, specials by name; "" for an embedding row past the tokenizer's vocabulary."""
         ids = [int(i) for i in ids]
-        return [s if i < self.text_vocab_size else "" for i, s in
-                zip(ids, self.backend.decode_batch([[i] for i in ids], skip_special_tokens=False))]
+        known = iter(self.backend.decode_batch([[i] for i in ids if 0 <= i < self.text_vocab_size],
+                                               skip_special_tokens=False))
+        return [next(known) if 0 <= i < self.text_vocab_size else "" for i in ids]
 
     def save(self, directory: str | Path) -> Path:
         path = Path(directory) / TOKENIZER_FILE
@@ -371,6 +373,16 @@ class ReleasedLM(MemoryLM):
             points.hook_read(o.transpose(1, 2))
             points.hook_state_norm(norms.transpose(1, 2))
 
+    def cost(self, n_tokens: int) -> dict[str, int]:
+        """Bytes a run over `n_tokens` holds beyond the weights: the full-attention layers' key/value cache
+        (it grows with the input), the Gated DeltaNet layers' states (fixed), what a default trace keeps."""
+        item, state = torch.finfo(self.dtype).bits // 8, self.init_state(1)
+        kv = sum(2 * p["k"].shape[1] * p["k"].shape[3] for l, p in enumerate(state.layers) if l not in self.linear)
+        memory = sum(state.layers[l]["S"].numel() + state.layers[l]["conv"]["conv"].numel() for l in self.linear)
+        heads = sum(self.decoder_layers[l].linear_attn.num_v_heads for l in self.linear)
+        # alpha, beta, ||S_t|| and |mem_out| per head, and the loss, as float32
+        return {"kv_cache": kv * n_tokens * item, "memory_state": memory * item, "trace": 4 * n_tokens * (4 * heads + 1)}
+
     # ----- introspection ------------------------------------------------------------------
     def gdn_names(self, layer: int, names: Iterable[str]) -> list[str]:
         return [f"blocks.{layer}.attn.hook_{n}" for n in names]
@@ -525,10 +537,18 @@ def load(directory: str | Path, device: str | torch.device = "cpu", **overrides:
         files = ", ".join(sorted(p.name for p in directory.glob("*.safetensors")))
         raise CheckpointError(f"{directory}: the weights ({files}) do not fit {CONFIG_FILE}: {'; '.join(bad[:3])}"
                               + (f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""))
+    card = {"path": str(directory), "model_type": data["model_type"]}
+    return from_transformers(hf, backend, directory.name, segment_len, card).to(device)
+
+
+def from_transformers(hf: nn.Module, backend, name: str = "", segment_len: int = DEFAULT_SEGMENT,
+                      card: dict | None = None) -> ReleasedLM:
+    """A loaded transformers Qwen3_5ForCausalLM / Qwen3NextForCausalLM and its `tokenizers.Tokenizer`
+    as a memviz model, in eval mode."""
+    config = hf.config
     linear = [l for l, kind in enumerate(config.layer_types) if kind == "linear_attention"]
     cfg = ReleasedConfig(model_type=config.model_type, vocab_size=config.vocab_size, d_model=config.hidden_size,
                          n_layers=config.num_hidden_layers, n_heads=config.num_attention_heads, d_head=config.head_dim,
-                         linear_layers=linear, segment_len=segment_len, name=directory.name)
+                         linear_layers=linear, segment_len=segment_len, name=name)
     tokenizer = HFTokenizer(backend, config.vocab_size, *special_ids(config, backend))
-    model = ReleasedLM(hf, tokenizer, cfg, card={"path": str(directory), "model_type": data["model_type"]})
-    return model.to(device).eval()
+    return ReleasedLM(hf, tokenizer, cfg, card=card).eval()

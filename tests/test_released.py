@@ -355,3 +355,16 @@ def test_transformer_lens_bridge_agrees_where_it_has_the_quantity(checkpoint):
         _, early = model(ids[:, :20], return_state=True)
         bridged = bridge(hidden_states=x[:, 20:], cache=model.cache_from(early))
     assert (bridged - cache["blocks.1.hook_attn_out"][:, 20:]).abs().max() > 0.1
+
+
+def test_cost_counts_the_attention_cache_and_the_fixed_state(checkpoint):
+    model = memviz.load(checkpoint)
+    ids = ids_of(model)
+    with torch.no_grad():
+        _, state = model(ids, return_state=True)
+    cost = model.cost(ids.shape[1])
+    assert cost["kv_cache"] == sum(t.numel() * 4 for t in (state.layers[2]["k"], state.layers[2]["v"]))
+    assert cost["memory_state"] == sum(state.layers[l]["S"].numel() * 4 + state.layers[l]["conv"]["conv"].numel() * 4
+                                       for l in model.cfg.linear_layers)
+    tr = memviz.trace(model, ids[0].tolist())
+    assert cost["trace"] == sum(a.nbytes for a in tr.arrays.values())
