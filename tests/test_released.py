@@ -368,3 +368,15 @@ def test_cost_counts_the_attention_cache_and_the_fixed_state(checkpoint):
                                        for l in model.cfg.linear_layers)
     tr = memviz.trace(model, ids[0].tolist())
     assert cost["trace"] == sum(a.nbytes for a in tr.arrays.values())
+
+
+def test_the_app_opens_a_hugging_face_folder_and_traces_it(checkpoint):
+    from tests.test_app import chart_titles, choose_path, open_app, open_trace_page
+
+    at = choose_path(open_app(), str(checkpoint))
+    assert {m.label: m.value for m in at.metric}["family"] == "hf_gated_deltanet"
+    assert "blocks.{l}.attn.hook_state_norm" in set(at.dataframe[0].value["hook"])
+    titles = chart_titles(open_trace_page(str(checkpoint)))
+    assert {"blocks.0: decay alpha (1 keeps the state)", "||S_t|| (mean over heads)",
+            "How much of the evidence the memory still holds"} <= set(titles), titles
+    assert any(t.startswith("blocks.3: where the read at token") for t in titles), titles
