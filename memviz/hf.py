@@ -17,15 +17,17 @@ or patched between chunks. Per Gated DeltaNet layer `blocks.{l}.attn.`: `hook_al
 [batch, pos, head]; `hook_write_key` [.., head, d_k], `hook_write_value` [.., head, d_v] (k_t, v_t);
 `hook_read_query` [.., head, d_k] (q_t); `hook_read` [.., head, d_v] (o_t); `hook_state_norm`
 [batch, pos, head] (||S_t||_F after the write); `hook_mem_out` [.., head, d_v] (RMSNormGated(o_t, z_t),
-the layer's own value: what a hook returns replaces it). The first six are recomputed here in the
-model's dtype from the layer's own projections (transformers computes the recurrence in float32
-whatever the model's dtype), cost a few percent of a forward, and are read-only. Full-attention
+the layer's own value: what a hook returns replaces it). The first seven are recomputed here, in the
+model's dtype (float32 at least), from the layer's own projections and the cache it started from
+(transformers computes the recurrence in float32 whatever the model's dtype); they are read-only,
+and computed only for a call with a hook on one of them (benchmarks/released.py measures the cost). Full-attention
 layers: `blocks.{l}.attn.hook_q`, `hook_k` (after q_norm / k_norm, before RoPE), `hook_v`, `hook_z`
 (per head, after the output gate, before o_proj). Every layer: `blocks.{l}.hook_resid_pre`,
 `hook_attn_out`, `hook_mlp_out`, `hook_resid_post` (what a hook returns replaces the value).
 
-Why not TransformerLens 4.3's bridge: its Gated DeltaNet hooks fire only on a cache-less prefill
-(during generation only the layer's input and output do), and its state hook keeps S_t per token.
+Why not TransformerLens 4.3's bridge: its Gated DeltaNet hooks fire only on a cache-less prefill (it
+looks for `cache_params`, which transformers 5.24 passes as `cache`, and given one ignores it), and its
+state hook keeps S_t per token.
 """
 from __future__ import annotations
 
@@ -230,11 +232,11 @@ class ReleasedLM(MemoryLM):
         for l, layer in enumerate(self.decoder_layers):
             if l in self.linear:
                 g = layer.linear_attn
-                layers.append({"conv": LocalCache(conv=torch.zeros(batch_size, g.conv_dim, g.conv_kernel_size)),
-                               "S": torch.zeros(batch_size, g.num_v_heads, g.head_k_dim, g.head_v_dim)})
+                layers.append({"conv": LocalCache(conv=torch.zeros(batch_size, g.conv_dim, g.conv_kernel_size, device=self.device)),
+                               "S": torch.zeros(batch_size, g.num_v_heads, g.head_k_dim, g.head_v_dim, device=self.device)})
             else:
                 a = layer.self_attn
-                empty = torch.zeros(batch_size, self.hf.config.num_key_value_heads, 0, a.head_dim)
+                empty = torch.zeros(batch_size, self.hf.config.num_key_value_heads, 0, a.head_dim, device=self.device)
                 layers.append(LocalCache(k=empty, v=empty.clone()))
         return ModelState(0, self.in_model_dtype(layers))
 
@@ -322,7 +324,7 @@ class ReleasedLM(MemoryLM):
 
         def before(m, args, kwargs):
             hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-            seen["shape"] = hidden.shape[:2]
+            seen["shape"], seen["dtype"] = hidden.shape[:2], hidden.dtype
             if derived:  # None where the layer starts from zeros
                 conv, S = kwargs["cache"].get_conv_state(gdn.layer_idx), kwargs["cache"].get_recurrent_state(gdn.layer_idx)
                 seen["conv"], seen["S"] = (None if t is None else t.clone() for t in (conv, S))
@@ -353,7 +355,8 @@ class ReleasedLM(MemoryLM):
 
     def recompute(self, gdn: nn.Module, points: GDNHooks, seen: dict) -> None:
         """The Gated DeltaNet quantities of the call, from its projections and starting cache (module docstring)."""
-        mixed, b, a = self.projections(gdn, seen)
+        work = torch.promote_types(seen["dtype"], torch.float32)  # no triangular solve in half precision
+        mixed, b, a = (t.to(work) for t in self.projections(gdn, seen))
         B, T, _ = mixed.shape
         conv = seen["conv"] if seen["conv"] is not None else mixed.new_zeros(B, gdn.conv_dim, gdn.conv_kernel_size)
         window = torch.cat([conv.to(mixed.dtype), mixed.transpose(1, 2)], -1)  # [B, conv_dim, K + T]
@@ -364,7 +367,7 @@ class ReleasedLM(MemoryLM):
         q = points.hook_read_query(q * gdn.head_k_dim**-0.5)
         k = points.hook_write_key(k)
         v = points.hook_write_value(v.reshape(B, T, -1, gdn.head_v_dim))
-        log_alpha = -gdn.A_log.to(b.dtype).exp() * F.softplus(a + gdn.dt_bias.to(b.dtype))
+        log_alpha = -gdn.A_log.to(work).exp() * F.softplus(a + gdn.dt_bias.to(work))
         points.hook_alpha(log_alpha.exp())
         beta = points.hook_beta(b.sigmoid())
         if hooked(points.hook_read) or hooked(points.hook_state_norm):

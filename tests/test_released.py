@@ -263,9 +263,9 @@ def test_reset_and_patch_act_on_the_delta_rule_state_only(checkpoint):
     assert ablated != pytest.approx(clean) and patched == pytest.approx(clean, abs=1e-4)
 
 
-def test_trace_figures_and_probes_run_on_it(checkpoint):
+def test_trace_figures_and_the_probes_run_on_it(checkpoint):
     from memviz.registry import get_family
-    from probes import passkey
+    from probes import lm, passkey, retention, ruler
 
     model = memviz.load(checkpoint)
     tr = memviz.trace(model, TEXT)
@@ -275,6 +275,10 @@ def test_trace_figures_and_probes_run_on_it(checkpoint):
     assert {"blocks.0 alpha", "blocks.3 beta", "state norm"} <= set(figs)
     df = passkey.run(model, lengths=[200], depths=[0.5], n=1, progress=False)
     assert len(df) == 1 and {"length", "depth", "answer", "prediction", "correct"} <= set(df.columns)
+    assert len(ruler.run(model, tasks=["niah_single_1"], lengths=[600], n=1, progress=False)) == 1
+    assert len(retention.run(model, distances=[64], n=1, progress=False)) == 1
+    text = lm.run(model, max_tokens=200)
+    assert (text["tokens"] == 200).all() and (text["bits_per_byte"] > 0).all()
 
 
 def test_a_vision_language_qwen3_5_folder_loads_its_language_model(tmp_path):
@@ -380,3 +384,12 @@ def test_the_app_opens_a_hugging_face_folder_and_traces_it(checkpoint):
     assert {"blocks.0: decay alpha (1 keeps the state)", "||S_t|| (mean over heads)",
             "How much of the evidence the memory still holds"} <= set(titles), titles
     assert any(t.startswith("blocks.3: where the read at token") for t in titles), titles
+
+
+def test_a_bfloat16_model_traces_with_its_quantities_in_float32(checkpoint):
+    exact, half = memviz.load(checkpoint), memviz.load(checkpoint, dtype="bfloat16")
+    ids = ids_of(exact)[0].tolist()
+    a, b = memviz.trace(exact, ids), memviz.trace(half, ids)
+    for name in ("blocks.0.attn.hook_alpha", "blocks.0.attn.hook_state_norm"):
+        assert b[name].dtype == np.float32
+        np.testing.assert_allclose(b[name], a[name], atol=0.05 * np.abs(a[name]).max())
