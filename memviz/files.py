@@ -115,3 +115,51 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def check_regular_file(path: str | Path, limit: int, what: str) -> int:
+    """The size of `path`, a regular file of at most `limit` bytes, checked before anything is read; otherwise one
+    ValueError naming the file, what it is for and the limit (a folder, a device such as /dev/zero, a pipe)."""
+    import stat
+
+    try:
+        info = os.stat(path)
+    except FileNotFoundError as exc:
+        raise ValueError(f"{what} {path} does not exist") from exc
+    except OSError as exc:
+        raise ValueError(f"{what} {path} cannot be read: {exc.strerror or exc}") from exc
+    if stat.S_ISDIR(info.st_mode):
+        raise ValueError(f"{what} {path} is a folder, not a file")
+    if not stat.S_ISREG(info.st_mode):
+        raise ValueError(f"{what} {path} is not a regular file (a device or a pipe has no size to check); nothing was read")
+    if info.st_size > limit:
+        raise ValueError(f"{what} {path} has {info.st_size:,} bytes, over the {limit:,} a {what} may have; nothing was read")
+    return info.st_size
+
+
+def read_bytes_within(path: str | Path, limit: int, what: str) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes (`check_regular_file`), never more than that read."""
+    check_regular_file(path, limit, what)
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(limit + 1)
+    except OSError as exc:
+        raise ValueError(f"{what} {path} cannot be read: {exc.strerror or exc}") from exc
+    if len(data) > limit:
+        raise ValueError(f"{what} {path} grew past the {limit:,} bytes a {what} may have while it was read")
+    return data
+
+
+def check_writable_folder(path: str | Path, what: str) -> None:
+    """Refuse, before any work, a folder that cannot be written: a path that is a file, a folder without write
+    permission, or a place where it cannot be made (ValueError naming `what` and the path)."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{what} {path} exists and is not a folder")
+    ancestor = path.absolute()
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ValueError(f"{what} {path} cannot be made: {ancestor} is a file")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ValueError(f"{what} {path} cannot be written: no write permission in {ancestor}")

@@ -8,13 +8,32 @@ and works on bytes, so every string round-trips. Each is saved as `tokenizer.jso
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from memviz.files import atomic_write_text
+from memviz.files import atomic_write_text, read_bytes_within
 
 TOKENIZER_FILE = "tokenizer.json"
 SPECIALS = ("<pad>", "<bos>", "<eos>")
+#: the largest tokenizer.json read (a 1M-token vocabulary with its merges is well under it)
+MAX_TOKENIZER_FILE_BYTES = 256 * 2**20
+#: a text longer than this many characters is counted in pieces of about this size
+COUNT_PIECE_CHARS = 2**17
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def check_text(text: object, what: str = "text") -> str:
+    """`text` if it is a str of valid Unicode; TypeError for anything else (bytes, None), ValueError naming
+    the character for a lone surrogate (what a bad decode or a JSON escape leaves), which UTF-8 cannot hold."""
+    if not isinstance(text, str):
+        hint = ": decode it first" if isinstance(text, (bytes, bytearray)) else ""
+        raise TypeError(f"{what} must be a str, got {type(text).__name__}{hint}")
+    bad = LONE_SURROGATE.search(text)
+    if bad is not None:
+        raise ValueError(f"{what} holds a lone surrogate (U+{ord(bad.group()):04X}) at character {bad.start():,}: "
+                         "not valid Unicode, so it has no UTF-8 bytes to tokenize")
+    return text
 
 
 class Tokenizer:
@@ -41,6 +60,21 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         raise NotImplementedError
+
+    def encode_within(self, text: str, max_tokens: int, what: str = "input", limit: str = "limit") -> list[int]:
+        """`encode(text)`, refusing (ValueError naming `what` and the `limit`) a text of more than `max_tokens`
+        tokens before its whole encoding is made (which costs far more memory than the text): every token holds at
+        least one UTF-8 byte, so only a text of more bytes than that can be over, and such a text is first counted
+        in pieces of about 130,000 characters."""
+        check_text(text, what)
+        if 4 * len(text) > max_tokens and utf8_length(text) > max_tokens:  # a character has at most 4 bytes
+            counted = read = 0
+            for piece in pieces_at_spaces(text, COUNT_PIECE_CHARS):
+                counted, read = counted + len(self.encode(piece)), read + len(piece)
+                if counted > max_tokens:
+                    raise ValueError(f"{what} has more tokens in its first {read:,} of {len(text):,} characters than "
+                                     f"the {limit} of {max_tokens:,}; nothing was run")
+        return self.encode(text)
 
     def decode(self, ids: Iterable[int]) -> str:
         raise NotImplementedError
@@ -69,7 +103,15 @@ class ByteTokenizer(Tokenizer):
     text_vocab_size = 256
 
     def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8", errors="replace"))
+        return list(check_text(text).encode("utf-8"))
+
+    def encode_within(self, text: str, max_tokens: int, what: str = "input", limit: str = "limit") -> list[int]:
+        """`encode(text)`, refusing before it a text of more than `max_tokens` bytes (one token each)."""
+        n_bytes = utf8_length(check_text(text, what)) if 4 * len(text) > max_tokens else 0
+        if n_bytes > max_tokens:
+            raise ValueError(f"{what} has {n_bytes:,} tokens (one a UTF-8 byte), over the {limit} of {max_tokens:,}; "
+                             "nothing was run")
+        return self.encode(text)
 
     def encode_bytes(self, data: bytes) -> list[int]:
         return list(data)
@@ -97,6 +139,23 @@ class BPETokenizer(Tokenizer):
     def __init__(self, backend) -> None:
         self.backend = backend
         self.text_vocab_size = backend.get_vocab_size(with_added_tokens=False)
+        self.check_ids()
+
+    def check_ids(self) -> None:
+        """Every token has its own id, and the ids are 0 .. vocab size - 1 (the model's embedding rows; the
+        specials follow them): ValueError naming the tokens otherwise."""
+        ids: dict[int, list[str]] = {}
+        for token, i in self.backend.get_vocab(with_added_tokens=True).items():
+            ids.setdefault(i, []).append(token)
+        shared = {i: tokens for i, tokens in ids.items() if len(tokens) > 1}
+        if shared:
+            i, tokens = next(iter(shared.items()))
+            raise ValueError(f"{sum(len(t) for t in shared.values())} tokens share {len(shared)} id{'s' * (len(shared) > 1)} (id {i}: "
+                             f"{sorted(tokens)[:4]}); each token needs its own id")
+        outside = sorted(i for i in ids if not 0 <= i < self.text_vocab_size)
+        if outside:
+            raise ValueError(f"token ids {outside[:4]} (token {ids[outside[0]][0]!r}) lie outside the vocabulary's "
+                             f"0..{self.text_vocab_size - 1}")
 
     @classmethod
     def train(cls, texts: Iterable[str] | Iterator[str], vocab_size: int = 2048) -> "BPETokenizer":
@@ -117,7 +176,7 @@ class BPETokenizer(Tokenizer):
         return cls(backend)
 
     def encode(self, text: str) -> list[int]:
-        return self.backend.encode(text, add_special_tokens=False).ids
+        return self.backend.encode(check_text(text), add_special_tokens=False).ids
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.backend.decode([i for i in map(int, ids) if 0 <= i < self.text_vocab_size])
@@ -133,9 +192,32 @@ class BPETokenizer(Tokenizer):
         return path
 
 
+def utf8_length(text: str) -> int:
+    """len(text.encode("utf-8")), a piece at a time (no copy of a long text)."""
+    return sum(len(text[i:i + COUNT_PIECE_CHARS].encode("utf-8")) for i in range(0, len(text), COUNT_PIECE_CHARS))
+
+
+def pieces_at_spaces(text: str, size: int) -> Iterator[str]:
+    """`text` in consecutive pieces of `size` to `2 size` characters, each cut before a space that follows a
+    non-space where there is one (a byte-level BPE's pre-tokenizer cuts there too, so the pieces' tokens are
+    about the whole's: good for counting, not for encoding)."""
+    start = 0
+    while start < len(text):
+        cut = text.find(" ", start + size, start + 2 * size)
+        while cut != -1 and text[cut - 1].isspace():
+            cut = text.find(" ", cut + 1, start + 2 * size)
+        end = min(len(text), start + size) if cut == -1 else cut  # a text without spaces is cut anywhere
+        yield text[start:end]
+        start = end
+
+
 def load_tokenizer(path: str | Path) -> Tokenizer:
-    """Read a `tokenizer.json` written by either tokenizer; raise ValueError if it is not one."""
-    text = Path(path).read_text(encoding="utf-8")
+    """Read a `tokenizer.json` written by either tokenizer (its size checked first); raise ValueError if it is
+    not one, or if its tokens do not each have their own id inside the vocabulary."""
+    try:
+        text = read_bytes_within(path, MAX_TOKENIZER_FILE_BYTES, "tokenizer file").decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -145,6 +227,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     from tokenizers import Tokenizer as HFTokenizer
 
     try:
-        return BPETokenizer(HFTokenizer.from_str(text))
+        backend = HFTokenizer.from_str(text)
     except Exception as exc:  # the tokenizers library raises its own Exception type
         raise ValueError(f"not a byte or BPE tokenizer file: {exc}") from exc
+    return BPETokenizer(backend)

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from memviz.files import atomic_write_bytes
+from memviz.files import atomic_write_bytes, check_regular_file
 from memviz.registry import get_family
 
 REDUCERS = ("none", "mean", "norm")
@@ -31,6 +31,12 @@ MAX_TRACE_TOKENS = 4_000_000
 MAX_CHARS_PER_TOKEN = 64
 #: the most a trace file may unpack to, read from its zip headers before any array is
 MAX_TRACE_FILE_BYTES = 8 * 2**30
+#: the most a trace file may take on disk
+MAX_TRACE_DISK_BYTES = 8 * 2**30
+
+
+class TraceFileError(ValueError):
+    """A trace file that cannot be read as one; the message names the file and what is wrong."""
 
 
 def reduce_tensor(t: torch.Tensor, how: str) -> torch.Tensor:
@@ -79,10 +85,12 @@ class Trace:
         meta: dict | None = None,
     ) -> None:
         self.tokens = np.asarray(tokens, dtype=np.int32)
+        if self.tokens.ndim != 1:
+            raise ValueError(f"trace tokens must be 1-D, got shape {self.tokens.shape}")
         self.arrays = dict(arrays)
         for name, arr in self.arrays.items():
-            if arr.shape[0] != len(self.tokens):
-                raise ValueError(f"trace array {name!r} has {arr.shape[0]} positions, expected {len(self.tokens)}")
+            if arr.ndim == 0 or arr.shape[0] != len(self.tokens):
+                raise ValueError(f"trace array {name!r} has shape {arr.shape}, not one row per token of {len(self.tokens)}")
         self.vocab = list(vocab) if vocab is not None else None
         self.meta = dict(meta or {})
 
@@ -179,25 +187,97 @@ class Trace:
 
     @classmethod
     def load(cls, path: str | Path) -> "Trace":
-        """Read a trace file; its unpacked size is checked from the zip headers before any array is read."""
+        """Read a trace file. Before any array is read: the file is a regular one, its unpacked size (from the zip
+        headers) is under the cap, and every array's declared shape and type (from its .npy header) fits a trace of
+        its tokens; after: the tokens lie in the vocabulary and the evidence and answer spans in the input. Any
+        failure is one ValueError naming the file."""
         import zipfile
+        import zlib
 
+        check_regular_file(path, MAX_TRACE_DISK_BYTES, "trace file")
         try:
             with zipfile.ZipFile(Path(path)) as archive:
                 unpacked = sum(info.file_size for info in archive.infolist())
-        except (OSError, zipfile.BadZipFile) as exc:
-            raise ValueError(f"{path}: not a memviz trace file ({exc})") from exc
-        if unpacked > MAX_TRACE_FILE_BYTES:
-            raise ValueError(f"{path}: unpacks to {unpacked:,} bytes, over the {MAX_TRACE_FILE_BYTES:,} a trace file "
-                             "may hold; nothing was read")
-        try:
+                if unpacked > MAX_TRACE_FILE_BYTES:
+                    raise TraceFileError(f"unpacks to {unpacked:,} bytes, over the {MAX_TRACE_FILE_BYTES:,} a trace file "
+                                         "may hold; nothing was read")
+                check_declared_arrays({info.filename.removesuffix(".npy"): npy_header(archive, info)
+                                       for info in archive.infolist()})
             with np.load(Path(path), allow_pickle=False) as data:
                 meta = json.loads(bytes(data["meta_json"]).decode("utf-8"))
+                if not isinstance(meta, dict) or not isinstance(meta.get("names"), list):
+                    raise TraceFileError("its meta_json is not an object with a list of 'names'")
+                missing = [n for n in meta["names"] if not isinstance(n, str) or f"array:{n}" not in data.files]
+                if missing:
+                    raise TraceFileError(f"names {missing[:3]} have no array")
                 arrays = {n: data[f"array:{n}"] for n in meta["names"]}
                 tokens = data["tokens"]
-        except (OSError, ValueError, KeyError, json.JSONDecodeError, EOFError) as exc:
-            raise ValueError(f"{path}: not a memviz trace file ({exc})") from exc
+            check_contents(tokens, meta.get("vocab"), meta.get("meta"))
+        except TraceFileError as exc:
+            raise TraceFileError(f"{path}: {exc}") from exc
+        except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError, EOFError, UnicodeDecodeError,
+                zipfile.BadZipFile, zlib.error) as exc:
+            raise TraceFileError(f"{path}: not a memviz trace file ({exc})") from exc
         return cls(tokens, arrays, meta.get("vocab"), meta.get("meta"))
+
+
+#: the most the JSON of a trace file's meta and vocabulary may take
+MAX_TRACE_META_BYTES = 256 * 2**20
+
+
+def npy_header(archive, info) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape and dtype a zipped .npy member declares, read from its header alone."""
+    with archive.open(info) as fh:
+        version = np.lib.format.read_magic(fh)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read(fh)
+    return tuple(shape), dtype
+
+
+def check_declared_arrays(declared: Mapping[str, tuple[tuple[int, ...], np.dtype]]) -> None:
+    """What a trace file's .npy headers declare fits a trace: 1-D integer tokens, a 1-D byte string of meta
+    under its cap, and every array of numbers one row per token (ValueError naming the array otherwise)."""
+    for required in ("tokens", "meta_json"):
+        if required not in declared:
+            raise TraceFileError(f"it holds no {required!r} array")
+    shape, dtype = declared["tokens"]
+    if len(shape) != 1 or dtype.kind not in "iu":
+        raise TraceFileError(f"its tokens must be a 1-D array of integer ids, declared {dtype} {shape}")
+    n_tokens = shape[0]
+    shape, dtype = declared["meta_json"]
+    if len(shape) != 1 or dtype != np.uint8 or shape[0] > MAX_TRACE_META_BYTES:
+        raise TraceFileError(f"its meta_json must be up to {MAX_TRACE_META_BYTES:,} bytes of JSON, declared {dtype} {shape}")
+    for name, (shape, dtype) in declared.items():
+        if name in ("tokens", "meta_json"):
+            continue
+        if not name.startswith("array:") or dtype.kind not in "biuf":
+            raise TraceFileError(f"{name!r} is not a trace array of numbers (declared {dtype})")
+        if len(shape) == 0 or shape[0] != n_tokens:
+            raise TraceFileError(f"array {name.removeprefix('array:')!r} declares shape {shape}, not one row per token "
+                             f"of its {n_tokens:,}; nothing was read")
+
+
+def check_contents(tokens: np.ndarray, vocab, meta) -> None:
+    """A trace file's tokens inside its vocabulary (below 2**31 without one), and its evidence and answer
+    spans [start, stop) inside the input (ValueError naming the field otherwise)."""
+    if vocab is not None and (not isinstance(vocab, list) or not all(isinstance(v, str) for v in vocab)):
+        raise TraceFileError("its vocab must be a list of token strings")
+    if meta is not None and not isinstance(meta, dict):
+        raise TraceFileError(f"its meta must be an object, got {type(meta).__name__}")
+    if len(tokens):
+        lo, hi = int(tokens.min()), int(tokens.max())
+        size = len(vocab) if vocab is not None else 2**31
+        if lo < 0 or hi >= size:
+            raise TraceFileError(f"token ids range over [{lo}, {hi}], outside the "
+                             + (f"vocabulary's {size:,} ids" if vocab is not None else "int32 ids a trace holds"))
+    meta = meta or {}
+    spans = meta.get("evidence", [])
+    answer = meta.get("answer")
+    for field_name, span in [*(("evidence", s) for s in (spans if isinstance(spans, list) else [spans])),
+                             *((("answer", answer),) if answer is not None else ())]:
+        if (not isinstance(span, list) or len(span) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in span)
+                or not 0 <= span[0] <= span[1] <= len(tokens) or (field_name == "answer" and span[0] < 1)):
+            raise TraceFileError(f"its {field_name} span {str(span)[:60]} is not [start, stop) inside its {len(tokens):,} tokens")
 
 
 def non_finite_summary(arrays: Mapping[str, np.ndarray], logits_finite: np.ndarray) -> dict[str, dict[str, int]]:
@@ -209,6 +289,22 @@ def non_finite_summary(arrays: Mapping[str, np.ndarray], logits_finite: np.ndarr
             kept = values[:-1] if name == "loss" else values
             bad[name] = ~np.isfinite(kept.reshape(len(kept), -1)).all(1)
     return {name: {"first": int(b.argmax()), "count": int(b.sum())} for name, b in bad.items() if b.any()}
+
+
+def checked_evidence(evidence, n_tokens: int) -> list[list[int]]:
+    """`evidence` as [[start, stop], ...], each a span of whole token positions inside the input (ValueError
+    naming the span otherwise)."""
+    import numbers
+
+    spans = []
+    for span in evidence:
+        pair = list(span) if isinstance(span, (list, tuple, np.ndarray)) else []
+        if (len(pair) != 2 or not all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in pair)
+                or not 0 <= pair[0] <= pair[1] <= n_tokens):
+            raise ValueError(f"evidence span {str(span)[:60]} is not [start, stop) of token positions inside the "
+                             f"input's {n_tokens:,} tokens")
+        spans.append([int(pair[0]), int(pair[1])])
+    return spans
 
 
 def generic_hook_name(name: str) -> str:
@@ -253,7 +349,7 @@ def trace(
     if isinstance(text, str) and len(text) > max_tokens * MAX_CHARS_PER_TOKEN:
         raise ValueError(f"input has {len(text):,} characters, more than {max_tokens:,} tokens can hold "
                          f"(the trace limit); nothing was tokenized")
-    ids = model.tokenizer.encode(text) if isinstance(text, str) else [int(i) for i in text]
+    ids = model.tokenizer.encode_within(text, max_tokens, limit="trace limit") if isinstance(text, str) else [int(i) for i in text]
     if not ids:
         raise ValueError("empty input: there is nothing to trace")
     answer_ids = [] if answer is None else model.tokenizer.encode(answer) if isinstance(answer, str) else [int(i) for i in answer]
@@ -261,6 +357,7 @@ def trace(
     ids = ids + answer_ids
     if len(ids) > max_tokens:
         raise ValueError(f"input has {len(ids):,} tokens, over the trace limit of {max_tokens:,}")
+    evidence = checked_evidence(evidence, len(ids))
     reducers = resolve_names(model, names)
     buffers: dict[str, list[np.ndarray]] = {n: [] for n in reducers}
 
@@ -287,7 +384,7 @@ def trace(
         "model": model.cfg.name or model.card.get("name", ""),
         "reducers": reducers,
         "chunk_len": model.chunk_len if chunk_len is None else chunk_len,
-        "evidence": [[int(a), int(b)] for a, b in evidence],
+        "evidence": evidence,
         "answer": answer_span,  # [start, stop) of the appended answer's tokens, or None
         # what the family's figures need that the arrays do not say (a saved trace plots alone)
         "figure_settings": get_family(model.family).figure_settings(model),

@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 from probes import babilong, facts, lm, passkey, retention, ruler, texts
+from memviz.files import check_writable_folder
 from probes.common import merge_shards
 
 
@@ -122,7 +123,12 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(args.threads)
     try:
+        check_writable_folder(args.out, "--out")
         model = memviz.load(args.checkpoint)
+        if args.probe == "facts" and "facts" not in model.card:
+            print(f"warning: {args.checkpoint}: its card names no facts knowledge base (card.json 'facts'): the model "
+                  "was not trained on facts, so it is asked the default one (kb_seed 0, 1,000 people) and should score "
+                  "about nothing", file=sys.stderr)
         if args.probe == "passkey":
             df = gathered(passkey.run(model, args.lengths, args.depths, n=args.n, seed=args.seed, haystack=args.haystack,
                                       progress=progress, workers=args.workers, shard=(rank, world)), world)

@@ -7,6 +7,7 @@ so a sample is never longer than asked and short of it by less than one sentence
 """
 from __future__ import annotations
 
+import numbers
 import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -60,9 +61,53 @@ def spans_of(tokenizer, pieces: Sequence[str], marked: Iterable[int]) -> list[tu
     return spans
 
 
+#: the longest prompt a probe builds, in tokens (a trace's limit too)
+MAX_PROBE_LENGTH = 1 << 22
+#: the most samples one probe run asks
+MAX_PROBE_SAMPLES = 200_000
+
+
+def as_list(values: Any, name: str) -> list:
+    """`values` (a list, tuple, range or array) as a list; ValueError naming `name` for one value or a string."""
+    if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__iter__"):
+        raise ValueError(f"{name} must be a list, got {values!r:.60}")
+    return list(values)
+
+
+def check_lengths(lengths: Any, name: str = "lengths") -> list[int]:
+    """A non-empty list of prompt lengths, whole numbers of tokens in 1..MAX_PROBE_LENGTH."""
+    lengths = as_list(lengths, name)
+    if not lengths:
+        raise ValueError(f"{name} needs at least one value")
+    for length in lengths:
+        if not isinstance(length, numbers.Integral) or isinstance(length, bool) or not 0 < length <= MAX_PROBE_LENGTH:
+            raise ValueError(f"{name} are whole numbers of tokens in 1..{MAX_PROBE_LENGTH:,}, got {length!r}")
+    return [int(length) for length in lengths]
+
+
+def check_depths(depths: Any, name: str = "depths") -> list[float]:
+    """A non-empty list of depths, fractions of the prompt in [0, 1]."""
+    depths = as_list(depths, name)
+    if not depths:
+        raise ValueError(f"{name} needs at least one value")
+    for depth in depths:
+        if not isinstance(depth, numbers.Real) or isinstance(depth, bool) or not 0 <= depth <= 1:
+            raise ValueError(f"depth must lie in [0, 1] ({name} are fractions of the prompt), got {depth!r}")
+    return [float(depth) for depth in depths]
+
+
+def check_grid_size(samples: int) -> None:
+    """A run's cells x samples, against MAX_PROBE_SAMPLES, before any sample is made."""
+    if samples > MAX_PROBE_SAMPLES:
+        raise ValueError(f"this grid asks for {samples:,} samples, over the {MAX_PROBE_SAMPLES:,} a probe run may; "
+                         "ask fewer lengths, depths or n")
+
+
 def check_length(length: int, minimum: int, what: str) -> None:
     if not isinstance(length, int) or isinstance(length, bool) or length <= 0:
         raise ValueError(f"length must be a positive integer number of tokens, got {length!r}")
+    if length > MAX_PROBE_LENGTH:
+        raise ValueError(f"length {length:,} is over the probes' limit of {MAX_PROBE_LENGTH:,} tokens")
     if length < minimum:
         raise ValueError(f"length {length} is shorter than the {what} itself ({minimum} tokens)")
 

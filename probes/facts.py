@@ -33,6 +33,8 @@ JOBS = """baker sculptor navigator brewer tailor cartographer jeweler astronomer
 bookbinder glassblower locksmith mason miller optician perfumer saddler shipwright stonecutter
 tanner violinist weaver watchmaker archivist botanist chemist engraver falconer ferrier
 herbalist illustrator lutist mapmaker organist printer puppeteer roofer surveyor thatcher""".split()
+#: the most people a knowledge base holds (training's data.n_entities cap too)
+MAX_ENTITIES = 1_000_000
 ATTRIBUTES = ("birth_year", "city", "job")
 
 STATEMENTS = {
@@ -59,8 +61,10 @@ class KnowledgeBase:
     """`n_entities` invented people with three attributes each, fixed by `kb_seed`."""
 
     def __init__(self, kb_seed: int = 0, n_entities: int = 1000) -> None:
-        if not isinstance(n_entities, int) or n_entities <= 0:
-            raise ValueError(f"n_entities must be a positive integer, got {n_entities!r}")
+        if not isinstance(n_entities, int) or isinstance(n_entities, bool) or not 0 < n_entities <= MAX_ENTITIES:
+            raise ValueError(f"n_entities must be a whole number of people in 1..{MAX_ENTITIES:,}, got {n_entities!r}")
+        if not isinstance(kb_seed, int) or isinstance(kb_seed, bool):
+            raise ValueError(f"kb_seed must be a whole number, got {kb_seed!r}")
         self.kb_seed, self.n_entities = kb_seed, n_entities
         rng = random.Random(f"kb-{kb_seed}")
         names: set[str] = set()
@@ -121,10 +125,17 @@ def score(prediction: str, sample: Sample) -> bool:
 
 
 def knowledge_base_of(model, kb_seed: int | None = None, n_entities: int | None = None) -> KnowledgeBase:
-    """The knowledge base the model was trained on, as its card names it (unless given)."""
+    """The knowledge base the model was trained on, as its card names it (unless given); ValueError naming the
+    card's field where it holds something else than a knowledge base's seed and size."""
     card = model.card.get("facts", {})
-    return KnowledgeBase(card.get("kb_seed", 0) if kb_seed is None else kb_seed,
-                         card.get("n_entities", 1000) if n_entities is None else n_entities)
+    if not isinstance(card, dict):
+        raise ValueError(f"the model's card.json: facts must be an object with kb_seed and n_entities, got {card!r:.60}")
+    try:
+        return KnowledgeBase(card.get("kb_seed", 0) if kb_seed is None else kb_seed,
+                             card.get("n_entities", 1000) if n_entities is None else n_entities)
+    except ValueError as exc:
+        named_by_card = (kb_seed is None and "kb_seed" in str(exc)) or (n_entities is None and "n_entities" in str(exc))
+        raise ValueError(f"the model's card.json: facts.{exc}" if named_by_card else str(exc)) from exc
 
 
 def run(

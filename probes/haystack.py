@@ -13,6 +13,8 @@ import re
 from pathlib import Path
 from typing import Iterator, Protocol
 
+from memviz.files import check_regular_file
+
 ADJECTIVES = """quiet bright narrow ancient gentle restless silver hollow distant crowded humble
 steady patient curious golden pale crooked heavy tender brittle sudden calm wide rusty woven
 lonely busy frozen warm hidden faded noble simple clever wild modest honest fragile swift
@@ -116,6 +118,10 @@ class ProceduralHaystack:
             yield _fill(rng, rng.choice(TEMPLATES))
 
 
+#: the largest text file read as a haystack (a shelf of novels; the whole file is held as sentences)
+MAX_HAYSTACK_FILE_BYTES = 64 * 2**20
+
+
 class FileHaystack:
     """Sentences of a local plain-text file, cycling from a seeded starting sentence."""
 
@@ -125,6 +131,7 @@ class FileHaystack:
         from probes.texts import read_utf8
 
         path = Path(path).expanduser()
+        check_regular_file(path, MAX_HAYSTACK_FILE_BYTES, "haystack file")
         text = read_utf8(path, "haystack file")
         self.items = [s for s in (" ".join(p.split()) for p in self.SENTENCE_END.split(text)) if s]
         if not self.items:

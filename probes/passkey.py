@@ -16,8 +16,8 @@ from typing import Callable, Sequence
 
 import pandas as pd
 
-from probes.common import (Sample, accuracy_heatmap, check_length, check_n, check_workers, run_in_workers, run_samples,
-                           sample_rng, spans_of, take_filler)
+from probes.common import (Sample, accuracy_heatmap, as_list, check_depths, check_grid_size, check_length, check_lengths,
+                           check_n, check_workers, run_in_workers, run_samples, sample_rng, spans_of, take_filler)
 from probes.haystack import make_haystack
 
 INSTRUCTION = (
@@ -98,12 +98,11 @@ def run(
     n_tokens, evidence). `workers` > 1 splits the grid over that many processes."""
     check_n(n)
     check_workers(workers)
-    lengths, depths = list(lengths), list(depths)
+    lengths, depths = as_list(lengths, "lengths"), as_list(depths, "depths")
     if not lengths or not depths:
         raise ValueError(f"lengths and depths need at least one value each, got lengths={lengths} and depths={depths}")
-    for d in depths:
-        if not 0.0 <= d <= 1.0:
-            raise ValueError(f"depth must lie in [0, 1], got {d!r}")
+    lengths, depths = check_lengths(lengths), check_depths(depths)
+    check_grid_size(len(lengths) * len(depths) * n)
     fixed = len(model.tokenizer.encode(INSTRUCTION + " " + needle(12345) + "\n" + QUESTION))
     for length in lengths:
         check_length(length, fixed, "instruction, needle and question")

@@ -17,7 +17,7 @@ from typing import Callable, Mapping, Sequence
 
 import pandas as pd
 
-from probes.common import Sample, check_n, run_samples, sample_rng, spans_of, take_filler
+from probes.common import Sample, as_list, check_grid_size, check_n, run_samples, sample_rng, spans_of, take_filler
 from probes.haystack import make_haystack
 from probes.passkey import INSTRUCTION, QUESTION, leading_digits, needle, score
 
@@ -48,7 +48,7 @@ def seeded_sample(tokenizer, distance: int, seed: int, index: int, prefix: int =
 
 
 def check_distances(distances: Sequence[int]) -> list[int]:
-    distances = list(distances)
+    distances = as_list(distances, "distances")
     if not distances:
         raise ValueError("give at least one distance")
     for d in distances:
@@ -70,6 +70,7 @@ def run(
     length, answer, prediction, correct, leading_digits (and n_tokens, evidence)."""
     check_n(n)
     distances = check_distances(distances)
+    check_grid_size(len(distances) * n)
     if not isinstance(prefix, int) or prefix < 0:
         raise ValueError(f"prefix must be a non-negative number of tokens, got {prefix!r}")
     samples: dict[tuple[int, int], Sample] = {}

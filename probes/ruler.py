@@ -45,8 +45,8 @@ from typing import Callable, Sequence
 
 import pandas as pd
 
-from probes.common import (Sample, accuracy_heatmap, check_n, check_workers, run_in_workers, run_samples, sample_rng,
-                           spans_of)
+from probes.common import (Sample, accuracy_heatmap, as_list, check_depths, check_grid_size, check_lengths, check_n,
+                           check_workers, run_in_workers, run_samples, sample_rng, spans_of)
 from probes.haystack import RepeatedHaystack, make_haystack
 
 NOISE = list(RepeatedHaystack.SENTENCES)
@@ -384,15 +384,14 @@ def run(
     `workers` > 1 splits the grid over that many processes (`probes.common.run_in_workers`)."""
     check_n(n)
     check_workers(workers)
-    tasks, lengths = list(tasks), list(lengths)
+    tasks, lengths = as_list(tasks, "tasks"), as_list(lengths, "lengths")
     if not tasks or not lengths:
         raise ValueError(f"tasks and lengths need at least one value each, got tasks={tasks} and lengths={lengths}")
+    lengths = check_lengths(lengths)
     for task in tasks:
         check_task(task)
-    cells = [None] if depths is None else list(depths)
-    for depth in cells:
-        if depth is not None and not 0.0 <= depth <= 1.0:
-            raise ValueError(f"depth must lie in [0, 1], got {depth!r}")
+    cells = [None] if depths is None else check_depths(depths)
+    check_grid_size(len(tasks) * len(lengths) * len(cells) * n)
     for task in tasks:  # every cell's shortest prompt fits, or one clear error before any generation
         for length in lengths:
             seeded_sample(model.tokenizer, task, length, seed, 0, cells[0], haystack)

@@ -321,3 +321,318 @@ def test_a_trace_that_stays_finite_records_nothing_and_its_figures_say_nothing_o
     trace = memviz.trace(small_model("titans", segment_len=8, memory={"variant": "mac"}), "a" * 40)
     assert trace.meta["non_finite"] == {} and trace.diverged_at is None
     assert not any("finite" in (fig.layout.title.text or "") for fig in family_figures(trace).values())
+
+
+# ----- limits checked before the work, within 200 MB of peak memory --------------------------------
+BPE_TOKENIZER = ROOT / "sample_checkpoints" / "memory_plus_shared" / "tokenizer.json"
+
+PEAK_SCRIPT = """
+import json, resource, sys
+import torch
+import memviz
+from memviz import ModelConfig
+from memviz.tokenizer import load_tokenizer
+case = sys.argv[1]
+def model(tokenizer=None):
+    torch.manual_seed(0)
+    vocab = tokenizer.vocab_size if tokenizer is not None else 259
+    return memviz.build_model(ModelConfig(family="sliding_window", d_model=32, n_layers=2, n_heads=2, d_mlp=64,
+                                          window=16, vocab_size=vocab), tokenizer=tokenizer).eval()
+if case == "emoji":
+    m, text = model(), "\\N{GRINNING FACE}" * (10 * 2**20 // 4)
+    call = lambda: memviz.trace(m, text)
+elif case == "long text":
+    import random
+    m = model(load_tokenizer(sys.argv[2]))
+    words = "the quick brown fox jumps over lazy dog memory state token segment".split()
+    text = " ".join(random.Random(0).choice(words) for _ in range(3_500_000))
+    call = lambda: memviz.trace(m, text)
+elif case == "trace file":
+    call = lambda: memviz.Trace.load(sys.argv[2])
+else:
+    from probes import passkey
+    m = model()
+    call = lambda: passkey.run(m, [100_000_000], [0.5], n=1, progress=False)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+try:
+    call()
+    error = None
+except ValueError as exc:
+    error = str(exc)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"error": error, "growth_mb": (after - before) / 1024}))
+"""
+
+
+def refused_within_memory(*args) -> str:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, *map(str, args)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["error"] is not None, "not refused"
+    assert result["growth_mb"] < 200, result
+    return result["error"]
+
+
+def test_ten_megabytes_of_one_emoji_are_refused_before_tokenizing():
+    assert "input has 10,485,760 tokens (one a UTF-8 byte), over the trace limit of 4,000,000" in refused_within_memory("emoji")
+
+
+@pytest.mark.skipif(not BPE_TOKENIZER.is_file(), reason="the BPE sample's tokenizer is not here")
+def test_a_long_text_over_the_trace_limit_is_refused_while_counting_its_tokens():
+    assert "more tokens in its first" in refused_within_memory("long text", BPE_TOKENIZER)
+
+
+def test_a_trace_file_declaring_a_huge_array_is_refused_from_its_header(tmp_path):
+    import io
+    import zipfile
+
+    path = tmp_path / "huge.npz"
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (2**20, 1024)})
+    tokens, meta = io.BytesIO(), io.BytesIO()
+    np.save(tokens, np.zeros(1000, dtype=np.int32))
+    np.save(meta, np.frombuffer(json.dumps({"names": ["x"], "vocab": None, "meta": {}}).encode(), dtype=np.uint8))
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("tokens.npy", tokens.getvalue())
+        archive.writestr("meta_json.npy", meta.getvalue())
+        archive.writestr("array:x.npy", header.getvalue() + bytes(2**26))  # declares 4 GiB; its first 64 MiB
+    message = refused_within_memory("trace file", path)
+    assert message.startswith(f"{path}: array 'x' declares shape (1048576, 1024), not one row per token of its 1,000")
+
+
+def test_a_passkey_length_of_a_hundred_million_is_refused_before_any_prompt():
+    assert "lengths are whole numbers of tokens in 1..4,194,304, got 100000000" in refused_within_memory("passkey")
+
+
+# ----- files read with their size checked first ----------------------------------------------------
+def test_a_haystack_or_babilong_data_path_that_is_a_device_is_refused_unread():
+    from probes import babilong
+    from probes.haystack import FileHaystack
+
+    with pytest.raises(ValueError, match="haystack file /dev/zero is not a regular file"):
+        FileHaystack("/dev/zero")
+    with pytest.raises(ValueError, match="BABILong data file /dev/zero is not a regular file"):
+        babilong.load("/dev/zero", "qa1")
+
+
+def test_a_haystack_file_over_its_cap_is_refused_by_its_size(tmp_path, monkeypatch):
+    from probes import haystack
+
+    monkeypatch.setattr(haystack, "MAX_HAYSTACK_FILE_BYTES", 100)
+    book = tmp_path / "book.txt"
+    book.write_text("A sentence. " * 20)
+    with pytest.raises(ValueError, match=r"haystack file .*book.txt has 240 bytes, over the 100"):
+        haystack.FileHaystack(book)
+
+
+def test_the_probes_command_refuses_dev_zero_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    folder = memviz.save(small_model("sliding_window", window=8), tmp_path / "ckpt")
+    for args, named in [(["passkey", folder, "--lengths", 300, "--haystack", "/dev/zero"], "haystack file /dev/zero"),
+                        (["babilong", folder, "--lengths", 300, "--data-path", "/dev/zero"], "BABILong data file /dev/zero"),
+                        (["passkey", folder, "--lengths", 100_000_000], "lengths are whole numbers of tokens")]:
+        out = subprocess.run([sys.executable, "-W", "ignore", "-m", "probes", *map(str, args), "--out", str(tmp_path / "o")],
+                             cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and named in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("top", ['"a string"', "5", "null"])
+def test_babilong_json_whose_top_level_is_not_a_list_names_the_file(top, tmp_path):
+    from probes import babilong
+
+    path = tmp_path / "qa1_1k.json"
+    path.write_text(top)
+    with pytest.raises(ValueError, match=r"qa1_1k.json: expected a non-empty list of samples"):
+        babilong.load(path, "qa1")
+
+
+def test_a_babilong_row_far_longer_than_its_length_is_refused_naming_the_file_and_row(tmp_path):
+    from probes import babilong
+
+    rows = [{"input": "Mary went to the kitchen. ", "question": "Where is Mary?", "target": "kitchen"},
+            {"input": "Mary went to the office. " * 80_000, "question": "Where is Mary?", "target": "office"}]
+    path = tmp_path / "qa1_1k.json"
+    path.write_text(json.dumps(rows))
+    with pytest.raises(ValueError, match=r"qa1_1k.json: sample 1's input has 2,000,000 characters, more than a prompt "
+                                         r"of 1,000 tokens can hold"):
+        babilong.load(path, "qa1", 1000)
+    assert len(babilong.load(path, "qa1")) == 2
+
+
+def test_a_card_asking_for_a_billion_people_is_refused_naming_the_field():
+    from probes import facts
+
+    model = small_model("sliding_window", window=8)
+    model.card["facts"] = {"kb_seed": 0, "n_entities": 10**9}
+    with pytest.raises(ValueError, match=r"card.json: facts.n_entities must be a whole number of people in 1..1,000,000"):
+        facts.run(model, n=1, progress=False)
+    model.card["facts"] = "people"
+    with pytest.raises(ValueError, match="card.json: facts must be an object"):
+        facts.run(model, n=1, progress=False)
+
+
+# ----- probes' own arguments --------------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs, named", [
+    (dict(lengths=[300], depths=["0.5"]), r"depth must lie in \[0, 1\] \(depths are fractions of the prompt\), got '0.5'"),
+    (dict(lengths=128, depths=[0.5]), "lengths must be a list, got 128"),
+    (dict(lengths=["300"], depths=[0.5]), "lengths are whole numbers of tokens in 1..4,194,304, got '300'"),
+    (dict(lengths=[300], depths=0.5), "depths must be a list, got 0.5"),
+    (dict(lengths=list(range(300, 1300)), depths=[i / 100 for i in range(100)], n=50), "5,000,000 samples, over the 200,000"),
+])
+def test_passkey_arguments_of_the_wrong_type_name_the_argument(kwargs, named):
+    from probes import passkey
+
+    with pytest.raises(ValueError, match=named):
+        passkey.run(small_model("sliding_window", window=8), progress=False, **kwargs)
+
+
+@pytest.mark.parametrize("case", ["a file", "under a file"])
+def test_probes_out_that_cannot_be_written_is_refused_before_the_run(case, tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "file").write_text("x")
+    out_path = tmp_path / "file" if case == "a file" else tmp_path / "file" / "results"
+    out = subprocess.run([sys.executable, "-W", "ignore", "-m", "probes", "passkey", "/no/such/checkpoint", "--lengths", "300",
+                          "--out", str(out_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.startswith("error: --out ") and str(out_path) in out.stderr, out.stderr
+
+
+def test_probes_facts_on_a_model_never_trained_on_facts_says_so(tmp_path):
+    import subprocess
+    import sys
+
+    folder = memviz.save(small_model("sliding_window", window=8), tmp_path / "ckpt")
+    out = subprocess.run([sys.executable, "-W", "ignore", "-m", "probes", "facts", str(folder), "--n", "1", "--no-progress",
+                          "--out", str(tmp_path / "o")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "its card names no facts knowledge base" in out.stderr, out.stderr
+
+
+# ----- text and tokenizers -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def bpe_model():
+    from memviz.tokenizer import load_tokenizer
+
+    if not BPE_TOKENIZER.is_file():
+        pytest.skip("the BPE sample's tokenizer is not here")
+    tokenizer = load_tokenizer(BPE_TOKENIZER)
+    torch.manual_seed(0)
+    return memviz.build_model(memviz.ModelConfig(family="sliding_window", d_model=32, n_layers=2, n_heads=2, d_mlp=64,
+                                                 window=8, vocab_size=tokenizer.vocab_size), tokenizer=tokenizer).eval()
+
+
+@pytest.mark.parametrize("which", ["byte", "bpe"])
+@pytest.mark.parametrize("prompt, error, named", [(None, TypeError, "text must be a str, got NoneType"),
+                                                  (b"hello", TypeError, "text must be a str, got bytes: decode it first"),
+                                                  ("a\ud800b", ValueError, r"lone surrogate \(U\+D800\) at character 1")])
+def test_generate_names_a_prompt_that_is_not_text(which, prompt, error, named, request):
+    model = request.getfixturevalue("bpe_model") if which == "bpe" else small_model("sliding_window", window=8)
+    with pytest.raises(error, match=named):
+        model.generate(prompt, max_new_tokens=2)
+
+
+def bpe_checkpoint(model, tmp_path, edit):
+    folder = memviz.save(model, tmp_path / "bpe")
+    data = json.loads((folder / "tokenizer.json").read_text())
+    edit(data["model"]["vocab"])
+    (folder / "tokenizer.json").write_text(json.dumps(data))
+    return folder
+
+
+def test_a_tokenizer_whose_tokens_share_ids_or_leave_the_vocabulary_is_refused_naming_the_file(bpe_model, tmp_path):
+    def share(vocab):
+        for token in list(vocab)[100:140]:
+            vocab[token] = 5
+
+    def past(vocab):
+        vocab[list(vocab)[100]] = len(vocab) + 50
+
+    with pytest.raises(memviz.CheckpointError, match=r"bpe/tokenizer.json: 41 tokens share 1 id \(id 5: .*each token needs its own id"):
+        memviz.load(bpe_checkpoint(bpe_model, tmp_path / "a", share))
+    with pytest.raises(memviz.CheckpointError, match=r"bpe/tokenizer.json: .*token ids \[1071\] .* lie outside the vocabulary"):
+        memviz.load(bpe_checkpoint(bpe_model, tmp_path / "b", past))
+
+
+@pytest.mark.parametrize("case, named", [("a folder", "is a folder"), ("a device", "is not a regular file"),
+                                         ("missing", "does not exist")])
+def test_a_tokenizer_path_that_is_not_a_file_is_refused_naming_it(case, named, tmp_path):
+    from memviz.tokenizer import load_tokenizer
+
+    path = {"a folder": tmp_path, "a device": Path("/dev/zero"), "missing": tmp_path / "none.json"}[case]
+    with pytest.raises(ValueError, match=f"tokenizer file {re.escape(str(path))} {named}"):
+        load_tokenizer(path)
+
+
+# ----- trace files and trace arguments ---------------------------------------------------------------
+@pytest.fixture(scope="module")
+def saved_trace(tmp_path_factory):
+    model = small_model("sliding_window", window=8)
+    return memviz.trace(model, "hello there, general", evidence=[[2, 5]]).save(tmp_path_factory.mktemp("t") / "t.npz")
+
+
+def rewritten(saved: Path, out: Path, **changes) -> Path:
+    """The trace file `saved` with arrays or meta fields replaced (meta fields by a callable on the meta dict)."""
+    with np.load(saved) as data:
+        payload = {k: data[k] for k in data.files}
+    meta = json.loads(bytes(payload["meta_json"]).decode())
+    if "meta" in changes:
+        changes.pop("meta")(meta)
+    payload["meta_json"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    payload.update(changes)
+    np.savez(out, **payload)
+    return out
+
+
+INSIDE = r"is not \[start, stop\) inside its 20 tokens"
+TRACE_FILE_CASES = {
+    "evidence past the end": (dict(meta=lambda m: m["meta"].update(evidence=[[3, 999999999]])),
+                              rf"evidence span \[3, 999999999\] {INSIDE}"),
+    "answer past the end": (dict(meta=lambda m: m["meta"].update(answer=[20, 40])), rf"answer span \[20, 40\] {INSIDE}"),
+    "negative token ids": (dict(tokens=np.array([-1] + [5] * 19, dtype=np.int32)), r"token ids range over \[-1, 5\]"),
+    "token ids past the vocabulary": (dict(tokens=np.array([2**40] + [5] * 19, dtype=np.int64)),
+                                      "outside the vocabulary's 259"),
+    "NaN token ids": (dict(tokens=np.array([np.nan] + [5.0] * 19)),
+                      "tokens must be a 1-D array of integer ids, declared float64"),
+    "2-D tokens": (dict(tokens=np.zeros((20, 2), dtype=np.int32)),
+                   r"tokens must be a 1-D array of integer ids, declared int32 \(20, 2\)"),
+    "a 0-d array": (dict(**{"array:loss": np.float32(1.0)}), r"array 'loss' declares shape \(\)"),
+    "meta a list": (dict(meta_json=np.frombuffer(b"[1, 2]", dtype=np.uint8)), "meta_json is not an object"),
+    "a short vocabulary": (dict(meta=lambda m: m.update(vocab=m["vocab"][:10])), "outside the vocabulary's 10 ids"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TRACE_FILE_CASES))
+def test_a_trace_file_that_does_not_fit_its_input_is_refused_naming_the_file(case, saved_trace, tmp_path):
+    from memviz.trace import TraceFileError
+
+    changes, named = TRACE_FILE_CASES[case]
+    path = rewritten(saved_trace, tmp_path / "bad.npz", **changes)
+    with pytest.raises(TraceFileError, match=rf"bad.npz: .*{named}"):
+        memviz.Trace.load(path)
+
+
+def test_a_trace_file_with_a_crc_error_names_the_file(saved_trace, tmp_path):
+    data = bytearray(saved_trace.read_bytes())
+    start = data.index(b"meta_json") + 40  # inside the meta member's compressed bytes
+    data[start:start + 8] = bytes(8)
+    path = tmp_path / "crc.npz"
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"crc.npz: not a memviz trace file"):
+        memviz.Trace.load(path)
+
+
+def test_a_saved_trace_still_loads_whole(saved_trace):
+    loaded = memviz.Trace.load(saved_trace)
+    assert loaded.meta["evidence"] == [[2, 5]] and len(loaded) == 20 and loaded.token_text(0, 2) == ["h", "e"]
+
+
+@pytest.mark.parametrize("evidence", [[["a", "b"]], [[3, 2]], [[0, 10**9]], [5], [[1.5, 3]]])
+def test_trace_evidence_that_is_not_a_span_of_the_input_names_it(evidence):
+    with pytest.raises(ValueError, match="evidence span .* is not \\[start, stop\\) of token positions inside the input's 20 tokens"):
+        memviz.trace(small_model("sliding_window", window=8), "hello there, general", evidence=evidence)

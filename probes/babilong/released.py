@@ -7,9 +7,15 @@ from pathlib import Path
 
 import pandas as pd
 
+from memviz.files import check_regular_file
+from memviz.trace import MAX_CHARS_PER_TOKEN
 from probes.babilong.samples import question_suffix
 from probes.babilong.stories import check_task, task_labels
 from probes.common import Sample
+
+#: the largest released file read (the 1M-token split of one task is about 400 MB)
+MAX_DATA_FILE_BYTES = 2**30
+
 
 def load(data_path: str | Path, task: str, length: str | int | None = None) -> list[dict]:
     """Rows {input, question, target} of a released BABILong file, or of the file for `task`
@@ -20,6 +26,7 @@ def load(data_path: str | Path, task: str, length: str | int | None = None) -> l
         raise ValueError(f"BABILong data path {path} does not exist")
     if path.is_dir():
         path = find_file(path, task, length)
+    check_regular_file(path, MAX_DATA_FILE_BYTES, "BABILong data file")
     try:
         if path.suffix == ".parquet":
             rows = pd.read_parquet(path).to_dict("records")
@@ -27,11 +34,12 @@ def load(data_path: str | Path, task: str, length: str | int | None = None) -> l
             rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
         else:
             data = json.loads(path.read_text(encoding="utf-8"))
-            rows = data if isinstance(data, list) else data.get(task, data.get("data"))
+            rows = data if isinstance(data, list) else data.get(task, data.get("data")) if isinstance(data, dict) else None
     except (OSError, ValueError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path}: cannot read BABILong data ({exc})") from exc
     if not isinstance(rows, list) or not rows:
-        raise ValueError(f"{path}: expected a non-empty list of samples")
+        raise ValueError(f"{path}: expected a non-empty list of samples (or an object holding one under "
+                         f"{task!r} or 'data'), got {type(rows).__name__ if rows is not None else type(data).__name__}")
     missing = [k for k in ("input", "question", "target") if not all(isinstance(r, dict) and k in r for r in rows)]
     if missing:
         raise ValueError(f"{path}: samples lack the fields {missing}")
@@ -40,6 +48,12 @@ def load(data_path: str | Path, task: str, length: str | int | None = None) -> l
         if wrong:
             raise ValueError(f"{path}: sample {i}'s fields {wrong} must be text, got "
                              f"{[type(row[k]).__name__ for k in wrong]}")
+    if isinstance(length, int):
+        longest = max(range(len(rows)), key=lambda i: len(rows[i]["input"]))
+        if len(rows[longest]["input"]) > MAX_CHARS_PER_TOKEN * length:
+            raise ValueError(f"{path}: sample {longest}'s input has {len(rows[longest]['input']):,} characters, more "
+                             f"than a prompt of {length:,} tokens can hold ({MAX_CHARS_PER_TOKEN} a token): not a "
+                             f"length-{length_label(length)} file")
     return [{"input": r["input"], "question": r["question"], "target": r["target"]} for r in rows]
 
 

@@ -12,7 +12,7 @@ import pandas as pd
 from probes.babilong.released import load, released_sample
 from probes.babilong.samples import seeded_sample
 from probes.babilong.stories import check_task, vocabulary
-from probes.common import Sample, accuracy_heatmap, check_n, run_samples
+from probes.common import Sample, accuracy_heatmap, as_list, check_grid_size, check_lengths, check_n, run_samples
 
 def first_sentence(output: str) -> str:
     return output.lower().split(".")[0]
@@ -42,9 +42,12 @@ def run(
     """One row per sample: task, length, answer, prediction, correct (depth is the position of
     the last supporting fact, as a fraction of the prompt, for generated samples)."""
     check_n(n)
-    tasks, lengths = list(tasks), list(lengths)
+    tasks, lengths = as_list(tasks, "tasks"), as_list(lengths, "lengths")
     if not tasks or not lengths:
         raise ValueError("give at least one task and one length")
+    if data_path is None:
+        lengths = check_lengths(lengths)
+    check_grid_size(len(tasks) * len(lengths) * n)
     for task in tasks:
         check_task(task)
     vocabulary(names)
