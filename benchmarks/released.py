@@ -3,7 +3,8 @@
 
 The model is Qwen3.5-0.8B's published text config (24 layers, 18 Gated DeltaNet layers of 16 heads of
 128 x 128, 6 gated-attention layers with 2 key/value heads of 256, vocabulary 248,320) with random
-weights, built by transformers itself (`--tiny` swaps in a 4-layer model for a smoke run). For each
+weights, built by transformers itself (`--tiny` swaps in a 4-layer model for a smoke run; `--layers`
+and `--vocab` keep the layers' shapes and cut their number or the vocabulary). For each
 length, on random token ids, interleaved over `--repeats` rounds:
 
   * `transformers`: transformers' own forward over the input, chunk by chunk (memviz's chunk length)
@@ -57,7 +58,9 @@ def build(shape: dict):
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.train_from_iterator(["random weights"], trainer=trainers.BpeTrainer(
         vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
-    return hf.from_transformers(model, backend, name="qwen3_5-0.8b-shape" if shape is QWEN3_5_0_8B else "tiny")
+    changed = sorted(k for k in shape if shape[k] != QWEN3_5_0_8B.get(k))
+    return hf.from_transformers(model, backend, name="qwen3_5-0.8b-shape" + "".join(f" {k}={shape[k]}" for k in changed
+                                                                                    if k != "layer_types"))
 
 
 def status(field: str) -> int:
@@ -119,10 +122,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bridge-gib", type=float, default=8.0, help="the most the bridge's kept states may take")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--tiny", action="store_true", help="a 4-layer model of the same kind (a smoke run)")
+    parser.add_argument("--layers", type=int, help="the published shape's first LAYERS layers only")
+    parser.add_argument("--vocab", type=int, help="a smaller vocabulary (the unembedding dominates a short stack)")
     parser.add_argument("--out", type=Path, help="also write the results here as JSON")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    model = build(TINY if args.tiny else QWEN3_5_0_8B)
+    shape = dict(TINY if args.tiny else QWEN3_5_0_8B)
+    if args.layers:
+        shape["num_hidden_layers"] = args.layers
+        shape["layer_types"] = ["full_attention" if (l + 1) % 4 == 0 else "linear_attention" for l in range(args.layers)]
+    if args.vocab:
+        shape.update(vocab_size=args.vocab, eos_token_id=0)
+    model = build(shape)
     gdn = model.hf.model.layers[model.cfg.linear_layers[0]].linear_attn
     state_bytes = len(model.cfg.linear_layers) * gdn.num_v_heads * gdn.head_k_dim * gdn.head_v_dim * 4
     rows = []

@@ -162,28 +162,38 @@ def delta_rule(q: Tensor, k: Tensor, v: Tensor, log_alpha: Tensor, beta: Tensor,
     """S_t = alpha_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T, o_t = S_t^T q_t over chunks
     (q, k [B,H,T,dk], v [B,H,T,dv], log_alpha, beta [B,H,T], S [B,H,dk,dv]) -> (o, ||S_t||_F [B,H,T], S_T).
 
-    Within a chunk from S_0, with gamma_i = prod_{j<=i} alpha_j and u_t = beta_t (v_t - alpha_t S_{t-1}^T k_t):
-      U = (I + diag(beta) A)^-1 diag(beta) (V - diag(gamma) K S_0),  A_ij = (gamma_i/gamma_j) k_i.k_j (j < i)
-      S_i = gamma_i S_0 + sum_{j<=i} (gamma_i/gamma_j) k_j u_j^T,  O = diag(gamma) Q S_0 + (R o Q K^T) U
+    Within a chunk from S_0, with gamma_i = prod_{j<=i} alpha_j, R_ij = gamma_i/gamma_j (j <= i) and
+    u_t = beta_t (v_t - alpha_t S_{t-1}^T k_t), so that S_i = gamma_i S_0 + sum_{j<=i} R_ij k_j u_j^T:
+      U = W_V - W_K S_0,  (W_V, W_K) = (I + diag(beta) strict(R o KK^T))^-1 diag(beta) (V, diag(gamma) K)
+      O = diag(gamma) Q S_0 + (R o QK^T) U
       ||S_i||^2 = gamma_i^2 ||S_0||^2 + 2 gamma_i (R p)_i + (R (KK^T o UU^T) R^T)_ii,  p_j = k_j^T S_0 u_j
-    with R_ij = gamma_i/gamma_j (j <= i), so no per-token state is formed."""
+    W_V, W_K do not depend on S, so every chunk's are solved at once; no per-token state is formed.
+    The input is padded to whole chunks with tokens that neither decay nor write."""
+    T, C = q.shape[2], chunk
+    pad = -T % C
+    q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
+    log_alpha, beta = (F.pad(t, (0, pad)) for t in (log_alpha, beta))
+    Q, K, V = (t.unflatten(2, (-1, C)) for t in (q, k, v))  # [B, H, chunks, C, d]
+    Bt, G = beta.unflatten(2, (-1, C)), log_alpha.unflatten(2, (-1, C)).cumsum(-1)
+    lower = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    R = torch.where(lower, G[..., :, None] - G[..., None, :], -math.inf).exp()
+    gamma, to_end = G.exp(), (G[..., -1:] - G).exp()
+    KK = K @ K.transpose(-1, -2)
+    system = torch.eye(C, dtype=q.dtype, device=q.device) + Bt[..., :, None] * R.tril(-1) * KK
+    W = torch.linalg.solve_triangular(system, Bt[..., None] * torch.cat([V, gamma[..., None] * K], -1), upper=False)
+    WV, WK = W.split([V.shape[-1], K.shape[-1]], -1)
+    QK = R * (Q @ K.transpose(-1, -2))
     outputs, norms = [], []
-    for Q, K, V, B, G in zip(*(t.split(chunk, dim=2) for t in (q, k, v, beta, log_alpha))):
-        C = Q.shape[2]
-        G = G.cumsum(-1)
-        lower = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
-        R = torch.where(lower, G[..., :, None] - G[..., None, :], -math.inf).exp()
-        gamma = G.exp()
-        KK = K @ K.transpose(-1, -2)
-        system = torch.eye(C, dtype=q.dtype, device=q.device) + B[..., :, None] * R.tril(-1) * KK
-        KS = K @ S
-        U = torch.linalg.solve_triangular(system, B[..., None] * (V - gamma[..., None] * KS), upper=False)
-        outputs.append(gamma[..., None] * (Q @ S) + (R * (Q @ K.transpose(-1, -2))) @ U)
-        square = (gamma**2 * S.pow(2).sum((-1, -2))[..., None] + 2 * gamma * (R @ (KS * U).sum(-1)[..., None])[..., 0]
-                  + ((R @ (KK * (U @ U.transpose(-1, -2)))) * R).sum(-1))
+    for i in range(Q.shape[2]):
+        KS = K[:, :, i] @ S
+        U = WV[:, :, i] - WK[:, :, i] @ S
+        g, r = gamma[:, :, i], R[:, :, i]
+        outputs.append(g[..., None] * (Q[:, :, i] @ S) + QK[:, :, i] @ U)
+        square = (g**2 * S.pow(2).sum((-1, -2))[..., None] + 2 * g * (r @ (KS * U).sum(-1)[..., None])[..., 0]
+                  + ((r @ (KK[:, :, i] * (U @ U.transpose(-1, -2)))) * r).sum(-1))
         norms.append(square.clamp_min(0).sqrt())
-        S = gamma[..., -1, None, None] * S + K.transpose(-1, -2) @ ((G[..., -1:] - G).exp()[..., None] * U)
-    return torch.cat(outputs, 2), torch.cat(norms, 2), S
+        S = g[..., -1, None, None] * S + K[:, :, i].transpose(-1, -2) @ (to_end[:, :, i, :, None] * U)
+    return torch.cat(outputs, 2)[:, :, :T], torch.cat(norms, 2)[:, :, :T], S
 
 
 def rate_and_norm_figures(trace, width: int = WIDTH, start: int = 0, stop: int | None = None) -> dict:
