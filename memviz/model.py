@@ -522,6 +522,18 @@ class MemoryLM(HookedRootModule):
             if generic_hook_name(name) in self.memory_hooks
         }
 
+    def attention_score_bytes(self, batch: int, length: int) -> int:
+        """About the bytes the local attention's scores take in a training step over `batch` x `length` tokens in one
+        call: a forward keeps batch x heads x queries x keys probabilities a layer for the backward, with the scores
+        before them (quadratic in the length for causal attention, linear for a window or a segment), and builds a
+        position mask and differences of queries x keys. A family's own memory costs more beside it."""
+        if self.attention is None:
+            return 0
+        span = self.attention.span
+        keys = length if span is None or length <= 2 * span else 2 * span  # LocalAttention's query blocks
+        kept = self.cfg.n_layers * batch * self.cfg.n_heads * length * keys * 2 * self.dtype.itemsize
+        return kept + length * keys * 9  # int64 differences and the boolean mask, one layer at a time
+
     def num_parameters(self, trainable_only: bool = False) -> int:
         seen, total = set(), 0
         for p in self.parameters():

@@ -103,9 +103,14 @@ def test_the_same_thread_may_nest_runs_and_the_model_is_free_after_an_error():
 
 # ----- one run per output folder; an export moves nothing it did not write ------------------------
 def tiny_run(out, steps=2, **overrides):
+    """tests.test_train's tiny config, with whole sections (eval too) merged in."""
     from tests.test_train import tiny_config
+    from training.config import TrainConfig
 
-    return tiny_config(out, steps=steps, **overrides)
+    config = tiny_config(out, steps=steps).to_dict()
+    for key, value in overrides.items():
+        config[key] = {**config[key], **value} if isinstance(value, dict) else value
+    return TrainConfig.from_dict(config)
 
 
 def test_a_second_run_on_one_folder_is_refused_naming_the_first_and_a_dead_owner_is_taken_over(tmp_path):
@@ -636,3 +641,28 @@ def test_a_saved_trace_still_loads_whole(saved_trace):
 def test_trace_evidence_that_is_not_a_span_of_the_input_names_it(evidence):
     with pytest.raises(ValueError, match="evidence span .* is not \\[start, stop\\) of token positions inside the input's 20 tokens"):
         memviz.trace(small_model("sliding_window", window=8), "hello there, general", evidence=evidence)
+
+
+# ----- training limits from the model's own cost, and an eval grid checked before training ----------
+def test_full_attention_over_200k_tokens_is_refused_by_what_its_scores_cost(tmp_path):
+    from training import Trainer
+
+    config = tiny_run(tmp_path / "run", model={"family": "transformer", "window": None}, data={"curriculum": [[0, 200_000]]},
+                      optim={"batch_size": 1})
+    with pytest.raises(ValueError, match=r"data.curriculum's longest length 200,000 x optim.batch_size 1: the causal "
+                                         r"attention's scores alone take about [\d,.]+ GiB a step, over this cpu's"):
+        Trainer(config, progress=False)
+    assert not (tmp_path / "run").exists()
+    window = tiny_run(tmp_path / "window", steps=1, data={"curriculum": [[0, 200_000]]}, optim={"batch_size": 1})
+    assert Trainer(window, progress=False).model.attention_score_bytes(1, 200_000) < 2**30
+
+
+@pytest.mark.parametrize("grid, named", [({"passkey_lengths": [20]}, "eval.passkey_lengths: length 20 is shorter than the "
+                                                                      "instruction, needle and question"),
+                                         ({"babilong_tasks": ["qa1"], "babilong_lengths": [10]},
+                                          "eval.babilong_tasks and babilong_lengths: length 10 is shorter than the qa1 story")])
+def test_an_eval_length_too_short_for_its_probe_is_refused_before_training(grid, named, tmp_path):
+    from training import Trainer
+
+    with pytest.raises(ValueError, match=re.escape(named)):
+        Trainer(tiny_run(tmp_path / "run", eval=grid), progress=False)

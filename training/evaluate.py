@@ -46,6 +46,23 @@ def card_eval_grid(card: dict) -> EvalConfig:
         raise ValueError(f"card.json: train_config.{exc}") from exc
 
 
+def check_grid_fits(tokenizer, grid: EvalConfig, haystack: str = "procedural") -> None:
+    """Make each probe's shortest prompt of the grid once, so a length too short for its task (in this tokenizer's
+    tokens) is refused before training rather than found at the first evaluation or the export."""
+    from probes.babilong.samples import seeded_sample as babilong_sample
+
+    try:
+        if grid.passkey_lengths:
+            passkey.seeded_sample(tokenizer, min(grid.passkey_lengths), 0.5, grid.seed, 0)
+    except ValueError as exc:
+        raise ValueError(f"eval.passkey_lengths: {exc}") from exc
+    try:
+        for task in grid.babilong_tasks if grid.babilong_lengths else ():
+            babilong_sample(tokenizer, task, min(grid.babilong_lengths), grid.seed, 0, haystack)
+    except ValueError as exc:
+        raise ValueError(f"eval.babilong_tasks and babilong_lengths: {exc}") from exc
+
+
 def trained_haystack(card: dict) -> str:
     """The background a checkpoint's BABILong stories were trained in (its card's data.haystack)."""
     return card_train_config(card).get("data", {}).get("haystack", "procedural")

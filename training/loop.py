@@ -43,7 +43,7 @@ from memviz.models import build_model
 from memviz.tokenizer import load_tokenizer
 from training.config import OptimConfig, TrainConfig, TrainingDiverged
 from training.data import TaskSampler, build_tokenizer
-from training.evaluate import probe_scores
+from training.evaluate import check_grid_fits, probe_scores
 from training.runlock import LOCK_NAME, RunLock
 
 
@@ -175,6 +175,9 @@ class Trainer:
                 for path in earlier:
                     shutil.rmtree(path) if path.is_dir() else path.unlink()
         self.model = self.build_model(checkpoint)
+        self.check_step_memory()
+        if self.rank == 0:
+            check_grid_fits(self.model.tokenizer, cfg.eval, cfg.data.haystack)
         self.sampler = TaskSampler(self.model.tokenizer, cfg.data)
         self.prefix_states: dict[int, Any] = {}  # data.prefix_tokens: n -> the state after n tokens of filler
         self.check_prefix()
@@ -209,6 +212,21 @@ class Trainer:
         if cfg.optim.train_only:
             freeze_all_but(model, cfg.optim.train_only)
         return model.to(self.device).train()
+
+    def check_step_memory(self) -> None:
+        """Refuse, before the first step, a curriculum whose longest batch the model's attention cannot hold in this
+        machine's memory (`MemoryLM.attention_score_bytes`; the token cap alone does not see that causal attention
+        is quadratic in the length)."""
+        longest = max(length for _, length in self.cfg.data.curriculum)
+        batch = self.cfg.optim.batch_size
+        need = self.model.attention_score_bytes(batch, longest)
+        have = (torch.cuda.get_device_properties(self.device).total_memory if self.device.type == "cuda"
+                else physical_memory_bytes())
+        if have and need > have:
+            raise ValueError(f"data.curriculum's longest length {longest:,} x optim.batch_size {batch}: the "
+                             f"{self.model.attention.kind} attention's scores alone take about {need / 2**30:,.1f} GiB a "
+                             f"step, over this {self.device.type}'s {have / 2**30:,.1f} GiB (shorten the curriculum, lower the batch, "
+                             "or attend over a window)")
 
     def check_prefix(self) -> None:
         longest_prefix = max((n for _, n in self.cfg.data.prefix_tokens), default=0)
@@ -466,6 +484,14 @@ def check_export_folder(directory: str | Path) -> None:
         ancestor = ancestor.parent
     if not ancestor.is_dir() or not os.access(ancestor, os.W_OK):
         raise ValueError(f"--export: cannot make {path}: {ancestor} is not a folder this process can write in")
+
+
+def physical_memory_bytes() -> int:
+    """This machine's memory (0 where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
 
 
 def machine_description() -> str:
