@@ -45,7 +45,7 @@ TINY = {**QWEN3_5_0_8B, "vocab_size": 512, "hidden_size": 64, "intermediate_size
         "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16}
 
 
-def build(shape: dict):
+def build(shape: dict, name: str):
     """memviz's model over a random-weight transformers Qwen3_5ForCausalLM of `shape`."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
@@ -58,9 +58,7 @@ def build(shape: dict):
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.train_from_iterator(["random weights"], trainer=trainers.BpeTrainer(
         vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
-    changed = sorted(k for k in shape if shape[k] != QWEN3_5_0_8B.get(k))
-    return hf.from_transformers(model, backend, name="qwen3_5-0.8b-shape" + "".join(f" {k}={shape[k]}" for k in changed
-                                                                                    if k != "layer_types"))
+    return hf.from_transformers(model, backend, name=name)
 
 
 def status(field: str) -> int:
@@ -133,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
         shape["layer_types"] = ["full_attention" if (l + 1) % 4 == 0 else "linear_attention" for l in range(args.layers)]
     if args.vocab:
         shape.update(vocab_size=args.vocab, eos_token_id=0)
-    model = build(shape)
+    name = "tiny" if args.tiny else "qwen3_5-0.8b-shape" + (f" {args.layers} layers" if args.layers else "") + (
+        f" vocab {args.vocab}" if args.vocab else "")
+    model = build(shape, name)
     gdn = model.hf.model.layers[model.cfg.linear_layers[0]].linear_attn
     state_bytes = len(model.cfg.linear_layers) * gdn.num_v_heads * gdn.head_k_dim * gdn.head_v_dim * 4
     rows = []
