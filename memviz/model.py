@@ -32,6 +32,8 @@ from memviz.trace import generic_hook_name
 from memviz.tokenizer import ByteTokenizer, Tokenizer
 
 StateTree = Any  # nested dicts/lists of tensors; a leaf may be a value object (memviz.bank.ChunkBank)
+#: the longest prompt `generate` reads, in tokens (a probe's longest prompt too)
+MAX_PROMPT_TOKENS = 1 << 22
 BACKBONE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "d_head", "d_mlp", "rope_base", "norm_eps",
                    "tie_embeddings", "embed_scale")  # what a backbone's weights mean
 
@@ -420,8 +422,9 @@ class MemoryLM(HookedRootModule):
         return out
 
     def generate(self, prompt: str, max_new_tokens: int = 16) -> str:
-        """Greedy continuation of `prompt`, streaming over long prompts in bounded memory."""
-        ids = self.tokenizer.encode(prompt)
+        """Greedy continuation of `prompt`, streaming over long prompts in bounded memory; a prompt of more than
+        MAX_PROMPT_TOKENS is refused before it is tokenized whole."""
+        ids = self.tokenizer.encode_within(prompt, MAX_PROMPT_TOKENS, "prompt", "prompt limit")
         if not ids:
             raise ValueError("empty prompt: at least one token is needed")
         with self.evaluating():

@@ -107,7 +107,8 @@ class ByteTokenizer(Tokenizer):
 
     def encode_within(self, text: str, max_tokens: int, what: str = "input", limit: str = "limit") -> list[int]:
         """`encode(text)`, refusing before it a text of more than `max_tokens` bytes (one token each)."""
-        n_bytes = utf8_length(check_text(text, what)) if 4 * len(text) > max_tokens else 0
+        check_text(text, what)
+        n_bytes = utf8_length(text) if 4 * len(text) > max_tokens else 0
         if n_bytes > max_tokens:
             raise ValueError(f"{what} has {n_bytes:,} tokens (one a UTF-8 byte), over the {limit} of {max_tokens:,}; "
                              "nothing was run")

@@ -533,8 +533,8 @@ def bpe_model():
 
 
 @pytest.mark.parametrize("which", ["byte", "bpe"])
-@pytest.mark.parametrize("prompt, error, named", [(None, TypeError, "text must be a str, got NoneType"),
-                                                  (b"hello", TypeError, "text must be a str, got bytes: decode it first"),
+@pytest.mark.parametrize("prompt, error, named", [(None, TypeError, "prompt must be a str, got NoneType"),
+                                                  (b"hello", TypeError, "prompt must be a str, got bytes: decode it first"),
                                                   ("a\ud800b", ValueError, r"lone surrogate \(U\+D800\) at character 1")])
 def test_generate_names_a_prompt_that_is_not_text(which, prompt, error, named, request):
     model = request.getfixturevalue("bpe_model") if which == "bpe" else small_model("sliding_window", window=8)
@@ -666,3 +666,11 @@ def test_an_eval_length_too_short_for_its_probe_is_refused_before_training(grid,
 
     with pytest.raises(ValueError, match=re.escape(named)):
         Trainer(tiny_run(tmp_path / "run", eval=grid), progress=False)
+
+
+def test_generate_refuses_a_prompt_over_its_limit_before_tokenizing_it(monkeypatch):
+    import memviz.model as model_module
+
+    monkeypatch.setattr(model_module, "MAX_PROMPT_TOKENS", 100)
+    with pytest.raises(ValueError, match="prompt has 400 tokens \\(one a UTF-8 byte\\), over the prompt limit of 100"):
+        small_model("sliding_window", window=8).generate("\N{GRINNING FACE}" * 100)
