@@ -537,6 +537,12 @@ class MemoryLM(HookedRootModule):
         kept = self.cfg.n_layers * batch * self.cfg.n_heads * length * keys * 2 * self.dtype.itemsize
         return kept + length * keys * 9  # int64 differences and the boolean mask, one layer at a time
 
+    def memory_step_bytes(self, batch: int, length: int) -> int:
+        """About the bytes the family's memory takes in a training step over `batch` x `length` tokens in one call,
+        beside the attention's scores; a family whose memory grows faster than its activations overrides this, and
+        training refuses a curriculum whose step would not fit (0 here: nothing beyond the activations)."""
+        return 0
+
     def num_parameters(self, trainable_only: bool = False) -> int:
         seen, total = set(), 0
         for p in self.parameters():

@@ -649,8 +649,9 @@ def test_full_attention_over_200k_tokens_is_refused_by_what_its_scores_cost(tmp_
 
     config = tiny_run(tmp_path / "run", model={"family": "transformer", "window": None}, data={"curriculum": [[0, 200_000]]},
                       optim={"batch_size": 1})
-    with pytest.raises(ValueError, match=r"data.curriculum's longest length 200,000 x optim.batch_size 1: the causal "
-                                         r"attention's scores alone take about [\d,.]+ GiB a step, over this cpu's"):
+    with pytest.raises(ValueError, match=r"data.curriculum's longest length 200,000 x optim.batch_size 1: a step of "
+                                         r"this transformer model takes about [\d,.]+ GiB for its causal attention's "
+                                         r"scores and its memory, over this cpu's"):
         Trainer(config, progress=False)
     assert not (tmp_path / "run").exists()
     window = tiny_run(tmp_path / "window", steps=1, data={"curriculum": [[0, 200_000]]}, optim={"batch_size": 1})
@@ -674,3 +675,12 @@ def test_generate_refuses_a_prompt_over_its_limit_before_tokenizing_it(monkeypat
     monkeypatch.setattr(model_module, "MAX_PROMPT_TOKENS", 100)
     with pytest.raises(ValueError, match="prompt has 400 tokens \\(one a UTF-8 byte\\), over the prompt limit of 100"):
         small_model("sliding_window", window=8).generate("\N{GRINNING FACE}" * 100)
+
+
+def test_a_family_that_says_what_its_memory_costs_is_refused_by_it(tmp_path, monkeypatch):
+    from memviz.model import MemoryLM
+    from training import Trainer
+
+    monkeypatch.setattr(MemoryLM, "memory_step_bytes", lambda self, batch, length: batch * length * 2**40)
+    with pytest.raises(ValueError, match=r"a step of this sliding_window model takes about [\d,.]+ GiB for its window attention's"):
+        Trainer(tiny_run(tmp_path / "run"), progress=False)

@@ -219,14 +219,15 @@ class Trainer:
         is quadratic in the length)."""
         longest = max(length for _, length in self.cfg.data.curriculum)
         batch = self.cfg.optim.batch_size
-        need = self.model.attention_score_bytes(batch, longest)
+        need = self.model.attention_score_bytes(batch, longest) + self.model.memory_step_bytes(batch, longest)
         have = (torch.cuda.get_device_properties(self.device).total_memory if self.device.type == "cuda"
                 else physical_memory_bytes())
         if have and need > have:
-            raise ValueError(f"data.curriculum's longest length {longest:,} x optim.batch_size {batch}: the "
-                             f"{self.model.attention.kind} attention's scores alone take about {need / 2**30:,.1f} GiB a "
-                             f"step, over this {self.device.type}'s {have / 2**30:,.1f} GiB (shorten the curriculum, lower the batch, "
-                             "or attend over a window)")
+            attention = self.model.attention.kind if self.model.attention is not None else "no"
+            raise ValueError(f"data.curriculum's longest length {longest:,} x optim.batch_size {batch}: a step of this "
+                             f"{self.model.family} model takes about {need / 2**30:,.1f} GiB for its {attention} "
+                             f"attention's scores and its memory, over this {self.device.type}'s {have / 2**30:,.1f} GiB "
+                             "(shorten the curriculum, lower the batch, or attend over a window)")
 
     def check_prefix(self) -> None:
         longest_prefix = max((n for _, n in self.cfg.data.prefix_tokens), default=0)
