@@ -140,9 +140,12 @@ def load(path: str | Path, device: str | torch.device = "cpu", **overrides: Any)
     know, a bad value, or one that changes the weights' shapes raises `CheckpointError`."""
     directory = resolve(path)
     if is_hf_folder(directory):  # a released model's Hugging Face checkpoint, read by memviz.hf
-        from memviz import hf  # imported here: it builds on this module, and registers its family when imported
+        from memviz import hf  # imported here: it registers its family when imported
 
-        return hf.load(directory, device, **overrides)
+        try:
+            return hf.load(directory, device, **overrides)
+        except hf.ReleasedCheckpointError as exc:
+            raise CheckpointError(str(exc)) from exc
     if not directory.is_dir():
         samples = ", ".join(list_samples()) or "none"
         raise CheckpointError(f"{directory}: no such checkpoint folder (sample checkpoints: {samples})")

@@ -45,12 +45,13 @@ from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
-from memviz.checkpoint import CONFIG_FILE, CheckpointError
 from memviz.layers import LocalCache
 from memviz.model import MemoryLM, ModelState, Readout
 from memviz.plots import WIDTH, layer_names, layer_prefix, position_heatmap, timeline
 from memviz.registry import register_family
 from memviz.tokenizer import TOKENIZER_FILE, Tokenizer
+
+CONFIG_FILE = "config.json"
 
 #: model_type -> what memviz reads of it
 SUPPORTED = {"qwen3_5": "Qwen3.5 (its language model; a vision tower is left unread)", "qwen3_5_text": "Qwen3.5 text",
@@ -59,6 +60,11 @@ ALPHA, BETA = "blocks.{l}.attn.hook_alpha", "blocks.{l}.attn.hook_beta"
 STATE_NORM, MEM_OUT = "blocks.{l}.attn.hook_state_norm", "blocks.{l}.attn.hook_mem_out"
 GDN_HOOKS = ("alpha", "beta", "write_key", "write_value", "read_query", "read", "state_norm")
 DEFAULT_SEGMENT = 512
+
+
+class ReleasedCheckpointError(ValueError):
+    """A Hugging Face folder memviz cannot load; the message names the file or field (memviz.load raises
+    it as a `CheckpointError`)."""
 
 
 class HFTokenizer(Tokenizer):
@@ -459,19 +465,19 @@ def read_json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path}: not readable JSON: {exc}") from exc
+        raise ReleasedCheckpointError(f"{path}: not readable JSON: {exc}") from exc
     if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: a config must be a JSON object")
+        raise ReleasedCheckpointError(f"{path}: a config must be a JSON object")
     return data
 
 
 def text_config(directory: Path, data: dict):
-    """transformers' config of the language model the folder holds, or CheckpointError naming the field."""
+    """transformers' config of the language model the folder holds, or ReleasedCheckpointError naming the field."""
     where = directory / CONFIG_FILE
     model_type = data.get("model_type")
     if model_type not in SUPPORTED:
         what = ("a vision-language checkpoint" if "vision_config" in data else "a model type memviz does not read")
-        raise CheckpointError(f"{where}: field 'model_type' is {model_type!r}, {what}; memviz loads "
+        raise ReleasedCheckpointError(f"{where}: field 'model_type' is {model_type!r}, {what}; memviz loads "
                               + ", ".join(f"{k} ({v})" for k, v in SUPPORTED.items()))
     try:
         if model_type == "qwen3_next":
@@ -484,7 +490,7 @@ def text_config(directory: Path, data: dict):
             return Qwen3_5Config(**data).text_config
         return Qwen3_5TextConfig(**data)
     except (TypeError, ValueError) as exc:
-        raise CheckpointError(f"{where}: not a {model_type} config transformers accepts: {exc}") from exc
+        raise ReleasedCheckpointError(f"{where}: not a {model_type} config transformers accepts: {exc}") from exc
 
 
 def hf_class(model_type: str):
@@ -519,23 +525,23 @@ def load(directory: str | Path, device: str | torch.device = "cpu", **overrides:
     directory = Path(directory)
     unknown = sorted(set(overrides) - {"dtype", "segment_len"})
     if unknown:
-        raise CheckpointError(f"{directory}: a Hugging Face checkpoint takes the overrides dtype and segment_len, "
+        raise ReleasedCheckpointError(f"{directory}: a Hugging Face checkpoint takes the overrides dtype and segment_len, "
                               f"not {unknown}")
     dtype, segment_len = overrides.get("dtype", "float32"), overrides.get("segment_len", DEFAULT_SEGMENT)
     data = read_json(directory / CONFIG_FILE)
     config = text_config(directory, data)
     if not list(directory.glob("*.safetensors")):
-        raise CheckpointError(f"{directory}: no *.safetensors weights beside {CONFIG_FILE} (memviz reads safetensors only)")
+        raise ReleasedCheckpointError(f"{directory}: no *.safetensors weights beside {CONFIG_FILE} (memviz reads safetensors only)")
     if not (directory / TOKENIZER_FILE).is_file():
-        raise CheckpointError(f"{directory / TOKENIZER_FILE}: missing; memviz needs the checkpoint's own tokenizer.json")
+        raise ReleasedCheckpointError(f"{directory / TOKENIZER_FILE}: missing; memviz needs the checkpoint's own tokenizer.json")
     torch_dtype = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}.get(dtype)
     if torch_dtype is None or not isinstance(segment_len, int) or segment_len < 1:
-        raise CheckpointError(f"{directory}: dtype must be float32, float64 or bfloat16 and segment_len a positive "
+        raise ReleasedCheckpointError(f"{directory}: dtype must be float32, float64 or bfloat16 and segment_len a positive "
                               f"integer, got {dtype!r} and {segment_len!r}")
     try:
         backend = Backend.from_file(str(directory / TOKENIZER_FILE))
     except Exception as exc:  # the tokenizers library raises its own Exception type
-        raise CheckpointError(f"{directory / TOKENIZER_FILE}: not a tokenizers file: {exc}") from exc
+        raise ReleasedCheckpointError(f"{directory / TOKENIZER_FILE}: not a tokenizers file: {exc}") from exc
     try:
         # Qwen3-Next's experts: torch's grouped_mm takes no float64, the eager loop does
         experts = {"experts_implementation": "eager"} if config.model_type == "qwen3_next" and dtype == "float64" else {}
@@ -543,12 +549,12 @@ def load(directory: str | Path, device: str | torch.device = "cpu", **overrides:
             directory, config=config, dtype=torch_dtype, output_loading_info=True, use_safetensors=True,
             ignore_mismatched_sizes=True, **experts)  # so that the mismatches come back in `info`, named
     except (OSError, RuntimeError, ValueError) as exc:
-        raise CheckpointError(f"{directory}: transformers could not load the weights: {exc}") from exc
+        raise ReleasedCheckpointError(f"{directory}: transformers could not load the weights: {exc}") from exc
     bad = [f"tensor {k!r} is {tuple(theirs)} but {CONFIG_FILE} makes it {tuple(ours)}" for k, theirs, ours in
            sorted(info.get("mismatched_keys", ()))] + [f"tensor {k!r} is missing" for k in sorted(info.get("missing_keys", ()))]
     if bad:
         files = ", ".join(sorted(p.name for p in directory.glob("*.safetensors")))
-        raise CheckpointError(f"{directory}: the weights ({files}) do not fit {CONFIG_FILE}: {'; '.join(bad[:3])}"
+        raise ReleasedCheckpointError(f"{directory}: the weights ({files}) do not fit {CONFIG_FILE}: {'; '.join(bad[:3])}"
                               + (f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""))
     card = {"path": str(directory), "model_type": data["model_type"]}
     return from_transformers(hf, backend, directory.name, segment_len, card).to(device)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -53,6 +54,18 @@ def make_checkpoint(folder, model_type: str, seed: int = 0):
     model.save_pretrained(folder)
     write_tokenizer(folder)
     return model.eval()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def forget_the_family_afterwards():
+    """memviz.hf registers its family when first imported (memviz.load of a Hugging Face folder); the
+    suite's other tests count the families a ModelConfig builds, so it is forgotten after this module
+    (and registers again if imported again)."""
+    yield
+    from memviz.registry import unregister_family
+
+    unregister_family("hf_gated_deltanet")
+    sys.modules.pop("memviz.hf", None)
 
 
 @pytest.fixture(scope="module", params=["qwen3_5_text", "qwen3_next"])
