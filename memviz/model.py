@@ -190,7 +190,11 @@ class NoOptions:
 
 class MemoryLM(HookedRootModule):
     """Base language model, the full-causal transformer as it stands; a family subclasses it
-    and registers (`memviz.registry.register_family`)."""
+    and registers (`memviz.registry.register_family`).
+
+    One model object runs one input at a time: its hooks and train/eval mode are shared by every
+    thread, so a thread that enters a forward, a trace or a hooked run while another thread's is
+    under way gets ModelBusyError (`running_alone`); threads that run at once each load their own."""
 
     family = ""  # set by memviz.registry.register_family
     #: a model without memory (what a memory family can start from, `warm_start`)

@@ -291,6 +291,18 @@ def non_finite_summary(arrays: Mapping[str, np.ndarray], logits_finite: np.ndarr
     return {name: {"first": int(b.argmax()), "count": int(b.sum())} for name, b in bad.items() if b.any()}
 
 
+def token_ids(values) -> list[int]:
+    """`values` (a sequence, array or tensor of whole numbers) as a list of ints; ValueError naming the first that is
+    not one."""
+    import numbers
+
+    ids = values.tolist() if isinstance(values, (torch.Tensor, np.ndarray)) else list(values)
+    bad = next((v for v in ids if not isinstance(v, numbers.Integral) or isinstance(v, bool)), None)
+    if bad is not None:
+        raise ValueError(f"token ids must be whole numbers, got {bad!r} at position {ids.index(bad)}")
+    return [int(v) for v in ids]
+
+
 def checked_evidence(evidence, n_tokens: int) -> list[list[int]]:
     """`evidence` as [[start, stop], ...], each a span of whole token positions inside the input (ValueError
     naming the span otherwise)."""
@@ -349,7 +361,7 @@ def trace(
     if isinstance(text, str) and len(text) > max_tokens * MAX_CHARS_PER_TOKEN:
         raise ValueError(f"input has {len(text):,} characters, more than {max_tokens:,} tokens can hold "
                          f"(the trace limit); nothing was tokenized")
-    ids = model.tokenizer.encode_within(text, max_tokens, limit="trace limit") if isinstance(text, str) else [int(i) for i in text]
+    ids = model.tokenizer.encode_within(text, max_tokens, limit="trace limit") if isinstance(text, str) else token_ids(text)
     if not ids:
         raise ValueError("empty input: there is nothing to trace")
     answer_ids = [] if answer is None else model.tokenizer.encode(answer) if isinstance(answer, str) else [int(i) for i in answer]

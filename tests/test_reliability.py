@@ -684,3 +684,9 @@ def test_a_family_that_says_what_its_memory_costs_is_refused_by_it(tmp_path, mon
     monkeypatch.setattr(MemoryLM, "memory_step_bytes", lambda self, batch, length: batch * length * 2**40)
     with pytest.raises(ValueError, match=r"a step of this sliding_window model takes about [\d,.]+ GiB for its window attention's"):
         Trainer(tiny_run(tmp_path / "run"), progress=False)
+
+
+@pytest.mark.parametrize("ids", [[1, 2, float("nan")], [1, 2.5], [1, True]])
+def test_trace_token_ids_that_are_not_whole_numbers_are_named(ids):
+    with pytest.raises(ValueError, match="token ids must be whole numbers, got .* at position"):
+        memviz.trace(small_model("sliding_window", window=8), ids)
