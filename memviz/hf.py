@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import math
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -108,7 +108,7 @@ class HFTokenizer(Tokenizer):
 
 @dataclass
 class ReleasedConfig:
-    """What memviz shows of a released model's config (`hf_config` is transformers' own)."""
+    """What memviz shows of a released model's config (transformers' own is `model.hf.config`)."""
 
     model_type: str
     vocab_size: int
@@ -120,8 +120,6 @@ class ReleasedConfig:
     segment_len: int = DEFAULT_SEGMENT  # where reset and patch act (memviz.interventions)
     family: str = "hf_gated_deltanet"
     name: str = ""
-    attention: None = None
-    memory: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -451,7 +449,8 @@ class ReleasedLM(MemoryLM):
                     k, v = captured[(l, "write_key")], captured[(l, "write_value")] * in_span
                     alpha, beta = captured[(l, "alpha")], captured[(l, "beta")]
                     S = parts[l] if parts[l] is not None else torch.zeros(1, k.shape[1], k.shape[2], v.shape[2], dtype=torch.float64)
-                    _, n, parts[l] = delta_rule(*(t.transpose(0, 1)[None] for t in (k, k, v, alpha.log(), beta)), S)
+                    log_alpha = alpha.clamp_min(1e-300).log()  # an alpha that underflowed to 0 forgets, not NaN
+                    _, n, parts[l] = delta_rule(*(t.transpose(0, 1)[None] for t in (k, k, v, log_alpha, beta)), S)
                     norms[l].append(n[0].amax(0))
         hold = {}
         for l in sorted(self.linear):
