@@ -84,12 +84,18 @@ class ModelConfig:
                 raise ConfigError(f"config field {name!r} must be a positive finite number, got {value!r}")
         if self.embed_scale == float("inf"):
             raise ConfigError("config field 'embed_scale' must be finite, got inf")
-        backbone = self.vocab_size * self.d_model + self.n_layers * (4 * self.d_model * self.n_heads * self.d_head
-                                                                     + 3 * self.d_model * self.d_mlp)
+        backbone = self.backbone_parameters
         if backbone > MAX_PARAMETERS:
             raise ConfigError(f"this config describes about {backbone:.2e} parameters before any memory (d_model "
                               f"{self.d_model}, n_layers {self.n_layers}, d_mlp {self.d_mlp}), over memviz's cap of "
                               f"{MAX_PARAMETERS:.0e}; nothing was allocated")
+
+    @property
+    def backbone_parameters(self) -> int:
+        """About the parameters the config describes before any memory: the embedding, and per layer the attention
+        and the MLP."""
+        return self.vocab_size * self.d_model + self.n_layers * (4 * self.d_model * self.n_heads * self.d_head
+                                                                 + 3 * self.d_model * self.d_mlp)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

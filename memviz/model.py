@@ -85,6 +85,40 @@ def tree_tensors(tree: StateTree) -> Iterator[Tensor]:
             yield from tree_tensors(v)
 
 
+def allocatable_bytes() -> int | None:
+    """What this process can still allocate: the machine's available memory, or less under an address-space
+    limit (ulimit -v); None where the system does not say."""
+    import resource
+
+    limits = []
+    try:
+        with open("/proc/meminfo") as fh:
+            fields = dict(line.split(":", 1) for line in fh)
+        limits.append(int(fields["MemAvailable"].split()[0]) * 1024)
+    except (OSError, KeyError, ValueError):
+        pass
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        try:
+            with open("/proc/self/statm") as fh:
+                used = int(fh.read().split()[0]) * resource.getpagesize()
+            limits.append(soft - used)
+        except (OSError, ValueError):
+            pass
+    return min(limits) if limits else None
+
+
+def check_fits_in_memory(cfg: ModelConfig) -> None:
+    """Refuse, before any weight is allocated, a config whose backbone's weights alone (in the default dtype) are
+    more than this process can still allocate."""
+    need = cfg.backbone_parameters * torch.get_default_dtype().itemsize
+    have = allocatable_bytes()
+    if have is not None and need > have:
+        raise ConfigError(f"this config's backbone has about {cfg.backbone_parameters:.2e} parameters, "
+                          f"{need / 2**30:,.1f} GiB of weights, more than the {max(have, 0) / 2**30:,.1f} GiB this "
+                          "process can still allocate (d_model, n_layers, d_mlp); nothing was allocated")
+
+
 class NonFiniteError(ValueError):
     """A model's logits stopped being finite numbers (its memory diverged); nothing is decoded from them."""
 
@@ -220,6 +254,7 @@ class MemoryLM(HookedRootModule):
             raise ConfigError(f"tokenizer has {tokenizer.vocab_size} ids but config.vocab_size is {cfg.vocab_size}")
         self._tokenizer = tokenizer
         self.card = dict(card or {})
+        check_fits_in_memory(cfg)
         self.build_embeddings()
         self.build()
         self.reset_parameters()

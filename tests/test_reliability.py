@@ -690,3 +690,36 @@ def test_a_family_that_says_what_its_memory_costs_is_refused_by_it(tmp_path, mon
 def test_trace_token_ids_that_are_not_whole_numbers_are_named(ids):
     with pytest.raises(ValueError, match="token ids must be whole numbers, got .* at position"):
         memviz.trace(small_model("sliding_window", window=8), ids)
+
+
+ALLOCATION_SCRIPT = """
+import json, resource, sys
+import memviz
+with open("/proc/self/statm") as fh:
+    used = int(fh.read().split()[0]) * resource.getpagesize()
+resource.setrlimit(resource.RLIMIT_AS, (used + 3 * 2**30, resource.RLIM_INFINITY))  # 3 GiB more than it holds now
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+try:
+    memviz.load(sys.argv[1])
+    error = None
+except memviz.CheckpointError as exc:
+    error = str(exc)
+print(json.dumps({"error": error, "growth_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024}))
+"""
+
+
+def test_a_checkpoint_config_too_big_to_allocate_is_refused_before_any_weight(tmp_path):
+    import subprocess
+    import sys
+
+    folder = memviz.save(small_model("transformer"), tmp_path / "big")
+    config = json.loads((folder / "config.json").read_text())
+    config.update(d_model=4096, n_layers=8, n_heads=32, d_head=128, d_mlp=11008)  # 1.6e9 parameters, 6 GiB
+    (folder / "config.json").write_text(json.dumps(config))
+    out = subprocess.run([sys.executable, "-c", ALLOCATION_SCRIPT, str(folder)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["growth_mb"] < 200, result
+    assert "config.json" in result["error"] and "about 1.62e+09 parameters" in result["error"], result
+    assert "nothing was allocated" in result["error"]
