@@ -161,8 +161,8 @@ def unit(x: Tensor) -> Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
 
 
-def delta_rule(q: Tensor, k: Tensor, v: Tensor, log_alpha: Tensor, beta: Tensor, S: Tensor,
-               chunk: int = 64) -> tuple[Tensor, Tensor, Tensor]:
+def delta_rule(q: Tensor | None, k: Tensor, v: Tensor, log_alpha: Tensor, beta: Tensor, S: Tensor,
+               chunk: int = 64) -> tuple[Tensor | None, Tensor, Tensor]:
     """S_t = alpha_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T, o_t = S_t^T q_t over chunks
     (q, k [B,H,T,dk], v [B,H,T,dv], log_alpha, beta [B,H,T], S [B,H,dk,dv]) -> (o, ||S_t||_F [B,H,T], S_T).
 
@@ -172,32 +172,34 @@ def delta_rule(q: Tensor, k: Tensor, v: Tensor, log_alpha: Tensor, beta: Tensor,
       O = diag(gamma) Q S_0 + (R o QK^T) U
       ||S_i||^2 = gamma_i^2 ||S_0||^2 + 2 gamma_i (R p)_i + (R (KK^T o UU^T) R^T)_ii,  p_j = k_j^T S_0 u_j
     W_V, W_K do not depend on S, so every chunk's are solved at once; no per-token state is formed.
-    The input is padded to whole chunks with tokens that neither decay nor write."""
-    T, C = q.shape[2], chunk
+    The input is padded to whole chunks with tokens that neither decay nor write. Without q, no o."""
+    T, C = k.shape[2], chunk
     pad = -T % C
-    q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
+    K, V = (F.pad(t, (0, 0, 0, pad)).unflatten(2, (-1, C)) for t in (k, v))  # [B, H, chunks, C, d]
     log_alpha, beta = (F.pad(t, (0, pad)) for t in (log_alpha, beta))
-    Q, K, V = (t.unflatten(2, (-1, C)) for t in (q, k, v))  # [B, H, chunks, C, d]
     Bt, G = beta.unflatten(2, (-1, C)), log_alpha.unflatten(2, (-1, C)).cumsum(-1)
-    lower = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    lower = torch.ones(C, C, dtype=torch.bool, device=k.device).tril()
     R = torch.where(lower, G[..., :, None] - G[..., None, :], -math.inf).exp()
     gamma, to_end = G.exp(), (G[..., -1:] - G).exp()
     KK = K @ K.transpose(-1, -2)
-    system = torch.eye(C, dtype=q.dtype, device=q.device) + Bt[..., :, None] * R.tril(-1) * KK
+    system = torch.eye(C, dtype=k.dtype, device=k.device) + Bt[..., :, None] * R.tril(-1) * KK
     W = torch.linalg.solve_triangular(system, Bt[..., None] * torch.cat([V, gamma[..., None] * K], -1), upper=False)
     WV, WK = W.split([V.shape[-1], K.shape[-1]], -1)
-    QK = R * (Q @ K.transpose(-1, -2))
+    if q is not None:
+        Q = F.pad(q, (0, 0, 0, pad)).unflatten(2, (-1, C))
+        QK = R * (Q @ K.transpose(-1, -2))
     outputs, norms = [], []
-    for i in range(Q.shape[2]):
+    for i in range(K.shape[2]):
         KS = K[:, :, i] @ S
         U = WV[:, :, i] - WK[:, :, i] @ S
         g, r = gamma[:, :, i], R[:, :, i]
-        outputs.append(g[..., None] * (Q[:, :, i] @ S) + QK[:, :, i] @ U)
+        if q is not None:
+            outputs.append(g[..., None] * (Q[:, :, i] @ S) + QK[:, :, i] @ U)
         square = (g**2 * S.pow(2).sum((-1, -2))[..., None] + 2 * g * (r @ (KS * U).sum(-1)[..., None])[..., 0]
                   + ((r @ (KK[:, :, i] * (U @ U.transpose(-1, -2)))) * r).sum(-1))
         norms.append(square.clamp_min(0).sqrt())
         S = g[..., -1, None, None] * S + K[:, :, i].transpose(-1, -2) @ (to_end[:, :, i, :, None] * U)
-    return torch.cat(outputs, 2)[:, :, :T], torch.cat(norms, 2)[:, :, :T], S
+    return torch.cat(outputs, 2)[:, :, :T] if q is not None else None, torch.cat(norms, 2)[:, :, :T], S
 
 
 def rate_and_norm_figures(trace, width: int = WIDTH, start: int = 0, stop: int | None = None) -> dict:
@@ -376,18 +378,23 @@ class ReleasedLM(MemoryLM):
         window = torch.cat([conv.to(mixed.dtype), mixed.transpose(1, 2)], -1)  # [B, conv_dim, K + T]
         conv = F.silu(F.conv1d(window, gdn.conv1d.weight.to(mixed.dtype), groups=gdn.conv_dim)[..., 1:]).transpose(1, 2)
         q, k, v = conv.split([gdn.key_dim, gdn.key_dim, gdn.value_dim], -1)
-        repeat = gdn.num_v_heads // gdn.num_k_heads
-        q, k = (unit(t.reshape(B, T, -1, gdn.head_k_dim)).repeat_interleave(repeat, 2) for t in (q, k))
-        q = points.hook_read_query(q * gdn.head_k_dim**-0.5)
-        k = points.hook_write_key(k)
+        read = hooked(points.hook_read)
+
+        def heads(t: Tensor) -> Tensor:  # per key head, unit norm, repeated to the value heads
+            return unit(t.reshape(B, T, -1, gdn.head_k_dim)).repeat_interleave(gdn.num_v_heads // gdn.num_k_heads, 2)
+
+        q = points.hook_read_query(heads(q) * gdn.head_k_dim**-0.5) if read or hooked(points.hook_read_query) else None
+        k = points.hook_write_key(heads(k))
         v = points.hook_write_value(v.reshape(B, T, -1, gdn.head_v_dim))
         log_alpha = -gdn.A_log.to(work).exp() * F.softplus(a + gdn.dt_bias.to(work))
         points.hook_alpha(log_alpha.exp())
         beta = points.hook_beta(b.sigmoid())
-        if hooked(points.hook_read) or hooked(points.hook_state_norm):
-            S = seen["S"] if seen["S"] is not None else q.new_zeros(B, gdn.num_v_heads, gdn.head_k_dim, gdn.head_v_dim)
-            o, norms, _ = delta_rule(*(t.transpose(1, 2) for t in (q, k, v, log_alpha, beta)), S.to(q.dtype))
-            points.hook_read(o.transpose(1, 2))
+        if read or hooked(points.hook_state_norm):
+            S = seen["S"] if seen["S"] is not None else k.new_zeros(B, gdn.num_v_heads, gdn.head_k_dim, gdn.head_v_dim)
+            o, norms, _ = delta_rule(q.transpose(1, 2) if read else None,
+                                     *(t.transpose(1, 2) for t in (k, v, log_alpha, beta)), S.to(k.dtype))
+            if read:
+                points.hook_read(o.transpose(1, 2))
             points.hook_state_norm(norms.transpose(1, 2))
 
     def cost(self, n_tokens: int) -> dict[str, int]:
@@ -450,7 +457,7 @@ class ReleasedLM(MemoryLM):
                     alpha, beta = captured[(l, "alpha")], captured[(l, "beta")]
                     S = parts[l] if parts[l] is not None else torch.zeros(1, k.shape[1], k.shape[2], v.shape[2], dtype=torch.float64)
                     log_alpha = alpha.clamp_min(1e-300).log()  # an alpha that underflowed to 0 forgets, not NaN
-                    _, n, parts[l] = delta_rule(*(t.transpose(0, 1)[None] for t in (k, k, v, log_alpha, beta)), S)
+                    _, n, parts[l] = delta_rule(None, *(t.transpose(0, 1)[None] for t in (k, v, log_alpha, beta)), S)
                     norms[l].append(n[0].amax(0))
         hold = {}
         for l in sorted(self.linear):

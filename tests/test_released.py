@@ -284,6 +284,8 @@ def test_trace_figures_and_the_probes_run_on_it(checkpoint):
     tr = memviz.trace(model, TEXT)
     assert {"blocks.0.attn.hook_alpha", "blocks.3.attn.hook_state_norm", "blocks.1.attn.hook_mem_out"} <= set(tr.names)
     assert tr["blocks.0.attn.hook_beta"].shape == (len(tr), 4) and np.isfinite(tr["loss"][:-1]).all()
+    _, cache = model.run_with_cache(model.tokenizer.encode(TEXT))  # every hook: the read computed too
+    np.testing.assert_allclose(tr["blocks.1.attn.hook_state_norm"], cache["blocks.1.attn.hook_state_norm"][0], rtol=1e-6)
     figs = get_family(model.family).figures(tr)
     assert {"blocks.0 alpha", "blocks.3 beta", "state norm"} <= set(figs)
     df = passkey.run(model, lengths=[200], depths=[0.5], n=1, progress=False)
