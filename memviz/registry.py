@@ -78,7 +78,7 @@ def register_family(name: str, *, summary: str, figures: Callable[..., dict] | N
     def decorate(cls: M) -> M:
         if name in FAMILIES:
             raise ValueError(f"family {name!r} registered twice")
-        cls.family = name
+        setattr(cls, "family", name)  # the class answers `model.family`
         FAMILIES[name] = Family(
             name=name, model=cls, summary=summary, hooks=dict(getattr(cls, "memory_hooks", {})), figures=figures,
             figure_settings=figure_settings or (lambda model: {}),
