@@ -1,11 +1,11 @@
 """memviz: an interpretability workbench for small memory-augmented language models."""
 from memviz.checkpoint import CheckpointError, list_samples, list_user_checkpoints, load, save
 from memviz.config import ConfigError, ModelConfig
-from memviz.model import MemoryLM, ModelState, NonFiniteError
+from memviz.model import MemoryLM, ModelBusyError, ModelState, NonFiniteError
 from memviz.models import build_model, families
 from memviz.registry import register_family
 from memviz.tokenizer import BPETokenizer, ByteTokenizer, load_tokenizer
-from memviz.trace import Trace, trace
+from memviz.trace import Trace, TraceFileError, trace
 
 __all__ = [
     "BPETokenizer",
@@ -13,10 +13,12 @@ __all__ = [
     "CheckpointError",
     "ConfigError",
     "MemoryLM",
+    "ModelBusyError",
     "ModelConfig",
     "ModelState",
     "NonFiniteError",
     "Trace",
+    "TraceFileError",
     "build_model",
     "families",
     "list_samples",

@@ -15,13 +15,15 @@ from typing import Any
 import torch
 
 from memviz.config import ConfigError, ModelConfig
-from memviz.files import atomic_write_bytes, atomic_write_text, replace_folder
+from memviz.files import atomic_write_bytes, atomic_write_text, read_bytes_within, replace_folder
 from memviz.models import build_model, families
 from memviz.tokenizer import TOKENIZER_FILE, load_tokenizer
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 CARD_FILE = "card.json"
+#: a card is a few kilobytes of JSON (the training command, scores); a larger one is refused before it is read
+MAX_CARD_FILE_BYTES = 16 * 2**20
 SAMPLE_DIR = Path(__file__).resolve().parent.parent / "sample_checkpoints"
 #: where checkpoints trained from the app are exported (MEMVIZ_HOME, default ~/.memviz)
 USER_DIR = Path(os.environ.get("MEMVIZ_HOME", "~/.memviz")).expanduser() / "checkpoints"
@@ -171,10 +173,14 @@ def load(path: str | Path, device: str | torch.device = "cpu", **overrides: Any)
         raise CheckpointError(f"{directory / TOKENIZER_FILE}: {exc}") from exc
     card: dict[str, Any] = {}
     card_path = directory / CARD_FILE
-    if card_path.is_file():
+    if card_path.exists():  # not only a regular file: a pipe or a device named card.json is refused, not read
         try:
-            card = json.loads(card_path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raw = read_bytes_within(card_path, MAX_CARD_FILE_BYTES, "card file")
+        except ValueError as exc:
+            raise CheckpointError(f"{card_path}: {exc}") from exc
+        try:
+            card = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise CheckpointError(f"{card_path}: not valid JSON: {exc}") from exc
         if not isinstance(card, dict):
             raise CheckpointError(f"{card_path}: a card must be a JSON object, got {type(card).__name__}")

