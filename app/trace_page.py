@@ -8,6 +8,7 @@ import streamlit as st
 import memviz
 from app.common import current_model, current_path, greedy_answer, load_model, weights_stamp
 from memviz import viz
+from memviz.registry import get_family
 from probes import babilong, facts, passkey
 from probes.haystack import BACKGROUNDS
 
@@ -132,11 +133,19 @@ def render() -> None:
         seconds = n_tokens / tokens_per_second(path, weights_stamp(path))
         st.caption(f"About {n_tokens:,.0f} tokens: the trace takes about {seconds / 60:.0f} min on this machine "
                    f"({seconds:,.0f} s at the model's measured speed), once; it is cached afterwards.")
+    if get_family(model.family).cost:  # a model that says what a run holds (a released model's growing KV cache)
+        st.caption(cost_line(model.cost(round(n_tokens)), round(n_tokens)))
     try:
         tr = cached_trace(path, text, evidence, answer)
+    except memviz.ModelBusyError as exc:
+        st.error(f"The model is busy with another run in this session; try again when it has finished. ({exc})")
+        return
     except ValueError as exc:
         st.error(str(exc))
         return
+    note = viz.non_finite_note(tr)
+    if note:  # the figures' lines stop where the numbers do: say why
+        st.warning(f"This trace stops being finite: {note}.")
     start, stop = st.slider("Positions", 0, len(tr), (0, len(tr)), key="zoom") if len(tr) > 1 else (0, len(tr))
     if stop - start < 1:
         st.warning("Choose a non-empty range of positions.")
@@ -158,6 +167,12 @@ def render() -> None:
                        "memory's read still carries: where this falls to zero, the model can no longer answer from memory.")
     show_readout(model, path, text, answer, evidence, tr)
     st.download_button("Download trace (.npz, memviz.Trace.load)", tr.to_bytes(), file_name="trace.npz", key="dl-trace")
+
+
+def cost_line(cost: dict[str, int], n_tokens: int) -> str:
+    """What a run over about `n_tokens` holds beyond the weights, part by part (`model.cost`)."""
+    parts = " · ".join(f"{name.replace('_', ' ')} {size / 2**20:,.1f} MiB" for name, size in cost.items())
+    return f"About {n_tokens:,} tokens hold {sum(cost.values()) / 2**20:,.1f} MiB beyond the weights: {parts}."
 
 
 def show_readout(model, path: str, text: str, answer: str | None, evidence, tr: memviz.Trace) -> None:

@@ -219,7 +219,8 @@ def rate_and_norm_figures(trace, width: int = WIDTH, start: int = 0, stop: int |
 
 
 @register_family("hf_gated_deltanet", summary="A released hybrid (Qwen3.5, Qwen3-Next) loaded through transformers: its "
-                 "Gated DeltaNet layers under the gated_deltanet hook names", figures=rate_and_norm_figures)
+                 "Gated DeltaNet layers under the gated_deltanet hook names", figures=rate_and_norm_figures,
+                 from_config=False, cost=True)
 class ReleasedLM(MemoryLM):
     """A transformers Qwen3.5 / Qwen3-Next causal LM under memviz's model contract (module docstring).
 

@@ -12,7 +12,12 @@ A family is one unit (one file under `memviz/models/`, or a user's own file): it
     family needs another learning rate than the others);
   * `sample`: the sample checkpoint that shows it, a name in sample_checkpoints/ or the folder a
     package ships it in (then listed and loaded under the family's name); `role`: "memory",
-    "baseline" or "control".
+    "baseline" or "control";
+  * `from_config`: whether `build_model` makes the family's model from a `ModelConfig` (a fresh, trainable
+    model); False for a family whose models come only from another library's checkpoint folder (a released
+    model loaded through transformers), which the Train page, quick presets and config tests leave out;
+  * `cost`: whether its models say what a run over n tokens holds before it runs (`model.cost(n_tokens)`,
+    bytes by part), shown by the Trace page.
 Nothing here imports a family: `memviz.models` imports the built-in ones, which registers them,
 and an installed package declares its own under the `memviz.families` entry point (a module that
 registers them when imported), loaded the first time a family is looked up or listed.
@@ -51,6 +56,8 @@ class Family:
     quick: Mapping[str, Any] | None = None
     sample: str | None = None
     role: str = "memory"
+    from_config: bool = True
+    cost: bool = False
 
     @property
     def sample_name(self) -> str | None:
@@ -69,7 +76,7 @@ M = TypeVar("M", bound=type)
 def register_family(name: str, *, summary: str, figures: Callable[..., dict] | None = None,
                     figure_settings: Callable[[Any], dict] | None = None, interventions: Mapping[str, str] | None = None,
                     quick: Mapping[str, Any] | None = None, sample: str | None = None,
-                    role: str = "memory") -> Callable[[M], M]:
+                    role: str = "memory", from_config: bool = True, cost: bool = False) -> Callable[[M], M]:
     """Class decorator: register a model class as family `name` (module docstring). The hooks
     are the class's `memory_hooks`; `interventions` defaults to reset and patch of the state."""
     if role not in ROLES:
@@ -83,7 +90,7 @@ def register_family(name: str, *, summary: str, figures: Callable[..., dict] | N
             name=name, model=cls, summary=summary, hooks=dict(getattr(cls, "memory_hooks", {})), figures=figures,
             figure_settings=figure_settings or (lambda model: {}),
             interventions=dict(STATE_INTERVENTIONS if interventions is None else interventions),
-            quick=quick, sample=sample, role=role)
+            quick=quick, sample=sample, role=role, from_config=from_config, cost=cost)
         return cls
 
     return decorate

@@ -366,3 +366,21 @@ def test_trace_page_offers_a_facts_model_its_own_questions():
     assert at.radio(key="source").value == "fact question"
     assert "from the knowledge base" in at.caption[0].value and "model says" in at.caption[0].value
     assert any("the values token" in t for t in chart_titles(at))  # what the question read from the memory layer
+
+
+def test_trace_page_says_where_a_trace_stops_being_finite_and_when_the_model_is_busy(tmp_path, monkeypatch):
+    model = small_model("titans", segment_len=8, memory={"variant": "mac", "theta_max": 1e6})  # its memory overshoots
+    at = page("trace_page", str(memviz.save(model, tmp_path / "diverges")))
+    at.session_state["pk_length"] = 300  # a short pass-key sample: a diverged memory is slow to decompose
+    at.run()
+    assert not at.exception, at.exception
+    assert any("stops being finite: the model diverged: its logits are not finite from token" in w.value
+               for w in at.warning), at.warning
+
+    def busy(*args, **kwargs):
+        raise memviz.ModelBusyError("this model is running another input")
+
+    monkeypatch.setattr(memviz, "trace", busy)
+    at.radio(key="source").set_value("text").run()
+    at.text_area(key="text_input").input("another text, not cached").run()
+    assert not at.exception and "The model is busy with another run" in at.error[0].value

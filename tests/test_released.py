@@ -56,18 +56,6 @@ def make_checkpoint(folder, model_type: str, seed: int = 0):
     return model.eval()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def forget_the_family_afterwards():
-    """memviz.hf registers its family when first imported (memviz.load of a Hugging Face folder); the
-    suite's other tests count the families a ModelConfig builds, so it is forgotten after this module
-    (and registers again if imported again)."""
-    yield
-    from memviz.registry import unregister_family
-
-    unregister_family("hf_gated_deltanet")
-    sys.modules.pop("memviz.hf", None)
-
-
 @pytest.fixture(scope="module", params=["qwen3_5_text", "qwen3_next"])
 def checkpoint(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
@@ -395,7 +383,9 @@ def test_the_app_opens_a_hugging_face_folder_and_traces_it(checkpoint):
     at = choose_path(open_app(), str(checkpoint))
     assert {m.label: m.value for m in at.metric}["family"] == "hf_gated_deltanet"
     assert "blocks.{l}.attn.hook_state_norm" in set(at.dataframe[0].value["hook"])
-    titles = chart_titles(open_trace_page(str(checkpoint)))
+    trace_page = open_trace_page(str(checkpoint))
+    assert any(c.value.startswith("About ") and "kv cache" in c.value for c in trace_page.caption)  # before it runs
+    titles = chart_titles(trace_page)
     assert {"blocks.0: decay alpha (1 keeps the state)", "||S_t|| (mean over heads)",
             "How much of the evidence the memory still holds"} <= set(titles), titles
     assert any(t.startswith("blocks.3: where the read at token") for t in titles), titles
@@ -408,3 +398,15 @@ def test_a_bfloat16_model_traces_with_its_quantities_in_float32(checkpoint):
     for name in ("blocks.0.attn.hook_alpha", "blocks.0.attn.hook_state_norm"):
         assert b[name].dtype == np.float32
         np.testing.assert_allclose(b[name], a[name], atol=0.05 * np.abs(a[name]).max())
+
+
+def test_the_released_family_declares_it_is_not_built_from_a_config():
+    import memviz.hf  # noqa: F401  (registers the family)
+    from memviz.registry import get_family
+    from training import quick_families
+
+    family = get_family("hf_gated_deltanet")
+    assert not family.from_config and family.cost
+    assert "hf_gated_deltanet" not in quick_families()
+    with pytest.raises(memviz.ConfigError, match="family 'hf_gated_deltanet' is not built from a config"):
+        memviz.build_model(memviz.ModelConfig(family="hf_gated_deltanet", d_model=32, n_layers=2, n_heads=2, d_mlp=64))

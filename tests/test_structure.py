@@ -3,6 +3,7 @@ benchmarks) with no circles, and only a family's own file names a family."""
 from __future__ import annotations
 
 import ast
+import inspect
 import subprocess
 import sys
 from pathlib import Path
@@ -123,8 +124,9 @@ def string_constants(path: Path) -> list[tuple[int, str]]:
 
 def test_only_a_familys_own_file_names_a_family():
     names = set(FAMILIES)
+    own = {Path(inspect.getsourcefile(family.model)).resolve() for family in FAMILIES.values()}  # where each registers
     outside = [path for package in ("memviz", "probes", "training", "app") for path in (ROOT / package).rglob("*.py")
-               if "models" not in path.relative_to(ROOT).parts]
+               if "models" not in path.relative_to(ROOT).parts and path.resolve() not in own]
     named = [f"{path.relative_to(ROOT)}:{line} {value!r}" for path in outside for line, value in string_constants(path)
              if value in names]
     assert named == []
@@ -133,7 +135,11 @@ def test_only_a_familys_own_file_names_a_family():
 def test_python_m_memviz_families_lists_each_familys_unit():
     out = subprocess.run([sys.executable, "-m", "memviz", "families"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
+    # a family not built from a config (a released model's) registers when its first checkpoint loads, so a fresh
+    # process need not list it; every family it lists is listed whole
     for family in memviz.families():
+        if not family.from_config and f"\n{family.name} (" not in "\n" + out.stdout:
+            continue
         assert f"\n{family.name} ({family.role}): " in "\n" + out.stdout
         for hook in family.hooks:
             assert f"hook       {hook}" in out.stdout

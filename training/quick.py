@@ -11,7 +11,7 @@ from training.config import TrainConfig
 
 def quick_families() -> dict[str, dict[str, Any]]:
     """{family: its quick preset} for every registered family that has one."""
-    return {f.name: dict(f.quick) for f in memviz.families() if f.quick is not None}
+    return {f.name: dict(f.quick) for f in memviz.families() if f.quick is not None and f.from_config}
 
 
 QUICK_LENGTHS = {"passkey": 320, "qa1": 320, "facts": 128}

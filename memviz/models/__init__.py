@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memviz.config import ModelConfig
+from memviz.config import ConfigError, ModelConfig
 from memviz.models import baselines, infini, lm2, longmem, memory_layer, titans  # noqa: F401  (they register)
 from memviz.registry import get_family
 from memviz.registry import registered as families  # noqa: F401  (every family in registration order, installed packages' last)
@@ -14,4 +14,8 @@ from memviz.registry import registered as families  # noqa: F401  (every family 
 
 def build_model(cfg: ModelConfig, **kwargs: Any):
     """A fresh model of `cfg.family` (kwargs: tokenizer, card)."""
-    return get_family(cfg.family).model(cfg, **kwargs)
+    family = get_family(cfg.family)
+    if not family.from_config:
+        raise ConfigError(f"family {cfg.family!r} is not built from a config: its models are loaded from a checkpoint "
+                          "folder (memviz.load)")
+    return family.model(cfg, **kwargs)
