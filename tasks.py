@@ -10,6 +10,7 @@ CUDA packages), then requirements.txt, then the project itself (editable), and f
 are unchanged since the last install and the texts are there. The browser test
 needs Debian's chromium; as root, set-up installs it with apt-get when it is missing.
 """
+
 from __future__ import annotations
 
 import hashlib

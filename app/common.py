@@ -5,6 +5,7 @@ each session runs its own copy (`load_model`), so the hooks one session attaches
 or intervenes never reach another session's numbers. The cache is keyed by the weights file's
 modification time too, so a checkpoint replaced on disk is loaded again.
 """
+
 from __future__ import annotations
 
 import copy

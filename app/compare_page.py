@@ -1,4 +1,5 @@
 """Compare page: two checkpoints on the same input, timelines aligned."""
+
 from __future__ import annotations
 
 import streamlit as st
@@ -16,7 +17,9 @@ def render() -> None:
     with left_col:
         left = checkpoint_picker("Left checkpoint", "cmp_left", "cmp_left_path", current_path())
     with right_col:
-        right = checkpoint_picker("Right checkpoint", "cmp_right", "cmp_right_path", next(iter(control_samples()), None))
+        right = checkpoint_picker(
+            "Right checkpoint", "cmp_right", "cmp_right_path", next(iter(control_samples()), None)
+        )
     if not left or not right:
         st.info("Choose two checkpoints.")
         return
@@ -44,22 +47,29 @@ def render() -> None:
         return
     for column, path, model, (sample, tr) in zip(st.columns(2), (left, right), models, traces):
         with column:
-            st.markdown(f"**{path}** ({model.family}): answer **{sample.answer}** · model says "
-                        f"**{greedy_answer(path, sample.prompt)!r}**")
+            st.markdown(
+                f"**{path}** ({model.family}): answer **{sample.answer}** · model says "
+                f"**{greedy_answer(path, sample.prompt)!r}**"
+            )
     same_text = traces[0][1].tokens[:n].tolist() == traces[1][1].tokens[:n].tolist()
     if same_text:
         labels = {f"left: {left}": traces[0][1], f"right: {right}": traces[1][1]}
         st.plotly_chart(viz.loss_comparison(labels, start=start, stop=stop), width="stretch", key="cmp-loss")
     else:
-        st.caption("The two tokenizers split the text differently, so positions do not line up token for token: "
-                   "no overlay or difference; each model's loss is beside its figures.")
+        st.caption(
+            "The two tokenizers split the text differently, so positions do not line up token for token: "
+            "no overlay or difference; each model's loss is beside its figures."
+        )
     figures = [viz.family_figures(tr, start=start, stop=stop) for _, tr in traces]
     if same_text:
         for figs in figures:
             figs.pop("loss")
     shared = [t for t in figures[0] if t in figures[1]]
-    rows = [(t, t) for t in shared] + [(t, None) for t in figures[0] if t not in shared] + \
-           [(None, t) for t in figures[1] if t not in shared]
+    rows = (
+        [(t, t) for t in shared]
+        + [(t, None) for t in figures[0] if t not in shared]
+        + [(None, t) for t in figures[1] if t not in shared]
+    )
     for pair in rows:  # one row per figure: the same view of both models side by side
         for column, figs, title, path in zip(st.columns(2), figures, pair, (left, right)):
             with column:

@@ -1,4 +1,5 @@
 """Intervene page: ablate or replace the memory at a segment and watch the answer change."""
+
 from __future__ import annotations
 
 import time
@@ -33,8 +34,10 @@ def render() -> None:
         return
     answer = sample.reply
     clean = interventions.answer_logprob(model, sample.prompt, answer)
-    st.write(f"Answer **{sample.answer}** · clean run: greedy **{clean['greedy'].strip()!r}**, "
-             f"log p(answer) = **{clean['logprob']:.2f}**")
+    st.write(
+        f"Answer **{sample.answer}** · clean run: greedy **{clean['greedy'].strip()!r}**, "
+        f"log p(answer) = **{clean['logprob']:.2f}**"
+    )
     if "silence" in points:
         silence_memory_layer(model, sample.prompt, answer, clean)
         return
@@ -44,12 +47,20 @@ def render() -> None:
         st.info(str(exc))
         return
     n_segments = max(1, -(-sample.n_tokens // seg))
-    needle = ", ".join(f"tokens {a}-{b - 1} (segment {a // seg}{'' if (b - 1) // seg == a // seg else f'-{(b - 1) // seg}'})"
-                       for a, b in sample.evidence)
-    st.caption(f"The needle is at {needle}, segments of {seg} tokens counted from 0: a reset at the start of a segment "
-               "after it should cost the answer, one before it nothing.")
+    needle = ", ".join(
+        f"tokens {a}-{b - 1} (segment {a // seg}{'' if (b - 1) // seg == a // seg else f'-{(b - 1) // seg}'})"
+        for a, b in sample.evidence
+    )
+    st.caption(
+        f"The needle is at {needle}, segments of {seg} tokens counted from 0: a reset at the start of a segment "
+        "after it should cost the answer, one before it nothing."
+    )
     mode = st.radio("Edit", ["ablate", "replace with another sample's memory"], horizontal=True, key="iv_mode")
-    segment = st.slider("at the start of segment", 1, max(1, n_segments - 1), max(1, n_segments // 2), key="iv_segment") if n_segments > 1 else 1
+    segment = (
+        st.slider("at the start of segment", 1, max(1, n_segments - 1), max(1, n_segments // 2), key="iv_segment")
+        if n_segments > 1
+        else 1
+    )
     if mode == "ablate":
         edit = interventions.ablate_at(model, segment)
     else:
@@ -57,8 +68,11 @@ def render() -> None:
         edit = interventions.replace_at(model, segment, donor.prompt)
         st.caption(f"donor sample's key: {donor.answer}")
     result = interventions.answer_logprob(model, sample.prompt, answer, [edit])
-    st.metric(f"log p(answer) after the edit at token {segment * seg}", f"{result['logprob']:.2f}",
-              delta=f"{result['logprob'] - clean['logprob']:.2f}")
+    st.metric(
+        f"log p(answer) after the edit at token {segment * seg}",
+        f"{result['logprob']:.2f}",
+        delta=f"{result['logprob'] - clean['logprob']:.2f}",
+    )
     st.write(f"greedy answer after the edit: **{result['greedy'].strip()!r}**")
     points = min(SWEEP_POINTS, n_segments - 1)
     where = f"each of the {points}" if points == n_segments - 1 else f"{points} evenly spaced of the {n_segments - 1}"
@@ -87,14 +101,19 @@ def render_fact_question(model) -> None:
     st.code(sample.prompt, language=None)
     answer = sample.reply
     clean = interventions.answer_logprob(model, sample.prompt, answer)
-    st.write(f"Answer **{sample.answer}** · clean run: greedy **{clean['greedy'].strip()!r}**, "
-             f"log p(answer) = **{clean['logprob']:.2f}**")
+    st.write(
+        f"Answer **{sample.answer}** · clean run: greedy **{clean['greedy'].strip()!r}**, "
+        f"log p(answer) = **{clean['logprob']:.2f}**"
+    )
     silence_memory_layer(model, sample.prompt, answer, clean)
 
 
 def silence_memory_layer(model, prompt: str, answer: str, clean: dict) -> None:
     layer = st.selectbox("memory layer to silence", model.memory_layers, key="iv_layer")
     result = interventions.answer_logprob(model, prompt, answer, fwd_hooks=model.silence_hooks(layer))
-    st.metric("log p(answer) with the layer's top-k selection zeroed", f"{result['logprob']:.2f}",
-              delta=f"{result['logprob'] - clean['logprob']:.2f}")
+    st.metric(
+        "log p(answer) with the layer's top-k selection zeroed",
+        f"{result['logprob']:.2f}",
+        delta=f"{result['logprob'] - clean['logprob']:.2f}",
+    )
     st.write(f"greedy answer with the layer silenced: **{result['greedy'].strip()!r}**")

@@ -1,4 +1,5 @@
 """Model page: pick a sample checkpoint or a local path; show its card, config and hooks."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -32,8 +33,16 @@ def render_card(card: dict) -> None:
     if not isinstance(card, dict) or not card:
         st.caption("This checkpoint has no card.")
         return
-    facts = [(label, card[key]) for key, label in (("steps", "steps"), ("wall_time_s", "train time (s)"),
-                                                   ("machine", "machine"), ("parameters", "parameters")) if key in card]
+    facts = [
+        (label, card[key])
+        for key, label in (
+            ("steps", "steps"),
+            ("wall_time_s", "train time (s)"),
+            ("machine", "machine"),
+            ("parameters", "parameters"),
+        )
+        if key in card
+    ]
     if facts:
         st.table({"": [label for label, _ in facts], "value": [str(value) for _, value in facts]})
     if card.get("train_command"):
@@ -65,8 +74,10 @@ def render() -> None:
     cols[1].metric("parameters", f"{model.num_parameters():,}")
     cols[2].metric("layers x d_model", f"{cfg.n_layers} x {cfg.d_model}")
     cols[3].metric("tokenizer", f"{model.tokenizer.kind} ({cfg.vocab_size})")
-    st.caption(f"The app runs models on {torch.get_num_threads()} torch thread(s) (MEMVIZ_THREADS sets it; half the "
-               "cores by default, since sessions and other jobs share the machine).")
+    st.caption(
+        f"The app runs models on {torch.get_num_threads()} torch thread(s) (MEMVIZ_THREADS sets it; half the "
+        "cores by default, since sessions and other jobs share the machine)."
+    )
     left, right = st.columns(2)
     with left:
         st.subheader("Card")

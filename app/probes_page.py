@@ -1,5 +1,6 @@
 """Probes page: the pass-key, BABILong and RULER grids for the loaded model; retention over distance and
 language modelling on held-out text beside other checkpoints (the control among them); CSV download."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -12,8 +13,16 @@ from probes.haystack import BACKGROUNDS
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
-def run_grid(model_path: str, probe: str, lengths: tuple[int, ...], depths_or_tasks: tuple, n: int, seed: int,
-             depths: tuple[float, ...] | None = None, haystack: str | None = None):
+def run_grid(
+    model_path: str,
+    probe: str,
+    lengths: tuple[int, ...],
+    depths_or_tasks: tuple,
+    n: int,
+    seed: int,
+    depths: tuple[float, ...] | None = None,
+    haystack: str | None = None,
+):
     model = load_model(model_path)
     bar = st.progress(0.0, text="Running the probe…")
     progress = lambda done, total: bar.progress(done / total, text=f"{done} / {total} samples")  # noqa: E731
@@ -32,20 +41,26 @@ def run_retention(model_paths: tuple[str, ...], distances: tuple[int, ...], n: i
     bar = st.progress(0.0, text="Running the probe…")
     frames = []
     for k, path in enumerate(model_paths):
+
         def progress(done, total, k=k):
             bar.progress((k + done / total) / len(model_paths), text=f"{path}: {done} / {total} samples")
+
         frames.append(retention.run(load_model(path), distances, n=n, seed=seed, progress=progress).assign(model=path))
     bar.empty()
     return pd.concat(frames, ignore_index=True)
 
 
 def render_retention() -> None:
-    st.caption("A pass key written once, then `distance` tokens of filler, then the question: how far back "
-               "each memory still finds it. A model without memory falls to chance past its attention window.")
+    st.caption(
+        "A pass key written once, then `distance` tokens of filler, then the question: how far back "
+        "each memory still finds it. A model without memory falls to chance past its attention window."
+    )
     others = [s for s in memviz.list_samples() if s != current_path()]
     control = [s for s in control_samples() if s in others]
     compare = st.multiselect("Beside", others, default=control, key="rt_models")
-    distances = st.multiselect("Distances (tokens)", list(retention.DISTANCES), default=[64, 256, 1024, 4096], key="rt_distances")
+    distances = st.multiselect(
+        "Distances (tokens)", list(retention.DISTANCES), default=[64, 256, 1024, 4096], key="rt_distances"
+    )
     c1, c2 = st.columns(2)
     n = c1.number_input("Samples per distance", 1, 200, 5, key="rt_n")
     seed = c2.number_input("Seed", 0, 10_000, 0, key="rt_seed")
@@ -60,7 +75,9 @@ def render_retention() -> None:
         st.error(str(exc))
         return
     st.plotly_chart(retention.curve(df), width="stretch", key="retention_curve")
-    st.download_button("Download CSV", df.drop(columns=["evidence"]).to_csv(index=False), file_name="retention.csv", key="rt_csv")
+    st.download_button(
+        "Download CSV", df.drop(columns=["evidence"]).to_csv(index=False), file_name="retention.csv", key="rt_csv"
+    )
     st.dataframe(df.pivot_table(index="model", columns="distance", values="correct", sort=False), width="stretch")
 
 
@@ -69,22 +86,30 @@ def run_lm(model_paths: tuple[str, ...], corpus: str | None, max_tokens: int | N
     bar = st.progress(0.0, text="Reading the held-out documents…")
     frames = []
     for k, path in enumerate(model_paths):
+
         def progress(done, total, k=k):
             bar.progress((k + done / total) / len(model_paths), text=f"{path}: {done} / {total} documents")
-        frames.append(lm.run(load_model(path), corpus=corpus, max_tokens=max_tokens, progress=progress).assign(model=path))
+
+        frames.append(
+            lm.run(load_model(path), corpus=corpus, max_tokens=max_tokens, progress=progress).assign(model=path)
+        )
     bar.empty()
     return pd.concat(frames, ignore_index=True)
 
 
 def render_lm() -> None:
-    st.caption("Every token's loss over whole held-out documents (Hamlet and The Tempest, Botchan's last chapter), "
-               "which no sample was trained on: bits per byte, and the loss against the token's position. Where a "
-               "memory helps, its line falls below the control's past the local window.")
+    st.caption(
+        "Every token's loss over whole held-out documents (Hamlet and The Tempest, Botchan's last chapter), "
+        "which no sample was trained on: bits per byte, and the loss against the token's position. Where a "
+        "memory helps, its line falls below the control's past the local window."
+    )
     others = [s for s in memviz.list_samples() if s != current_path()]
     compare = st.multiselect("Beside", others, default=[s for s in control_samples() if s in others], key="lm_models")
     c1, c2 = st.columns(2)
     corpus = c1.selectbox("Corpus", [*texts.CORPORA, "all"], key="lm_corpus")
-    max_tokens = c2.number_input("Tokens a document at most (0: whole)", 0, lm.MAX_TOKENS, 8192, step=1024, key="lm_max")
+    max_tokens = c2.number_input(
+        "Tokens a document at most (0: whole)", 0, lm.MAX_TOKENS, 8192, step=1024, key="lm_max"
+    )
     if not st.button("Run", key="run_lm"):
         return
     try:
@@ -93,7 +118,9 @@ def render_lm() -> None:
         st.error(str(exc))
         return
     positions = lm.by_position(df)
-    st.plotly_chart(lm.position_curve(positions, window=lm.local_span(current_model())), width="stretch", key="lm_curve")
+    st.plotly_chart(
+        lm.position_curve(positions, window=lm.local_span(current_model())), width="stretch", key="lm_curve"
+    )
     st.dataframe(lm.summary(df), width="stretch")
     st.download_button("Download CSV", positions.to_csv(index=False), file_name="lm_positions.csv", key="lm_csv")
 
@@ -103,7 +130,9 @@ def render() -> None:
     model = current_model()
     if model is None:
         return
-    probe = st.radio("Probe", ["passkey", "babilong", "ruler", "retention", "language modelling"], horizontal=True, key="probe")
+    probe = st.radio(
+        "Probe", ["passkey", "babilong", "ruler", "retention", "language modelling"], horizontal=True, key="probe"
+    )
     if probe == "retention":
         render_retention()
         return
@@ -112,21 +141,39 @@ def render() -> None:
         return
     lengths = st.multiselect("Lengths (tokens)", [256, 512, 1024, 2048, 4096, 8192], default=[256, 512], key="lengths")
     if probe == "passkey":
-        axis = st.multiselect("Needle depths", [0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0], default=[0.1, 0.5, 0.9], key="depths")
+        axis = st.multiselect(
+            "Needle depths", [0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0], default=[0.1, 0.5, 0.9], key="depths"
+        )
     elif probe == "ruler":
-        axis = st.multiselect("RULER tasks (scored as RULER does: the share of the answers found)", list(ruler.TASKS),
-                              default=["niah_single_1"], key="ruler_tasks")
-        fixed = st.multiselect("Needle depths (empty: RULER's random depths; with one task, the depth x length grid)",
-                               [0.0, 0.25, 0.5, 0.75, 1.0], default=[], key="ruler_depths")
+        axis = st.multiselect(
+            "RULER tasks (scored as RULER does: the share of the answers found)",
+            list(ruler.TASKS),
+            default=["niah_single_1"],
+            key="ruler_tasks",
+        )
+        fixed = st.multiselect(
+            "Needle depths (empty: RULER's random depths; with one task, the depth x length grid)",
+            [0.0, 0.25, 0.5, 0.75, 1.0],
+            default=[],
+            key="ruler_depths",
+        )
     else:
         axis = st.multiselect("Tasks", list(babilong.TASKS), default=["qa1"], key="tasks")
     if probe == "passkey":
-        haystack = st.selectbox("Filler", ["procedural", "grass", "shakespeare"], key="pk_haystack",
-                                help="the generated sentences, the papers' repeated 'The grass is green. ...', or the plays")
+        haystack = st.selectbox(
+            "Filler",
+            ["procedural", "grass", "shakespeare"],
+            key="pk_haystack",
+            help="the generated sentences, the papers' repeated 'The grass is green. ...', or the plays",
+        )
     else:
-        haystack = st.selectbox("Background", BACKGROUNDS, key="haystack",
-                                help="Shakespeare's plays (real English, as PG19 and essays are in the papers) or the "
-                                     "procedural sentences the shipped qa1 samples were trained on")
+        haystack = st.selectbox(
+            "Background",
+            BACKGROUNDS,
+            key="haystack",
+            help="Shakespeare's plays (real English, as PG19 and essays are in the papers) or the "
+            "procedural sentences the shipped qa1 samples were trained on",
+        )
     c1, c2 = st.columns(2)
     n = c1.number_input("Samples per cell", 1, 200, 5, key="n")
     seed = c2.number_input("Seed", 0, 10_000, 0, key="probe_seed")
@@ -136,13 +183,23 @@ def render() -> None:
         st.error("Choose at least one length and one " + ("depth." if probe == "passkey" else "task."))
         return
     try:
-        df = run_grid(current_path(), probe, tuple(sorted(lengths)), tuple(sorted(axis)), int(n), int(seed),
-                      tuple(sorted(fixed)) or None if probe == "ruler" else None, haystack)
+        df = run_grid(
+            current_path(),
+            probe,
+            tuple(sorted(lengths)),
+            tuple(sorted(axis)),
+            int(n),
+            int(seed),
+            tuple(sorted(fixed)) or None if probe == "ruler" else None,
+            haystack,
+        )
     except ValueError as exc:
         st.error(str(exc))
         return
     fig = {"passkey": passkey.heatmap, "ruler": ruler.heatmap}.get(probe, babilong.heatmap)(df)
     st.plotly_chart(fig, width="stretch", key="probe_heatmap")
     st.metric("accuracy", f"{df['correct'].mean():.0%}", help=f"{len(df)} samples")
-    st.download_button("Download CSV", df.drop(columns=["evidence"]).to_csv(index=False), file_name=f"{probe}.csv", key="dl_csv")
+    st.download_button(
+        "Download CSV", df.drop(columns=["evidence"]).to_csv(index=False), file_name=f"{probe}.csv", key="dl_csv"
+    )
     st.dataframe(df.drop(columns=["evidence"]), hide_index=True, width="stretch")

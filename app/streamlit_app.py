@@ -6,6 +6,7 @@ Trace (stream an input through the model and see its memory at work), Intervene 
 replace the memory at a segment), Compare (two checkpoints on one input), Probes (pass-key
 and BABILong grids with their heatmaps), Train (a small run, live and stoppable).
 """
+
 from __future__ import annotations
 
 import sys
@@ -17,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from app import compare_page, intervene_page, model_page, probes_page, train_page, trace_page  # noqa: E402
+from app import compare_page, intervene_page, model_page, probes_page, trace_page, train_page  # noqa: E402
 from app.common import app_threads  # noqa: E402
 
 
@@ -30,17 +31,29 @@ st.set_page_config(page_title="memviz", layout="wide")
 torch.set_num_threads(app_threads())
 # Streamlit forgets a widget's value when its page is left; held as session state (re-assigned on
 # every run, whichever page runs), the Trace page's input is still there when the user comes back
-for key in ("source", "pk_length", "pk_depth", "pk_seed", "bl_task", "bl_length", "bl_seed", "text_input",
-            "fq_person", "fq_attribute"):
+for key in (
+    "source",
+    "pk_length",
+    "pk_depth",
+    "pk_seed",
+    "bl_task",
+    "bl_length",
+    "bl_seed",
+    "text_input",
+    "fq_person",
+    "fq_attribute",
+):
     if key in st.session_state:
         st.session_state[key] = st.session_state[key]
-page = st.navigation([
-    st.Page(model_page.render, title="Model", default=True),
-    st.Page(model_page_by_url, title="Model", url_path="model", visibility="hidden"),
-    st.Page(trace_page.render, title="Trace", url_path="trace"),
-    st.Page(intervene_page.render, title="Intervene", url_path="intervene"),
-    st.Page(compare_page.render, title="Compare", url_path="compare"),
-    st.Page(probes_page.render, title="Probes", url_path="probes"),
-    st.Page(train_page.render, title="Train", url_path="train"),
-])
+page = st.navigation(
+    [
+        st.Page(model_page.render, title="Model", default=True),
+        st.Page(model_page_by_url, title="Model", url_path="model", visibility="hidden"),
+        st.Page(trace_page.render, title="Trace", url_path="trace"),
+        st.Page(intervene_page.render, title="Intervene", url_path="intervene"),
+        st.Page(compare_page.render, title="Compare", url_path="compare"),
+        st.Page(probes_page.render, title="Probes", url_path="probes"),
+        st.Page(train_page.render, title="Train", url_path="train"),
+    ]
+)
 page.run()

@@ -1,4 +1,5 @@
 """Trace page: stream an input through the model and show its memory at work."""
+
 from __future__ import annotations
 
 import time
@@ -17,13 +18,21 @@ MAX_TOKENS = 1_000_000
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
-def cached_trace(model_path: str, text: str, evidence: tuple[tuple[int, int], ...], answer: str | None = None) -> memviz.Trace:
+def cached_trace(
+    model_path: str, text: str, evidence: tuple[tuple[int, int], ...], answer: str | None = None
+) -> memviz.Trace:
     """The trace of `text` with its `answer` (if any) appended, teacher-forced."""
     model = load_model(model_path)
     bar = st.progress(0.0, text="Streaming through the model…")
     try:
-        return memviz.trace(model, text, evidence=evidence, answer=answer, max_tokens=MAX_TOKENS,
-                            progress=lambda done, total: bar.progress(done / total, text=f"Streaming: {done:,} / {total:,} tokens"))
+        return memviz.trace(
+            model,
+            text,
+            evidence=evidence,
+            answer=answer,
+            max_tokens=MAX_TOKENS,
+            progress=lambda done, total: bar.progress(done / total, text=f"Streaming: {done:,} / {total:,} tokens"),
+        )
     finally:
         bar.empty()  # on an error too: no stale bar beside the message
 
@@ -75,8 +84,10 @@ def choose_input(model, model_path: str) -> tuple[str, tuple[tuple[int, int], ..
         person = c1.number_input(f"person (0-{kb.n_entities - 1})", 0, kb.n_entities - 1, 0, key="fq_person")
         attribute = c2.selectbox("attribute", facts.ATTRIBUTES, index=1, key="fq_attribute")
         sample = facts.make_sample(model.tokenizer, kb.entities[int(person)], attribute)
-        st.caption(f"answer **{sample.answer}** · model says **{greedy_answer(model_path, sample.prompt)!r}** "
-                   "(from the knowledge base the model was trained on; its memory layers hold the facts)")
+        st.caption(
+            f"answer **{sample.answer}** · model says **{greedy_answer(model_path, sample.prompt)!r}** "
+            "(from the knowledge base the model was trained on; its memory layers hold the facts)"
+        )
         return sample.prompt, (), sample.reply
     if source == "pass-key sample":
         c1, c2, c3 = st.columns(3)
@@ -90,16 +101,23 @@ def choose_input(model, model_path: str) -> tuple[str, tuple[tuple[int, int], ..
         task = c1.selectbox("task", babilong.TASKS, key="bl_task")
         length = c2.number_input("length (tokens)", 200, 200_000, 1000, step=250, key="bl_length")
         seed = c3.number_input("seed", 0, 10_000, 0, key="bl_seed")
-        background = c4.selectbox("background", BACKGROUNDS, key="bl_haystack",
-                                  help="the shipped qa1 samples were trained on the procedural one")
+        background = c4.selectbox(
+            "background",
+            BACKGROUNDS,
+            key="bl_haystack",
+            help="the shipped qa1 samples were trained on the procedural one",
+        )
         sample = babilong.seeded_sample(model.tokenizer, task, int(length), int(seed), 0, haystack=background)
     elif source == "text":
         text = st.text_area("Text", key="text_input", height=150)
         return (text, (), None) if text.strip() else None
     else:
-        upload = st.file_uploader(f"A UTF-8 text file: at most {MAX_TOKENS:,} tokens of this model's tokenizer "
-                                  f"(about {MAX_TOKENS * bytes_per_token(model_path) / 2**20:.1f} MB of English text)",
-                                  type=["txt", "md"], key="upload")
+        upload = st.file_uploader(
+            f"A UTF-8 text file: at most {MAX_TOKENS:,} tokens of this model's tokenizer "
+            f"(about {MAX_TOKENS * bytes_per_token(model_path) / 2**20:.1f} MB of English text)",
+            type=["txt", "md"],
+            key="upload",
+        )
         if upload is None:
             return None
         data = upload.getvalue()
@@ -111,9 +129,12 @@ def choose_input(model, model_path: str) -> tuple[str, tuple[tuple[int, int], ..
         except UnicodeDecodeError as exc:
             st.error(f"The file is not UTF-8 text ({exc.reason} at byte {exc.start}).")
             return None
-    st.caption(f"{sample.n_tokens:,} tokens · answer **{sample.answer}** · model says "
-               f"**{greedy_answer(model_path, sample.prompt)!r}**" if sample.n_tokens <= 20_000 else
-               f"{sample.n_tokens:,} tokens · answer **{sample.answer}**")
+    st.caption(
+        f"{sample.n_tokens:,} tokens · answer **{sample.answer}** · model says "
+        f"**{greedy_answer(model_path, sample.prompt)!r}**"
+        if sample.n_tokens <= 20_000
+        else f"{sample.n_tokens:,} tokens · answer **{sample.answer}**"
+    )
     return sample.prompt, tuple(map(tuple, sample.evidence)), sample.reply
 
 
@@ -131,8 +152,10 @@ def render() -> None:
     n_tokens = len(text.encode()) / bytes_per_token(path)
     if n_tokens > 20_000:  # say what a long input costs before it runs
         seconds = n_tokens / tokens_per_second(path, weights_stamp(path))
-        st.caption(f"About {n_tokens:,.0f} tokens: the trace takes about {seconds / 60:.0f} min on this machine "
-                   f"({seconds:,.0f} s at the model's measured speed), once; it is cached afterwards.")
+        st.caption(
+            f"About {n_tokens:,.0f} tokens: the trace takes about {seconds / 60:.0f} min on this machine "
+            f"({seconds:,.0f} s at the model's measured speed), once; it is cached afterwards."
+        )
     if get_family(model.family).cost:  # a model that says what a run holds (a released model's growing KV cache)
         st.caption(cost_line(model.cost(round(n_tokens)), round(n_tokens)))
     try:
@@ -151,20 +174,28 @@ def render() -> None:
         st.warning("Choose a non-empty range of positions.")
         return
     with st.expander("Input text (evidence highlighted; hover a token for its position)", expanded=False):
-        st.html(f'<div style="max-height:300px;overflow:auto;font-family:monospace;white-space:pre-wrap">'
-                f"{viz.text_with_evidence(tr, start, stop)}</div>")
+        st.html(
+            f'<div style="max-height:300px;overflow:auto;font-family:monospace;white-space:pre-wrap">'
+            f"{viz.text_with_evidence(tr, start, stop)}</div>"
+        )
     figures = viz.family_figures(tr, start=start, stop=stop)
     for title, fig in figures.items():
         st.plotly_chart(fig, width="stretch", key=f"fig-{title}")
-        st.download_button(f"Download {title} (HTML)", fig.to_html(include_plotlyjs=True), file_name=f"{title.replace(' ', '_')}.html",
-                           key=f"dl-{title}")
+        st.download_button(
+            f"Download {title} (HTML)",
+            fig.to_html(include_plotlyjs=True),
+            file_name=f"{title.replace(' ', '_')}.html",
+            key=f"dl-{title}",
+        )
     if evidence:
         hold = cached_needle_hold(path, text, answer, tuple(evidence[0]))
         if hold is not None:
             fig = viz.needle_hold_figure(tr, hold, start=start, stop=stop)
             st.plotly_chart(fig, width="stretch", key="fig-needle-hold")
-            st.caption("Where the evidence was written (outlined) and, at every later token, how much of it the "
-                       "memory's read still carries: where this falls to zero, the model can no longer answer from memory.")
+            st.caption(
+                "Where the evidence was written (outlined) and, at every later token, how much of it the "
+                "memory's read still carries: where this falls to zero, the model can no longer answer from memory."
+            )
     show_readout(model, path, text, answer, evidence, tr)
     st.download_button("Download trace (.npz, memviz.Trace.load)", tr.to_bytes(), file_name="trace.npz", key="dl-trace")
 
@@ -180,15 +211,24 @@ def show_readout(model, path: str, text: str, answer: str | None, evidence, tr: 
     if type(model).memory_readout is memviz.MemoryLM.memory_readout:
         return
     st.subheader("Read-out: what the memory returned, and from which tokens")
-    position = st.number_input("read at token (default: where the answer's first token is predicted)",
-                               0, len(tr) - 1, tr.read_position, key="ro_position")
+    position = st.number_input(
+        "read at token (default: where the answer's first token is predicted)",
+        0,
+        len(tr) - 1,
+        tr.read_position,
+        key="ro_position",
+    )
     readout = cached_readout(path, text, answer, int(position))
     if readout is None:
-        st.info("This model's memory is not linear in its writes (Titans' MLP memory, LM2's per-token update), "
-                "so its read has no exact decomposition over the tokens that wrote it.")
+        st.info(
+            "This model's memory is not linear in its writes (Titans' MLP memory, LM2's per-token update), "
+            "so its read has no exact decomposition over the tokens that wrote it."
+        )
         return
-    st.caption(f"The read is {readout.what}. Each written token's part of it, projected on the read: a head's row sums "
-               "to 1 (less the share of the memory's initial state, named in the title where it has one); red carries "
-               "the read, blue pushes against it.")
+    st.caption(
+        f"The read is {readout.what}. Each written token's part of it, projected on the read: a head's row sums "
+        "to 1 (less the share of the memory's initial state, named in the title where it has one); red carries "
+        "the read, blue pushes against it."
+    )
     for title, fig in viz.readout_figures(readout, evidence).items():
         st.plotly_chart(fig, width="stretch", key=f"fig-{title}")

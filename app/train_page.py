@@ -3,16 +3,17 @@
 A run belongs to the session that started it: only that session sees and can stop it. Names are
 one path component (letters, digits, '.', '_', '-', starting with a letter or digit) under
 MEMVIZ_HOME, and a name another session's run is using is refused, so no two runs share folders."""
+
 from __future__ import annotations
 
 import re
 import threading
+
 import streamlit as st
 
 from memviz import viz
 from memviz.checkpoint import USER_DIR
 from training import QUICK_LENGTHS, Trainer, parse_curriculum, quick_config, quick_families, quick_lr
-
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
@@ -32,7 +33,9 @@ def run_job(job: dict) -> None:
     try:
         job["trainer"].run()
         job["status"] = "exporting"
-        job["exported"] = str(job["trainer"].export(USER_DIR / job["name"], final_eval=not job["trainer"].stop.is_set()))
+        job["exported"] = str(
+            job["trainer"].export(USER_DIR / job["name"], final_eval=not job["trainer"].stop.is_set())
+        )
         job["status"] = "stopped" if job["trainer"].stop.is_set() else "finished"
     except Exception as exc:  # shown on the page; the last checkpoint stays on disk
         job["status"], job["error"] = "failed", str(exc)
@@ -48,7 +51,9 @@ def live(name: str) -> None:
         trainer.stop.set()
     if job.get("exported"):
         scores = trainer.model.card.get("probe_scores")
-        st.success(f"Saved {job['exported']}; it is listed on the Model page." + (f" Probe scores: {scores}" if scores else ""))
+        st.success(
+            f"Saved {job['exported']}; it is listed on the Model page." + (f" Probe scores: {scores}" if scores else "")
+        )
     if job.get("error"):
         st.error(f"Training failed: {job['error']}")
 
@@ -88,11 +93,19 @@ def render() -> None:
     steps = c3.number_input("Steps", 1, 100_000, 300, key="tr_steps")
     c4, c5 = st.columns(2)
     lr = c4.number_input("Learning rate", 1e-5, 1e-1, quick_lr(family), format="%.4g", key=f"tr_lr_{family}")
-    length = c5.number_input("Sequence length (tokens)", 64, 4096, QUICK_LENGTHS[task], step=64, key=f"tr_length_{task}")
-    curriculum_text = st.text_input("Curriculum (optional; replaces the length): step:length stages, the sequences "
-                                    "growing at those steps", key="tr_curriculum", placeholder="0:256, 150:1024")
-    if st.session_state.get("tr_name") in (None, "") or st.session_state.pop("_tr_renew", False) or \
-            st.session_state.get("_tr_default") != (family, task):  # a fresh name for each run and each choice
+    length = c5.number_input(
+        "Sequence length (tokens)", 64, 4096, QUICK_LENGTHS[task], step=64, key=f"tr_length_{task}"
+    )
+    curriculum_text = st.text_input(
+        "Curriculum (optional; replaces the length): step:length stages, the sequences growing at those steps",
+        key="tr_curriculum",
+        placeholder="0:256, 150:1024",
+    )
+    if (
+        st.session_state.get("tr_name") in (None, "")
+        or st.session_state.pop("_tr_renew", False)
+        or st.session_state.get("_tr_default") != (family, task)
+    ):  # a fresh name for each run and each choice
         st.session_state["tr_name"] = fresh_name(family, task)
         st.session_state["_tr_default"] = (family, task)
     name = st.text_input("Name (a new folder under runs/ and the checkpoints)", key="tr_name")
@@ -110,8 +123,19 @@ def render() -> None:
             except ValueError as exc:
                 st.error(str(exc))
             else:
-                start(name, quick_config(family, task, int(steps), name, runs_dir() / name, lr=float(lr), length=int(length),
-                                         curriculum=curriculum))
+                start(
+                    name,
+                    quick_config(
+                        family,
+                        task,
+                        int(steps),
+                        name,
+                        runs_dir() / name,
+                        lr=float(lr),
+                        length=int(length),
+                        curriculum=curriculum,
+                    ),
+                )
                 st.session_state["_tr_renew"] = True
     for name in list(jobs()):
         live(name)

@@ -10,6 +10,7 @@ asks it the question's queries and the queries of 1,000 filler tokens. For each 
 `outliers` 0 is the HNSW graph alone; more scores that many chunks per head farthest from the
 mean key exactly as well (memviz.bank).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,14 +61,25 @@ def main(argv: list[str] | None = None) -> int:
     keys, values, first = held.keys, held.values, int(held.positions[0])
     K = model.options.topk_chunks
     needle_lo, needle_hi = sample.evidence[0]
-    print(f"{args.checkpoint}: {sample.n_tokens:,} tokens ({streamed:.0f} s), {len(held) // held.chunk_size:,} chunks, top-{K}")
+    print(
+        f"{args.checkpoint}: {sample.n_tokens:,} tokens ({streamed:.0f} s), {len(held) // held.chunk_size:,} chunks, top-{K}"
+    )
     print("| search | recall@K (filler queries) | needle hits (question) | search time (s, both sets) |")
     print("|---|---|---|---|")
     exact_hits = None
     for ef in args.ef:
         for outliers in args.outliers:
-            bank = ChunkBank.empty(1, keys.shape[2], keys.shape[3], held.chunk_size, capacity=len(held), search="hnsw",
-                                   ef_search=ef, exact_below=1, outliers=outliers).append(keys, values, first)
+            bank = ChunkBank.empty(
+                1,
+                keys.shape[2],
+                keys.shape[3],
+                held.chunk_size,
+                capacity=len(held),
+                search="hnsw",
+                ef_search=ef,
+                exact_below=1,
+                outliers=outliers,
+            ).append(keys, values, first)
             lo, hi = 0, len(bank) // bank.chunk_size
             bank.search(filler_q[:, :1], lo, hi, K)  # builds the graphs and the outlier sets
             t = time.perf_counter()
@@ -84,7 +96,10 @@ def main(argv: list[str] | None = None) -> int:
             if exact_hits is None:
                 exact_hits = needle_share(bank.search(asked, lo, hi, K, kind="exact")[1])
                 print(f"| exact | 1 | {exact_hits:.2f} | |")
-            print(f"| hnsw ef {ef}, {outliers} outliers | {recall:.3f} | {needle_share(approx_q):.2f} | {seconds:.1f} |", flush=True)
+            print(
+                f"| hnsw ef {ef}, {outliers} outliers | {recall:.3f} | {needle_share(approx_q):.2f} | {seconds:.1f} |",
+                flush=True,
+            )
     return 0
 
 

@@ -8,6 +8,7 @@ binned on a log scale. Prints a table of bits per byte and, per model, the mean 
 (the control). `--record` stores the scores in each card under `lm`; `--png` draws the position figure in
 Chromium (`retention_curve.save_png`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,8 @@ from retention_curve import save_png  # noqa: E402
 
 def window_split(losses, window: int) -> tuple[float, float]:
     """Mean loss of tokens inside the window (positions 1..window-1) and past it."""
-    inside = np.concatenate([x[:window - 1] for x in losses])
-    past = [x[window - 1:] for x in losses if len(x) >= window]
+    inside = np.concatenate([x[: window - 1] for x in losses])
+    past = [x[window - 1 :] for x in losses if len(x) >= window]
     return float(inside.mean()), float(np.concatenate(past).mean()) if past else float("nan")
 
 
@@ -55,8 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     table = lm.summary(df)["bits_per_byte"].unstack("corpus")
     control = next((n for n in args.checkpoints if "sliding_window" in n), None)
     splits = {name: window_split(group["losses"], args.window) for name, group in df.groupby("model", sort=False)}
-    print(f"bits per byte on held-out text ({', '.join(f'{c}: {list(v)}' for c, v in texts.HELD_OUT.items())}); "
-          f"loss in nats a token inside / past the {args.window}-token window, all documents")
+    print(
+        f"bits per byte on held-out text ({', '.join(f'{c}: {list(v)}' for c, v in texts.HELD_OUT.items())}); "
+        f"loss in nats a token inside / past the {args.window}-token window, all documents"
+    )
     print("| model | " + " | ".join(table.columns) + " | inside | past | past - control's |")
     print("|---|" + "---|" * (len(table.columns) + 3))
     for name, row in table.iterrows():
@@ -64,18 +67,24 @@ def main(argv: list[str] | None = None) -> int:
         delta = f"{past - splits[control][1]:+.3f}" if control else ""
         print(f"| `{name}` | " + " | ".join(f"{v:.3f}" for v in row) + f" | {inside:.3f} | {past:.3f} | {delta} |")
     if args.record:
-        command = "python benchmarks/english_lm.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+        command = "python benchmarks/english_lm.py " + " ".join(
+            shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
+        )
         for name, row in table.iterrows():
             path = resolve(name) / CARD_FILE
             card = json.loads(path.read_text())
-            card["lm"] = {"bits_per_byte": {c: round(float(v), 4) for c, v in row.items()},
-                          "held_out": {c: list(v) for c, v in texts.HELD_OUT.items()},
-                          "loss_inside_window": round(splits[name][0], 4), "loss_past_window": round(splits[name][1], 4),
-                          "command": command}
+            card["lm"] = {
+                "bits_per_byte": {c: round(float(v), 4) for c, v in row.items()},
+                "held_out": {c: list(v) for c, v in texts.HELD_OUT.items()},
+                "loss_inside_window": round(splits[name][0], 4),
+                "loss_past_window": round(splits[name][1], 4),
+                "command": command,
+            }
             atomic_write_text(path, json.dumps(card, indent=2, sort_keys=True))
     if args.png:
-        fig = lm.position_curve(lm.by_position(df), window=args.window,
-                                title="Loss against token position over the held-out documents")
+        fig = lm.position_curve(
+            lm.by_position(df), window=args.window, title="Loss against token position over the held-out documents"
+        )
         save_png(fig, args.png)
         print(f"saved {args.png}")
     print(f"{time.perf_counter() - started:.0f} s")

@@ -5,6 +5,7 @@ Traces a passage of a held-out document (no sample was trained on it) through ea
 `memviz.trace` and saves every figure of `viz.family_figures` as `english_<name>_<figure>.png` (drawn in
 Chromium, `retention_curve.save_png`); prints each figure's file and the passage's bits per byte.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,13 +42,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--document must be a held-out document, one of {sorted(held)}")
     for name in args.checkpoints:
         model = memviz.load(name)
-        ids = model.tokenizer.encode(held[args.document].text)[args.start:args.start + args.tokens]
+        ids = model.tokenizer.encode(held[args.document].text)[args.start : args.start + args.tokens]
         tr = memviz.trace(model, ids)
-        bits = float(np.nansum(tr["loss"])) / math.log(2) / model.tokenizer.byte_length(ids[1:])  # loss[t] predicts t + 1
+        bits = (
+            float(np.nansum(tr["loss"])) / math.log(2) / model.tokenizer.byte_length(ids[1:])
+        )  # loss[t] predicts t + 1
         print(f"{name}: {args.document} tokens {args.start}-{args.start + len(ids)}, {bits:.3f} bits a byte")
         for title, fig in viz.family_figures(tr).items():
             if args.png_dir:
-                path = args.png_dir / f"english_{Path(name).name}_{re.sub(r'[^a-z0-9]+', '_', title.lower()).strip('_')}.png"
+                path = (
+                    args.png_dir
+                    / f"english_{Path(name).name}_{re.sub(r'[^a-z0-9]+', '_', title.lower()).strip('_')}.png"
+                )
                 save_png(fig, path, width=1100, height=420)
                 print(f"  {title}: {path}")
     return 0

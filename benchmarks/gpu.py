@@ -16,6 +16,7 @@ With --device cpu (what the test suite runs) the same steps run end to end on sm
 the Triton kernels in the interpreter (TRITON_INTERPRET=1): a check of the harness, whose timings
 mean nothing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,9 +25,9 @@ import platform
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -70,33 +71,59 @@ def kernel_cases(device: str, tokens: int):
 
     H, dk, n, k, D = (2, 16, 16, 4, 16) if small else (4, 64, 128, 16, 128)
     q, keys = randn(1, tokens, H, dk), randn(H, 2, n, dk // 2)
-    full = torch.cat([keys[:, 0, :, None].expand(H, n, n, dk // 2), keys[:, 1, None].expand(H, n, n, dk // 2)], -1).reshape(H, n * n, dk)
+    full = torch.cat(
+        [keys[:, 0, :, None].expand(H, n, n, dk // 2), keys[:, 1, None].expand(H, n, n, dk // 2)], -1
+    ).reshape(H, n * n, dk)
     indices = torch.randint(0, n * n, (tokens * H, k), generator=g, device=device)
     weights, values = torch.softmax(randn(tokens * H, k), -1), randn(n * n, D)
     cases = {
-        "product_key_topk": (lambda: dispatch.product_key_topk(q, keys, k, impl="triton")[0],
-                             lambda: dispatch.product_key_topk(q, keys, k, impl="reference")[0],
-                             lambda: torch.einsum("bthd,hmd->bthm", q, full).topk(k, -1)[0]),
-        "weighted_bag": (lambda: dispatch.weighted_bag(indices, weights, values, impl="triton"),
-                         lambda: dispatch.weighted_bag(indices, weights, values, impl="reference"),
-                         lambda: F.embedding_bag(indices, values, per_sample_weights=weights, mode="sum")),
+        "product_key_topk": (
+            lambda: dispatch.product_key_topk(q, keys, k, impl="triton")[0],
+            lambda: dispatch.product_key_topk(q, keys, k, impl="reference")[0],
+            lambda: torch.einsum("bthd,hmd->bthm", q, full).topk(k, -1)[0],
+        ),
+        "weighted_bag": (
+            lambda: dispatch.weighted_bag(indices, weights, values, impl="triton"),
+            lambda: dispatch.weighted_bag(indices, weights, values, impl="reference"),
+            lambda: F.embedding_bag(indices, values, per_sample_weights=weights, mode="sum"),
+        ),
     }
     Hi, d, S = (2, 8, 16) if small else (8, 64, 256)
     sq, sk, v = F.elu(randn(1, Hi, tokens, d)) + 1, F.elu(randn(1, Hi, tokens, d)) + 1, randn(1, Hi, tokens, d)
-    empty = (torch.zeros(1, Hi, d, d, device=device), torch.zeros(1, Hi, d, device=device),
-             torch.zeros(1, Hi, 0, d, device=device), torch.zeros(1, Hi, 0, d, device=device))
-    cases["infini_memory"] = (lambda: dispatch.infini_memory(sq, sk, v, empty, S, "delta", impl="triton")[0][0],
-                              lambda: dispatch.infini_memory(sq, sk, v, empty, S, "delta", impl="reference")[0][0], None)
+    empty = (
+        torch.zeros(1, Hi, d, d, device=device),
+        torch.zeros(1, Hi, d, device=device),
+        torch.zeros(1, Hi, 0, d, device=device),
+        torch.zeros(1, Hi, 0, d, device=device),
+    )
+    cases["infini_memory"] = (
+        lambda: dispatch.infini_memory(sq, sk, v, empty, S, "delta", impl="triton")[0][0],
+        lambda: dispatch.infini_memory(sq, sk, v, empty, S, "delta", impl="reference")[0][0],
+        None,
+    )
     N, dm = (4, 8) if small else (16, 128)
-    scan = (randn(1, tokens, dm), rand(1, tokens, dm), randn(dm, dm) * dm**-0.5, randn(dm, dm) * dm**-0.5, randn(dm), randn(1, N, dm))
-    cases["lm2_scan"] = (lambda: dispatch.lm2_scan(*scan, impl="triton")[0][1],
-                         lambda: dispatch.lm2_scan(*scan, impl="reference")[0][1], None)
+    scan = (
+        randn(1, tokens, dm),
+        rand(1, tokens, dm),
+        randn(dm, dm) * dm**-0.5,
+        randn(dm, dm) * dm**-0.5,
+        randn(dm),
+        randn(1, N, dm),
+    )
+    cases["lm2_scan"] = (
+        lambda: dispatch.lm2_scan(*scan, impl="triton")[0][1],
+        lambda: dispatch.lm2_scan(*scan, impl="reference")[0][1],
+        None,
+    )
     dt, chunk = (8, 8) if small else (128, 64)
     tq, tk = F.normalize(randn(1, tokens, dt), dim=-1), F.normalize(randn(1, tokens, dt), dim=-1)
     titans = (tq, tk, randn(1, tokens, dt), rand(1, tokens, 3) * 0.5)
     state = (randn(1, dt, dt) * 0.1, torch.zeros(1, dt, dt, device=device))
-    cases["titans_linear_memory"] = (lambda: dispatch.titans_linear_memory(*titans, state, chunk, impl="triton")[0][0],
-                                     lambda: dispatch.titans_linear_memory(*titans, state, chunk, impl="reference")[0][0], None)
+    cases["titans_linear_memory"] = (
+        lambda: dispatch.titans_linear_memory(*titans, state, chunk, impl="triton")[0][0],
+        lambda: dispatch.titans_linear_memory(*titans, state, chunk, impl="reference")[0][0],
+        None,
+    )
     bag_bytes = indices.numel() * 8 + weights.numel() * 4 + indices.numel() * D * 4 + tokens * H * D * 4
     return cases, bag_bytes
 
@@ -113,15 +140,21 @@ def kernel_rows(device: str, lengths: list[int], rounds: int) -> tuple[list[str]
                 error = (triton_path().double() - reference_path().double()).abs().max().item()
                 paths = {"triton": triton_path, "reference": reference_path, **({"torch": own} if own else {})}
                 times = interleaved(paths, rounds, synchronize(device))
-                kernel_table.append(f"| {name} | {tokens:,} | {statistics.median(times['triton']) * 1e3:.3f} | "
-                                    f"{ratio_text(times, 'reference', 'triton')} | {ratio_text(times, 'torch', 'triton') if own else '-'} | {error:.1e} |")
+                kernel_table.append(
+                    f"| {name} | {tokens:,} | {statistics.median(times['triton']) * 1e3:.3f} | "
+                    f"{ratio_text(times, 'reference', 'triton')} | {ratio_text(times, 'torch', 'triton') if own else '-'} | {error:.1e} |"
+                )
                 if name == "weighted_bag":
                     copy_src = torch.empty(bag_bytes // 4, device=device)
                     copy_dst = torch.empty_like(copy_src)
-                    copy = interleaved({"copy": lambda: copy_dst.copy_(copy_src), "bag": triton_path}, rounds, synchronize(device))
+                    copy = interleaved(
+                        {"copy": lambda: copy_dst.copy_(copy_src), "bag": triton_path}, rounds, synchronize(device)
+                    )
                     copy_bw = 2 * copy_src.numel() * 4 / statistics.median(copy["copy"]) / 1e9  # read + write
                     bag_bw = bag_bytes / statistics.median(copy["bag"]) / 1e9
-                    bandwidth_table.append(f"| {tokens:,} | {bag_bytes / 2**20:.1f} | {bag_bw:.1f} | {copy_bw:.1f} | {bag_bw / copy_bw:.0%} |")
+                    bandwidth_table.append(
+                        f"| {tokens:,} | {bag_bytes / 2**20:.1f} | {bag_bw:.1f} | {copy_bw:.1f} | {bag_bw / copy_bw:.0%} |"
+                    )
     return kernel_table, bandwidth_table
 
 
@@ -139,8 +172,10 @@ def trace_rows(device: str, sample: str, tokens: int, rounds: int) -> list[str]:
     paths = {"cpu": lambda: memviz.trace(model, text), device + " ": lambda: memviz.trace(on_device, text)}
     with torch.no_grad():
         times = interleaved(paths, max(1, rounds // 3), synchronize(device))
-    return [f"| {sample} | {n:,} | {n / statistics.median(times['cpu']):,.0f} | "
-            f"{n / statistics.median(times[device + ' ']):,.0f} | {ratio_text(times, 'cpu', device + ' ')} |"]
+    return [
+        f"| {sample} | {n:,} | {n / statistics.median(times['cpu']):,.0f} | "
+        f"{n / statistics.median(times[device + ' ']):,.0f} | {ratio_text(times, 'cpu', device + ' ')} |"
+    ]
 
 
 def kernel_tests(device: str) -> str:
@@ -150,8 +185,13 @@ def kernel_tests(device: str) -> str:
         env["TRITON_INTERPRET"] = "0"
     else:
         env["TRITON_INTERPRET"] = "1"
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "kernels")],
-                         cwd=ROOT, env=env, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "kernels")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     lines = [line for line in out.stdout.strip().splitlines() if line.strip()]
     summary = lines[-1] if lines else out.stderr.strip().splitlines()[-1]
     if out.returncode != 0:
@@ -190,32 +230,36 @@ def main(argv: list[str] | None = None) -> int:
     kernels, bandwidth = kernel_rows(device, lengths, rounds)
     traces = trace_rows(device, args.sample, trace_tokens, rounds)
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    section = "\n".join([
-        f"## {stamp} · GPU run (`python benchmarks/gpu.py{' --quick' if args.quick else ''}`) · {machine(device)}",
-        "",
-        "" if device == "cuda" else "CPU mode: the harness checked end to end on small shapes; these timings mean nothing.\n",
-        f"**Kernel tests on {device}:** {tests}",
-        "",
-        f"**Triton kernels** ({rounds} interleaved rounds; ratios are the median of the per-round ratios, "
-        "the range in brackets; above 1 the Triton kernel is faster):",
-        "",
-        "| kernel | tokens | Triton ms | reference / Triton | torch's op / Triton | max abs diff from the reference |",
-        "|---|---|---|---|---|---|",
-        *kernels,
-        "",
-        "**Product-key bag bandwidth** against a device-to-device copy (read + write) of as many bytes:",
-        "",
-        "| tokens | bytes moved (MiB) | bag GB/s | copy GB/s | bag / copy |",
-        "|---|---|---|---|---|",
-        *bandwidth,
-        "",
-        f"**A whole trace** (`memviz.trace`, every memory hook), tokens per second on the CPU and on {device}:",
-        "",
-        f"| sample | tokens | CPU tokens/s | {device} tokens/s | {device} / CPU |",
-        "|---|---|---|---|---|",
-        *traces,
-        "",
-    ])
+    section = "\n".join(
+        [
+            f"## {stamp} · GPU run (`python benchmarks/gpu.py{' --quick' if args.quick else ''}`) · {machine(device)}",
+            "",
+            ""
+            if device == "cuda"
+            else "CPU mode: the harness checked end to end on small shapes; these timings mean nothing.\n",
+            f"**Kernel tests on {device}:** {tests}",
+            "",
+            f"**Triton kernels** ({rounds} interleaved rounds; ratios are the median of the per-round ratios, "
+            "the range in brackets; above 1 the Triton kernel is faster):",
+            "",
+            "| kernel | tokens | Triton ms | reference / Triton | torch's op / Triton | max abs diff from the reference |",
+            "|---|---|---|---|---|---|",
+            *kernels,
+            "",
+            "**Product-key bag bandwidth** against a device-to-device copy (read + write) of as many bytes:",
+            "",
+            "| tokens | bytes moved (MiB) | bag GB/s | copy GB/s | bag / copy |",
+            "|---|---|---|---|---|",
+            *bandwidth,
+            "",
+            f"**A whole trace** (`memviz.trace`, every memory hook), tokens per second on the CPU and on {device}:",
+            "",
+            f"| sample | tokens | CPU tokens/s | {device} tokens/s | {device} / CPU |",
+            "|---|---|---|---|---|",
+            *traces,
+            "",
+        ]
+    )
     print(section)
     if args.record:
         with open(ROOT / "benchmarks" / "RESULTS.md", "a") as f:

@@ -12,6 +12,7 @@ that holds no weights (e.g.
 knows it. With `--record` the scores, the command and the wall time go into each sample's card
 under `long_grid` (one entry per length set). Prints one row per checkpoint.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,9 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.5, 0.9])
     parser.add_argument("--n", type=int, default=10, help="samples per depth and length (per length with --babilong)")
     parser.add_argument("--babilong", metavar="TASK", help="a BABILong-style task (qa1..qa5) in place of the pass key")
-    parser.add_argument("--haystack", help="BABILong's background: shakespeare, procedural or a text file "
-                                           "(default: the one each checkpoint was trained on); the pass key's filler: "
-                                           "procedural (default), grass (the papers'), shakespeare or a text file")
+    parser.add_argument(
+        "--haystack",
+        help="BABILong's background: shakespeare, procedural or a text file "
+        "(default: the one each checkpoint was trained on); the pass key's filler: "
+        "procedural (default), grass (the papers'), shakespeare or a text file",
+    )
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--set", dest="settings", type=parse_setting, action="append", default=[], metavar="KEY=VALUE")
@@ -80,27 +84,45 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         if args.babilong:
             haystack = args.haystack or trained_haystack(model.card)
-            df = babilong.run(model, [args.babilong], args.lengths, n=args.n, seed=args.seed, haystack=haystack, progress=False)
+            df = babilong.run(
+                model, [args.babilong], args.lengths, n=args.n, seed=args.seed, haystack=haystack, progress=False
+            )
             probe, per_cell, key = args.babilong, args.n, f"{args.babilong}:" + "-".join(map(str, args.lengths))
             key += "" if haystack == "procedural" else f":{haystack}"
         else:
-            df = passkey.run(model, args.lengths, args.depths, n=args.n, seed=args.seed, haystack=args.haystack, progress=False)
+            df = passkey.run(
+                model, args.lengths, args.depths, n=args.n, seed=args.seed, haystack=args.haystack, progress=False
+            )
             probe, per_cell, key = "passkey", len(args.depths) * args.n, "-".join(map(str, args.lengths))
             key += f":{args.haystack}" if args.haystack else ""
         wall = time.perf_counter() - started
         scores = {str(k): round(float(v), 4) for k, v in df.groupby("length")["correct"].mean().items()}
-        print(f"{name:24s} {config['family']:10s} {probe:8s} " + (f"in {haystack if args.babilong else args.haystack} " if args.babilong or args.haystack else "") + "  ".join(f"{k}: {v:.0%}" for k, v in scores.items())
-              + f"  ({per_cell} a cell, {wall:.0f} s)", flush=True)
+        print(
+            f"{name:24s} {config['family']:10s} {probe:8s} "
+            + (f"in {haystack if args.babilong else args.haystack} " if args.babilong or args.haystack else "")
+            + "  ".join(f"{k}: {v:.0%}" for k, v in scores.items())
+            + f"  ({per_cell} a cell, {wall:.0f} s)",
+            flush=True,
+        )
         if args.record:
             card_path = directory / CARD_FILE
             card = json.loads(card_path.read_text())
-            entry = {probe: scores, "n_per_cell": per_cell, "seed": args.seed, "overrides": overrides,
-                     "command": command, "wall_time_s": round(wall, 1), "threads": args.threads}
+            entry = {
+                probe: scores,
+                "n_per_cell": per_cell,
+                "seed": args.seed,
+                "overrides": overrides,
+                "command": command,
+                "wall_time_s": round(wall, 1),
+                "threads": args.threads,
+            }
             if args.babilong or args.haystack:
                 entry["haystack"] = haystack if args.babilong else args.haystack
             if not args.babilong:
-                entry["by_length_and_depth"] = {f"{k[0]}@{k[1]}": round(float(v), 4)
-                                                for k, v in df.groupby(["length", "depth"])["correct"].mean().items()}
+                entry["by_length_and_depth"] = {
+                    f"{k[0]}@{k[1]}": round(float(v), 4)
+                    for k, v in df.groupby(["length", "depth"])["correct"].mean().items()
+                }
                 entry["depths"] = args.depths
             card.setdefault("long_grid", {})[key] = entry
             atomic_write_text(card_path, json.dumps(card, indent=2, sort_keys=True))

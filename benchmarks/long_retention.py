@@ -8,6 +8,7 @@ it ran with, and a rerun with the same log skips the samples already answered un
 options: a run cut off goes on where it stopped. With `--record` the accuracy so far, the command
 and the times go into the checkpoint's card under `long_grid`, key `retention:DISTANCE`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,7 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--set", dest="settings", type=parse_setting, action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--log", type=Path, help="JSONL of finished samples (default runs/retention/NAME-DISTANCE-SEED.jsonl)")
+    parser.add_argument(
+        "--log", type=Path, help="JSONL of finished samples (default runs/retention/NAME-DISTANCE-SEED.jsonl)"
+    )
     parser.add_argument("--record", action="store_true", help="store the accuracy in the checkpoint's card.json")
     args = parser.parse_args(argv)
     retention.check_distances([args.distance])
@@ -60,9 +63,18 @@ def main(argv: list[str] | None = None) -> int:
         sample = retention.seeded_sample(model.tokenizer, args.distance, args.seed, i)
         started = time.perf_counter()
         prediction = model.generate(sample.prompt, max_new_tokens=8)
-        row = {"sample": i, "gap": sample.meta["distance"], "n_tokens": sample.n_tokens, "answer": sample.answer,
-               "prediction": prediction, "correct": bool(score(prediction, sample)), "overrides": overrides, "memory": memory,
-               "seconds": round(time.perf_counter() - started, 1), "threads": args.threads}
+        row = {
+            "sample": i,
+            "gap": sample.meta["distance"],
+            "n_tokens": sample.n_tokens,
+            "answer": sample.answer,
+            "prediction": prediction,
+            "correct": bool(score(prediction, sample)),
+            "overrides": overrides,
+            "memory": memory,
+            "seconds": round(time.perf_counter() - started, 1),
+            "threads": args.threads,
+        }
         with log.open("a") as f:
             f.write(json.dumps(row) + "\n")
         done[i] = row
@@ -74,9 +86,15 @@ def main(argv: list[str] | None = None) -> int:
         card_path = directory / CARD_FILE
         card = json.loads(card_path.read_text())
         card.setdefault("long_grid", {})[f"retention:{args.distance}"] = {
-            "retention": {str(args.distance): round(accuracy, 4)}, "n_per_cell": len(rows), "seed": args.seed,
-            "overrides": overrides, "memory": memory, "command": command, "median_s_per_sample": sorted(r["seconds"] for r in rows)[len(rows) // 2],
-            "threads": sorted({r["threads"] for r in rows})}
+            "retention": {str(args.distance): round(accuracy, 4)},
+            "n_per_cell": len(rows),
+            "seed": args.seed,
+            "overrides": overrides,
+            "memory": memory,
+            "command": command,
+            "median_s_per_sample": sorted(r["seconds"] for r in rows)[len(rows) // 2],
+            "threads": sorted({r["threads"] for r in rows}),
+        }
         atomic_write_text(card_path, json.dumps(card, indent=2, sort_keys=True))
     return 0
 

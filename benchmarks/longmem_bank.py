@@ -14,6 +14,7 @@ every memory hook traced as the Trace page does (`memviz.trace`), and reports:
 Targets (issue "memory that lasts"): a 1M-token trace in at most 10 minutes on 2 cores, peak
 RSS under 4 GB. Timings are wall-clock on this machine; run it with nothing else running.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,7 +66,9 @@ def run(checkpoint: str, n_tokens: int, threads: int, chunk_size: int | None = N
     from memviz.trace import trace
 
     torch.set_num_threads(threads)
-    model = memviz.load(checkpoint, bank_size=n_tokens, search="hnsw", **({"chunk_size": chunk_size} if chunk_size else {}))
+    model = memviz.load(
+        checkpoint, bank_size=n_tokens, search="hnsw", **({"chunk_size": chunk_size} if chunk_size else {})
+    )
     ids = filler_ids(model, n_tokens + 1024)
     marks: dict[int, float] = {}
     started = time.perf_counter()
@@ -91,9 +94,18 @@ def run(checkpoint: str, n_tokens: int, threads: int, chunk_size: int | None = N
     for at in (65536, n_tokens):
         _, state = model.prefill(ids[:at])  # the bank a stream leaves, without the side network's searches
         recalls[at] = recall_at(model, state, ids[at : at + 1024])
-    return {"checkpoint": checkpoint, "tokens": n_tokens, "threads": threads, "chunk_size": model.options.chunk_size, "wall_s": wall, "peak_rss_gb": rss,
-            "us_per_token_at_64k": 1e6 * per_token(65536), "us_per_token_at_end": 1e6 * per_token(n_tokens),
-            "recall": recalls, "traced_hooks": n_hooks}
+    return {
+        "checkpoint": checkpoint,
+        "tokens": n_tokens,
+        "threads": threads,
+        "chunk_size": model.options.chunk_size,
+        "wall_s": wall,
+        "peak_rss_gb": rss,
+        "us_per_token_at_64k": 1e6 * per_token(65536),
+        "us_per_token_at_end": 1e6 * per_token(n_tokens),
+        "recall": recalls,
+        "traced_hooks": n_hooks,
+    }
 
 
 def main() -> int:
@@ -109,22 +121,27 @@ def main() -> int:
     r = run(args.checkpoint, args.tokens, args.threads, args.chunk_size)
     ratio = r["us_per_token_at_end"] / r["us_per_token_at_64k"]
     recall = ", ".join(f"{k:,} tokens: {v:.3f}" for k, v in r["recall"].items())
-    table = "\n".join([
-        "| measure | value | target |", "|---|---|---|",
-        f"| trace of {r['tokens']:,} tokens ({r['traced_hooks']} hooks kept) | {r['wall_s']:.0f} s | <= 600 s |",
-        f"| peak RSS of the trace (loading, streaming, the kept hooks) | {r['peak_rss_gb']:.2f} GB | < 4 GB |",
-        f"| time per token, 16k tokens ending at 64k | {r['us_per_token_at_64k']:.0f} us | |",
-        f"| time per token, 16k tokens ending at {r['tokens']:,} | {r['us_per_token_at_end']:.0f} us | |",
-        f"| ratio (end / 64k) | {ratio:.2f}x | <= 1.5x |",
-        f"| HNSW recall@{8} against exact top-k | {recall} | >= 0.95 |",
-    ])
+    table = "\n".join(
+        [
+            "| measure | value | target |",
+            "|---|---|---|",
+            f"| trace of {r['tokens']:,} tokens ({r['traced_hooks']} hooks kept) | {r['wall_s']:.0f} s | <= 600 s |",
+            f"| peak RSS of the trace (loading, streaming, the kept hooks) | {r['peak_rss_gb']:.2f} GB | < 4 GB |",
+            f"| time per token, 16k tokens ending at 64k | {r['us_per_token_at_64k']:.0f} us | |",
+            f"| time per token, 16k tokens ending at {r['tokens']:,} | {r['us_per_token_at_end']:.0f} us | |",
+            f"| ratio (end / 64k) | {ratio:.2f}x | <= 1.5x |",
+            f"| HNSW recall@{8} against exact top-k | {recall} | >= 0.95 |",
+        ]
+    )
     print(table)
     if args.record:
-        head = (f"\n## {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC · LongMem bank at {r['tokens']:,} tokens "
-                f"({r['checkpoint']}, HNSW, chunks of {r['chunk_size']}) · {platform.machine()} CPU, {r['threads']} threads · torch {torch.__version__}\n\n"
-                f"Command: `python benchmarks/longmem_bank.py {r['checkpoint']} --tokens {r['tokens']} --threads {r['threads']}"
-                f"{f' --chunk-size {args.chunk_size}' if args.chunk_size else ''}"
-                " --record`\n\n")
+        head = (
+            f"\n## {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC · LongMem bank at {r['tokens']:,} tokens "
+            f"({r['checkpoint']}, HNSW, chunks of {r['chunk_size']}) · {platform.machine()} CPU, {r['threads']} threads · torch {torch.__version__}\n\n"
+            f"Command: `python benchmarks/longmem_bank.py {r['checkpoint']} --tokens {r['tokens']} --threads {r['threads']}"
+            f"{f' --chunk-size {args.chunk_size}' if args.chunk_size else ''}"
+            " --record`\n\n"
+        )
         with open(ROOT / "benchmarks" / "RESULTS.md", "a") as fh:
             fh.write(head + table + "\n")
     return 0

@@ -12,6 +12,7 @@
 
 `python benchmarks/passkey_diagnostics.py [--boundary LENGTH] [SAMPLE ...]` prints JSON.
 """
+
 import json
 import sys
 
@@ -32,8 +33,11 @@ def partial_credit(model, lengths):
     def per_length(column):
         return {str(k): round(float(v), 2) for k, v in df.groupby("length")[column].mean().items()}
 
-    return {"mean_leading_digits": per_length("leading_digits"), "first_digit_right": per_length("first_digit_right"),
-            "exact": per_length("correct")}
+    return {
+        "mean_leading_digits": per_length("leading_digits"),
+        "first_digit_right": per_length("first_digit_right"),
+        "exact": per_length("correct"),
+    }
 
 
 def memory_resets(model, length, n=15):
@@ -72,7 +76,11 @@ def exact_by_boundary(model, length, n=150):
     for i in range(n):
         s = passkey.seeded_sample(model.tokenizer, length, DEPTHS[i % 3], SEED, i)
         n_answer = len(model.tokenizer.encode(" " + s.answer))
-        cell = "crosses_into_next_segment" if crosses_segment(s.n_tokens, n_answer, model.cfg.segment_len) else "in_question_segment"
+        cell = (
+            "crosses_into_next_segment"
+            if crosses_segment(s.n_tokens, n_answer, model.cfg.segment_len)
+            else "in_question_segment"
+        )
         cells[cell].append(passkey.score(model.generate(s.prompt, 8), s))
     return {k: {"exact": round(float(np.mean(v)), 2) if v else None, "n": len(v)} for k, v in cells.items()}
 

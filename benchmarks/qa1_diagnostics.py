@@ -20,6 +20,7 @@
 
 `python benchmarks/qa1_diagnostics.py CHECKPOINT [--resets LENGTH] [--toy STEPS [--fan-in]]` prints JSON.
 """
+
 import argparse
 import functools
 import json
@@ -68,8 +69,10 @@ def recency(model, n=300):
         last = st.facts[-1].rstrip(".").split()[-1]
         c = counts["answer_is_last_room" if st.answer == last else "answer_is_not_last_room"]
         c[0], c[1], c[2] = c[0] + 1, c[1] + (said == st.answer), c[2] + (said == last)
-    return {k: {"n": c[0], "right": round(c[1] / c[0], 2), "says_last_room": round(c[2] / c[0], 2)}
-            for k, c in counts.items()}
+    return {
+        k: {"n": c[0], "right": round(c[1] / c[0], 2), "says_last_room": round(c[2] / c[0], 2)}
+        for k, c in counts.items()
+    }
 
 
 def name_use(model, n=100):
@@ -93,8 +96,7 @@ def binding(model, n=400):
         _, cache = model.run_with_cache(torch.tensor([ids]))
         periods = [i + 1 for i, t in enumerate(ids) if t in rooms]
         labels += [ACTORS.index(f.split()[0]) for f in st.facts]
-        feats.append(torch.stack([cache[f"blocks.{l}.hook_resid_post"][0, periods]
-                                  for l in range(model.cfg.n_layers)]))
+        feats.append(torch.stack([cache[f"blocks.{l}.hook_resid_post"][0, periods] for l in range(model.cfg.n_layers)]))
     x, y = torch.cat(feats, 1).detach(), torch.tensor(labels)
     split, out = int(0.7 * len(y)), {}
     torch.manual_seed(0)
@@ -133,13 +135,24 @@ def slot_writes(model, length, n=30, seed=13):
             continue
         _, cache = model.run_with_cache(ids, names_filter=lambda name: name.endswith("hook_write_score"))
         fact_share.append((end - start) / L)
-        shares.append([segment_softmax(cache[f"blocks.{layer}.memory.hook_write_score"][0].numpy(), L)
-                       [start:end].sum(0) for layer in range(model.cfg.n_layers)])
+        shares.append(
+            [
+                segment_softmax(cache[f"blocks.{layer}.memory.hook_write_score"][0].numpy(), L)[start:end].sum(0)
+                for layer in range(model.cfg.n_layers)
+            ]
+        )
     shares = np.array(shares)  # [stories, layers, slots]
-    return {"stories": len(fact_share), "fact_share_of_segment": round(float(np.mean(fact_share)), 3),
-            **{f"layer_{layer}": {"write_on_fact": round(float(shares[:, layer].mean()), 3),
-                                  "slots_over_half": round(float((shares[:, layer] > 0.5).sum(-1).mean()), 1)}
-               for layer in range(model.cfg.n_layers)}}
+    return {
+        "stories": len(fact_share),
+        "fact_share_of_segment": round(float(np.mean(fact_share)), 3),
+        **{
+            f"layer_{layer}": {
+                "write_on_fact": round(float(shares[:, layer].mean()), 3),
+                "slots_over_half": round(float((shares[:, layer] > 0.5).sum(-1).mean()), 1),
+            }
+            for layer in range(model.cfg.n_layers)
+        },
+    }
 
 
 def toy(model, steps, fan_in=False, lr=1e-3, batch=32):
@@ -172,11 +185,17 @@ def main():
     parser.add_argument("checkpoint")
     parser.add_argument("--resets", type=int, default=0, metavar="LENGTH")
     parser.add_argument("--toy", type=int, default=0, metavar="STEPS")
-    parser.add_argument("--fan-in", action="store_true", help="train the toy with init fan_in and embed_scale sqrt(d_model)")
+    parser.add_argument(
+        "--fan-in", action="store_true", help="train the toy with init fan_in and embed_scale sqrt(d_model)"
+    )
     args = parser.parse_args()
     model = memviz.load(args.checkpoint).eval()
-    report = {"checkpoint": args.checkpoint, "recency": recency(model), "name_use": name_use(model),
-              "binding": binding(model)}
+    report = {
+        "checkpoint": args.checkpoint,
+        "recency": recency(model),
+        "name_use": name_use(model),
+        "binding": binding(model),
+    }
     if args.resets:
         report["memory_resets"] = memory_resets(model, args.resets)
         if getattr(model.options, "write", None) == "slots":

@@ -18,6 +18,7 @@ It prints each one's median seconds and peak memory above what the process held 
 resetting it through /proc/self/clear_refs), and memviz over transformers as the median of the
 per-round ratios. The issue's bar is 1.25 at 16,384 tokens.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,15 +35,46 @@ sys.path.insert(0, str(ROOT))
 
 #: Qwen3.5-0.8B's published text_config (the fields transformers reads)
 QWEN3_5_0_8B = dict(
-    vocab_size=248320, hidden_size=1024, intermediate_size=3584, num_hidden_layers=24, num_attention_heads=8,
-    num_key_value_heads=2, head_dim=256, attn_output_gate=True, linear_num_key_heads=16, linear_num_value_heads=16,
-    linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4, rms_norm_eps=1e-6,
-    full_attention_interval=4, max_position_embeddings=262144, tie_word_embeddings=True, eos_token_id=248044,
-    rope_parameters={"mrope_interleaved": True, "mrope_section": [11, 11, 10], "rope_type": "default",
-                     "rope_theta": 10000000, "partial_rotary_factor": 0.25})
-TINY = {**QWEN3_5_0_8B, "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
-        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32, "linear_num_key_heads": 2,
-        "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16}
+    vocab_size=248320,
+    hidden_size=1024,
+    intermediate_size=3584,
+    num_hidden_layers=24,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=256,
+    attn_output_gate=True,
+    linear_num_key_heads=16,
+    linear_num_value_heads=16,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    linear_conv_kernel_dim=4,
+    rms_norm_eps=1e-6,
+    full_attention_interval=4,
+    max_position_embeddings=262144,
+    tie_word_embeddings=True,
+    eos_token_id=248044,
+    rope_parameters={
+        "mrope_interleaved": True,
+        "mrope_section": [11, 11, 10],
+        "rope_type": "default",
+        "rope_theta": 10000000,
+        "partial_rotary_factor": 0.25,
+    },
+)
+TINY = {
+    **QWEN3_5_0_8B,
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 32,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+}
 
 
 def build(shape: dict, name: str):
@@ -56,8 +88,12 @@ def build(shape: dict, name: str):
     model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**shape)).eval()
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.train_from_iterator(["random weights"], trainer=trainers.BpeTrainer(
-        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    backend.train_from_iterator(
+        ["random weights"],
+        trainer=trainers.BpeTrainer(
+            vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+        ),
+    )
     return hf.from_transformers(model, backend, name=name)
 
 
@@ -128,11 +164,18 @@ def main(argv: list[str] | None = None) -> int:
     shape = dict(TINY if args.tiny else QWEN3_5_0_8B)
     if args.layers:
         shape["num_hidden_layers"] = args.layers
-        shape["layer_types"] = ["full_attention" if (l + 1) % 4 == 0 else "linear_attention" for l in range(args.layers)]
+        shape["layer_types"] = [
+            "full_attention" if (l + 1) % 4 == 0 else "linear_attention" for l in range(args.layers)
+        ]
     if args.vocab:
         shape.update(vocab_size=args.vocab, eos_token_id=0)
-    name = "tiny" if args.tiny else "qwen3_5-0.8b-shape" + (f" {args.layers} layers" if args.layers else "") + (
-        f" vocab {args.vocab}" if args.vocab else "")
+    name = (
+        "tiny"
+        if args.tiny
+        else "qwen3_5-0.8b-shape"
+        + (f" {args.layers} layers" if args.layers else "")
+        + (f" vocab {args.vocab}" if args.vocab else "")
+    )
     model = build(shape, name)
     gdn = model.hf.model.layers[model.cfg.linear_layers[0]].linear_attn
     state_bytes = len(model.cfg.linear_layers) * gdn.num_v_heads * gdn.head_k_dim * gdn.head_v_dim * 4
@@ -146,8 +189,15 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.repeats):  # interleaved, so that the machine's load falls on all alike
             for name, fn in runs.items():
                 seen[name].append(measured(lambda: fn(model, ids)))
-        row = {"length": length, "threads": args.threads, "model": model.cfg.name, "repeats": args.repeats,
-               "ratio_memviz_over_transformers": statistics.median(m[0] / t[0] for m, t in zip(seen["memviz"], seen["transformers"]))}
+        row = {
+            "length": length,
+            "threads": args.threads,
+            "model": model.cfg.name,
+            "repeats": args.repeats,
+            "ratio_memviz_over_transformers": statistics.median(
+                m[0] / t[0] for m, t in zip(seen["memviz"], seen["transformers"])
+            ),
+        }
         for name, values in seen.items():
             row[f"{name}_s"] = statistics.median(v[0] for v in values)
             row[f"{name}_peak_mib"] = max(v[1] for v in values) / 2**20

@@ -5,6 +5,7 @@
 accuracy per distance; with `--png` the figure of `retention.curve` is drawn in Chromium
 (`/usr/bin/chromium`, through playwright) and saved as a picture.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -25,6 +25,7 @@ Only CPU numbers are measured here, on the PyTorch references and the compiled C
 Triton kernels run on the CPU only in the interpreter, whose timings mean nothing); the GPU
 columns of RESULTS.md stay empty until a GPU run fills them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,45 +56,82 @@ def lm2_scan(quick: bool) -> list[dict]:
 
     rows = []
     d, N = 128, 64
-    for T in ([1024] if quick else [1024, 8192]):
+    for T in [1024] if quick else [1024, 8192]:
         g = torch.Generator().manual_seed(0)
         q, g_in = torch.randn(1, T, d, generator=g), torch.rand(1, T, d, generator=g)
         M0 = torch.randn(1, N, d, generator=g)
         W_K, W_V, W_f = (torch.randn(d, d, generator=g) / d**0.5 for _ in range(3))
         b_f = torch.zeros(d)
         with torch.no_grad():
-            times = interleaved({"reference": lambda: lm2_scan_reference(q @ W_K.T / d**0.5, g_in, M0, W_V, W_f, b_f),
-                                 "naive": lambda: lm2_scan_naive(q, g_in, M0, W_K, W_V, W_f, b_f),
-                                 "c_kernel": lambda: lm2_scan_cpu.lm2_scan(q @ W_K.T / d**0.5, g_in, M0, W_V, W_f, b_f)},
-                                rounds(quick, 3))
-        rows.append({"pass": "forward", "tokens": T, "slots": N, "d": d, "reference_s": round(median_s(times, "reference"), 3),
-                     "naive_s": round(median_s(times, "naive"), 3), "speedup": ratio_text(times, "naive", "reference"),
-                     "c_kernel_s": round(median_s(times, "c_kernel"), 4), "c_kernel_speedup": ratio_text(times, "naive", "c_kernel"),
-                     "target": ">= 20x at 8k"})
+            times = interleaved(
+                {
+                    "reference": lambda: lm2_scan_reference(q @ W_K.T / d**0.5, g_in, M0, W_V, W_f, b_f),
+                    "naive": lambda: lm2_scan_naive(q, g_in, M0, W_K, W_V, W_f, b_f),
+                    "c_kernel": lambda: lm2_scan_cpu.lm2_scan(q @ W_K.T / d**0.5, g_in, M0, W_V, W_f, b_f),
+                },
+                rounds(quick, 3),
+            )
+        rows.append(
+            {
+                "pass": "forward",
+                "tokens": T,
+                "slots": N,
+                "d": d,
+                "reference_s": round(median_s(times, "reference"), 3),
+                "naive_s": round(median_s(times, "naive"), 3),
+                "speedup": ratio_text(times, "naive", "reference"),
+                "c_kernel_s": round(median_s(times, "c_kernel"), 4),
+                "c_kernel_speedup": ratio_text(times, "naive", "c_kernel"),
+                "target": ">= 20x at 8k",
+            }
+        )
     # forward + backward (training): gradients to every input, from the read and the last bank
     T = 1024 if quick else 4096
     g = torch.Generator().manual_seed(1)
-    leaves = [torch.randn(1, T, d, generator=g), torch.rand(1, T, d, generator=g), torch.randn(1, N, d, generator=g),
-              *(torch.randn(d, d, generator=g) / d**0.5 for _ in range(3)), torch.zeros(d)]
+    leaves = [
+        torch.randn(1, T, d, generator=g),
+        torch.rand(1, T, d, generator=g),
+        torch.randn(1, N, d, generator=g),
+        *(torch.randn(d, d, generator=g) / d**0.5 for _ in range(3)),
+        torch.zeros(d),
+    ]
     for x in leaves:
         x.requires_grad_()
     q, g_in, M0, W_K, W_V, W_f, b_f = leaves
 
     def fwd_bwd(scan, naive=False):
         def run():
-            outputs = (scan(q, g_in, M0, W_K, W_V, W_f, b_f) if naive else
-                       scan(q @ W_K.T / d**0.5, g_in, M0, W_V, W_f, b_f))
+            outputs = (
+                scan(q, g_in, M0, W_K, W_V, W_f, b_f) if naive else scan(q @ W_K.T / d**0.5, g_in, M0, W_V, W_f, b_f)
+            )
             (outputs[1].pow(2).mean() + outputs[4].pow(2).mean()).backward()
             for x in leaves:
                 x.grad = None
+
         return run
 
-    times = interleaved({"reference": fwd_bwd(lm2_scan_reference), "naive": fwd_bwd(lm2_scan_naive, naive=True),
-                         "c_kernel": fwd_bwd(lm2_scan_cpu.lm2_scan)}, rounds(quick, 3))
-    rows.append({"pass": "fwd+bwd", "tokens": T, "slots": N, "d": d, "reference_s": round(median_s(times, "reference"), 3),
-                 "naive_s": round(median_s(times, "naive"), 3), "speedup": ratio_text(times, "naive", "reference"),
-                 "c_kernel_s": round(median_s(times, "c_kernel"), 4), "c_kernel_speedup": ratio_text(times, "naive", "c_kernel"),
-                 "target": ">= 10x"})
+    times = interleaved(
+        {
+            "reference": fwd_bwd(lm2_scan_reference),
+            "naive": fwd_bwd(lm2_scan_naive, naive=True),
+            "c_kernel": fwd_bwd(lm2_scan_cpu.lm2_scan),
+        },
+        rounds(quick, 3),
+    )
+    rows.append(
+        {
+            "pass": "fwd+bwd",
+            "tokens": T,
+            "slots": N,
+            "d": d,
+            "reference_s": round(median_s(times, "reference"), 3),
+            "naive_s": round(median_s(times, "naive"), 3),
+            "speedup": ratio_text(times, "naive", "reference"),
+            "c_kernel_s": round(median_s(times, "c_kernel"), 4),
+            "c_kernel_speedup": ratio_text(times, "naive", "c_kernel"),
+            "target": ">= 10x",
+        }
+    )
     return rows
 
 
@@ -102,12 +140,14 @@ def product_keys(quick: bool) -> list[dict]:
 
     rows = []
     H, dk, k, d = 4, 64, 16, 128
-    for n in ([64] if quick else [64, 128]):
+    for n in [64] if quick else [64, 128]:
         g = torch.Generator().manual_seed(0)
         q = torch.randn(2048, H, dk, generator=g)
         keys = torch.randn(H, 2, n, dk // 2, generator=g)
         values = torch.randn(n * n, d, generator=g)
-        full = torch.cat([keys[:, 0, :, None].expand(H, n, n, dk // 2), keys[:, 1, None].expand(H, n, n, dk // 2)], -1).reshape(H, n * n, dk)
+        full = torch.cat(
+            [keys[:, 0, :, None].expand(H, n, n, dk // 2), keys[:, 1, None].expand(H, n, n, dk // 2)], -1
+        ).reshape(H, n * n, dk)
 
         def ours():
             s, i = product_key_topk(q, keys, k)
@@ -119,8 +159,17 @@ def product_keys(quick: bool) -> list[dict]:
 
         with torch.no_grad():
             times = interleaved({"ours": ours, "exhaustive": exhaustive}, rounds(quick, 7))
-        rows.append({"values": n * n, "tokens": 2048, "heads": H, "topk": k, "product_keys_s": round(median_s(times, "ours"), 4),
-                     "exhaustive_s": round(median_s(times, "exhaustive"), 4), "speedup": ratio_text(times, "exhaustive", "ours")})
+        rows.append(
+            {
+                "values": n * n,
+                "tokens": 2048,
+                "heads": H,
+                "topk": k,
+                "product_keys_s": round(median_s(times, "ours"), 4),
+                "exhaustive_s": round(median_s(times, "exhaustive"), 4),
+                "speedup": ratio_text(times, "exhaustive", "ours"),
+            }
+        )
     return rows
 
 
@@ -144,23 +193,38 @@ def titans_update(quick: bool) -> list[dict]:
 
     rows = []
     d = 128
-    for T in ([256] if quick else [256, 2048]):
+    for T in [256] if quick else [256, 2048]:
         g = torch.Generator().manual_seed(0)
         q, k = (F.normalize(torch.randn(1, T, d, generator=g), dim=-1) for _ in range(2))
         v, rates = torch.randn(1, T, d, generator=g), torch.rand(1, T, 3, generator=g) * 0.5
         W, S = torch.zeros(1, d, d), torch.zeros(1, d, d)
+
         def no_grad(fn):
             def run():
                 with torch.no_grad():
                     return fn()
+
             return run
 
-        times = interleaved({"autograd": lambda: per_token_autograd(q, k, v, rates, W, S),
-                             "chunk1": no_grad(lambda: titans_linear_reference(q, k, v, rates, W, S, 1)),
-                             "chunk16": no_grad(lambda: titans_linear_reference(q, k, v, rates, W, S, 16))}, rounds(quick, 3))
-        rows.append({"tokens": T, "d": d, "autograd_per_token_s": round(median_s(times, "autograd"), 3),
-                     "closed_form_chunk1_s": round(median_s(times, "chunk1"), 3), "closed_form_chunk16_s": round(median_s(times, "chunk16"), 4),
-                     "speedup_chunk1": ratio_text(times, "autograd", "chunk1"), "speedup_chunk16": ratio_text(times, "autograd", "chunk16")})
+        times = interleaved(
+            {
+                "autograd": lambda: per_token_autograd(q, k, v, rates, W, S),
+                "chunk1": no_grad(lambda: titans_linear_reference(q, k, v, rates, W, S, 1)),
+                "chunk16": no_grad(lambda: titans_linear_reference(q, k, v, rates, W, S, 16)),
+            },
+            rounds(quick, 3),
+        )
+        rows.append(
+            {
+                "tokens": T,
+                "d": d,
+                "autograd_per_token_s": round(median_s(times, "autograd"), 3),
+                "closed_form_chunk1_s": round(median_s(times, "chunk1"), 3),
+                "closed_form_chunk16_s": round(median_s(times, "chunk16"), 4),
+                "speedup_chunk1": ratio_text(times, "autograd", "chunk1"),
+                "speedup_chunk16": ratio_text(times, "autograd", "chunk16"),
+            }
+        )
     return rows
 
 
@@ -168,8 +232,21 @@ PEERS_DIR = ROOT / "benchmarks" / ".peers"
 
 
 def install_peers() -> None:
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(PEERS_DIR),
-                    "-r", str(ROOT / "benchmarks" / "peers.txt")], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--target",
+            str(PEERS_DIR),
+            "-r",
+            str(ROOT / "benchmarks" / "peers.txt"),
+        ],
+        check=True,
+    )
 
 
 def peers(quick: bool) -> list[dict]:
@@ -186,26 +263,40 @@ def peers(quick: bool) -> list[dict]:
 
     def compare(op, shape, peer_name, ours_call, peer_call, ours_params, peer_params):
         """Two rows: the forward without gradients, and forward + backward of a squared-output loss."""
+
         def fwd_bwd(call, params):
             def run():
                 call().float().pow(2).mean().backward()
                 for p in params:
                     p.grad = None
+
             return run
 
         def no_grad(call):
             def run():
                 with torch.no_grad():
                     call()
+
             return run
 
         out = []
         for mode, wrap in (("forward", no_grad), ("fwd+bwd", None)):
-            paths = ({"ours": no_grad(ours_call), "peer": no_grad(peer_call)} if wrap else
-                     {"ours": fwd_bwd(ours_call, ours_params), "peer": fwd_bwd(peer_call, peer_params)})
+            paths = (
+                {"ours": no_grad(ours_call), "peer": no_grad(peer_call)}
+                if wrap
+                else {"ours": fwd_bwd(ours_call, ours_params), "peer": fwd_bwd(peer_call, peer_params)}
+            )
             times = interleaved(paths, n_rounds)
-            out.append({"op": f"{op} {mode}", "shape": shape, "ours_s": round(median_s(times, "ours"), 4), "peer": peer_name,
-                        "peer_s": round(median_s(times, "peer"), 4), "peer_over_ours": ratio_text(times, "peer", "ours")})
+            out.append(
+                {
+                    "op": f"{op} {mode}",
+                    "shape": shape,
+                    "ours_s": round(median_s(times, "ours"), 4),
+                    "peer": peer_name,
+                    "peer_s": round(median_s(times, "peer"), 4),
+                    "peer_over_ours": ratio_text(times, "peer", "ours"),
+                }
+            )
         return out
 
     n_rounds = rounds(quick, 9)
@@ -218,13 +309,28 @@ def peers(quick: bool) -> list[dict]:
     ours = ProductKeyMemory(cfg, opts, torch.nn.Parameter(torch.randn(64 * 64, 256) / 16))
     ours.reset_memory_parameters()
     peer = PKM(256, heads=4, num_keys=64, topk=16, dim_head=32)
-    rows += compare("product-key memory", f"2x{T}x256, 4 heads, 4096 values, top-16", "product-key-memory 0.3.0",
-                    lambda: ours(x), lambda: peer(x), list(ours.parameters()), list(peer.parameters()))
+    rows += compare(
+        "product-key memory",
+        f"2x{T}x256, 4 heads, 4096 values, top-16",
+        "product-key-memory 0.3.0",
+        lambda: ours(x),
+        lambda: peer(x),
+        list(ours.parameters()),
+        list(peer.parameters()),
+    )
     # Infini-attention: 2 layers, d 128, 4 heads of 32, segments of 64, delta rule, over 4T tokens; the
     # peer's feed-forward is a GEGLU of inner width int(4 * 128 * 2 / 3) = 341, so ours is a SwiGLU of 341
     ids = torch.randint(0, 256, (1, 4 * T))
-    cfg = memviz.ModelConfig(family="infini", d_model=128, n_layers=2, n_heads=4, d_mlp=341, vocab_size=256, segment_len=64,
-                             memory={"update": "delta"})
+    cfg = memviz.ModelConfig(
+        family="infini",
+        d_model=128,
+        n_layers=2,
+        n_heads=4,
+        d_mlp=341,
+        vocab_size=256,
+        segment_len=64,
+        memory={"update": "delta"},
+    )
     ours = memviz.build_model(cfg)
     peer = InfiniTransformer(num_tokens=256, dim=128, depth=2, dim_head=32, heads=4, use_mem_delta_rule=True)
 
@@ -235,9 +341,15 @@ def peers(quick: bool) -> list[dict]:
             logits.append(out)
         return torch.cat(logits, dim=1)
 
-    rows += compare("Infini-attention model", f"1x{4 * T} tokens, 2 layers, d 128, segment 64, delta",
-                    "infini-transformer-pytorch 0.2.1", lambda: ours(ids), peer_segments,
-                    list(ours.parameters()), list(peer.parameters()))
+    rows += compare(
+        "Infini-attention model",
+        f"1x{4 * T} tokens, 2 layers, d 128, segment 64, delta",
+        "infini-transformer-pytorch 0.2.1",
+        lambda: ours(ids),
+        peer_segments,
+        list(ours.parameters()),
+        list(peer.parameters()),
+    )
     # Titans neural memory: MLP memory (2 layers, hidden 2d), d 128, chunks of 16. theta_max 0.1 keeps
     # ours finite on these random inputs: at the default 0.5 its weights overflow to NaN by token 128,
     # and the time was then arithmetic on NaN (the peer's stay finite)
@@ -249,10 +361,18 @@ def peers(quick: bool) -> list[dict]:
     with torch.no_grad():
         read = ours.step(x, ours.init_state(1, x.device), 0)[0]
     if not torch.isfinite(read).all():
-        raise RuntimeError("the Titans memory's read overflowed on the benchmark's inputs: its timing would be of NaN arithmetic")
-    rows += compare("Titans neural memory", f"1x{T}x128, MLP memory, chunk 16", "titans-pytorch 0.5.5",
-                    lambda: ours.step(x, ours.init_state(1, x.device), 0)[0], lambda: peer(x)[0],
-                    list(ours.parameters()), list(peer.parameters()))
+        raise RuntimeError(
+            "the Titans memory's read overflowed on the benchmark's inputs: its timing would be of NaN arithmetic"
+        )
+    rows += compare(
+        "Titans neural memory",
+        f"1x{T}x128, MLP memory, chunk 16",
+        "titans-pytorch 0.5.5",
+        lambda: ours.step(x, ours.init_state(1, x.device), 0)[0],
+        lambda: peer(x)[0],
+        list(ours.parameters()),
+        list(peer.parameters()),
+    )
     return rows
 
 
@@ -278,14 +398,29 @@ def streaming(quick: bool) -> list[dict]:
         return [{"note": "no sample checkpoint to stream through"}]
     checkpoint = next(s for s in ("longmem", "sliding_window", *samples) if s in samples)  # long-context first
     rows = []
-    for length in ([8_192, 65_536] if quick else [65_536, 1_000_000]):
-        out = subprocess.run([sys.executable, "-c", STREAM_SCRIPT.format(root=str(ROOT), checkpoint=checkpoint, length=length)],
-                             capture_output=True, text=True, check=True)
+    for length in [8_192, 65_536] if quick else [65_536, 1_000_000]:
+        out = subprocess.run(
+            [sys.executable, "-c", STREAM_SCRIPT.format(root=str(ROOT), checkpoint=checkpoint, length=length)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         r = json.loads(out.stdout.strip().splitlines()[-1])
-        rows.append({"checkpoint": checkpoint, "tokens": r["tokens"], "seconds": round(r["seconds"], 1),
-                     "us_per_token": round(1e6 * r["seconds"] / r["tokens"], 1), "peak_rss_mb": round(r["peak_rss_mb"])})
-    rows.append({"ratio_time_per_token_long_vs_short": round(rows[1]["us_per_token"] / rows[0]["us_per_token"], 2),
-                 "target": "<= 1.2, peak RSS < 3 GB"})
+        rows.append(
+            {
+                "checkpoint": checkpoint,
+                "tokens": r["tokens"],
+                "seconds": round(r["seconds"], 1),
+                "us_per_token": round(1e6 * r["seconds"] / r["tokens"], 1),
+                "peak_rss_mb": round(r["peak_rss_mb"]),
+            }
+        )
+    rows.append(
+        {
+            "ratio_time_per_token_long_vs_short": round(rows[1]["us_per_token"] / rows[0]["us_per_token"], 2),
+            "target": "<= 1.2, peak RSS < 3 GB",
+        }
+    )
     return rows
 
 
@@ -304,12 +439,14 @@ print(time.perf_counter() - start)
 
 
 def app(quick: bool) -> list[dict]:
-    from app.common import default_sample
     import memviz
+    from app.common import default_sample
     from memviz import viz
     from probes import passkey
 
-    out = subprocess.run([sys.executable, "-c", APP_SCRIPT.format(root=str(ROOT))], capture_output=True, text=True, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-c", APP_SCRIPT.format(root=str(ROOT))], capture_output=True, text=True, cwd=ROOT
+    )
     if out.returncode != 0:
         raise RuntimeError(f"the app did not reach its first heatmap:\n{out.stderr[-2000:]}")
     cold = float(out.stdout.strip().splitlines()[-1])
@@ -320,14 +457,29 @@ def app(quick: bool) -> list[dict]:
     start = time.perf_counter()
     tr = memviz.trace(model, sample.prompt, evidence=sample.evidence)
     trace_s = time.perf_counter() - start
-    redraw = median_s(interleaved({"redraw": lambda: [f.to_json() for f in viz.family_figures(tr).values()]}, rounds(quick)), "redraw")
-    return [{"checkpoint": checkpoint, "cold_start_to_first_heatmap_s": round(cold, 1), "tokens": len(tr),
-             "first_trace_s": round(trace_s, 1), "redraw_from_cache_s": round(redraw, 3),
-             "note": "cold start includes importing torch, TransformerLens and Streamlit"}]
+    redraw = median_s(
+        interleaved({"redraw": lambda: [f.to_json() for f in viz.family_figures(tr).values()]}, rounds(quick)), "redraw"
+    )
+    return [
+        {
+            "checkpoint": checkpoint,
+            "cold_start_to_first_heatmap_s": round(cold, 1),
+            "tokens": len(tr),
+            "first_trace_s": round(trace_s, 1),
+            "redraw_from_cache_s": round(redraw, 3),
+            "note": "cold start includes importing torch, TransformerLens and Streamlit",
+        }
+    ]
 
 
-SECTIONS = {"lm2_scan": lm2_scan, "product_keys": product_keys, "titans_update": titans_update, "peers": peers,
-            "streaming": streaming, "app": app}
+SECTIONS = {
+    "lm2_scan": lm2_scan,
+    "product_keys": product_keys,
+    "titans_update": titans_update,
+    "peers": peers,
+    "streaming": streaming,
+    "app": app,
+}
 
 
 def table(rows: list[dict]) -> str:
@@ -342,16 +494,22 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes (a minute)")
     parser.add_argument("--only", nargs="+", choices=sorted(SECTIONS))
     parser.add_argument("--record", action="store_true", help="append the tables to benchmarks/RESULTS.md")
-    parser.add_argument("--install-peers", action="store_true", help="pip-install benchmarks/peers.txt into benchmarks/.peers")
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads (default: all cores)")
+    parser.add_argument(
+        "--install-peers", action="store_true", help="pip-install benchmarks/peers.txt into benchmarks/.peers"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=torch.get_num_threads(), help="torch threads (default: all cores)"
+    )
     args = parser.parse_args()
     if args.threads < 1:
         parser.error(f"--threads must be at least 1, got {args.threads}")
     if args.install_peers:
         install_peers()
     torch.set_num_threads(args.threads)
-    header = (f"## {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC · {platform.machine()} CPU, {torch.get_num_threads()} threads · "
-              f"torch {torch.__version__} · python {platform.python_version()}{' · --quick' if args.quick else ''}\n")
+    header = (
+        f"## {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC · {platform.machine()} CPU, {torch.get_num_threads()} threads · "
+        f"torch {torch.__version__} · python {platform.python_version()}{' · --quick' if args.quick else ''}\n"
+    )
     report = [header]
     for name in args.only or SECTIONS:
         rows = SECTIONS[name](args.quick)

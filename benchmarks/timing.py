@@ -2,15 +2,17 @@
 load from other jobs falls on all of them alike, and report the median of the per-round ratios
 with its range (a single best-of-n does not hold here: RESULTS.md's 1.19x and 1.05x over the peers
 read 1.0x and 0.75x in four later runs)."""
+
 from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 
-def interleaved(paths: dict[str, Callable[[], object]], rounds: int, sync: Callable[[], None] = lambda: None,
-                warmup: bool = True) -> dict[str, list[float]]:
+def interleaved(
+    paths: dict[str, Callable[[], object]], rounds: int, sync: Callable[[], None] = lambda: None, warmup: bool = True
+) -> dict[str, list[float]]:
     """Each path's wall time in every round, the paths taking turns within a round; one untimed
     call of each first (`warmup`: caches, lazy builds, kernel compilation)."""
     if warmup:

@@ -12,6 +12,7 @@ median of the per-round ratios with their range.
 The revision is checked out into a temporary git worktree and removed afterwards. Run it with
 nothing else on the machine; --record appends the table to benchmarks/RESULTS.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,8 +71,9 @@ def recipe_and_weights(name: str) -> tuple[Path, Path]:
 
 
 def time_step(tree: Path, recipe: Path, weights: Path, step: int, threads: int, steps: int) -> float:
-    script = STEP_SCRIPT.format(recipe=str(recipe), weights=str(weights), sample=str(weights.parent), step=step, threads=threads,
-                                steps=steps)
+    script = STEP_SCRIPT.format(
+        recipe=str(recipe), weights=str(weights), sample=str(weights.parent), step=step, threads=threads, steps=steps
+    )
     out = subprocess.run([sys.executable, "-c", script], cwd=tree, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"timing {recipe.stem} in {tree} failed:\n{out.stderr[-2000:]}")
@@ -80,7 +82,9 @@ def time_step(tree: Path, recipe: Path, weights: Path, step: int, threads: int, 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("recipes", nargs="+", help="NAME of sample_checkpoints/NAME.train.json, or RECIPE_FILE:SAMPLE_DIR")
+    parser.add_argument(
+        "recipes", nargs="+", help="NAME of sample_checkpoints/NAME.train.json, or RECIPE_FILE:SAMPLE_DIR"
+    )
     parser.add_argument("--against", required=True, help="the git revision to compare with")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3)
@@ -113,20 +117,24 @@ def main() -> int:
                         times[label].append(time_step(tree, recipe, weights, step, args.threads, args.steps))
                 ratios = sorted(b / o for b, o in zip(times["base"], times["ours"]))
                 length = max(length for _, length in config["data"].get("curriculum") or [[0, 0]])
-                row = (f"| `{recipe.name.removesuffix('.train.json')}` | {config['optim']['batch_size']} x {length} | {statistics.median(times['base']):.3f} s | "
-                       f"{statistics.median(times['ours']):.3f} s | {statistics.median(ratios):.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f}) |")
+                row = (
+                    f"| `{recipe.name.removesuffix('.train.json')}` | {config['optim']['batch_size']} x {length} | {statistics.median(times['base']):.3f} s | "
+                    f"{statistics.median(times['ours']):.3f} s | {statistics.median(ratios):.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f}) |"
+                )
                 print(row, flush=True)
                 rows.append(row)
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, check=False)
     if args.record:
         with open(ROOT / "benchmarks" / "RESULTS.md", "a", encoding="utf-8") as fh:
-            fh.write(f"\n## {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC · a training step against {revision.stdout.strip()}, "
-                     f"{args.threads} thread(s), {args.rounds} rounds\n\n`python benchmarks/train_step.py ... --against "
-                     f"{args.against}`: the mean time of {args.steps} consecutive steps from the middle of each recipe's longest stage, "
-                     f"the median over rounds in each tree, and the median "
-                     "of the per-round ratios (above 1: this tree is faster).\n\n"
-                     "| recipe | batch x tokens | before | now | speedup |\n|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
+            fh.write(
+                f"\n## {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC · a training step against {revision.stdout.strip()}, "
+                f"{args.threads} thread(s), {args.rounds} rounds\n\n`python benchmarks/train_step.py ... --against "
+                f"{args.against}`: the mean time of {args.steps} consecutive steps from the middle of each recipe's longest stage, "
+                f"the median over rounds in each tree, and the median "
+                "of the per-round ratios (above 1: this tree is faster).\n\n"
+                "| recipe | batch x tokens | before | now | speedup |\n|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
+            )
     return 0
 
 

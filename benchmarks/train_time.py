@@ -11,6 +11,7 @@ Run it with nothing else on the machine. It prints one row per recipe and thread
 appends them to benchmarks/RESULTS.md with --record. Two stage recipes name their stages
 (titans_stage1 titans_stage2 titans, lm2_qa1_stage1 lm2_qa1).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -72,7 +73,13 @@ def estimate(recipe: str, threads: int, per_stage: int) -> dict:
         mean = statistics.mean(seconds)
         total += mean * (end - first)
         rows.append((first, end, round(mean, 3)))
-    return {"recipe": recipe, "threads": threads, "steps": cfg.optim.steps, "minutes": round(total / 60, 1), "stages": rows}
+    return {
+        "recipe": recipe,
+        "threads": threads,
+        "steps": cfg.optim.steps,
+        "minutes": round(total / 60, 1),
+        "stages": rows,
+    }
 
 
 def main() -> None:
@@ -95,9 +102,11 @@ def main() -> None:
     if args.record:
         machine = f"{cpu_model()}, {torch.backends.cpu.get_cpu_capability()} kernels, torch {torch.__version__}"
         with open(ROOT / "benchmarks" / "RESULTS.md", "a", encoding="utf-8") as fh:
-            fh.write(f"\n## {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC · training time alone, estimated ({machine})\n\n"
-                     "`python benchmarks/train_time.py ...`: mean step time in each curriculum stage x its steps.\n\n"
-                     "| recipe | threads | steps | estimate |\n|---|---|---|---|\n" + "\n".join(lines) + "\n")
+            fh.write(
+                f"\n## {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC · training time alone, estimated ({machine})\n\n"
+                "`python benchmarks/train_time.py ...`: mean step time in each curriculum stage x its steps.\n\n"
+                "| recipe | threads | steps | estimate |\n|---|---|---|---|\n" + "\n".join(lines) + "\n"
+            )
 
 
 if __name__ == "__main__":

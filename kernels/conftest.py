@@ -2,6 +2,7 @@
 the CPU, on small odd shapes, against their references in float64. With MEMVIZ_TEST_DEVICE=cuda
 (`benchmarks/gpu.py` sets it) every tensor they make is a CUDA tensor and the kernels compile for
 the GPU; the compiled CPU kernel's tests are skipped there."""
+
 import os
 
 from kernels.testing import DEVICE  # noqa: E402

@@ -20,6 +20,7 @@ Each asks `kernel_mode` which path to take:
     compiled CPU kernel for CPU tensors where one exists and builds (the LM2 scan, the
     product-key top-k and bag; all with gradients), and the reference elsewhere.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -45,9 +46,11 @@ TRITON_KERNELS: dict[str, str] = {
     "titans_linear_memory": "kernels.titans.triton:titans_linear_memory",
 }
 #: operation -> "module:function" of its compiled CPU kernel; the module has `available()`
-NATIVE_KERNELS: dict[str, str] = {"lm2_scan": "kernels.lm2.cpu:lm2_scan",
-                                  "product_key_topk": "kernels.product_keys.cpu:product_key_topk",
-                                  "weighted_bag": "kernels.product_keys.cpu:weighted_bag"}
+NATIVE_KERNELS: dict[str, str] = {
+    "lm2_scan": "kernels.lm2.cpu:lm2_scan",
+    "product_key_topk": "kernels.product_keys.cpu:product_key_topk",
+    "weighted_bag": "kernels.product_keys.cpu:weighted_bag",
+}
 #: Triton kernels without a backward: when a gradient is needed the reference runs instead
 #: (every compiled CPU kernel has one)
 FORWARD_ONLY = {"lm2_scan", "titans_linear_memory"}
@@ -89,7 +92,9 @@ def use_native(op: str, tensor: Tensor, impl: str | None = None) -> bool:
     module = importlib.import_module(NATIVE_KERNELS[op].partition(":")[0])
     if mode == "native":
         if not module.supports(tensor):
-            raise ValueError(f"the CPU kernel for {op} takes float32 or float64 CPU tensors, got {tensor.dtype} on {tensor.device}")
+            raise ValueError(
+                f"the CPU kernel for {op} takes float32 or float64 CPU tensors, got {tensor.dtype} on {tensor.device}"
+            )
         module.library()  # raises with the compiler's message
     return module.supports(tensor) and module.available()
 
@@ -108,8 +113,9 @@ def triton_kernel(op: str):
     return _resolve(TRITON_KERNELS[op])
 
 
-def lm2_scan(q_slot: Tensor, g_in: Tensor, W_V: Tensor, W_f: Tensor, b_f: Tensor, initial_state: Tensor,
-             impl: str | None = None) -> tuple[tuple[Tensor, Tensor, Tensor, Tensor], Tensor]:
+def lm2_scan(
+    q_slot: Tensor, g_in: Tensor, W_V: Tensor, W_f: Tensor, b_f: Tensor, initial_state: Tensor, impl: str | None = None
+) -> tuple[tuple[Tensor, Tensor, Tensor, Tensor], Tensor]:
     """The LM2 per-token bank scan from the bank `initial_state` [B,N,d] (kernels/lm2/); the
     Triton kernel under no_grad only."""
     if use_triton("lm2_scan", q_slot, impl):
@@ -140,19 +146,37 @@ def weighted_bag(indices: Tensor, weights: Tensor, values: Tensor, impl: str | N
     return weighted_bag_reference(indices, weights, values)
 
 
-def infini_memory(q: Tensor, k: Tensor, v: Tensor, initial_state: tuple[Tensor, Tensor, Tensor, Tensor], segment_len: int,
-                  rule: str, impl: str | None = None):
+def infini_memory(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    initial_state: tuple[Tensor, Tensor, Tensor, Tensor],
+    segment_len: int,
+    rule: str,
+    impl: str | None = None,
+):
     """Infini-attention's compressive memory from any point in a segment (kernels/infini/):
     sigma-mapped q, k [B,H,T,d], v [B,H,T,dv], state (M, z, the open segment's keys and values)."""
     whole_segments = triton_kernel("infini_memory") if use_triton("infini_memory", q, impl) else infini_memory_reference
     return infini_memory_stream(q, k, v, initial_state, segment_len, rule, whole_segments)
 
 
-def titans_linear_memory(q: Tensor, k: Tensor, v: Tensor, rates: Tensor, initial_state: tuple[Tensor, Tensor], chunk: int,
-                         impl: str | None = None):
+def titans_linear_memory(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    rates: Tensor,
+    initial_state: tuple[Tensor, Tensor],
+    chunk: int,
+    impl: str | None = None,
+):
     """Titans' linear memory over whole chunks from weights and momentum (W, S) at a chunk
     boundary (kernels/titans/); the kernel under no_grad only."""
-    kernel = triton_kernel("titans_linear_memory") if use_triton("titans_linear_memory", q, impl) else titans_linear_reference
+    kernel = (
+        triton_kernel("titans_linear_memory")
+        if use_triton("titans_linear_memory", q, impl)
+        else titans_linear_reference
+    )
     *outputs, W, S = kernel(q, k, v, rates, *initial_state, chunk)
     return tuple(outputs), (W, S)
 
@@ -164,8 +188,11 @@ def titans_chunk_coefficients(rates: Tensor) -> tuple[Tensor, ...]:
     return chunk_coefficients(rates)
 
 
-def titans_chunk_update(factors: dict[str, tuple[Tensor, Tensor]], coefficients: tuple[Tensor, ...],
-                        initial_state: tuple[dict[str, Tensor], dict[str, Tensor]]):
+def titans_chunk_update(
+    factors: dict[str, tuple[Tensor, Tensor]],
+    coefficients: tuple[Tensor, ...],
+    initial_state: tuple[dict[str, Tensor], dict[str, Tensor]],
+):
     """One chunk's update of any Titans memory whose per-token gradients are sums of outer
     products, `factors` {weight name: (a, g)}, the chunk's `titans_chunk_coefficients`, state
     (params, momentum) -> ((), (params, momentum)) (kernels/titans/; reference only)."""

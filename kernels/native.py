@@ -7,6 +7,7 @@ and a C file compiles in about a second where an extension that includes torch's
 about a minute (on every fresh clone, the test suite's included); a kernel's module says
 `available()` so that callers fall back to the PyTorch reference where no compiler exists.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -17,8 +18,8 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 import torch
 from torch import Tensor
@@ -53,8 +54,10 @@ def build(source: Path, what: str) -> ctypes.CDLL:
     kernel in errors. Every exported function returns int (0 on success)."""
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None:
-        raise NativeKernelError(f"the {what} CPU kernel needs a C compiler (set $CC or install cc); "
-                                "use MEMVIZ_KERNELS=reference to run the PyTorch reference instead")
+        raise NativeKernelError(
+            f"the {what} CPU kernel needs a C compiler (set $CC or install cc); "
+            "use MEMVIZ_KERNELS=reference to run the PyTorch reference instead"
+        )
     digest = hashlib.sha256(source.read_bytes() + " ".join(FLAGS + OPENMP + [cpu_name()]).encode()).hexdigest()[:16]
     target = cache_dir() / f"{source.parent.name}_{source.stem}-{digest}.so"
     if not target.exists():
@@ -62,7 +65,9 @@ def build(source: Path, what: str) -> ctypes.CDLL:
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             built = Path(tmp) / target.name
             for flags in (FLAGS + OPENMP, FLAGS):  # without OpenMP the kernels run on one thread
-                result = subprocess.run([compiler, *flags, str(source), "-o", str(built), "-lm"], capture_output=True, text=True)
+                result = subprocess.run(
+                    [compiler, *flags, str(source), "-o", str(built), "-lm"], capture_output=True, text=True
+                )
                 if result.returncode == 0:
                     break
             else:
@@ -101,4 +106,3 @@ def supports(tensor: Tensor) -> bool:
 
 def pointers(tensors: Iterable[Tensor]) -> list[ctypes.c_void_p]:
     return [ctypes.c_void_p(t.data_ptr()) for t in tensors]
-

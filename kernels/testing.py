@@ -1,4 +1,5 @@
 """What the kernel tests share: fresh random seeds, NaN-poisoned buffers, float64 comparison."""
+
 from __future__ import annotations
 
 import os

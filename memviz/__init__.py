@@ -1,4 +1,5 @@
 """memviz: an interpretability workbench for small memory-augmented language models."""
+
 from memviz.checkpoint import CheckpointError, list_samples, list_user_checkpoints, load, save
 from memviz.config import ConfigError, ModelConfig
 from memviz.model import MemoryLM, ModelBusyError, ModelState, NonFiniteError

@@ -1,5 +1,6 @@
 """`python -m memviz families`: the family registry, each family with its hooks, figures,
 intervention points, quick preset and sample checkpoint."""
+
 from __future__ import annotations
 
 import argparse
@@ -10,10 +11,15 @@ from memviz.models import families
 
 
 def describe(family) -> str:
-    lines = [f"{family.name} ({family.role}): {family.summary}", f"  model      {family.model.__module__}.{family.model.__name__}"]
+    lines = [
+        f"{family.name} ({family.role}): {family.summary}",
+        f"  model      {family.model.__module__}.{family.model.__name__}",
+    ]
     lines += [f"  hook       {name}  (traced as {reducer})" for name, reducer in family.hooks.items()]
     if family.figures is not None:
-        lines.append(f"  figures    {family.figures.__module__}.{family.figures.__name__}: {' '.join(family.figures.__doc__.split())}")
+        lines.append(
+            f"  figures    {family.figures.__module__}.{family.figures.__name__}: {' '.join(family.figures.__doc__.split())}"
+        )
     lines += [f"  intervene  {name}: {what}" for name, what in family.interventions.items()]
     if family.quick is not None:
         lines.append(f"  quick      {json.dumps(family.quick)}")

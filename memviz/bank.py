@@ -29,6 +29,7 @@ nobody reads any more are overwritten: a saved state continued again and again, 
 batch after a fixed prefix, reuses one storage); otherwise (a second continuation while the first
 is alive, an intervention) it first copies what it holds, so no state ever sees another's writes.
 """
+
 from __future__ import annotations
 
 import weakref
@@ -56,7 +57,9 @@ def blocked_topk(scores: Tensor, k: int, block: int = 256) -> tuple[Tensor, Tens
     maxima = blocks.amax(-1)
     if whole < n:  # a last, partial block
         maxima = torch.cat([maxima, scores[..., whole:].amax(-1, keepdim=True)], -1)
-        blocks = torch.cat([blocks, F.pad(scores[..., whole:], (0, block - n + whole), value=-torch.inf)[..., None, :]], -2)
+        blocks = torch.cat(
+            [blocks, F.pad(scores[..., whole:], (0, block - n + whole), value=-torch.inf)[..., None, :]], -2
+        )
     best_blocks = maxima.topk(k, dim=-1).indices  # [..., k]
     candidates = blocks.gather(-2, best_blocks[..., None].expand(*best_blocks.shape, block))  # [..., k, block]
     values, flat = candidates.flatten(-2).topk(k, dim=-1)
@@ -117,28 +120,62 @@ class _Storage:
 class ChunkBank:
     """The chunks 0..n-1 of a stream, of which the last `capacity` tokens are kept."""
 
-    def __init__(self, storage: _Storage, n_chunks: int, capacity: int, search: str, ef_search: int, exact_below: int,
-                 outliers: int, recent_queries: int = 0) -> None:
+    def __init__(
+        self,
+        storage: _Storage,
+        n_chunks: int,
+        capacity: int,
+        search: str,
+        ef_search: int,
+        exact_below: int,
+        outliers: int,
+        recent_queries: int = 0,
+    ) -> None:
         self._storage, self.n_chunks, self.capacity = storage, n_chunks, capacity
         self.search_kind, self.ef_search, self.exact_below, self.outliers = search, ef_search, exact_below, outliers
         self.recent_queries = recent_queries
         storage.readers.add(self)
 
     @classmethod
-    def empty(cls, batch: int, heads: int, d_head: int, chunk_size: int, capacity: int, search: str = "exact",
-              ef_search: int = 128, exact_below: int = 4096, outliers: int = 1024, recent_queries: int = 0, device=None,
-              dtype=torch.float32) -> "ChunkBank":
+    def empty(
+        cls,
+        batch: int,
+        heads: int,
+        d_head: int,
+        chunk_size: int,
+        capacity: int,
+        search: str = "exact",
+        ef_search: int = 128,
+        exact_below: int = 4096,
+        outliers: int = 1024,
+        recent_queries: int = 0,
+        device=None,
+        dtype=torch.float32,
+    ) -> ChunkBank:
         if search not in SEARCHES:
             raise ValueError(f"search must be one of {list(SEARCHES)}, got {search!r}")
         none = torch.zeros(batch, 0, heads, d_head, device=device, dtype=dtype)
-        storage = _Storage(none, none.clone(), none.transpose(1, 2).contiguous(), torch.zeros(0, dtype=torch.long, device=device),
-                           chunk_size)
+        storage = _Storage(
+            none,
+            none.clone(),
+            none.transpose(1, 2).contiguous(),
+            torch.zeros(0, dtype=torch.long, device=device),
+            chunk_size,
+        )
         return cls(storage, 0, capacity, search, ef_search, exact_below, outliers, recent_queries)
 
-    def _successor(self, storage: _Storage, n_chunks: int) -> "ChunkBank":
+    def _successor(self, storage: _Storage, n_chunks: int) -> ChunkBank:
         """A bank over `storage` with this one's options."""
-        return ChunkBank(storage, n_chunks, self.capacity, self.search_kind, self.ef_search, self.exact_below, self.outliers,
-                         self.recent_queries)
+        return ChunkBank(
+            storage,
+            n_chunks,
+            self.capacity,
+            self.search_kind,
+            self.ef_search,
+            self.exact_below,
+            self.outliers,
+            self.recent_queries,
+        )
 
     # ----- what the bank holds --------------------------------------------------------------
     @property
@@ -190,10 +227,17 @@ class ChunkBank:
             return s
         a, b = self._kept()
         cs = s.chunk_size
-        return _Storage(s.keys[:, a * cs : b * cs].clone(), s.values[:, a * cs : b * cs].clone(),
-                        s.chunk_keys[:, :, a:b].clone(), s.positions[a:b].clone(), cs, base=s.base + a, size=b - a)
+        return _Storage(
+            s.keys[:, a * cs : b * cs].clone(),
+            s.values[:, a * cs : b * cs].clone(),
+            s.chunk_keys[:, :, a:b].clone(),
+            s.positions[a:b].clone(),
+            cs,
+            base=s.base + a,
+            size=b - a,
+        )
 
-    def append(self, keys: Tensor, values: Tensor, first_position: int) -> "ChunkBank":
+    def append(self, keys: Tensor, values: Tensor, first_position: int) -> ChunkBank:
         """The bank with tokens first_position.. (keys/values [B, T, H, d], T whole chunks) added."""
         cs = self.chunk_size
         if keys.shape[1] % cs:
@@ -211,7 +255,7 @@ class ChunkBank:
         s.size += n_new
         return self._successor(s, self.n_chunks + n_new)
 
-    def trimmed(self, keep_from: int) -> "ChunkBank":
+    def trimmed(self, keep_from: int) -> ChunkBank:
         """Drop storage of chunks that start before token `keep_from`, once they are most of it
         (amortised: storage stays within about twice what is read)."""
         s = self._storage
@@ -221,9 +265,15 @@ class ChunkBank:
         if first_needed < s.size // 2:
             return self
         cs = s.chunk_size
-        fresh = _Storage(s.keys[:, first_needed * cs : s.size * cs].clone(), s.values[:, first_needed * cs : s.size * cs].clone(),
-                         s.chunk_keys[:, :, first_needed : s.size].clone(), s.positions[first_needed : s.size].clone(), cs,
-                         base=s.base + first_needed, size=s.size - first_needed)
+        fresh = _Storage(
+            s.keys[:, first_needed * cs : s.size * cs].clone(),
+            s.values[:, first_needed * cs : s.size * cs].clone(),
+            s.chunk_keys[:, :, first_needed : s.size].clone(),
+            s.positions[first_needed : s.size].clone(),
+            cs,
+            base=s.base + first_needed,
+            size=s.size - first_needed,
+        )
         return self._successor(fresh, self.n_chunks)
 
     # ----- search ---------------------------------------------------------------------------
@@ -257,7 +307,9 @@ class ChunkBank:
         if W == 0 or self.search_kind == "exact":
             return *self.search(q, lo, hi, topk), recent
         if self._answers_exactly(lo, hi, None):
-            return *self.search(q, lo, hi, topk), self._later_rows(recent, torch.full((B, H, T, 1), -1, device=q.device))
+            return *self.search(q, lo, hi, topk), self._later_rows(
+                recent, torch.full((B, H, T, 1), -1, device=q.device)
+            )
         k = min(topk, hi - lo)
         found = self._graph_candidates(q, lo, hi, max(k, CANDIDATES_PER_QUERY))  # [B, T, H, C]
         found = torch.where(found >= 0, found + self._storage.base, -1)
@@ -274,16 +326,20 @@ class ChunkBank:
         keys = self._storage.chunk_keys[:, :, lo:hi].to(q.dtype)  # [B, H, C, d]
         heads_first = q.transpose(1, 2)  # [B, H, T, d]
         step = max(1, EXACT_SCORES // (q.shape[0] * q.shape[2] * (hi - lo)))  # queries a pass: bounded memory
-        parts = [blocked_topk(heads_first[:, :, a : a + step] @ keys.transpose(-1, -2), min(topk, hi - lo))
-                 for a in range(0, q.shape[1], step)]
-        return torch.cat([s for s, _ in parts], 2).transpose(1, 2), torch.cat([e for _, e in parts], 2).transpose(1, 2) + lo
+        parts = [
+            blocked_topk(heads_first[:, :, a : a + step] @ keys.transpose(-1, -2), min(topk, hi - lo))
+            for a in range(0, q.shape[1], step)
+        ]
+        return torch.cat([s for s, _ in parts], 2).transpose(1, 2), torch.cat([e for _, e in parts], 2).transpose(
+            1, 2
+        ) + lo
 
     def _later_rows(self, rows: Tensor, more: Tensor, keep: int | None = None) -> Tensor:
         """The last `keep` (default recent_queries) rows of rows [B, H, R, C] and more [B, H, R', C'],
         the narrower padded with -1."""
         width = max(rows.shape[-1], more.shape[-1])
         rows, more = (F.pad(x, (0, width - x.shape[-1]), value=-1) for x in (rows, more))
-        return torch.cat([rows, more], 2)[:, :, -(keep or self.recent_queries):]
+        return torch.cat([rows, more], 2)[:, :, -(keep or self.recent_queries) :]
 
     def _graph_candidates(self, q: Tensor, lo: int, hi: int, k: int) -> Tensor:
         """The graph's best k entries in [lo, hi) for each query [B, T, H, k] (-1 where fewer)."""
@@ -297,10 +353,14 @@ class ChunkBank:
         entries = torch.empty(B, T, H, k, dtype=torch.long)
         for b in range(B):
             for h in range(H):
-                entries[b, :, h] = torch.from_numpy(s.graphs[b][h].search(np.ascontiguousarray(queries[b, :, h]), k, params=params)[1])
+                entries[b, :, h] = torch.from_numpy(
+                    s.graphs[b][h].search(np.ascontiguousarray(queries[b, :, h]), k, params=params)[1]
+                )
         return entries.to(q.device)
 
-    def _best_candidates(self, q: Tensor, lo: int, hi: int, k: int, window: Tensor, reach: int) -> tuple[Tensor, Tensor]:
+    def _best_candidates(
+        self, q: Tensor, lo: int, hi: int, k: int, window: Tensor, reach: int
+    ) -> tuple[Tensor, Tensor]:
         """Top-k for each query q[:, t], best first, scored exactly over the outlier chunks and
         the graph's finds for it and for the reach - 1 tokens before it (window [B, H, R, C]:
         storage entries found for each of R tokens, the last T rows q's, negative for none). A
@@ -325,8 +385,14 @@ class ChunkBank:
         first_reader = torch.maximum(row, torch.empty_like(previous).scatter_(-1, order, previous) + reach)
         last_reader = (row + reach - 1).clamp_max(T - 1).expand_as(ids)
         read = usable & (first_reader <= last_reader)  # by some query of q: the rest go before scoring
-        kept = torch.sort(read.to(torch.int8), dim=-1, descending=True, stable=True).indices[..., : int(read.sum(-1).max())]
-        ids, first_reader, last_reader = ids.gather(-1, kept), first_reader.gather(-1, kept), last_reader.gather(-1, kept)
+        kept = torch.sort(read.to(torch.int8), dim=-1, descending=True, stable=True).indices[
+            ..., : int(read.sum(-1).max())
+        ]
+        ids, first_reader, last_reader = (
+            ids.gather(-1, kept),
+            first_reader.gather(-1, kept),
+            last_reader.gather(-1, kept),
+        )
         first_reader = torch.where(read.gather(-1, kept), first_reader, T)  # padding: read by none
         in_range = (outliers >= lo) & (outliers < hi)
         pool = torch.cat([ids, outliers], -1)  # [B, H, N]
@@ -362,8 +428,13 @@ class ChunkBank:
             candidates = torch.cat([s.outliers, fresh], -1)
         mean = (s.key_sum / s.size).to(s.chunk_keys.dtype)[:, :, None]  # [B, H, 1, d]
         rows, heads = torch.arange(B, device=device)[:, None, None], torch.arange(H, device=device)[None, :, None]
-        distance = torch.cat([(s.chunk_keys[rows, heads, block] - mean).norm(dim=-1)  # blocks bound the memory
-                              for block in candidates.split(1 << 14, dim=-1)], -1)
+        distance = torch.cat(
+            [
+                (s.chunk_keys[rows, heads, block] - mean).norm(dim=-1)  # blocks bound the memory
+                for block in candidates.split(1 << 14, dim=-1)
+            ],
+            -1,
+        )
         s.outliers = candidates.gather(-1, distance.topk(min(S, candidates.shape[-1]), dim=-1).indices)
         s.tracked = s.size
 

@@ -5,6 +5,7 @@ interrupted save leaves the earlier checkpoint as it was, never new weights besi
 unpickles anything, and each way a checkpoint can be broken raises one `CheckpointError`
 naming the file and the problem.
 """
+
 from __future__ import annotations
 
 import json
@@ -78,14 +79,20 @@ def resolve(path: str | Path) -> Path:
 
 def family_samples() -> dict[str, Path]:
     """Samples that families ship in their own folders (an installed package's): {family name: folder}."""
-    return {f.name: Path(f.sample) for f in families()
-            if f.sample and Path(f.sample).is_absolute() and (Path(f.sample) / CONFIG_FILE).is_file()}
+    return {
+        f.name: Path(f.sample)
+        for f in families()
+        if f.sample and Path(f.sample).is_absolute() and (Path(f.sample) / CONFIG_FILE).is_file()
+    }
 
 
 def list_samples() -> list[str]:
     """The names of the sample checkpoints: sample_checkpoints/ and those families ship."""
-    shipped = [d.name for d in SAMPLE_DIR.iterdir() if not d.name.startswith(".") and (d / CONFIG_FILE).is_file()] \
-        if SAMPLE_DIR.is_dir() else []  # a dot-folder is a save under way or a killed one's leftover
+    shipped = (
+        [d.name for d in SAMPLE_DIR.iterdir() if not d.name.startswith(".") and (d / CONFIG_FILE).is_file()]
+        if SAMPLE_DIR.is_dir()
+        else []
+    )  # a dot-folder is a save under way or a killed one's leftover
     return sorted({*shipped, *family_samples()})
 
 
@@ -153,10 +160,14 @@ def load(path: str | Path, device: str | torch.device = "cpu", **overrides: Any)
         raise CheckpointError(f"{directory}: no such checkpoint folder (sample checkpoints: {samples})")
     retired = retirement(directory)
     if retired:
-        raise CheckpointError(f"{directory}: a retired sample; {retired['why']}. Restore its weights with `{retired['restore']}`")
+        raise CheckpointError(
+            f"{directory}: a retired sample; {retired['why']}. Restore its weights with `{retired['restore']}`"
+        )
     for name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE):
         if not (directory / name).is_file():
-            raise CheckpointError(f"{directory / name}: missing; a checkpoint folder needs {CONFIG_FILE}, {WEIGHTS_FILE} and {TOKENIZER_FILE}")
+            raise CheckpointError(
+                f"{directory / name}: missing; a checkpoint folder needs {CONFIG_FILE}, {WEIGHTS_FILE} and {TOKENIZER_FILE}"
+            )
     for name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE, CARD_FILE):
         linked = directory / name
         if linked.is_symlink() and linked.resolve().parent != directory.resolve():
@@ -196,8 +207,10 @@ def load(path: str | Path, device: str | torch.device = "cpu", **overrides: Any)
     except CheckpointError as exc:
         if not overrides:
             raise
-        raise CheckpointError(f"{exc}; the overrides {overrides} change the weights, and only options that hold "
-                              "none can be set when loading") from exc
+        raise CheckpointError(
+            f"{exc}; the overrides {overrides} change the weights, and only options that hold "
+            "none can be set when loading"
+        ) from exc
     model.card.setdefault("path", str(directory))
     return model.to(device).eval()
 
@@ -208,13 +221,19 @@ def check_weights_size(path: Path, model: torch.nn.Module) -> None:
     most = sum(t.numel() * 4 for t in model.state_dict().values()) + (1 << 20)
     size = path.stat().st_size
     if size > most:
-        raise CheckpointError(f"{path}: {size:,} bytes, more than the config's model can hold ({most:,} at float32 with "
-                              "its header); nothing was read")
+        raise CheckpointError(
+            f"{path}: {size:,} bytes, more than the config's model can hold ({most:,} at float32 with "
+            "its header); nothing was read"
+        )
 
 
 def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], path: Path) -> None:
     expected = model.state_dict()
-    tied = {n for n in expected if n not in weights and any(expected[n].data_ptr() == expected[m].data_ptr() for m in weights if m in expected)}
+    tied = {
+        n
+        for n in expected
+        if n not in weights and any(expected[n].data_ptr() == expected[m].data_ptr() for m in weights if m in expected)
+    }
     missing = sorted(set(expected) - set(weights) - tied)
     unexpected = sorted(set(weights) - set(expected))
     if missing or unexpected:

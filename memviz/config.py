@@ -7,13 +7,13 @@ time with the family's name in the message. What a token's local attention sees 
 `segment_len` is the memory's segment. Configs written before `attention` existed spelled it
 `window` (a sliding window) or a family's `memory.local`; they are read into `attention` here.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import json
 from dataclasses import InitVar, dataclass, field
 from typing import Any
-
 
 INIT_SCHEMES = ("gpt2", "fan_in")
 #: the largest model a config may describe, checked before any weight is allocated (memviz is for
@@ -55,7 +55,9 @@ class ModelConfig:
 
     def validate(self) -> None:
         if not isinstance(self.family, str) or not self.family:
-            raise ConfigError(f"config field 'family' must name a model family (python -m memviz families), got {self.family!r}")
+            raise ConfigError(
+                f"config field 'family' must name a model family (python -m memviz families), got {self.family!r}"
+            )
         positive = ("vocab_size", "d_model", "n_layers", "n_heads", "d_head", "d_mlp")
         for name in positive:
             value = getattr(self, name)
@@ -67,12 +69,23 @@ class ModelConfig:
             raise ConfigError(f"config field 'name' must be a string, got {self.name!r}")
         if self.d_head % 2:
             raise ConfigError(f"d_head must be even for rotary embeddings, got {self.d_head}")
-        if self.segment_len is not None and (not isinstance(self.segment_len, int) or isinstance(self.segment_len, bool)
-                                             or self.segment_len <= 0):
-            raise ConfigError(f"config field 'segment_len' must be a positive integer or null, got {self.segment_len!r}")
-        if self.attention is not None and (not isinstance(self.attention, dict) or set(self.attention) - {"kind", "span"}):
-            raise ConfigError(f"config field 'attention' must be an object with 'kind' and 'span', got {self.attention!r}")
-        if isinstance(self.embed_scale, bool) or not isinstance(self.embed_scale, (int, float)) or not self.embed_scale > 0:
+        if self.segment_len is not None and (
+            not isinstance(self.segment_len, int) or isinstance(self.segment_len, bool) or self.segment_len <= 0
+        ):
+            raise ConfigError(
+                f"config field 'segment_len' must be a positive integer or null, got {self.segment_len!r}"
+            )
+        if self.attention is not None and (
+            not isinstance(self.attention, dict) or set(self.attention) - {"kind", "span"}
+        ):
+            raise ConfigError(
+                f"config field 'attention' must be an object with 'kind' and 'span', got {self.attention!r}"
+            )
+        if (
+            isinstance(self.embed_scale, bool)
+            or not isinstance(self.embed_scale, (int, float))
+            or not self.embed_scale > 0
+        ):
             raise ConfigError(f"config field 'embed_scale' must be a positive number, got {self.embed_scale!r}")
         if self.init not in INIT_SCHEMES:
             raise ConfigError(f"config field 'init' must be one of {list(INIT_SCHEMES)}, got {self.init!r}")
@@ -86,16 +99,19 @@ class ModelConfig:
             raise ConfigError("config field 'embed_scale' must be finite, got inf")
         backbone = self.backbone_parameters
         if backbone > MAX_PARAMETERS:
-            raise ConfigError(f"this config describes about {backbone:.2e} parameters before any memory (d_model "
-                              f"{self.d_model}, n_layers {self.n_layers}, d_mlp {self.d_mlp}), over memviz's cap of "
-                              f"{MAX_PARAMETERS:.0e}; nothing was allocated")
+            raise ConfigError(
+                f"this config describes about {backbone:.2e} parameters before any memory (d_model "
+                f"{self.d_model}, n_layers {self.n_layers}, d_mlp {self.d_mlp}), over memviz's cap of "
+                f"{MAX_PARAMETERS:.0e}; nothing was allocated"
+            )
 
     @property
     def backbone_parameters(self) -> int:
         """About the parameters the config describes before any memory: the embedding, and per layer the attention
         and the MLP."""
-        return self.vocab_size * self.d_model + self.n_layers * (4 * self.d_model * self.n_heads * self.d_head
-                                                                 + 3 * self.d_model * self.d_mlp)
+        return self.vocab_size * self.d_model + self.n_layers * (
+            4 * self.d_model * self.n_heads * self.d_head + 3 * self.d_model * self.d_mlp
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -104,7 +120,7 @@ class ModelConfig:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
         if not isinstance(data, dict):
             raise ConfigError(f"a config must be a JSON object, got {type(data).__name__}")
         known = {f.name for f in dataclasses.fields(cls)} | {"window"}
@@ -117,14 +133,14 @@ class ModelConfig:
             raise ConfigError(str(exc)) from exc
 
     @classmethod
-    def from_json(cls, text: str) -> "ModelConfig":
+    def from_json(cls, text: str) -> ModelConfig:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"config is not valid JSON: {exc}") from exc
         return cls.from_dict(data)
 
-    def replace(self, **changes: Any) -> "ModelConfig":
+    def replace(self, **changes: Any) -> ModelConfig:
         """A copy with `changes` applied (an `attention` change replaces the attention)."""
         return ModelConfig.from_dict({**self.to_dict(), **changes})
 
@@ -145,11 +161,15 @@ def upgraded_attention(cfg: ModelConfig, window: int | None) -> dict[str, Any] |
     cfg.memory = dict(cfg.memory)
     local = cfg.memory.pop("local")
     if local not in ("segment", "window"):
-        raise ConfigError(f"memory option 'local' (an older spelling of 'attention') must be 'segment' or 'window', got {local!r}")
+        raise ConfigError(
+            f"memory option 'local' (an older spelling of 'attention') must be 'segment' or 'window', got {local!r}"
+        )
     if local == "window" and attention is not None:
         return attention
     if cfg.segment_len is None:
-        raise ConfigError(f"memory option local={local!r} attends over config.segment_len; set it (or give 'attention')")
+        raise ConfigError(
+            f"memory option local={local!r} attends over config.segment_len; set it (or give 'attention')"
+        )
     if local == "segment" and attention is not None:
         raise ConfigError("memory option local='segment' attends within the segment; give it or 'window', not both")
     return {"kind": local, "span": cfg.segment_len}

@@ -1,12 +1,13 @@
 """Atomic writes: every file goes to a temporary name in its folder and is renamed into place, so an
 interrupted save never leaves a half-written file under the real name; a folder of files that belong
 together (a checkpoint) is written beside its place and swapped in whole (`replace_folder`)."""
+
 from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -131,9 +132,13 @@ def check_regular_file(path: str | Path, limit: int, what: str) -> int:
     if stat.S_ISDIR(info.st_mode):
         raise ValueError(f"{what} {path} is a folder, not a file")
     if not stat.S_ISREG(info.st_mode):
-        raise ValueError(f"{what} {path} is not a regular file (a device or a pipe has no size to check); nothing was read")
+        raise ValueError(
+            f"{what} {path} is not a regular file (a device or a pipe has no size to check); nothing was read"
+        )
     if info.st_size > limit:
-        raise ValueError(f"{what} {path} has {info.st_size:,} bytes, over the {limit:,} a {what} may have; nothing was read")
+        raise ValueError(
+            f"{what} {path} has {info.st_size:,} bytes, over the {limit:,} a {what} may have; nothing was read"
+        )
     return info.st_size
 
 

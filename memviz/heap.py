@@ -11,6 +11,7 @@ it is touched again. `keep_freed_pages` has glibc serve every block from the hea
 whose blocks go back to the system when freed) and stop trimming the heap's top, so a step
 reuses the last one's pages (speed and peak memory in benchmarks/RESULTS.md).
 """
+
 from __future__ import annotations
 
 import ctypes

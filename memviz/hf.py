@@ -29,14 +29,16 @@ Why not TransformerLens 4.3's bridge: its Gated DeltaNet hooks fire only on a ca
 looks for `cache_params`, which transformers 5.24 passes as `cache`, and given one ignores it), and its
 state hook keeps S_t per token.
 """
+
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -54,8 +56,11 @@ from memviz.tokenizer import TOKENIZER_FILE, Tokenizer
 CONFIG_FILE = "config.json"
 
 #: model_type -> what memviz reads of it
-SUPPORTED = {"qwen3_5": "Qwen3.5 (its language model; a vision tower is left unread)", "qwen3_5_text": "Qwen3.5 text",
-             "qwen3_next": "Qwen3-Next"}
+SUPPORTED = {
+    "qwen3_5": "Qwen3.5 (its language model; a vision tower is left unread)",
+    "qwen3_5_text": "Qwen3.5 text",
+    "qwen3_next": "Qwen3-Next",
+}
 ALPHA, BETA = "blocks.{l}.attn.hook_alpha", "blocks.{l}.attn.hook_beta"
 STATE_NORM, MEM_OUT = "blocks.{l}.attn.hook_state_norm", "blocks.{l}.attn.hook_mem_out"
 GDN_HOOKS = ("alpha", "beta", "write_key", "write_value", "read_query", "read", "state_norm")
@@ -96,8 +101,9 @@ class HFTokenizer(Tokenizer):
     def token_strings(self, ids: Iterable[int]) -> list[str]:
         """Each token's text, specials by name; "" for an embedding row past the tokenizer's vocabulary."""
         ids = [int(i) for i in ids]
-        known = iter(self.backend.decode_batch([[i] for i in ids if 0 <= i < self.text_vocab_size],
-                                               skip_special_tokens=False))
+        known = iter(
+            self.backend.decode_batch([[i] for i in ids if 0 <= i < self.text_vocab_size], skip_special_tokens=False)
+        )
         return [next(known) if 0 <= i < self.text_vocab_size else "" for i in ids]
 
     def save(self, directory: str | Path) -> Path:
@@ -161,8 +167,9 @@ def unit(x: Tensor) -> Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
 
 
-def delta_rule(q: Tensor | None, k: Tensor, v: Tensor, log_alpha: Tensor, beta: Tensor, S: Tensor,
-               chunk: int = 64) -> tuple[Tensor | None, Tensor, Tensor]:
+def delta_rule(
+    q: Tensor | None, k: Tensor, v: Tensor, log_alpha: Tensor, beta: Tensor, S: Tensor, chunk: int = 64
+) -> tuple[Tensor | None, Tensor, Tensor]:
     """S_t = alpha_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T, o_t = S_t^T q_t over chunks
     (q, k [B,H,T,dk], v [B,H,T,dv], log_alpha, beta [B,H,T], S [B,H,dk,dv]) -> (o, ||S_t||_F [B,H,T], S_T).
 
@@ -195,8 +202,11 @@ def delta_rule(q: Tensor | None, k: Tensor, v: Tensor, log_alpha: Tensor, beta: 
         g, r = gamma[:, :, i], R[:, :, i]
         if q is not None:
             outputs.append(g[..., None] * (Q[:, :, i] @ S) + QK[:, :, i] @ U)
-        square = (g**2 * S.pow(2).sum((-1, -2))[..., None] + 2 * g * (r @ (KS * U).sum(-1)[..., None])[..., 0]
-                  + ((r @ (KK[:, :, i] * (U @ U.transpose(-1, -2)))) * r).sum(-1))
+        square = (
+            g**2 * S.pow(2).sum((-1, -2))[..., None]
+            + 2 * g * (r @ (KS * U).sum(-1)[..., None])[..., 0]
+            + ((r @ (KK[:, :, i] * (U @ U.transpose(-1, -2)))) * r).sum(-1)
+        )
         norms.append(square.clamp_min(0).sqrt())
         S = g[..., -1, None, None] * S + K[:, :, i].transpose(-1, -2) @ (to_end[:, :, i, :, None] * U)
     return torch.cat(outputs, 2)[:, :, :T] if q is not None else None, torch.cat(norms, 2)[:, :, :T], S
@@ -208,19 +218,26 @@ def rate_and_norm_figures(trace, width: int = WIDTH, start: int = 0, stop: int |
     for name in layer_names(trace, ALPHA):
         prefix = layer_prefix(name, ALPHA)
         layer = prefix.split(".attn")[0]
-        figs[f"{layer} alpha"] = position_heatmap(trace, name, f"{layer}: decay alpha (1 keeps the state)", "head",
-                                                  zmin=0, zmax=1, **zoom)
-        figs[f"{layer} beta"] = position_heatmap(trace, f"{prefix}.hook_beta", f"{layer}: write strength beta", "head",
-                                                 zmin=0, zmax=1, **zoom)
+        figs[f"{layer} alpha"] = position_heatmap(
+            trace, name, f"{layer}: decay alpha (1 keeps the state)", "head", zmin=0, zmax=1, **zoom
+        )
+        figs[f"{layer} beta"] = position_heatmap(
+            trace, f"{prefix}.hook_beta", f"{layer}: write strength beta", "head", zmin=0, zmax=1, **zoom
+        )
     norms = layer_names(trace, STATE_NORM)
     if norms:
         figs["state norm"] = timeline(trace, {n: n for n in norms}, "||S_t|| (mean over heads)", **zoom)
     return figs
 
 
-@register_family("hf_gated_deltanet", summary="A released hybrid (Qwen3.5, Qwen3-Next) loaded through transformers: its "
-                 "Gated DeltaNet layers under the gated_deltanet hook names", figures=rate_and_norm_figures,
-                 from_config=False, cost=True)
+@register_family(
+    "hf_gated_deltanet",
+    summary="A released hybrid (Qwen3.5, Qwen3-Next) loaded through transformers: its "
+    "Gated DeltaNet layers under the gated_deltanet hook names",
+    figures=rate_and_norm_figures,
+    from_config=False,
+    cost=True,
+)
 class ReleasedLM(MemoryLM):
     """A transformers Qwen3.5 / Qwen3-Next causal LM under memviz's model contract (module docstring).
 
@@ -230,7 +247,9 @@ class ReleasedLM(MemoryLM):
 
     memory_hooks = {ALPHA: "none", BETA: "none", STATE_NORM: "none", MEM_OUT: "norm"}
 
-    def __init__(self, hf_model: nn.Module, tokenizer: Tokenizer, cfg: ReleasedConfig, card: dict | None = None) -> None:
+    def __init__(
+        self, hf_model: nn.Module, tokenizer: Tokenizer, cfg: ReleasedConfig, card: dict | None = None
+    ) -> None:
         HookedRootModule.__init__(self)
         self.hf = hf_model
         self.cfg, self._tokenizer, self.card = cfg, tokenizer, dict(card or {})
@@ -249,8 +268,14 @@ class ReleasedLM(MemoryLM):
         for l, layer in enumerate(self.decoder_layers):
             if l in self.linear:
                 g = layer.linear_attn
-                layers.append({"conv": LocalCache(conv=torch.zeros(batch_size, g.conv_dim, g.conv_kernel_size, device=self.device)),
-                               "S": torch.zeros(batch_size, g.num_v_heads, g.head_k_dim, g.head_v_dim, device=self.device)})
+                layers.append(
+                    {
+                        "conv": LocalCache(
+                            conv=torch.zeros(batch_size, g.conv_dim, g.conv_kernel_size, device=self.device)
+                        ),
+                        "S": torch.zeros(batch_size, g.num_v_heads, g.head_k_dim, g.head_v_dim, device=self.device),
+                    }
+                )
             else:
                 a = layer.self_attn
                 empty = torch.zeros(batch_size, self.hf.config.num_key_value_heads, 0, a.head_dim, device=self.device)
@@ -283,14 +308,20 @@ class ReleasedLM(MemoryLM):
                 layers.append(LocalCache(k=layer.keys, v=layer.values) if layer.is_initialized else part)
             else:
                 conv, S = cache.get_conv_state(l), cache.get_recurrent_state(l)
-                layers.append({"conv": LocalCache(conv=part["conv"]["conv"] if conv is None else conv),
-                               "S": part["S"] if S is None else S})
+                layers.append(
+                    {
+                        "conv": LocalCache(conv=part["conv"]["conv"] if conv is None else conv),
+                        "S": part["S"] if S is None else S,
+                    }
+                )
         return layers
 
     # ----- running ------------------------------------------------------------------------
     def run(self, tokens: Tensor, state: ModelState) -> tuple[Tensor, list, None]:
         cache = self.cache_from(state)
-        positions = torch.arange(state.pos, state.pos + tokens.shape[1], device=tokens.device).expand(tokens.shape[0], -1)
+        positions = torch.arange(state.pos, state.pos + tokens.shape[1], device=tokens.device).expand(
+            tokens.shape[0], -1
+        )
         with self.watching():
             out = self.hf(input_ids=tokens, position_ids=positions, cache=cache, use_cache=True)
         return out.logits, self.state_from(cache, state), None
@@ -311,8 +342,13 @@ class ReleasedLM(MemoryLM):
                 if hooked(point):
                     add(module, "hook", lambda m, args, out, p=point: p(out))
             if hooked(points.hook_attn_out):
-                add(mixer, "hook", lambda m, args, out, p=points.hook_attn_out:
-                    (p(out[0]), *out[1:]) if isinstance(out, tuple) else p(out))
+                add(
+                    mixer,
+                    "hook",
+                    lambda m, args, out, p=points.hook_attn_out: (
+                        (p(out[0]), *out[1:]) if isinstance(out, tuple) else p(out)
+                    ),
+                )
             if l in self.linear:
                 self.watch_gdn(mixer, points.attn, add)
             else:
@@ -343,19 +379,28 @@ class ReleasedLM(MemoryLM):
             hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
             seen["shape"], seen["dtype"] = hidden.shape[:2], hidden.dtype
             if derived:  # None where the layer starts from zeros
-                conv, S = kwargs["cache"].get_conv_state(gdn.layer_idx), kwargs["cache"].get_recurrent_state(gdn.layer_idx)
+                conv, S = (
+                    kwargs["cache"].get_conv_state(gdn.layer_idx),
+                    kwargs["cache"].get_recurrent_state(gdn.layer_idx),
+                )
                 seen["conv"], seen["S"] = (None if t is None else t.clone() for t in (conv, S))
 
         add(gdn, "pre_hook", before, with_kwargs=True)
         if hooked(points.hook_mem_out):  # the layer calls its norm on [B * T * H, d_v]
-            add(gdn.norm, "hook", lambda m, args, out: points.hook_mem_out(
-                out.reshape(*seen["shape"], -1, gdn.head_v_dim)).reshape(out.shape))
+            add(
+                gdn.norm,
+                "hook",
+                lambda m, args, out: points.hook_mem_out(out.reshape(*seen["shape"], -1, gdn.head_v_dim)).reshape(
+                    out.shape
+                ),
+            )
         if not derived:
             return
 
         def keep(name: str):
             def hook(m, args, out):
                 seen[name] = out
+
             return hook
 
         for name in ("in_proj_qkv", "in_proj_b", "in_proj_a", "in_proj_qkvz", "in_proj_ba"):
@@ -392,8 +437,11 @@ class ReleasedLM(MemoryLM):
         beta = points.hook_beta(b.sigmoid())
         if read or hooked(points.hook_state_norm):
             S = seen["S"] if seen["S"] is not None else k.new_zeros(B, gdn.num_v_heads, gdn.head_k_dim, gdn.head_v_dim)
-            o, norms, _ = delta_rule(q.transpose(1, 2) if read else None,
-                                     *(t.transpose(1, 2) for t in (k, v, log_alpha, beta)), S.to(k.dtype))
+            o, norms, _ = delta_rule(
+                q.transpose(1, 2) if read else None,
+                *(t.transpose(1, 2) for t in (k, v, log_alpha, beta)),
+                S.to(k.dtype),
+            )
             if read:
                 points.hook_read(o.transpose(1, 2))
             points.hook_state_norm(norms.transpose(1, 2))
@@ -406,7 +454,11 @@ class ReleasedLM(MemoryLM):
         memory = sum(state.layers[l]["S"].numel() + state.layers[l]["conv"]["conv"].numel() for l in self.linear)
         heads = sum(self.decoder_layers[l].linear_attn.num_v_heads for l in self.linear)
         # alpha, beta, ||S_t|| and |mem_out| per head, and the loss, as float32
-        return {"kv_cache": kv * n_tokens * item, "memory_state": memory * item, "trace": 4 * n_tokens * (4 * heads + 1)}
+        return {
+            "kv_cache": kv * n_tokens * item,
+            "memory_state": memory * item,
+            "trace": 4 * n_tokens * (4 * heads + 1),
+        }
 
     # ----- introspection ------------------------------------------------------------------
     def gdn_names(self, layer: int, names: Iterable[str]) -> list[str]:
@@ -421,7 +473,9 @@ class ReleasedLM(MemoryLM):
         if not 0 <= position < full.shape[1]:
             raise ValueError(f"position must lie in [0, {full.shape[1]}), got {position}")
         parts_of = ("read_query", "write_key", "write_value", "alpha", "beta")
-        seen = self.capture(full[:, : position + 1], [n for l in sorted(self.linear) for n in self.gdn_names(l, parts_of)])
+        seen = self.capture(
+            full[:, : position + 1], [n for l in sorted(self.linear) for n in self.gdn_names(l, parts_of)]
+        )
         parts = {}
         for layer in sorted(self.linear):
             q, k, v, alpha, beta = (seen[n] for n in self.gdn_names(layer, parts_of))
@@ -456,14 +510,20 @@ class ReleasedLM(MemoryLM):
                 for l in sorted(self.linear):
                     k, v = captured[(l, "write_key")], captured[(l, "write_value")] * in_span
                     alpha, beta = captured[(l, "alpha")], captured[(l, "beta")]
-                    S = parts[l] if parts[l] is not None else torch.zeros(1, k.shape[1], k.shape[2], v.shape[2], dtype=torch.float64)
+                    S = (
+                        parts[l]
+                        if parts[l] is not None
+                        else torch.zeros(1, k.shape[1], k.shape[2], v.shape[2], dtype=torch.float64)
+                    )
                     log_alpha = alpha.clamp_min(1e-300).log()  # an alpha that underflowed to 0 forgets, not NaN
                     _, n, parts[l] = delta_rule(None, *(t.transpose(0, 1)[None] for t in (k, v, log_alpha, beta)), S)
                     norms[l].append(n[0].amax(0))
         hold = {}
         for l in sorted(self.linear):
             values = torch.cat(norms[l]).numpy()
-            hold[f"layer {l}: share of the span's write still in the state"] = (values / max(values.max(), 1e-30)).astype(np.float32)
+            hold[f"layer {l}: share of the span's write still in the state"] = (
+                values / max(values.max(), 1e-30)
+            ).astype(np.float32)
         return hold
 
 
@@ -483,9 +543,11 @@ def text_config(directory: Path, data: dict):
     where = directory / CONFIG_FILE
     model_type = data.get("model_type")
     if model_type not in SUPPORTED:
-        what = ("a vision-language checkpoint" if "vision_config" in data else "a model type memviz does not read")
-        raise ReleasedCheckpointError(f"{where}: field 'model_type' is {model_type!r}, {what}; memviz loads "
-                              + ", ".join(f"{k} ({v})" for k, v in SUPPORTED.items()))
+        what = "a vision-language checkpoint" if "vision_config" in data else "a model type memviz does not read"
+        raise ReleasedCheckpointError(
+            f"{where}: field 'model_type' is {model_type!r}, {what}; memviz loads "
+            + ", ".join(f"{k} ({v})" for k, v in SUPPORTED.items())
+        )
     try:
         if model_type == "qwen3_next":
             from transformers import Qwen3NextConfig
@@ -509,6 +571,7 @@ def hf_class(model_type: str):
 def special_ids(config, backend) -> tuple[int, int, int]:
     """(eos, pad, bos): the config's ids, else the tokenizer's <|endoftext|>; pad and bos (never
     generated) fall back to the last embedding row, a padding row in the released vocabularies."""
+
     def first(value):
         return value[0] if isinstance(value, list) else value
 
@@ -532,49 +595,77 @@ def load(directory: str | Path, device: str | torch.device = "cpu", **overrides:
     directory = Path(directory)
     unknown = sorted(set(overrides) - {"dtype", "segment_len"})
     if unknown:
-        raise ReleasedCheckpointError(f"{directory}: a Hugging Face checkpoint takes the overrides dtype and segment_len, "
-                              f"not {unknown}")
+        raise ReleasedCheckpointError(
+            f"{directory}: a Hugging Face checkpoint takes the overrides dtype and segment_len, not {unknown}"
+        )
     dtype, segment_len = overrides.get("dtype", "float32"), overrides.get("segment_len", DEFAULT_SEGMENT)
     data = read_json(directory / CONFIG_FILE)
     config = text_config(directory, data)
     if not list(directory.glob("*.safetensors")):
-        raise ReleasedCheckpointError(f"{directory}: no *.safetensors weights beside {CONFIG_FILE} (memviz reads safetensors only)")
+        raise ReleasedCheckpointError(
+            f"{directory}: no *.safetensors weights beside {CONFIG_FILE} (memviz reads safetensors only)"
+        )
     if not (directory / TOKENIZER_FILE).is_file():
-        raise ReleasedCheckpointError(f"{directory / TOKENIZER_FILE}: missing; memviz needs the checkpoint's own tokenizer.json")
+        raise ReleasedCheckpointError(
+            f"{directory / TOKENIZER_FILE}: missing; memviz needs the checkpoint's own tokenizer.json"
+        )
     torch_dtype = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}.get(dtype)
     if torch_dtype is None or not isinstance(segment_len, int) or segment_len < 1:
-        raise ReleasedCheckpointError(f"{directory}: dtype must be float32, float64 or bfloat16 and segment_len a positive "
-                              f"integer, got {dtype!r} and {segment_len!r}")
+        raise ReleasedCheckpointError(
+            f"{directory}: dtype must be float32, float64 or bfloat16 and segment_len a positive "
+            f"integer, got {dtype!r} and {segment_len!r}"
+        )
     try:
         backend = Backend.from_file(str(directory / TOKENIZER_FILE))
     except Exception as exc:  # the tokenizers library raises its own Exception type
         raise ReleasedCheckpointError(f"{directory / TOKENIZER_FILE}: not a tokenizers file: {exc}") from exc
     try:
         # Qwen3-Next's experts: torch's grouped_mm takes no float64, the eager loop does
-        experts = {"experts_implementation": "eager"} if config.model_type == "qwen3_next" and dtype == "float64" else {}
+        experts = (
+            {"experts_implementation": "eager"} if config.model_type == "qwen3_next" and dtype == "float64" else {}
+        )
         hf, info = hf_class(config.model_type).from_pretrained(
-            directory, config=config, dtype=torch_dtype, output_loading_info=True, use_safetensors=True,
-            ignore_mismatched_sizes=True, **experts)  # so that the mismatches come back in `info`, named
+            directory,
+            config=config,
+            dtype=torch_dtype,
+            output_loading_info=True,
+            use_safetensors=True,
+            ignore_mismatched_sizes=True,
+            **experts,
+        )  # so that the mismatches come back in `info`, named
     except (OSError, RuntimeError, ValueError) as exc:
         raise ReleasedCheckpointError(f"{directory}: transformers could not load the weights: {exc}") from exc
-    bad = [f"tensor {k!r} is {tuple(theirs)} but {CONFIG_FILE} makes it {tuple(ours)}" for k, theirs, ours in
-           sorted(info.get("mismatched_keys", ()))] + [f"tensor {k!r} is missing" for k in sorted(info.get("missing_keys", ()))]
+    bad = [
+        f"tensor {k!r} is {tuple(theirs)} but {CONFIG_FILE} makes it {tuple(ours)}"
+        for k, theirs, ours in sorted(info.get("mismatched_keys", ()))
+    ] + [f"tensor {k!r} is missing" for k in sorted(info.get("missing_keys", ()))]
     if bad:
         files = ", ".join(sorted(p.name for p in directory.glob("*.safetensors")))
-        raise ReleasedCheckpointError(f"{directory}: the weights ({files}) do not fit {CONFIG_FILE}: {'; '.join(bad[:3])}"
-                              + (f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""))
+        raise ReleasedCheckpointError(
+            f"{directory}: the weights ({files}) do not fit {CONFIG_FILE}: {'; '.join(bad[:3])}"
+            + (f" (and {len(bad) - 3} more)" if len(bad) > 3 else "")
+        )
     card = {"path": str(directory), "model_type": data["model_type"]}
     return from_transformers(hf, backend, directory.name, segment_len, card).to(device)
 
 
-def from_transformers(hf: nn.Module, backend, name: str = "", segment_len: int = DEFAULT_SEGMENT,
-                      card: dict | None = None) -> ReleasedLM:
+def from_transformers(
+    hf: nn.Module, backend, name: str = "", segment_len: int = DEFAULT_SEGMENT, card: dict | None = None
+) -> ReleasedLM:
     """A loaded transformers Qwen3_5ForCausalLM / Qwen3NextForCausalLM and its `tokenizers.Tokenizer`
     as a memviz model, in eval mode."""
     config = hf.config
     linear = [l for l, kind in enumerate(config.layer_types) if kind == "linear_attention"]
-    cfg = ReleasedConfig(model_type=config.model_type, vocab_size=config.vocab_size, d_model=config.hidden_size,
-                         n_layers=config.num_hidden_layers, n_heads=config.num_attention_heads, d_head=config.head_dim,
-                         linear_layers=linear, segment_len=segment_len, name=name)
+    cfg = ReleasedConfig(
+        model_type=config.model_type,
+        vocab_size=config.vocab_size,
+        d_model=config.hidden_size,
+        n_layers=config.num_hidden_layers,
+        n_heads=config.num_attention_heads,
+        d_head=config.head_dim,
+        linear_layers=linear,
+        segment_len=segment_len,
+        name=name,
+    )
     tokenizer = HFTokenizer(backend, config.vocab_size, *special_ids(config, backend))
     return ReleasedLM(hf, tokenizer, cfg, card=card).eval()

@@ -15,18 +15,19 @@ boundary in turn, so the log-probability drops where the evidence was stored. A 
 parametric memory offers its own points as hooks instead (memory layers: "silence",
 `model.silence_hooks(layer, values)`), which `answer_logprob` takes as `fwd_hooks`.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from memviz.layers import LocalCache
-from memviz.registry import get_family
 from memviz.model import ModelState, StateTree
+from memviz.registry import get_family
 
 Edit = Callable[[ModelState], ModelState]
 
@@ -134,9 +135,13 @@ def reset_rates(model, samples, evidence_name: str) -> dict[str, float]:
         answer = " " + s.answer
         rates["clean"].append(answer_logprob(model, s.prompt, answer)["correct"])
         rates["reset_at_question_segment"].append(
-            answer_logprob(model, s.prompt, answer, [ablate_at(model, question_seg)])["correct"])
+            answer_logprob(model, s.prompt, answer, [ablate_at(model, question_seg)])["correct"]
+        )
         rates[f"reset_at_{evidence_name}_segment"].append(
-            answer_logprob(model, s.prompt, answer, [ablate_at(model, evidence_seg)])["correct"] if evidence_seg > 0 else True)
+            answer_logprob(model, s.prompt, answer, [ablate_at(model, evidence_seg)])["correct"]
+            if evidence_seg > 0
+            else True
+        )
     return {k: round(sum(v) / len(v), 2) for k, v in rates.items()}
 
 
@@ -150,8 +155,9 @@ class SweepRow:
 
 
 @torch.no_grad()
-def ablation_sweep(model, prompt: str, answer: str, points: int = 32,
-                   progress: Callable[[int, int], None] | None = None) -> list[SweepRow]:
+def ablation_sweep(
+    model, prompt: str, answer: str, points: int = 32, progress: Callable[[int, int], None] | None = None
+) -> list[SweepRow]:
     """Ablate the memory at the prompt's segment boundaries in turn (every one, or `points` of them
     evenly spaced from the first to the last when there are more); `delta` is the change in
     log p(answer) against the clean run. One clean pass keeps the state at each chosen boundary,
@@ -163,7 +169,11 @@ def ablation_sweep(model, prompt: str, answer: str, points: int = 32,
     ids, answer_ids = prompt_and_answer(model, prompt, answer)
     tokens, seg = ids + answer_ids, segment_length(model)
     n_boundaries = -(-len(ids) // seg) - 1
-    segments = sorted({int(round(x)) for x in torch.linspace(1, n_boundaries, min(points, n_boundaries)).tolist()}) if n_boundaries else []
+    segments = (
+        sorted({int(round(x)) for x in torch.linspace(1, n_boundaries, min(points, n_boundaries)).tolist()})
+        if n_boundaries
+        else []
+    )
     total = len(tokens) + sum(len(tokens) - s * seg for s in segments)
     done, at_boundary, rows = 0, {}, []
 

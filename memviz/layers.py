@@ -9,10 +9,10 @@ through a key/value cache so that a chunked run equals a one-pass run:
 The cache keeps only the keys a later query can still see, so its size is bounded by the
 window or the segment.
 """
+
 from __future__ import annotations
 
 import itertools
-
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +42,7 @@ class AttentionSpan:
             raise ConfigError(f"{self.kind} attention needs a span, a positive number of tokens, got {self.span!r}")
 
     @classmethod
-    def parse(cls, data: dict[str, Any]) -> "AttentionSpan":
+    def parse(cls, data: dict[str, Any]) -> AttentionSpan:
         if not isinstance(data, dict) or set(data) - {"kind", "span"}:
             raise ConfigError(f"attention must be an object with 'kind' and 'span', got {data!r}")
         return cls(**data)
@@ -180,8 +180,15 @@ class LocalAttention(nn.Module):
         v = self.hook_v(self.heads(self.W_V(x)))
         return q, k, v
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, state: dict[str, Tensor], pos: int,
-               side: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, dict]:
+    def attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        state: dict[str, Tensor],
+        pos: int,
+        side: tuple[Tensor, Tensor] | None = None,
+    ) -> tuple[Tensor, dict]:
         """Local attention of the chunk's queries over cache + chunk keys; returns z [B,T,H,dh]."""
         B, T = q.shape[:2]
         positions = torch.arange(pos, pos + T, device=q.device)
@@ -225,7 +232,9 @@ class LocalAttention(nn.Module):
                 ks.insert(0, fixed_k)
                 vs.insert(0, fixed_v)
                 masks.insert(0, torch.ones(q_block.shape[2], fixed_k.shape[2], dtype=torch.bool, device=q.device))
-            parts.append(F.scaled_dot_product_attention(q_block, joined(ks), joined(vs), attn_mask=joined(masks, dim=1)))
+            parts.append(
+                F.scaled_dot_product_attention(q_block, joined(ks), joined(vs), attn_mask=joined(masks, dim=1))
+            )
         z = joined(parts)
         return z.transpose(1, 2), new_state
 

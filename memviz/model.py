@@ -8,15 +8,17 @@ users expect. A family changes what sits inside the block (a memory beside atten
 memory instead of attention, a memory layer instead of the FFN); blocks handle segment
 boundaries themselves, so feeding an input in one call or in chunks gives the same result.
 """
+
 from __future__ import annotations
 
 import math
 import numbers
 import threading
 import weakref
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -28,14 +30,24 @@ from memviz import heap
 from memviz.config import ConfigError, ModelConfig
 from memviz.layers import AttentionSpan, LocalAttention, RMSNorm, SwiGLU
 from memviz.registry import parse_options
-from memviz.trace import generic_hook_name
 from memviz.tokenizer import ByteTokenizer, Tokenizer
+from memviz.trace import generic_hook_name
 
 StateTree = Any  # nested dicts/lists of tensors; a leaf may be a value object (memviz.bank.ChunkBank)
 #: the longest prompt `generate` reads, in tokens (a probe's longest prompt too)
 MAX_PROMPT_TOKENS = 1 << 22
-BACKBONE_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "d_head", "d_mlp", "rope_base", "norm_eps",
-                   "tie_embeddings", "embed_scale")  # what a backbone's weights mean
+BACKBONE_FIELDS = (
+    "vocab_size",
+    "d_model",
+    "n_layers",
+    "n_heads",
+    "d_head",
+    "d_mlp",
+    "rope_base",
+    "norm_eps",
+    "tie_embeddings",
+    "embed_scale",
+)  # what a backbone's weights mean
 
 
 def flushing_subnormals() -> bool:
@@ -114,9 +126,11 @@ def check_fits_in_memory(cfg: ModelConfig) -> None:
     need = cfg.backbone_parameters * torch.get_default_dtype().itemsize
     have = allocatable_bytes()
     if have is not None and need > have:
-        raise ConfigError(f"this config's backbone has about {cfg.backbone_parameters:.2e} parameters, "
-                          f"{need / 2**30:,.1f} GiB of weights, more than the {max(have, 0) / 2**30:,.1f} GiB this "
-                          "process can still allocate (d_model, n_layers, d_mlp); nothing was allocated")
+        raise ConfigError(
+            f"this config's backbone has about {cfg.backbone_parameters:.2e} parameters, "
+            f"{need / 2**30:,.1f} GiB of weights, more than the {max(have, 0) / 2**30:,.1f} GiB this "
+            "process can still allocate (d_model, n_layers, d_mlp); nothing was allocated"
+        )
 
 
 class NonFiniteError(ValueError):
@@ -128,7 +142,9 @@ class ModelBusyError(RuntimeError):
     same object was under way: hooks and train/eval mode belong to the object, so the two would mix."""
 
 
-_run_owners: "weakref.WeakKeyDictionary[nn.Module, list]" = weakref.WeakKeyDictionary()  # model -> [thread, what, depth]
+_run_owners: weakref.WeakKeyDictionary[nn.Module, list] = (
+    weakref.WeakKeyDictionary()
+)  # model -> [thread, what, depth]
 _run_owners_lock = threading.Lock()
 
 
@@ -150,7 +166,8 @@ def running_alone(model: nn.Module, what: str) -> Iterator[None]:
             raise ModelBusyError(
                 f"{model_label(model)} is already running {owner[1]} in thread {owner[0].name!r}; one model object runs "
                 f"one input at a time (its hooks and train/eval mode are shared), so {what} here was refused: wait "
-                "for that run, or give this thread its own copy (memviz.load again, or copy.deepcopy(model))")
+                "for that run, or give this thread its own copy (memviz.load again, or copy.deepcopy(model))"
+            )
         if owner is None:
             owner = _run_owners[model] = [me, what, 0]
         owner[2] += 1
@@ -174,13 +191,13 @@ class ModelState:
     layers: list[StateTree] = field(default_factory=list)
     shared: StateTree = None
 
-    def map(self, fn: Callable[[Tensor], Tensor]) -> "ModelState":
+    def map(self, fn: Callable[[Tensor], Tensor]) -> ModelState:
         return ModelState(self.pos, map_tree(fn, self.layers), map_tree(fn, self.shared))
 
-    def detach(self) -> "ModelState":
+    def detach(self) -> ModelState:
         return self.map(lambda t: t.detach())
 
-    def clone(self) -> "ModelState":
+    def clone(self) -> ModelState:
         return self.map(lambda t: t.clone())
 
     def nbytes(self) -> int:
@@ -355,7 +372,9 @@ class MemoryLM(HookedRootModule):
         if tokens.dim() == 1:
             tokens = tokens[None]
         if tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32):
-            raise ValueError(f"tokens must be integer ids shaped [batch, pos], got {tuple(tokens.shape)} {tokens.dtype}")
+            raise ValueError(
+                f"tokens must be integer ids shaped [batch, pos], got {tuple(tokens.shape)} {tokens.dtype}"
+            )
         if tokens.shape[1] == 0:
             raise ValueError("empty input: at least one token is needed")
         lo, hi = int(tokens.min()), int(tokens.max())
@@ -412,8 +431,10 @@ class MemoryLM(HookedRootModule):
         tokens = self.as_tokens(tokens)
         chunk_len = self.chunk_len if chunk_len is None else chunk_len
         if not isinstance(chunk_len, numbers.Integral) or isinstance(chunk_len, bool) or chunk_len <= 0:
-            raise ValueError(f"chunk_len must be a positive number of tokens (or None: the model's {self.chunk_len}), "
-                             f"got {chunk_len!r}")
+            raise ValueError(
+                f"chunk_len must be a positive number of tokens (or None: the model's {self.chunk_len}), "
+                f"got {chunk_len!r}"
+            )
         chunk_len = int(chunk_len)
         state = state or self.init_state(tokens.shape[0])
         for start in range(0, tokens.shape[1], chunk_len):
@@ -450,8 +471,10 @@ class MemoryLM(HookedRootModule):
             last = logits[0, -1].clone()
             if not torch.isfinite(last).all():  # argmax of NaN logits is an arbitrary token, never an answer
                 where = "the prompt's last token" if step == 0 else f"generated token {step}"
-                raise NonFiniteError(f"the logits at {where} (position {state.pos - 1}) are not finite: the model's "
-                                     "state diverged on this input (memviz.trace shows where its quantities stop being finite)")
+                raise NonFiniteError(
+                    f"the logits at {where} (position {state.pos - 1}) are not finite: the model's "
+                    "state diverged on this input (memviz.trace shows where its quantities stop being finite)"
+                )
             last[banned] = -math.inf
             nxt = int(last.argmax())
             if nxt == self.tokenizer.eos_id:
@@ -485,9 +508,10 @@ class MemoryLM(HookedRootModule):
     def hooks(self, fwd_hooks=(), bwd_hooks=(), reset_hooks_end: bool = True, clear_contexts: bool = False):
         """TransformerLens' temporary hooks (so `run_with_hooks` and `run_with_cache` too), with the model this
         thread's while they are on: another thread's run would otherwise pass through them."""
-        with running_alone(self, "a hooked run"), super().hooks(
-            list(fwd_hooks), list(bwd_hooks), reset_hooks_end, clear_contexts
-        ) as model:
+        with (
+            running_alone(self, "a hooked run"),
+            super().hooks(list(fwd_hooks), list(bwd_hooks), reset_hooks_end, clear_contexts) as model,
+        ):
             yield model
 
     def value_tables(self) -> list[nn.Parameter]:
@@ -495,7 +519,7 @@ class MemoryLM(HookedRootModule):
         layers' values); `optim.memory_value_lr` trains them at their own lr without decay."""
         return []
 
-    def warm_start(self, base: "MemoryLM") -> None:
+    def warm_start(self, base: MemoryLM) -> None:
         """Start from a trained model `base` (a training config's `init_from`): the same family
         with weights of the same names and shapes (a second training stage, which may change
         options that hold no weights, e.g. a window or a memory's update rule), or a baseline
@@ -511,19 +535,23 @@ class MemoryLM(HookedRootModule):
             if not same_kind or not same_weights:
                 base_cfg = base.cfg.to_dict()
                 differ = sorted(k for k, v in self.cfg.to_dict().items() if k != "name" and v != base_cfg.get(k))
-                raise ConfigError(f"init_from needs a {self.family} checkpoint with weights of the same shapes; "
-                                  f"it is a {base.family} model differing in {differ or 'family'}")
+                raise ConfigError(
+                    f"init_from needs a {self.family} checkpoint with weights of the same shapes; "
+                    f"it is a {base.family} model differing in {differ or 'family'}"
+                )
             self.load_state_dict(theirs)
         self._tokenizer = base.tokenizer
 
-    def _load_baseline_backbone(self, base: "MemoryLM") -> None:
+    def _load_baseline_backbone(self, base: MemoryLM) -> None:
         mismatch = [f for f in BACKBONE_FIELDS if getattr(base.cfg, f) != getattr(self.cfg, f)]
         ours = self.state_dict()
         theirs = {k: v for k, v in base.state_dict().items() if not self.replaces_baseline_weight(k)}
         missing = [k for k, v in theirs.items() if k not in ours or ours[k].shape != v.shape]
         if mismatch or missing:
-            raise ConfigError(f"a {self.family} model can start from a {base.family} baseline only with "
-                              f"the same shape; they differ in {mismatch or missing[:5]}")
+            raise ConfigError(
+                f"a {self.family} model can start from a {base.family} baseline only with "
+                f"the same shape; they differ in {mismatch or missing[:5]}"
+            )
         self.load_state_dict(theirs, strict=False)
 
     def replaces_baseline_weight(self, name: str) -> bool:
@@ -538,7 +566,7 @@ class MemoryLM(HookedRootModule):
         None for a family that does not define it (the baselines have no memory to hold it)."""
         return None
 
-    def memory_readout(self, tokens: Tensor | Sequence[int], position: int) -> "Readout | None":
+    def memory_readout(self, tokens: Tensor | Sequence[int], position: int) -> Readout | None:
         """What the memory returned at token `position` of `tokens` and which written tokens it
         came from: per layer, each token's exact part of the read (the parts sum to it). None for a
         family without a linear memory to decompose."""
@@ -619,7 +647,11 @@ class Readout:
     def initial_share(self, layer: str) -> Tensor:
         """The initial term's share of each head's read [head] (0 without one)."""
         initial = self.initial.get(layer)
-        return self.project(layer, initial[None])[0] if initial is not None else torch.zeros(self.parts[layer].shape[1], dtype=torch.float64)
+        return (
+            self.project(layer, initial[None])[0]
+            if initial is not None
+            else torch.zeros(self.parts[layer].shape[1], dtype=torch.float64)
+        )
 
     def project(self, layer: str, parts: Tensor) -> Tensor:
         read = self.reads[layer]
@@ -630,6 +662,4 @@ def next_token_loss(logits: Tensor, tokens: Tensor, pad_id: int) -> Tensor:
     """Mean cross-entropy of predicting tokens[t+1] from position t, padding excluded."""
     if tokens.shape[1] < 2:
         return logits.new_zeros(())
-    return F.cross_entropy(
-        logits[:, :-1].reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1), ignore_index=pad_id
-    )
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1), ignore_index=pad_id)

@@ -5,10 +5,11 @@ Every figure over token positions is max-pooled on the server to at most `width`
 as a 1k one and spikes survive. `start`/`stop` zoom in, re-pooling at finer resolution. Where
 a trace carries evidence spans (the needle, the supporting facts) they are outlined.
 """
+
 from __future__ import annotations
 
 import warnings
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import plotly.graph_objects as go
@@ -29,12 +30,25 @@ def frame_positions(fig: go.Figure, x0: float, x1: float, label: str, side: str,
     layout once per subplot, about 20 ms a call on a four-panel figure)."""
     axes = [(axis.plotly_name.replace("axis", ""), axis.anchor or "y") for axis in fig.select_xaxes()] or [("x", "y")]
     shapes = [dict(type="rect", xref=x, yref=f"{y} domain", x0=x0, x1=x1, y0=0, y1=1, **style) for x, y in axes]
-    labels = [dict(text=label, showarrow=False, xref=x, yref=f"{y} domain", x=x0 if side == "left" else x1, y=1,
-                   xanchor=side, yanchor="top") for x, y in axes]
+    labels = [
+        dict(
+            text=label,
+            showarrow=False,
+            xref=x,
+            yref=f"{y} domain",
+            x=x0 if side == "left" else x1,
+            y=1,
+            xanchor=side,
+            yanchor="top",
+        )
+        for x, y in axes
+    ]
     fig.update_layout(shapes=[*fig.layout.shapes, *shapes], annotations=[*fig.layout.annotations, *labels])
 
 
-def outline_evidence(fig: go.Figure, spans: Sequence[Sequence[int]], start: int = 0, stop: float = float("inf")) -> None:
+def outline_evidence(
+    fig: go.Figure, spans: Sequence[Sequence[int]], start: int = 0, stop: float = float("inf")
+) -> None:
     """Frame the evidence spans [a, b) of token positions within [start, stop): an outline, never a
     fill, so the data under it keeps its colours."""
     for a, b in spans:
@@ -57,11 +71,11 @@ def outline_answer(fig: go.Figure, trace: Trace, start: int = 0, stop: float = f
 
 
 def answer_loss_note(trace: Trace) -> str:
-    """"the answer's n token(s): x nats a token", or "" for a trace without an answer."""
+    """ "the answer's n token(s): x nats a token", or "" for a trace without an answer."""
     span = answer_positions(trace)
     if span is None:
         return ""
-    return f"the answer's {span[1] - span[0]} token(s): {float(np.mean(trace['loss'][span[0]:span[1]])):.2f} nats a token"
+    return f"the answer's {span[1] - span[0]} token(s): {float(np.mean(trace['loss'][span[0] : span[1]])):.2f} nats a token"
 
 
 def hover_text(trace: Trace, positions: np.ndarray, bin_size: int) -> list[str]:
@@ -77,15 +91,29 @@ def window_of(trace: Trace, start: int, stop: int | None) -> tuple[int, int]:
     return start, stop
 
 
-def timeline(trace: Trace, names: dict[str, str], title: str, width: int = WIDTH, start: int = 0,
-             stop: int | None = None, reduce: str = "max") -> go.Figure:
+def timeline(
+    trace: Trace,
+    names: dict[str, str],
+    title: str,
+    width: int = WIDTH,
+    start: int = 0,
+    stop: int | None = None,
+    reduce: str = "max",
+) -> go.Figure:
     """Per-token scalars (arrays [pos] or [pos, k], averaged over k) as stacked line panels,
     one per `names` entry {hook name: label}, sharing the position axis."""
     start, stop = window_of(trace, start, stop)
     broken = {name: non_finite_within(trace, name, stop) for name in names}
-    fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, vertical_spacing=0.04,
-                        subplot_titles=[label + (f" (not finite from token {broken[name]:,})" if broken[name] is not None else "")
-                                        for name, label in names.items()])
+    fig = make_subplots(
+        rows=len(names),
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.04,
+        subplot_titles=[
+            label + (f" (not finite from token {broken[name]:,})" if broken[name] is not None else "")
+            for name, label in names.items()
+        ],
+    )
     for row, name in enumerate(names, start=1):
         pooled = trace.pool(name, width, start, stop, reduce=reduce)
         values = pooled.values
@@ -93,8 +121,18 @@ def timeline(trace: Trace, names: dict[str, str], title: str, width: int = WIDTH
             with warnings.catch_warnings():  # a position with no value (NaN in every column) stays NaN
                 warnings.simplefilter("ignore", RuntimeWarning)
                 values = np.nanmean(values.reshape(len(values), -1), 1)
-        fig.add_trace(go.Scatter(x=pooled.positions, y=values, mode="lines", name=names[name],
-                                 hovertext=hover_text(trace, pooled.positions, pooled.bin_size), hoverinfo="text+y"), row=row, col=1)
+        fig.add_trace(
+            go.Scatter(
+                x=pooled.positions,
+                y=values,
+                mode="lines",
+                name=names[name],
+                hovertext=hover_text(trace, pooled.positions, pooled.bin_size),
+                hoverinfo="text+y",
+            ),
+            row=row,
+            col=1,
+        )
         if broken[name] is not None:
             mark_non_finite(fig, max(broken[name], start), row)
     outline_evidence(fig, trace.meta.get("evidence", []), start, stop)
@@ -110,17 +148,35 @@ def position_axis(bin_size: int, reduce: str) -> str:
     return f"token position (pooled: the {reduce} over each bin of {bin_size:,} tokens)"
 
 
-def position_heatmap(trace: Trace, name: str, title: str, row_label: str, width: int = WIDTH, start: int = 0,
-                     stop: int | None = None, colorscale: str = "Viridis", zmin: float | None = None,
-                     zmax: float | None = None) -> go.Figure:
+def position_heatmap(
+    trace: Trace,
+    name: str,
+    title: str,
+    row_label: str,
+    width: int = WIDTH,
+    start: int = 0,
+    stop: int | None = None,
+    colorscale: str = "Viridis",
+    zmin: float | None = None,
+    zmax: float | None = None,
+) -> go.Figure:
     """An array [pos, k] as a heatmap: rows k (slots, heads), columns pooled token positions."""
     start, stop = window_of(trace, start, stop)
     pooled = trace.pool(name, width, start, stop)
     z = pooled.values.reshape(len(pooled.values), -1).T
     hover = hover_text(trace, pooled.positions, pooled.bin_size)
-    fig = go.Figure(go.Heatmap(z=z, x=pooled.positions, y=list(range(z.shape[0])), colorscale=colorscale, zmin=zmin, zmax=zmax,
-                               customdata=np.broadcast_to(np.asarray(hover, dtype=object), z.shape),
-                               hovertemplate=f"%{{customdata}}<br>{row_label} %{{y}}<br>%{{z:.3g}}<extra></extra>"))
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=pooled.positions,
+            y=list(range(z.shape[0])),
+            colorscale=colorscale,
+            zmin=zmin,
+            zmax=zmax,
+            customdata=np.broadcast_to(np.asarray(hover, dtype=object), z.shape),
+            hovertemplate=f"%{{customdata}}<br>{row_label} %{{y}}<br>%{{z:.3g}}<extra></extra>",
+        )
+    )
     outline_evidence(fig, trace.meta.get("evidence", []), start, stop)
     broken = non_finite_within(trace, name, stop)
     if broken is not None:
@@ -170,12 +226,22 @@ def memory_share(trace: Trace, prefix: str) -> np.ndarray:
     return num / np.maximum(num + (1 - g) * local, 1e-12)
 
 
-def memory_share_heatmaps(trace: Trace, gate: str, width: int = WIDTH, start: int = 0,
-                          stop: int | None = None) -> dict[str, go.Figure]:
+def memory_share_heatmaps(
+    trace: Trace, gate: str, width: int = WIDTH, start: int = 0, stop: int | None = None
+) -> dict[str, go.Figure]:
     """`memory_share` per layer of the generic gate hook `gate`, as heatmaps over tokens and heads."""
     figs = {}
     for prefix in (layer_prefix(n, gate) for n in layer_names(trace, gate)):
         figs[f"{prefix} memory share"] = position_heatmap(
-            with_array(trace, "share", memory_share(trace, prefix)), "share", f"{prefix}: memory share of each head's output",
-            "head", zmin=0, zmax=1, colorscale="RdBu_r", width=width, start=start, stop=stop)
+            with_array(trace, "share", memory_share(trace, prefix)),
+            "share",
+            f"{prefix}: memory share of each head's output",
+            "head",
+            zmin=0,
+            zmax=1,
+            colorscale="RdBu_r",
+            width=width,
+            start=start,
+            stop=stop,
+        )
     return figs

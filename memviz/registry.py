@@ -22,6 +22,7 @@ Nothing here imports a family: `memviz.models` imports the built-in ones, which 
 and an installed package declares its own under the `memviz.families` entry point (a module that
 registers them when imported), loaded the first time a family is looked up or listed.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,8 +30,9 @@ import importlib.metadata
 import math
 import os
 import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, TypeVar
 
 from memviz.config import ConfigError
 
@@ -73,10 +75,19 @@ _entry_points_loaded = False
 M = TypeVar("M", bound=type)
 
 
-def register_family(name: str, *, summary: str, figures: Callable[..., dict] | None = None,
-                    figure_settings: Callable[[Any], dict] | None = None, interventions: Mapping[str, str] | None = None,
-                    quick: Mapping[str, Any] | None = None, sample: str | None = None,
-                    role: str = "memory", from_config: bool = True, cost: bool = False) -> Callable[[M], M]:
+def register_family(
+    name: str,
+    *,
+    summary: str,
+    figures: Callable[..., dict] | None = None,
+    figure_settings: Callable[[Any], dict] | None = None,
+    interventions: Mapping[str, str] | None = None,
+    quick: Mapping[str, Any] | None = None,
+    sample: str | None = None,
+    role: str = "memory",
+    from_config: bool = True,
+    cost: bool = False,
+) -> Callable[[M], M]:
     """Class decorator: register a model class as family `name` (module docstring). The hooks
     are the class's `memory_hooks`; `interventions` defaults to reset and patch of the state."""
     if role not in ROLES:
@@ -85,12 +96,21 @@ def register_family(name: str, *, summary: str, figures: Callable[..., dict] | N
     def decorate(cls: M) -> M:
         if name in FAMILIES:
             raise ValueError(f"family {name!r} registered twice")
-        setattr(cls, "family", name)  # the class answers `model.family`
+        cls.family = name  # the class answers `model.family`
         FAMILIES[name] = Family(
-            name=name, model=cls, summary=summary, hooks=dict(getattr(cls, "memory_hooks", {})), figures=figures,
+            name=name,
+            model=cls,
+            summary=summary,
+            hooks=dict(getattr(cls, "memory_hooks", {})),
+            figures=figures,
             figure_settings=figure_settings or (lambda model: {}),
             interventions=dict(STATE_INTERVENTIONS if interventions is None else interventions),
-            quick=quick, sample=sample, role=role, from_config=from_config, cost=cost)
+            quick=quick,
+            sample=sample,
+            role=role,
+            from_config=from_config,
+            cost=cost,
+        )
         return cls
 
     return decorate

@@ -5,12 +5,13 @@ produces them, whatever the text says, so a literal "<eos>" in user text stays t
 The BPE splits digits one per token (so a 5-digit pass key is 5 tokens in every context)
 and works on bytes, so every string round-trips. Each is saved as `tokenizer.json`.
 """
+
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from memviz.files import atomic_write_text, read_bytes_within
 
@@ -31,8 +32,10 @@ def check_text(text: object, what: str = "text") -> str:
         raise TypeError(f"{what} must be a str, got {type(text).__name__}{hint}")
     bad = LONE_SURROGATE.search(text)
     if bad is not None:
-        raise ValueError(f"{what} holds a lone surrogate (U+{ord(bad.group()):04X}) at character {bad.start():,}: "
-                         "not valid Unicode, so it has no UTF-8 bytes to tokenize")
+        raise ValueError(
+            f"{what} holds a lone surrogate (U+{ord(bad.group()):04X}) at character {bad.start():,}: "
+            "not valid Unicode, so it has no UTF-8 bytes to tokenize"
+        )
     return text
 
 
@@ -72,8 +75,10 @@ class Tokenizer:
             for piece in pieces_at_spaces(text, COUNT_PIECE_CHARS):
                 counted, read = counted + len(self.encode(piece)), read + len(piece)
                 if counted > max_tokens:
-                    raise ValueError(f"{what} has more tokens in its first {read:,} of {len(text):,} characters than "
-                                     f"the {limit} of {max_tokens:,}; nothing was run")
+                    raise ValueError(
+                        f"{what} has more tokens in its first {read:,} of {len(text):,} characters than "
+                        f"the {limit} of {max_tokens:,}; nothing was run"
+                    )
         return self.encode(text)
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -110,8 +115,9 @@ class ByteTokenizer(Tokenizer):
         check_text(text, what)
         n_bytes = utf8_length(text) if 4 * len(text) > max_tokens else 0
         if n_bytes > max_tokens:
-            raise ValueError(f"{what} has {n_bytes:,} tokens (one a UTF-8 byte), over the {limit} of {max_tokens:,}; "
-                             "nothing was run")
+            raise ValueError(
+                f"{what} has {n_bytes:,} tokens (one a UTF-8 byte), over the {limit} of {max_tokens:,}; nothing was run"
+            )
         return self.encode(text)
 
     def encode_bytes(self, data: bytes) -> list[int]:
@@ -151,15 +157,19 @@ class BPETokenizer(Tokenizer):
         shared = {i: tokens for i, tokens in ids.items() if len(tokens) > 1}
         if shared:
             i, tokens = next(iter(shared.items()))
-            raise ValueError(f"{sum(len(t) for t in shared.values())} tokens share {len(shared)} id{'s' * (len(shared) > 1)} (id {i}: "
-                             f"{sorted(tokens)[:4]}); each token needs its own id")
+            raise ValueError(
+                f"{sum(len(t) for t in shared.values())} tokens share {len(shared)} id{'s' * (len(shared) > 1)} (id {i}: "
+                f"{sorted(tokens)[:4]}); each token needs its own id"
+            )
         outside = sorted(i for i in ids if not 0 <= i < self.text_vocab_size)
         if outside:
-            raise ValueError(f"token ids {outside[:4]} (token {ids[outside[0]][0]!r}) lie outside the vocabulary's "
-                             f"0..{self.text_vocab_size - 1}")
+            raise ValueError(
+                f"token ids {outside[:4]} (token {ids[outside[0]][0]!r}) lie outside the vocabulary's "
+                f"0..{self.text_vocab_size - 1}"
+            )
 
     @classmethod
-    def train(cls, texts: Iterable[str] | Iterator[str], vocab_size: int = 2048) -> "BPETokenizer":
+    def train(cls, texts: Iterable[str] | Iterator[str], vocab_size: int = 2048) -> BPETokenizer:
         from tokenizers import Tokenizer as HFTokenizer
         from tokenizers import decoders, models, pre_tokenizers, trainers
 
@@ -195,7 +205,7 @@ class BPETokenizer(Tokenizer):
 
 def utf8_length(text: str) -> int:
     """len(text.encode("utf-8")), a piece at a time (no copy of a long text)."""
-    return sum(len(text[i:i + COUNT_PIECE_CHARS].encode("utf-8")) for i in range(0, len(text), COUNT_PIECE_CHARS))
+    return sum(len(text[i : i + COUNT_PIECE_CHARS].encode("utf-8")) for i in range(0, len(text), COUNT_PIECE_CHARS))
 
 
 def pieces_at_spaces(text: str, size: int) -> Iterator[str]:

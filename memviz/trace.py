@@ -9,13 +9,14 @@ Large per-token vectors (LM2 gates, Infini per-head outputs) can be reduced whil
 (`"mean"` or `"norm"` over their trailing axis); families name sensible reductions for their
 default hooks.
 """
+
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -90,7 +91,9 @@ class Trace:
         self.arrays = dict(arrays)
         for name, arr in self.arrays.items():
             if arr.ndim == 0 or arr.shape[0] != len(self.tokens):
-                raise ValueError(f"trace array {name!r} has shape {arr.shape}, not one row per token of {len(self.tokens)}")
+                raise ValueError(
+                    f"trace array {name!r} has shape {arr.shape}, not one row per token of {len(self.tokens)}"
+                )
         self.vocab = list(vocab) if vocab is not None else None
         self.meta = dict(meta or {})
 
@@ -134,7 +137,9 @@ class Trace:
             return [str(int(i)) for i in ids]
         return [self.vocab[int(i)] for i in ids]
 
-    def pool(self, name: str, width: int = 1500, start: int = 0, stop: int | None = None, reduce: str = "max") -> Pooled:
+    def pool(
+        self, name: str, width: int = 1500, start: int = 0, stop: int | None = None, reduce: str = "max"
+    ) -> Pooled:
         """Pool positions [start, stop) down to at most `width` columns.
 
         'max' keeps spikes (the default for display), 'mean' averages, 'first' subsamples
@@ -186,7 +191,7 @@ class Trace:
         return Path(path)
 
     @classmethod
-    def load(cls, path: str | Path) -> "Trace":
+    def load(cls, path: str | Path) -> Trace:
         """Read a trace file. Before any array is read: the file is a regular one, its unpacked size (from the zip
         headers) is under the cap, and every array's declared shape and type (from its .npy header) fits a trace of
         its tokens; after: the tokens lie in the vocabulary and the evidence and answer spans in the input. Any
@@ -199,10 +204,13 @@ class Trace:
             with zipfile.ZipFile(Path(path)) as archive:
                 unpacked = sum(info.file_size for info in archive.infolist())
                 if unpacked > MAX_TRACE_FILE_BYTES:
-                    raise TraceFileError(f"unpacks to {unpacked:,} bytes, over the {MAX_TRACE_FILE_BYTES:,} a trace file "
-                                         "may hold; nothing was read")
-                check_declared_arrays({info.filename.removesuffix(".npy"): npy_header(archive, info)
-                                       for info in archive.infolist()})
+                    raise TraceFileError(
+                        f"unpacks to {unpacked:,} bytes, over the {MAX_TRACE_FILE_BYTES:,} a trace file "
+                        "may hold; nothing was read"
+                    )
+                check_declared_arrays(
+                    {info.filename.removesuffix(".npy"): npy_header(archive, info) for info in archive.infolist()}
+                )
             with np.load(Path(path), allow_pickle=False) as data:
                 meta = json.loads(bytes(data["meta_json"]).decode("utf-8"))
                 if not isinstance(meta, dict) or not isinstance(meta.get("names"), list):
@@ -215,8 +223,17 @@ class Trace:
             check_contents(tokens, meta.get("vocab"), meta.get("meta"))
         except TraceFileError as exc:
             raise TraceFileError(f"{path}: {exc}") from exc
-        except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError, EOFError, UnicodeDecodeError,
-                zipfile.BadZipFile, zlib.error) as exc:
+        except (
+            OSError,
+            ValueError,
+            KeyError,
+            TypeError,
+            json.JSONDecodeError,
+            EOFError,
+            UnicodeDecodeError,
+            zipfile.BadZipFile,
+            zlib.error,
+        ) as exc:
             raise TraceFileError(f"{path}: not a memviz trace file ({exc})") from exc
         return cls(tokens, arrays, meta.get("vocab"), meta.get("meta"))
 
@@ -246,15 +263,19 @@ def check_declared_arrays(declared: Mapping[str, tuple[tuple[int, ...], np.dtype
     n_tokens = shape[0]
     shape, dtype = declared["meta_json"]
     if len(shape) != 1 or dtype != np.uint8 or shape[0] > MAX_TRACE_META_BYTES:
-        raise TraceFileError(f"its meta_json must be up to {MAX_TRACE_META_BYTES:,} bytes of JSON, declared {dtype} {shape}")
+        raise TraceFileError(
+            f"its meta_json must be up to {MAX_TRACE_META_BYTES:,} bytes of JSON, declared {dtype} {shape}"
+        )
     for name, (shape, dtype) in declared.items():
         if name in ("tokens", "meta_json"):
             continue
         if not name.startswith("array:") or dtype.kind not in "biuf":
             raise TraceFileError(f"{name!r} is not a trace array of numbers (declared {dtype})")
         if len(shape) == 0 or shape[0] != n_tokens:
-            raise TraceFileError(f"array {name.removeprefix('array:')!r} declares shape {shape}, not one row per token "
-                             f"of its {n_tokens:,}; nothing was read")
+            raise TraceFileError(
+                f"array {name.removeprefix('array:')!r} declares shape {shape}, not one row per token "
+                f"of its {n_tokens:,}; nothing was read"
+            )
 
 
 def check_contents(tokens: np.ndarray, vocab, meta) -> None:
@@ -268,16 +289,27 @@ def check_contents(tokens: np.ndarray, vocab, meta) -> None:
         lo, hi = int(tokens.min()), int(tokens.max())
         size = len(vocab) if vocab is not None else 2**31
         if lo < 0 or hi >= size:
-            raise TraceFileError(f"token ids range over [{lo}, {hi}], outside the "
-                             + (f"vocabulary's {size:,} ids" if vocab is not None else "int32 ids a trace holds"))
+            raise TraceFileError(
+                f"token ids range over [{lo}, {hi}], outside the "
+                + (f"vocabulary's {size:,} ids" if vocab is not None else "int32 ids a trace holds")
+            )
     meta = meta or {}
     spans = meta.get("evidence", [])
     answer = meta.get("answer")
-    for field_name, span in [*(("evidence", s) for s in (spans if isinstance(spans, list) else [spans])),
-                             *((("answer", answer),) if answer is not None else ())]:
-        if (not isinstance(span, list) or len(span) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in span)
-                or not 0 <= span[0] <= span[1] <= len(tokens) or (field_name == "answer" and span[0] < 1)):
-            raise TraceFileError(f"its {field_name} span {str(span)[:60]} is not [start, stop) inside its {len(tokens):,} tokens")
+    for field_name, span in [
+        *(("evidence", s) for s in (spans if isinstance(spans, list) else [spans])),
+        *((("answer", answer),) if answer is not None else ()),
+    ]:
+        if (
+            not isinstance(span, list)
+            or len(span) != 2
+            or not all(isinstance(x, int) and not isinstance(x, bool) for x in span)
+            or not 0 <= span[0] <= span[1] <= len(tokens)
+            or (field_name == "answer" and span[0] < 1)
+        ):
+            raise TraceFileError(
+                f"its {field_name} span {str(span)[:60]} is not [start, stop) inside its {len(tokens):,} tokens"
+            )
 
 
 def non_finite_summary(arrays: Mapping[str, np.ndarray], logits_finite: np.ndarray) -> dict[str, dict[str, int]]:
@@ -311,10 +343,15 @@ def checked_evidence(evidence, n_tokens: int) -> list[list[int]]:
     spans = []
     for span in evidence:
         pair = list(span) if isinstance(span, (list, tuple, np.ndarray)) else []
-        if (len(pair) != 2 or not all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in pair)
-                or not 0 <= pair[0] <= pair[1] <= n_tokens):
-            raise ValueError(f"evidence span {str(span)[:60]} is not [start, stop) of token positions inside the "
-                             f"input's {n_tokens:,} tokens")
+        if (
+            len(pair) != 2
+            or not all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in pair)
+            or not 0 <= pair[0] <= pair[1] <= n_tokens
+        ):
+            raise ValueError(
+                f"evidence span {str(span)[:60]} is not [start, stop) of token positions inside the "
+                f"input's {n_tokens:,} tokens"
+            )
         spans.append([int(pair[0]), int(pair[1])])
     return spans
 
@@ -359,12 +396,24 @@ def trace(
     if isinstance(text, (bytes, bytearray)):
         raise TypeError("trace takes a str or a sequence of token ids, not bytes: decode the text first")
     if isinstance(text, str) and len(text) > max_tokens * MAX_CHARS_PER_TOKEN:
-        raise ValueError(f"input has {len(text):,} characters, more than {max_tokens:,} tokens can hold "
-                         f"(the trace limit); nothing was tokenized")
-    ids = model.tokenizer.encode_within(text, max_tokens, limit="trace limit") if isinstance(text, str) else token_ids(text)
+        raise ValueError(
+            f"input has {len(text):,} characters, more than {max_tokens:,} tokens can hold "
+            f"(the trace limit); nothing was tokenized"
+        )
+    ids = (
+        model.tokenizer.encode_within(text, max_tokens, limit="trace limit")
+        if isinstance(text, str)
+        else token_ids(text)
+    )
     if not ids:
         raise ValueError("empty input: there is nothing to trace")
-    answer_ids = [] if answer is None else model.tokenizer.encode(answer) if isinstance(answer, str) else [int(i) for i in answer]
+    answer_ids = (
+        []
+        if answer is None
+        else model.tokenizer.encode(answer)
+        if isinstance(answer, str)
+        else [int(i) for i in answer]
+    )
     answer_span = [len(ids), len(ids) + len(answer_ids)] if answer_ids else None
     ids = ids + answer_ids
     if len(ids) > max_tokens:

@@ -6,19 +6,29 @@ family registers its own (`memviz.registry`; the helpers they are built from are
 The figures here serve every family: the evidence in the text, what the memory still holds of
 it, an ablation sweep, training loss. Figures over positions are max-pooled to `width` columns.
 """
+
 from __future__ import annotations
 
 import html
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from memviz.models import get_family
-from memviz.plots import WIDTH, answer_loss_note, outline_answer, outline_evidence, position_axis, timeline, window_of, with_array
+from memviz.plots import (
+    WIDTH,
+    answer_loss_note,
+    outline_answer,
+    outline_evidence,
+    position_axis,
+    timeline,
+    window_of,
+    with_array,
+)
 from memviz.trace import Trace
 
 
@@ -45,8 +55,10 @@ def non_finite_note(trace: Trace) -> str:
     first = f"{quantities[0][1]} is not finite from token {quantities[0][0]:,}" if quantities else ""
     if trace.diverged_at is None:
         return first
-    return (f"the model diverged: its logits are not finite from token {trace.diverged_at:,} "
-            f"({found['logits']['count']:,} of {len(trace):,} tokens)" + (f"; {first}" if first else ""))
+    return (
+        f"the model diverged: its logits are not finite from token {trace.diverged_at:,} "
+        f"({found['logits']['count']:,} of {len(trace):,} tokens)" + (f"; {first}" if first else "")
+    )
 
 
 def text_with_evidence(trace: Trace, start: int = 0, stop: int | None = None, limit: int = 3000) -> str:
@@ -65,15 +77,22 @@ def text_with_evidence(trace: Trace, start: int = 0, stop: int | None = None, li
     return "".join(pieces)
 
 
-def needle_hold_figure(trace: Trace, hold: dict[str, np.ndarray], width: int = WIDTH, start: int = 0,
-                       stop: int | None = None) -> go.Figure:
+def needle_hold_figure(
+    trace: Trace, hold: dict[str, np.ndarray], width: int = WIDTH, start: int = 0, stop: int | None = None
+) -> go.Figure:
     """What the memory still holds of the evidence at each later token (`model.needle_hold`),
     one panel per quantity, max-pooled per bin to `width` columns; the evidence is outlined."""
     derived = trace
     for label, values in hold.items():
         derived = with_array(derived, label, np.asarray(values, dtype=np.float32))
-    fig = timeline(derived, {label: label for label in hold}, "How much of the evidence the memory still holds",
-                   width=width, start=start, stop=stop)
+    fig = timeline(
+        derived,
+        {label: label for label in hold},
+        "How much of the evidence the memory still holds",
+        width=width,
+        start=start,
+        stop=stop,
+    )
     fig.update_yaxes(range=[-0.02, 1.02])
     return fig
 
@@ -95,9 +114,18 @@ def readout_figures(readout, evidence: Sequence[Sequence[int]] = (), width: int 
         limit = float(np.abs(pooled).max()) or 1.0
         heads = pooled.shape[0]
         rows = [f"head {h}" for h in range(heads)] if heads > 1 else ["the read"]
-        fig = go.Figure(go.Heatmap(z=pooled, x=starts, y=rows, colorscale="RdBu_r",
-                                   zmin=-limit, zmax=limit, colorbar={"title": "share"},
-                                   hovertemplate="written at token %{x}<br>%{y}: %{z:.3f} of the read<extra></extra>"))
+        fig = go.Figure(
+            go.Heatmap(
+                z=pooled,
+                x=starts,
+                y=rows,
+                colorscale="RdBu_r",
+                zmin=-limit,
+                zmax=limit,
+                colorbar={"title": "share"},
+                hovertemplate="written at token %{x}<br>%{y}: %{z:.3f} of the read<extra></extra>",
+            )
+        )
         outline_evidence(fig, evidence, 0, n)
         in_evidence = np.zeros(n, dtype=bool)
         for a, b in evidence:
@@ -105,13 +133,19 @@ def readout_figures(readout, evidence: Sequence[Sequence[int]] = (), width: int 
         notes = []
         if in_evidence.any():
             per_head = shares[in_evidence].sum(0)
-            notes.append(f"the evidence carries {per_head.max():.2f} of " + (f"head {int(per_head.argmax())}'s read" if heads > 1 else "the read"))
+            notes.append(
+                f"the evidence carries {per_head.max():.2f} of "
+                + (f"head {int(per_head.argmax())}'s read" if heads > 1 else "the read")
+            )
         if layer in readout.initial:
             notes.append(f"the memory's initial state gives {float(readout.initial_share(layer).mean()):.2f}")
-        fig.update_layout(title=f"{layer}: where the read at token {readout.position} came from"
-                          + (f"<br><sub>{'; '.join(notes)}</sub>" if notes else ""),
-                          xaxis_title=position_axis(bin_size, "sum") if bin_size > 1 else "written at token position",
-                          yaxis_title="head" if heads > 1 else "", height=220 + 30 * heads)
+        fig.update_layout(
+            title=f"{layer}: where the read at token {readout.position} came from"
+            + (f"<br><sub>{'; '.join(notes)}</sub>" if notes else ""),
+            xaxis_title=position_axis(bin_size, "sum") if bin_size > 1 else "written at token position",
+            yaxis_title="head" if heads > 1 else "",
+            height=220 + 30 * heads,
+        )
         figs[f"{layer} read-out"] = fig
     return figs
 
@@ -121,20 +155,33 @@ def loss_comparison(traces: dict[str, Trace], width: int = WIDTH, start: int = 0
     below it each one's difference from the first: where one model predicts the text better."""
     first_label, first = next(iter(traces.items()))
     stop = min(len(tr) for tr in traces.values()) if stop is None else stop
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
-                        subplot_titles=["next-token loss (nats)", f"difference from {first_label} (below 0: lower loss)"])
+    fig = make_subplots(
+        rows=2,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.08,
+        subplot_titles=["next-token loss (nats)", f"difference from {first_label} (below 0: lower loss)"],
+    )
     pooled = {label: tr.pool("loss", width, start, stop, reduce="mean") for label, tr in traces.items()}
     for label, p in pooled.items():
         fig.add_trace(go.Scatter(x=p.positions, y=p.values, mode="lines", name=label), row=1, col=1)
     for label, p in list(pooled.items())[1:]:
-        fig.add_trace(go.Scatter(x=p.positions, y=p.values - pooled[first_label].values, mode="lines", name=f"{label} - {first_label}"),
-                      row=2, col=1)
+        fig.add_trace(
+            go.Scatter(
+                x=p.positions, y=p.values - pooled[first_label].values, mode="lines", name=f"{label} - {first_label}"
+            ),
+            row=2,
+            col=1,
+        )
     fig.add_hline(y=0, line_color="black", line_width=1, row=2, col=1)
     outline_evidence(fig, first.meta.get("evidence", []), start, stop)
     outline_answer(fig, first, start, stop)
     notes = [f"{label}: {answer_loss_note(tr)}" for label, tr in traces.items() if tr.meta.get("answer")]
-    fig.update_layout(title="Next-token loss, overlaid" + (f"<br><sub>{'; '.join(notes)}</sub>" if notes else ""),
-                      height=540, legend={"orientation": "h", "y": 1.1})
+    fig.update_layout(
+        title="Next-token loss, overlaid" + (f"<br><sub>{'; '.join(notes)}</sub>" if notes else ""),
+        height=540,
+        legend={"orientation": "h", "y": 1.1},
+    )
     fig.update_xaxes(title_text=position_axis(pooled[first_label].bin_size, "mean"), row=2, col=1)
     return fig
 
@@ -143,24 +190,38 @@ def loss_comparison(traces: dict[str, Trace], width: int = WIDTH, start: int = 0
 NO_EFFECT_NATS = 0.01
 
 
-def ablation_sweep_figure(rows, evidence: Sequence[Sequence[int]] = (), title: str = "Memory ablation sweep") -> go.Figure:
+def ablation_sweep_figure(
+    rows, evidence: Sequence[Sequence[int]] = (), title: str = "Memory ablation sweep"
+) -> go.Figure:
     """Change in log p(answer) when the memory is reset at each segment boundary
     (`memviz.interventions.ablation_sweep`); the needle's segment is where it starts to matter.
     The axis always shows zero and at least +-NO_EFFECT_NATS, so rounding noise stays flat; bars
     within that floor are grey, and a sweep with none beyond it says "no effect"."""
     deltas = [r.delta for r in rows]
     colours = ["#1f77b4" if abs(d) >= NO_EFFECT_NATS else "#b0b0b0" for d in deltas]
-    fig = go.Figure(go.Bar(x=[r.position for r in rows], y=deltas, marker_color=colours,
-                           customdata=[[r.segment, r.greedy] for r in rows],
-                           hovertemplate="reset at token %{x} (segment %{customdata[0]})<br>"
-                                         "delta log p %{y:.3g}<br>answer %{customdata[1]}<extra></extra>"))
+    fig = go.Figure(
+        go.Bar(
+            x=[r.position for r in rows],
+            y=deltas,
+            marker_color=colours,
+            customdata=[[r.segment, r.greedy] for r in rows],
+            hovertemplate="reset at token %{x} (segment %{customdata[0]})<br>"
+            "delta log p %{y:.3g}<br>answer %{customdata[1]}<extra></extra>",
+        )
+    )
     outline_evidence(fig, evidence)
     low, high = min([*deltas, -NO_EFFECT_NATS]), max([*deltas, NO_EFFECT_NATS])
     pad = 0.1 * (high - low)
     fig.update_yaxes(range=[low - pad, high + pad], zeroline=True, zerolinewidth=2, zerolinecolor="black")
     if all(abs(d) < NO_EFFECT_NATS for d in deltas):
-        fig.add_annotation(text=f"no effect: every change is below {NO_EFFECT_NATS} nats", xref="paper", yref="paper",
-                           x=0.5, y=0.9, showarrow=False)
+        fig.add_annotation(
+            text=f"no effect: every change is below {NO_EFFECT_NATS} nats",
+            xref="paper",
+            yref="paper",
+            x=0.5,
+            y=0.9,
+            showarrow=False,
+        )
     fig.update_layout(title=title, xaxis_title="memory reset at token position", yaxis_title="change in log p(answer)")
     return fig
 
@@ -171,7 +232,11 @@ def training_loss(metrics: str | Path) -> go.Figure:
     rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
     rows = [r for r in rows if "loss" in r]
     steps = [r["step"] for r in rows]
-    fig = go.Figure([go.Scatter(x=steps, y=[r["loss"] for r in rows], name="loss"),
-                     go.Scatter(x=steps, y=[r["answer_loss"] for r in rows], name="answer loss")])
+    fig = go.Figure(
+        [
+            go.Scatter(x=steps, y=[r["loss"] for r in rows], name="loss"),
+            go.Scatter(x=steps, y=[r["answer_loss"] for r in rows], name="answer loss"),
+        ]
+    )
     fig.update_layout(title="Training loss", xaxis_title="step", yaxis_title="nats", height=350)
     return fig

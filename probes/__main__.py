@@ -18,6 +18,7 @@ prints the accuracy table. `lm` writes `lm.csv` (bits per byte per document and 
 `lm_positions.csv` and `lm.html` (loss against token position, one line per checkpoint) and prints
 bits per byte per corpus.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,8 @@ import os
 import sys
 from pathlib import Path
 
-from probes import babilong, facts, lm, passkey, retention, ruler, texts
 from memviz.files import check_writable_folder
+from probes import babilong, facts, lm, passkey, retention, ruler, texts
 from probes.common import merge_shards
 
 
@@ -35,17 +36,29 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="probe", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("checkpoint", help="checkpoint folder or sample checkpoint name")
-    common.add_argument("--n", "--samples", dest="n", type=int, default=10,
-                        help="samples per cell (facts: facts asked); under torchrun spell it --samples")
+    common.add_argument(
+        "--n",
+        "--samples",
+        dest="n",
+        type=int,
+        default=10,
+        help="samples per cell (facts: facts asked); under torchrun spell it --samples",
+    )
     common.add_argument("--seed", type=int, default=0)
     common.add_argument("--out", default="probe_results", help="folder for the CSV and HTML files")
     common.add_argument("--no-progress", action="store_true")
-    common.add_argument("--threads", type=int, help="torch threads (default: torch's, one per core; with other jobs "
-                        "on the machine fewer are often faster)")
+    common.add_argument(
+        "--threads",
+        type=int,
+        help="torch threads (default: torch's, one per core; with other jobs on the machine fewer are often faster)",
+    )
     pk = sub.add_parser("passkey", parents=[common], help="pass-key retrieval over lengths x depths")
     pk.add_argument("--lengths", type=int, nargs="+", required=True)
     pk.add_argument("--depths", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0])
-    pk.add_argument("--haystack", help="the filler: procedural (the default), grass (the papers' repeated sentences), shakespeare, or a plain-text file")
+    pk.add_argument(
+        "--haystack",
+        help="the filler: procedural (the default), grass (the papers' repeated sentences), shakespeare, or a plain-text file",
+    )
     pk.add_argument("--workers", type=int, default=1, help="processes to split the grid over")
     bl = sub.add_parser("babilong", parents=[common], help="bAbI qa1-qa5 hidden in background text")
     bl.add_argument("--tasks", nargs="+", default=["qa1"])
@@ -53,20 +66,29 @@ def parser() -> argparse.ArgumentParser:
     bl.add_argument("--data-path", help="released BABILong files (JSON/JSONL/parquet) instead of generated samples")
     bl.add_argument("--haystack", help="the background: shakespeare (the default), procedural, or a plain-text file")
     sub.add_parser("facts", parents=[common], help="factual recall on the model's knowledge base")
-    rt = sub.add_parser("retention", parents=[common], help="pass key against the distance to the question, per checkpoint")
+    rt = sub.add_parser(
+        "retention", parents=[common], help="pass key against the distance to the question, per checkpoint"
+    )
     rt.add_argument("more", nargs="*", metavar="CHECKPOINT", help="more checkpoints, one line each")
     rt.add_argument("--distances", type=int, nargs="+", default=list(retention.DISTANCES[:5]))
     rt.add_argument("--haystack", help="the filler: procedural (the default), grass, shakespeare, or a plain-text file")
     ru = sub.add_parser("ruler", parents=[common], help="RULER's needle, tracing and aggregation tasks over lengths")
     ru.add_argument("--tasks", nargs="+", default=list(ruler.SINGLE_NEEDLE), help=f"of {', '.join(ruler.TASKS)}")
     ru.add_argument("--lengths", type=int, nargs="+", required=True)
-    ru.add_argument("--depths", type=float, nargs="+", help="fix the asked needle's depth (default: RULER's random depths)")
-    ru.add_argument("--haystack", help="the essay background: shakespeare (the default), procedural, or a plain-text file")
+    ru.add_argument(
+        "--depths", type=float, nargs="+", help="fix the asked needle's depth (default: RULER's random depths)"
+    )
+    ru.add_argument(
+        "--haystack", help="the essay background: shakespeare (the default), procedural, or a plain-text file"
+    )
     ru.add_argument("--workers", type=int, default=1, help="processes to split the grid over")
     lmp = sub.add_parser("lm", parents=[common], help="bits per byte and loss against position on held-out text")
     lmp.add_argument("more", nargs="*", metavar="CHECKPOINT", help="more checkpoints (a control, say), one line each")
-    lmp.add_argument("--corpus", default="shakespeare", help=f"{', '.join(texts.CORPORA)}, 'all', or a UTF-8 file or "
-                     "folder of .txt files")
+    lmp.add_argument(
+        "--corpus",
+        default="shakespeare",
+        help=f"{', '.join(texts.CORPORA)}, 'all', or a UTF-8 file or folder of .txt files",
+    )
     lmp.add_argument("--split", default="heldout", choices=texts.SPLITS)
     lmp.add_argument("--documents", nargs="+", help="only these documents of the split")
     lmp.add_argument("--max-tokens", type=int, help="cut each document to this many tokens")
@@ -126,30 +148,71 @@ def main(argv: list[str] | None = None) -> int:
         check_writable_folder(args.out, "--out")
         model = memviz.load(args.checkpoint)
         if args.probe == "facts" and "facts" not in model.card:
-            print(f"warning: {args.checkpoint}: its card names no facts knowledge base (card.json 'facts'): the model "
-                  "was not trained on facts, so it is asked the default one (kb_seed 0, 1,000 people) and should score "
-                  "about nothing", file=sys.stderr)
+            print(
+                f"warning: {args.checkpoint}: its card names no facts knowledge base (card.json 'facts'): the model "
+                "was not trained on facts, so it is asked the default one (kb_seed 0, 1,000 people) and should score "
+                "about nothing",
+                file=sys.stderr,
+            )
         if args.probe == "passkey":
-            df = gathered(passkey.run(model, args.lengths, args.depths, n=args.n, seed=args.seed, haystack=args.haystack,
-                                      progress=progress, workers=args.workers, shard=(rank, world)), world)
+            df = gathered(
+                passkey.run(
+                    model,
+                    args.lengths,
+                    args.depths,
+                    n=args.n,
+                    seed=args.seed,
+                    haystack=args.haystack,
+                    progress=progress,
+                    workers=args.workers,
+                    shard=(rank, world),
+                ),
+                world,
+            )
             if df is None:
                 return 0
             fig, table = passkey.heatmap(df), df.pivot_table(index="depth", columns="length", values="correct")
         elif args.probe == "babilong":
-            df = babilong.run(model, args.tasks, args.lengths, n=args.n, seed=args.seed, data_path=args.data_path,
-                              haystack=args.haystack, progress=progress)
+            df = babilong.run(
+                model,
+                args.tasks,
+                args.lengths,
+                n=args.n,
+                seed=args.seed,
+                data_path=args.data_path,
+                haystack=args.haystack,
+                progress=progress,
+            )
             fig, table = babilong.heatmap(df), df.pivot_table(index="task", columns="length", values="correct")
         elif args.probe == "ruler":
-            df = gathered(ruler.run(model, args.tasks, args.lengths, args.depths, n=args.n, seed=args.seed, haystack=args.haystack,
-                                    progress=progress, workers=args.workers, shard=(rank, world)), world)
+            df = gathered(
+                ruler.run(
+                    model,
+                    args.tasks,
+                    args.lengths,
+                    args.depths,
+                    n=args.n,
+                    seed=args.seed,
+                    haystack=args.haystack,
+                    progress=progress,
+                    workers=args.workers,
+                    shard=(rank, world),
+                ),
+                world,
+            )
             if df is None:
                 return 0
             rows = "depth" if len(args.tasks) == 1 and args.depths else "task"
             fig, table = ruler.heatmap(df), df.pivot_table(index=rows, columns="length", values="correct")
         elif args.probe == "retention":
             models = {args.checkpoint: model, **{path: memviz.load(path) for path in args.more}}
-            df = retention.compare(models, args.distances, n=args.n, seed=args.seed, haystack=args.haystack, progress=progress)
-            fig, table = retention.curve(df), df.pivot_table(index="model", columns="distance", values="correct", sort=False)
+            df = retention.compare(
+                models, args.distances, n=args.n, seed=args.seed, haystack=args.haystack, progress=progress
+            )
+            fig, table = (
+                retention.curve(df),
+                df.pivot_table(index="model", columns="distance", values="correct", sort=False),
+            )
         elif args.probe == "lm":
             df, positions, fig, table = run_lm(args, model)
         else:

@@ -5,12 +5,14 @@ evidence (the needle, the supporting facts) so figures can mark them. Lengths ar
 in the model's own tokens: filler sentences are added until the next one would overshoot,
 so a sample is never longer than asked and short of it by less than one sentence.
 """
+
 from __future__ import annotations
 
 import numbers
 import random
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import pandas as pd
 
@@ -99,8 +101,10 @@ def check_depths(depths: Any, name: str = "depths") -> list[float]:
 def check_grid_size(samples: int) -> None:
     """A run's cells x samples, against MAX_PROBE_SAMPLES, before any sample is made."""
     if samples > MAX_PROBE_SAMPLES:
-        raise ValueError(f"this grid asks for {samples:,} samples, over the {MAX_PROBE_SAMPLES:,} a probe run may; "
-                         "ask fewer lengths, depths or n")
+        raise ValueError(
+            f"this grid asks for {samples:,} samples, over the {MAX_PROBE_SAMPLES:,} a probe run may; "
+            "ask fewer lengths, depths or n"
+        )
 
 
 def check_length(length: int, minimum: int, what: str) -> None:
@@ -178,8 +182,9 @@ def run_in_workers(run: Callable[..., pd.DataFrame], model, workers: int, **kwar
 
     check_workers(workers)
     threads = max(1, (os.cpu_count() or 1) // workers)
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=set_threads,
-                             initargs=(threads,)) as pool:
+    with ProcessPoolExecutor(
+        workers, mp_context=multiprocessing.get_context("spawn"), initializer=set_threads, initargs=(threads,)
+    ) as pool:
         parts = list(pool.map(run_shard, [(run, model, kwargs, (i, workers)) for i in range(workers)]))
     return merge_shards(parts)
 
@@ -228,5 +233,7 @@ def accuracy_heatmap(df: pd.DataFrame, rows: str, cols: str, title: str, row_lab
             colorbar={"title": "accuracy", "tickformat": ".0%"},
         )
     )
-    fig.update_layout(title=title, xaxis_title=col_label, yaxis_title=row_label, xaxis_type="category", yaxis_type="category")
+    fig.update_layout(
+        title=title, xaxis_title=col_label, yaxis_title=row_label, xaxis_type="category", yaxis_type="category"
+    )
     return fig

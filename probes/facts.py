@@ -12,11 +12,12 @@ and a prediction is correct when its first sentence, stripped, is the attribute'
 The knowledge base is fixed by (kb_seed, n_entities); which facts the probe asks and how
 the corpus is shuffled take their own seeds.
 """
+
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import pandas as pd
 
@@ -129,10 +130,14 @@ def knowledge_base_of(model, kb_seed: int | None = None, n_entities: int | None 
     card's field where it holds something else than a knowledge base's seed and size."""
     card = model.card.get("facts", {})
     if not isinstance(card, dict):
-        raise ValueError(f"the model's card.json: facts must be an object with kb_seed and n_entities, got {card!r:.60}")
+        raise ValueError(
+            f"the model's card.json: facts must be an object with kb_seed and n_entities, got {card!r:.60}"
+        )
     try:
-        return KnowledgeBase(card.get("kb_seed", 0) if kb_seed is None else kb_seed,
-                             card.get("n_entities", 1000) if n_entities is None else n_entities)
+        return KnowledgeBase(
+            card.get("kb_seed", 0) if kb_seed is None else kb_seed,
+            card.get("n_entities", 1000) if n_entities is None else n_entities,
+        )
     except ValueError as exc:
         named_by_card = (kb_seed is None and "kb_seed" in str(exc)) or (n_entities is None and "n_entities" in str(exc))
         raise ValueError(f"the model's card.json: facts.{exc}" if named_by_card else str(exc)) from exc
@@ -153,8 +158,10 @@ def run(
     facts = list(kb.facts())
     picks = random.Random(f"facts-probe-{seed}").sample(range(len(facts)), min(n, len(facts)))
     jobs = [
-        ({"entity": facts[i][0].name, "attribute": facts[i][1]},
-         lambda e=facts[i][0], a=facts[i][1]: make_sample(model.tokenizer, e, a))
+        (
+            {"entity": facts[i][0].name, "attribute": facts[i][1]},
+            lambda e=facts[i][0], a=facts[i][1]: make_sample(model.tokenizer, e, a),
+        )
         for i in picks
     ]
     return run_samples(model, jobs, score, max_new_tokens=8, progress=progress, desc="facts")

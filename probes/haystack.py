@@ -6,12 +6,14 @@ digits, the words of the pass-key needle, nor any bAbI actor, room, object or di
 the background can never answer a probe by accident. `FileHaystack(path)` reads any local
 plain-text file (a public-domain book, say) and yields its sentences from a seeded offset.
 """
+
 from __future__ import annotations
 
 import random
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Protocol
 
 from memviz.files import check_regular_file
 
@@ -92,8 +94,14 @@ def _fill(rng: random.Random, template: str) -> str:
     def pick(name: str) -> str:
         base = name.lower().rstrip("2")
         pool = {
-            "adj": ADJECTIVES, "noun": NOUNS, "place": PLACE_NOUNS, "verb": VERBS_PAST,
-            "verb_i": VERBS_INTRANSITIVE, "adverb": ADVERBS, "person": PEOPLE, "time": TIMES,
+            "adj": ADJECTIVES,
+            "noun": NOUNS,
+            "place": PLACE_NOUNS,
+            "verb": VERBS_PAST,
+            "verb_i": VERBS_INTRANSITIVE,
+            "adverb": ADVERBS,
+            "person": PEOPLE,
+            "time": TIMES,
             "weather": WEATHER,
         }[base]
         word = rng.choice(pool)
@@ -148,7 +156,13 @@ class FileHaystack:
 class RepeatedHaystack:
     """The pass-key papers' filler (Landmark attention, Infini-attention): the same five sentences over and over."""
 
-    SENTENCES = ("The grass is green.", "The sky is blue.", "The sun is yellow.", "Here we go.", "There and back again.")
+    SENTENCES = (
+        "The grass is green.",
+        "The sky is blue.",
+        "The sun is yellow.",
+        "Here we go.",
+        "There and back again.",
+    )
 
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed  # every seed gives the same text: the filler carries no information

@@ -13,10 +13,11 @@ control beside it says by how much.
 The documents are `probes.texts` corpora (default: the held-out split, which no training run reads) or any
 UTF-8 file or folder of `.txt` files.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -38,8 +39,8 @@ def token_losses(model, tokens: Sequence[int], chunk_len: int | None = None) -> 
     with torch.no_grad(), model.evaluating():
         for start, logits, _ in model.stream(ids[None].to(model.device), chunk_len=chunk_len):
             logp = torch.log_softmax(logits[0].double(), dim=-1)  # [chunk, vocab]; position i predicts start + i + 1
-            targets = ids[start + 1:start + 1 + logp.shape[0]].to(logp.device)
-            out[start:start + targets.numel()] = -logp[torch.arange(targets.numel()), targets].cpu().numpy()
+            targets = ids[start + 1 : start + 1 + logp.shape[0]].to(logp.device)
+            out[start : start + targets.numel()] = -logp[torch.arange(targets.numel()), targets].cpu().numpy()
     if not np.isfinite(out).all():
         bad = int(np.flatnonzero(~np.isfinite(out))[0]) + 1
         raise NonFiniteError(f"the model's loss is not finite from token {bad} on (its memory diverged there)")
@@ -53,17 +54,27 @@ def select(corpus: str | None, split: str, documents: Sequence[str] | None) -> l
         names = {d.name for d in docs}
         missing = sorted(set(documents) - names)
         if missing:
-            raise ValueError(f"document(s) {missing} are not in the {split} split of {corpora}; there are {sorted(names)[:50]}")
+            raise ValueError(
+                f"document(s) {missing} are not in the {split} split of {corpora}; there are {sorted(names)[:50]}"
+            )
         docs = [d for d in docs if d.name in documents]
     if not docs:
-        hint = " (a corpus of your own has no held-out documents: use split 'all')" if corpus not in texts.CORPORA else ""
+        hint = (
+            " (a corpus of your own has no held-out documents: use split 'all')" if corpus not in texts.CORPORA else ""
+        )
         raise ValueError(f"no {split} documents in {corpora}{hint}")
     return docs
 
 
-def run(model, corpus: str | None = "shakespeare", split: str = "heldout", documents: Sequence[str] | None = None,
-        max_tokens: int | None = None, progress: bool | Callable[[int, int], None] = False,
-        keep_losses: bool = True) -> pd.DataFrame:
+def run(
+    model,
+    corpus: str | None = "shakespeare",
+    split: str = "heldout",
+    documents: Sequence[str] | None = None,
+    max_tokens: int | None = None,
+    progress: bool | Callable[[int, int], None] = False,
+    keep_losses: bool = True,
+) -> pd.DataFrame:
     """One row per document: corpus, document, tokens, bytes, nats (summed), bits_per_byte, nats_per_token and
     (with `keep_losses`) `losses`, the nll_t array. `corpus` None reads every built-in corpus."""
     if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 2):
@@ -71,12 +82,18 @@ def run(model, corpus: str | None = "shakespeare", split: str = "heldout", docum
     docs = select(corpus, split, documents)
     rows = []
     for i, doc in enumerate(docs):
-        tokens = model.tokenizer.encode(doc.text)[:max_tokens or MAX_TOKENS]
+        tokens = model.tokenizer.encode(doc.text)[: max_tokens or MAX_TOKENS]
         losses = token_losses(model, tokens)
         n_bytes = model.tokenizer.byte_length(tokens[1:])  # the first token is not scored
-        row = {"corpus": doc.corpus, "document": doc.name, "tokens": len(tokens), "bytes": n_bytes,
-               "nats": float(losses.sum()), "bits_per_byte": float(losses.sum() / math.log(2) / n_bytes),
-               "nats_per_token": float(losses.mean())}
+        row = {
+            "corpus": doc.corpus,
+            "document": doc.name,
+            "tokens": len(tokens),
+            "bytes": n_bytes,
+            "nats": float(losses.sum()),
+            "bits_per_byte": float(losses.sum() / math.log(2) / n_bytes),
+            "nats_per_token": float(losses.mean()),
+        }
         if keep_losses:
             row["losses"] = losses
         rows.append(row)
@@ -120,12 +137,21 @@ def by_position(df: pd.DataFrame, per_octave: int = 4) -> pd.DataFrame:
     rows = []
     for name, group in df.groupby("model", sort=False):
         for lo, hi in zip(edges[:-1], edges[1:]):
-            parts = [x[lo - 1:hi - 1] for x in group["losses"] if len(x) >= lo]
+            parts = [x[lo - 1 : hi - 1] for x in group["losses"] if len(x) >= lo]
             if not parts:
                 continue
             values = np.concatenate(parts)
-            rows.append({"model": name, "start": int(lo), "end": int(hi), "position": float(math.sqrt(lo * (hi - 1))),
-                         "nats": float(values.mean()), "tokens": int(values.size), "documents": len(parts)})
+            rows.append(
+                {
+                    "model": name,
+                    "start": int(lo),
+                    "end": int(hi),
+                    "position": float(math.sqrt(lo * (hi - 1))),
+                    "nats": float(values.mean()),
+                    "tokens": int(values.size),
+                    "documents": len(parts),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -135,7 +161,9 @@ def local_span(model) -> int | None:
     return attention.get("span") if attention.get("kind") in ("window", "segment") else None
 
 
-def position_curve(df: pd.DataFrame, title: str = "Loss against token position (held-out text)", window: int | None = None):
+def position_curve(
+    df: pd.DataFrame, title: str = "Loss against token position (held-out text)", window: int | None = None
+):
     """Mean loss per log-spaced position bin, one line per model; `window` marks the local attention's span."""
     import plotly.graph_objects as go
 
@@ -144,17 +172,29 @@ def position_curve(df: pd.DataFrame, title: str = "Loss against token position (
         raise ValueError("no language-modelling results to plot")
     fig = go.Figure()
     for name, group in table.groupby("model", sort=False):
-        fig.add_trace(go.Scatter(
-            x=group["position"], y=group["nats"], mode="lines+markers", name=str(name),
-            customdata=np.stack([group["start"], group["end"] - 1, group["tokens"], group["documents"]], axis=1),
-            hovertemplate=("tokens %{customdata[0]:,}-%{customdata[1]:,}<br>%{y:.3f} nats a token over "
-                           "%{customdata[2]:,} tokens of %{customdata[3]} documents<extra>%{fullData.name}</extra>"),
-        ))
+        fig.add_trace(
+            go.Scatter(
+                x=group["position"],
+                y=group["nats"],
+                mode="lines+markers",
+                name=str(name),
+                customdata=np.stack([group["start"], group["end"] - 1, group["tokens"], group["documents"]], axis=1),
+                hovertemplate=(
+                    "tokens %{customdata[0]:,}-%{customdata[1]:,}<br>%{y:.3f} nats a token over "
+                    "%{customdata[2]:,} tokens of %{customdata[3]} documents<extra>%{fullData.name}</extra>"
+                ),
+            )
+        )
     if window:
         fig.add_vline(x=window, line_dash="dot")
-        fig.add_annotation(x=math.log10(window), y=1, yref="paper", text=f" local window ({window})", showarrow=False,
-                           xanchor="left")  # an annotation on a log axis takes log10 units, a shape data units
-    fig.update_layout(title=title, xaxis_title="token position in the document (log scale)",
-                      yaxis_title="loss (nats a token)", legend_title="model")
+        fig.add_annotation(
+            x=math.log10(window), y=1, yref="paper", text=f" local window ({window})", showarrow=False, xanchor="left"
+        )  # an annotation on a log axis takes log10 units, a shape data units
+    fig.update_layout(
+        title=title,
+        xaxis_title="token position in the document (log scale)",
+        yaxis_title="loss (nats a token)",
+        legend_title="model",
+    )
     fig.update_xaxes(type="log")
     return fig

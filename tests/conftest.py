@@ -1,4 +1,5 @@
 """Shared fixtures: small models of every family, built fresh with a fixed seed."""
+
 from __future__ import annotations
 
 import os
@@ -34,8 +35,15 @@ FAMILY_CONFIGS = {
     "longmem": {**WINDOW, "segment_len": 8, "memory": {"chunk_size": 4, "topk_chunks": 2, "bank_size": 16}},
     "gated_deltanet": WINDOW,  # an installed package's family (families/gated_deltanet), found by its entry point
     # adapters of the peers on PyPI (families/peers)
-    "titans_pytorch": {"segment_len": 8, "memory": {"num_longterm_mem_tokens": 2, "num_persist_mem_tokens": 2, "num_residual_streams": 1,
-                                                    "neural_memory_kwargs": {"heads": 2, "dim_head": 16}}},
+    "titans_pytorch": {
+        "segment_len": 8,
+        "memory": {
+            "num_longterm_mem_tokens": 2,
+            "num_persist_mem_tokens": 2,
+            "num_residual_streams": 1,
+            "neural_memory_kwargs": {"heads": 2, "dim_head": 16},
+        },
+    },
     "product_key_memory": {**WINDOW, "memory": {"layers": [1], "heads": 2, "num_keys": 8, "topk": 4, "dim_head": 16}},
 }
 SMALL = dict(d_model=32, n_layers=2, n_heads=2, d_mlp=64, vocab_size=259)

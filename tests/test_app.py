@@ -1,4 +1,5 @@
 """The Streamlit app driven headlessly with AppTest."""
+
 import json
 import re
 from pathlib import Path
@@ -16,8 +17,10 @@ APP = str(ROOT / "app" / "streamlit_app.py")
 
 def page(module: str, model_path: str | None = None) -> AppTest:
     """One page of the app (app/<module>.py), run headlessly, with a checkpoint chosen."""
-    at = AppTest.from_string(f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom app import {module}\n{module}.render()\n",
-                             default_timeout=120)
+    at = AppTest.from_string(
+        f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom app import {module}\n{module}.render()\n",
+        default_timeout=120,
+    )
     if model_path is not None:
         at.session_state["model_path"] = model_path
     return at
@@ -139,8 +142,9 @@ def test_trace_page_shows_a_family_from_an_installed_package(tmp_path):
     assert "How much of the evidence the memory still holds" in titles
 
 
-@pytest.mark.parametrize("memory, decomposes", [({"variant": "mac", "memory": "linear"}, True),
-                                                ({"variant": "mac", "memory": "mlp"}, False)])
+@pytest.mark.parametrize(
+    "memory, decomposes", [({"variant": "mac", "memory": "linear"}, True), ({"variant": "mac", "memory": "mlp"}, False)]
+)
 def test_trace_page_reads_out_titans_linear_memory_and_says_why_not_the_mlp(tmp_path, memory, decomposes):
     path = str(memviz.save(small_model("titans", segment_len=16, memory=memory), tmp_path / "titans"))
     at = open_trace_page(path)
@@ -271,7 +275,9 @@ def test_compare_page_shows_two_models_side_by_side(infini_checkpoint, tmp_path)
     headers = [m.value for m in at.markdown]
     assert any("(infini)" in h for h in headers) and any("(sliding_window)" in h for h in headers)
     titles = chart_titles(at)
-    assert titles[0].startswith("Next-token loss, overlaid") and sum("loss" in t.lower() for t in titles) == 1  # one overlay, no pair
+    assert (
+        titles[0].startswith("Next-token loss, overlaid") and sum("loss" in t.lower() for t in titles) == 1
+    )  # one overlay, no pair
     assert titles[0].count("the answer's 6 token(s)") == 2  # " 12345" after the prompt: each model's loss on it
     assert any("sigmoid(beta)" in t for t in titles)
     # figure by figure: the control has none of infini's views, so each sits in a row beside a note saying so
@@ -301,8 +307,12 @@ def test_train_page_trains_exports_and_lists_the_checkpoint(tmp_path, monkeypatc
     at.selectbox(key="tr_family").select("sliding_window").run()
     assert at.text_input(key="tr_name").value == "sliding_window-facts-1"  # a fresh name by default
     at.text_input(key="tr_name").input("tiny-facts").run()
-    for bad, said in (("0:64, 0:128", "steps must increase"), ("5:64", "start at step 0"), ("0:64, 2:9000", "lie in [64, 4096]"),
-                      ("0-64", "is not step:length")):
+    for bad, said in (
+        ("0:64, 0:128", "steps must increase"),
+        ("5:64", "start at step 0"),
+        ("0:64, 2:9000", "lie in [64, 4096]"),
+        ("0-64", "is not step:length"),
+    ):
         at.text_input(key="tr_curriculum").input(bad).run()
         at.button(key="tr_start").click().run()
         assert said in at.error[0].value and "tiny-facts" not in at.session_state["_train_jobs"], bad
@@ -374,8 +384,9 @@ def test_trace_page_says_where_a_trace_stops_being_finite_and_when_the_model_is_
     at.session_state["pk_length"] = 300  # a short pass-key sample: a diverged memory is slow to decompose
     at.run()
     assert not at.exception, at.exception
-    assert any("stops being finite: the model diverged: its logits are not finite from token" in w.value
-               for w in at.warning), at.warning
+    assert any(
+        "stops being finite: the model diverged: its logits are not finite from token" in w.value for w in at.warning
+    ), at.warning
 
     def busy(*args, **kwargs):
         raise memviz.ModelBusyError("this model is running another input")

@@ -1,6 +1,7 @@
 """Bad input, one case a row: each gives one error of its layer's type (CheckpointError for
 checkpoint folders, ConfigError for model configs, ValueError / KeyError for traces, probes and
 training configs) whose message names the file or the field, and nothing is lost or left behind."""
+
 from __future__ import annotations
 
 import json
@@ -65,14 +66,26 @@ CHECKPOINT_CASES = {
     "unknown memory option": (lambda f: edit_config(f, memory={"slots": 4}), "slots"),
     "weights garbage": (lambda f: (f / "model.safetensors").write_bytes(b"\x00" * 64) and f, "model.safetensors"),
     "weights missing": (lambda f: (f / "model.safetensors").unlink() or f, "model.safetensors"),
-    "weights int8": (lambda f: edit_weights(f, lambda w: w.update({k: v.to(torch.int8) for k, v in w.items()})), "int8|dtype"),
+    "weights int8": (
+        lambda f: edit_weights(f, lambda w: w.update({k: v.to(torch.int8) for k, v in w.items()})),
+        "int8|dtype",
+    ),
     "weights bool": (lambda f: edit_weights(f, lambda w: w.update({k: v > 0 for k, v in w.items()})), "bool|dtype"),
     "weights NaN": (lambda f: edit_weights(f, lambda w: w["embed.weight"].fill_(math.nan)), "embed.weight"),
-    "a tensor missing": (lambda f: edit_weights(f, lambda w: w.pop("unembed.weight", None) or w.pop("embed.weight")), "embed.weight"),
-    "a tensor of another shape": (lambda f: edit_weights(f, lambda w: w.update({"embed.weight": torch.zeros(3, 3)})), "embed.weight"),
+    "a tensor missing": (
+        lambda f: edit_weights(f, lambda w: w.pop("unembed.weight", None) or w.pop("embed.weight")),
+        "embed.weight",
+    ),
+    "a tensor of another shape": (
+        lambda f: edit_weights(f, lambda w: w.update({"embed.weight": torch.zeros(3, 3)})),
+        "embed.weight",
+    ),
     "card a list": (lambda f: (f / "card.json").write_text("[]") and f, "card.json"),
     "card a symlink out of the folder": (lambda f: symlink_out(f, "card.json"), "card.json: a symlink out"),
-    "weights a symlink out of the folder": (lambda f: symlink_out(f, "model.safetensors"), "model.safetensors: a symlink out"),
+    "weights a symlink out of the folder": (
+        lambda f: symlink_out(f, "model.safetensors"),
+        "model.safetensors: a symlink out",
+    ),
     "tokenizer not JSON": (lambda f: (f / "tokenizer.json").write_text("{") and f, "tokenizer.json"),
 }
 
@@ -123,18 +136,33 @@ def test_load_overrides_name_the_option(folder):
 CALL_CASES = {
     "trace of bytes": (lambda m: memviz.trace(m, b"some bytes"), TypeError, "not bytes"),
     "trace of nothing": (lambda m: memviz.trace(m, ""), ValueError, "empty"),
-    "trace of unknown hooks": (lambda m: memviz.trace(m, "hello", names=["blocks.9.hook_nothing"]), KeyError, "blocks.9.hook_nothing"),
-    "trace beyond the token limit": (lambda m: memviz.trace(m, "x" * 2000, max_tokens=1000), ValueError, "trace limit of 1,000"),
+    "trace of unknown hooks": (
+        lambda m: memviz.trace(m, "hello", names=["blocks.9.hook_nothing"]),
+        KeyError,
+        "blocks.9.hook_nothing",
+    ),
+    "trace beyond the token limit": (
+        lambda m: memviz.trace(m, "x" * 2000, max_tokens=1000),
+        ValueError,
+        "trace limit of 1,000",
+    ),
     "generate a negative count": (lambda m: m.generate("hi", max_new_tokens=-1), ValueError, "max_new_tokens"),
     "token ids outside the vocabulary": (lambda m: m(torch.tensor([[0, 999]])), ValueError, "999"),
     "pass key with no lengths": (lambda m: passkey.run(m, lengths=[], depths=[0.5], n=1), ValueError, "lengths"),
-    "pass key shorter than its needle": (lambda m: passkey.run(m, lengths=[20], depths=[0.5], n=1), ValueError, "length 20"),
+    "pass key shorter than its needle": (
+        lambda m: passkey.run(m, lengths=[20], depths=[0.5], n=1),
+        ValueError,
+        "length 20",
+    ),
     "pass key depth 2": (lambda m: passkey.run(m, lengths=[256], depths=[2.0], n=1), ValueError, "depth"),
     "pass key n 0": (lambda m: passkey.run(m, lengths=[256], depths=[0.5], n=0), ValueError, "n"),
     "BABILong tasks as one string": (lambda m: babilong.run(m, tasks="qa1", lengths=[256], n=1), ValueError, "tasks"),
     "BABILong unknown task": (lambda m: babilong.run(m, tasks=["qa9"], lengths=[256], n=1), ValueError, "qa9"),
-    "BABILong data file missing": (lambda m: babilong.run(m, tasks=["qa1"], lengths=[256], n=1, data_path="/nowhere/qa1.json"),
-                                   ValueError, "/nowhere"),
+    "BABILong data file missing": (
+        lambda m: babilong.run(m, tasks=["qa1"], lengths=[256], n=1, data_path="/nowhere/qa1.json"),
+        ValueError,
+        "/nowhere",
+    ),
 }
 
 
@@ -172,9 +200,14 @@ def test_trace_files_that_are_truncated_bombs_or_objects_name_the_path(tmp_path,
 
 # ----- training configs: ValueError naming the field --------------------------------------------
 def train_config(**changes) -> dict:
-    config = {"name": "t", "model": {"family": "sliding_window", "d_model": 32, "n_layers": 2, "n_heads": 2},
-              "data": {"mix": {"passkey": 1.0}, "curriculum": [[0, 256]]}, "optim": {"steps": 10, "batch_size": 2, "lr": 1e-3},
-              "eval": {"passkey_lengths": [256]}, "out": "runs/unused"}
+    config = {
+        "name": "t",
+        "model": {"family": "sliding_window", "d_model": 32, "n_layers": 2, "n_heads": 2},
+        "data": {"mix": {"passkey": 1.0}, "curriculum": [[0, 256]]},
+        "optim": {"steps": 10, "batch_size": 2, "lr": 1e-3},
+        "eval": {"passkey_lengths": [256]},
+        "out": "runs/unused",
+    }
     for dotted, value in changes.items():
         section, _, key = dotted.rpartition(".")
         (config[section] if section else config)[key] = value
@@ -215,9 +248,14 @@ def test_the_command_lines_exit_2_with_one_line(case, tmp_path):
         "training config missing": (["-m", "training", "--config", str(tmp_path / "none.json")], "none.json"),
         "evaluate": (["-m", "training.evaluate", str(tmp_path / "nowhere")], "nowhere"),
         "probes": (["-m", "probes", "passkey", str(tmp_path / "nowhere"), "--lengths", "512"], "nowhere"),
-        "probes threads": (["-m", "probes", "passkey", "infini_english", "--lengths", "512", "--threads", "0"], "--threads"),
+        "probes threads": (
+            ["-m", "probes", "passkey", "infini_english", "--lengths", "512", "--threads", "0"],
+            "--threads",
+        ),
     }[case]
-    out = subprocess.run([sys.executable, "-W", "ignore", *command], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", *command], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], out.stderr

@@ -1,5 +1,6 @@
 """LongMem's bank (memviz.bank): exact search against the exhaustive reference, HNSW recall,
 states that never see each other's writes, and the bank's options when loading."""
+
 import pytest
 import torch
 
@@ -10,7 +11,9 @@ from memviz.models.longmem import retrieve_chunks
 from tests.conftest import random_ids, scrambled, small_model
 
 
-def filled_bank(chunks: int, search: str = "exact", seed: int = 0, H: int = 2, d: int = 8, cs: int = 4, **kw) -> tuple[ChunkBank, torch.Tensor]:
+def filled_bank(
+    chunks: int, search: str = "exact", seed: int = 0, H: int = 2, d: int = 8, cs: int = 4, **kw
+) -> tuple[ChunkBank, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     keys = torch.randn(1, chunks * cs, H, d, generator=g)
     bank = ChunkBank.empty(1, H, d, cs, capacity=chunks * cs, search=search, **kw)
@@ -102,7 +105,9 @@ def test_hnsw_graphs_are_rebuilt_when_a_longer_key_arrives():
     assert bank._storage.radius > radius and all(g.ntotal == 516 for row in bank._storage.graphs for g in row)
     assert (exact >= 500).float().mean() > 0.5  # the longer keys win most places
     every = bank._storage.keys[:, : 516 * 4]
-    fresh = ChunkBank.empty(1, 2, 8, 4, capacity=10**6, search="hnsw", exact_below=16, outliers=0).append(every, every, 0)
+    fresh = ChunkBank.empty(1, 2, 8, 4, capacity=10**6, search="hnsw", exact_below=16, outliers=0).append(
+        every, every, 0
+    )
     assert torch.equal(approx, fresh.search(q, 0, 516, 4)[1])  # the same graph as one built over all the keys at once
     assert (approx[..., :, None] == exact[..., None, :]).any(-1).float().mean() >= 0.75
 
@@ -187,7 +192,9 @@ def test_a_bank_appended_to_twice_keeps_both_continuations_apart():
     b = bank.append(torch.full((1, 8, 2, 8), 2.0), torch.full((1, 8, 2, 8), 2.0), 64)  # a branch from the same state
     a2 = a.append(torch.full((1, 4, 2, 8), 3.0), torch.full((1, 4, 2, 8), 3.0), 72)
     assert len(bank) == 64 and torch.equal(bank.keys, keys)
-    assert torch.equal(a.keys[:, -8:], torch.ones(1, 8, 2, 8)) and torch.equal(b.keys[:, -8:], torch.full((1, 8, 2, 8), 2.0))
+    assert torch.equal(a.keys[:, -8:], torch.ones(1, 8, 2, 8)) and torch.equal(
+        b.keys[:, -8:], torch.full((1, 8, 2, 8), 2.0)
+    )
     assert torch.equal(a2.keys[:, -12:-4], torch.ones(1, 8, 2, 8)) and a2.positions[-1].item() == 75
 
 
@@ -251,10 +258,19 @@ def test_hnsw_search_on_a_small_bank_gives_the_exact_run_streamed_and_in_one_pas
     torch.testing.assert_close(streamed, reference, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("bad, field", [({"search": "annoy"}, "search"), ({"bank_size": 0}, "bank_size"),
-                                        ({"bank_size": "big"}, "bank_size"), ({"bank_size": 4.0}, "bank_size"),
-                                        ({"ef_search": -3}, "ef_search"), ({"topk_chunks": 0}, "topk_chunks"),
-                                        ({"recent_queries": -1}, "recent_queries"), ({"recent_queries": 2.5}, "recent_queries")])
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        ({"search": "annoy"}, "search"),
+        ({"bank_size": 0}, "bank_size"),
+        ({"bank_size": "big"}, "bank_size"),
+        ({"bank_size": 4.0}, "bank_size"),
+        ({"ef_search": -3}, "ef_search"),
+        ({"topk_chunks": 0}, "topk_chunks"),
+        ({"recent_queries": -1}, "recent_queries"),
+        ({"recent_queries": 2.5}, "recent_queries"),
+    ],
+)
 def test_bad_bank_options_name_their_field(bad, field):
     with pytest.raises(memviz.ConfigError, match=field):
         longmem(**bad)

@@ -1,4 +1,5 @@
 """The benchmark command runs (its numbers are recorded in benchmarks/RESULTS.md, never asserted)."""
+
 import json
 import subprocess
 import sys
@@ -8,8 +9,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_benchmark_command_prints_a_ratio_table():
-    out = subprocess.run([sys.executable, "benchmarks/run.py", "--quick", "--only", "product_keys"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "benchmarks/run.py", "--quick", "--only", "product_keys"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     assert "### product_keys" in out.stdout and "| speedup |" in out.stdout
 
@@ -34,8 +40,16 @@ def test_train_time_times_each_curriculum_stage_of_a_recipe():
     titans = TrainConfig.load(ROOT / "sample_checkpoints/titans_qa1.train.json")
     assert stages(titans) == [(0, 400), (400, 1000), (1000, 2000)]
     control = TrainConfig.load(ROOT / "sample_checkpoints/sliding_window_qa1.train.json")  # lengths and story sizes
-    assert stages(control) == [(0, 500), (500, 1000), (1000, 1500), (1500, 2000), (2000, 2500), (2500, 3000),
-                               (3000, 3500), (3500, 5000)]
+    assert stages(control) == [
+        (0, 500),
+        (500, 1000),
+        (1000, 1500),
+        (1500, 2000),
+        (2000, 2500),
+        (2500, 3000),
+        (3000, 3500),
+        (3500, 5000),
+    ]
 
 
 def test_long_grid_records_a_babilong_grid_equal_to_the_probe_run(tmp_path):
@@ -48,15 +62,38 @@ def test_long_grid_records_a_babilong_grid_equal_to_the_probe_run(tmp_path):
 
     memviz.save(small_model("infini", segment_len=16), tmp_path / "m")
     (tmp_path / "m" / "card.json").write_text("{}")
-    assert long_grid.main([str(tmp_path / "m"), "--babilong", "qa1", "--lengths", "400", "500", "--n", "2", "--record"]) == 0
+    assert (
+        long_grid.main([str(tmp_path / "m"), "--babilong", "qa1", "--lengths", "400", "500", "--n", "2", "--record"])
+        == 0
+    )
     entry = json.loads((tmp_path / "m" / "card.json").read_text())["long_grid"]["qa1:400-500"]
-    df = babilong.run(memviz.load(tmp_path / "m"), ["qa1"], [400, 500], n=2, seed=11, haystack="procedural", progress=False)
+    df = babilong.run(
+        memviz.load(tmp_path / "m"), ["qa1"], [400, 500], n=2, seed=11, haystack="procedural", progress=False
+    )
     assert entry["qa1"] == {str(k): round(float(v), 4) for k, v in df.groupby("length")["correct"].mean().items()}
     assert entry["n_per_cell"] == 2 and "--babilong qa1" in entry["command"]
     assert entry["haystack"] == "procedural", "a card without a training haystack: the procedural default"
-    assert long_grid.main([str(tmp_path / "m"), "--babilong", "qa1", "--lengths", "400", "--n", "1", "--haystack",
-                           "shakespeare", "--record"]) == 0
-    assert json.loads((tmp_path / "m" / "card.json").read_text())["long_grid"]["qa1:400:shakespeare"]["haystack"] == "shakespeare"
+    assert (
+        long_grid.main(
+            [
+                str(tmp_path / "m"),
+                "--babilong",
+                "qa1",
+                "--lengths",
+                "400",
+                "--n",
+                "1",
+                "--haystack",
+                "shakespeare",
+                "--record",
+            ]
+        )
+        == 0
+    )
+    assert (
+        json.loads((tmp_path / "m" / "card.json").read_text())["long_grid"]["qa1:400:shakespeare"]["haystack"]
+        == "shakespeare"
+    )
 
 
 def test_long_retention_goes_on_where_it_stopped_under_the_same_memory_options_only(tmp_path):
@@ -67,7 +104,9 @@ def test_long_retention_goes_on_where_it_stopped_under_the_same_memory_options_o
     from probes import retention
     from tests.conftest import small_model
 
-    memviz.save(small_model("longmem", window=8, segment_len=8, memory={"chunk_size": 4, "bank_size": 64}), tmp_path / "m")
+    memviz.save(
+        small_model("longmem", window=8, segment_len=8, memory={"chunk_size": 4, "bank_size": 64}), tmp_path / "m"
+    )
     (tmp_path / "m" / "card.json").write_text("{}")
     log = tmp_path / "log.jsonl"
     run = [str(tmp_path / "m"), "--distance", "100", "--seed", "3", "--log", str(log)]
@@ -87,7 +126,9 @@ def test_long_retention_goes_on_where_it_stopped_under_the_same_memory_options_o
 def test_the_samples_table_in_the_docs_is_the_cards():
     """docs/samples.md's table is generated from every sample's card; an edited card or a new
     sample without `python benchmarks/samples_doc.py` fails here."""
-    out = subprocess.run([sys.executable, "benchmarks/samples_doc.py", "--check"], cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "benchmarks/samples_doc.py", "--check"], cwd=ROOT, capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stderr
     text = (ROOT / "docs" / "samples.md").read_text()
     for folder in ("sample_checkpoints/infini_long", "families/gated_deltanet/sample_16k"):
@@ -103,14 +144,23 @@ def test_the_gpu_run_goes_end_to_end_in_cpu_mode():
     import re
 
     results = (ROOT / "benchmarks" / "RESULTS.md").read_text()
-    out = subprocess.run([sys.executable, "benchmarks/gpu.py", "--device", "cpu", "--rounds", "1"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "benchmarks/gpu.py", "--device", "cpu", "--rounds", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert re.search(r"\*\*Kernel tests on cpu:\*\* \d+ passed", out.stdout)
-    rows = {m.group(1): float(m.group(2)) for m in re.finditer(r"^\| (\w+) \| 64 \|.*\| ([\d.e+-]+) \|$", out.stdout, re.M)}
+    rows = {
+        m.group(1): float(m.group(2)) for m in re.finditer(r"^\| (\w+) \| 64 \|.*\| ([\d.e+-]+) \|$", out.stdout, re.M)
+    }
     assert set(rows) == {"product_key_topk", "weighted_bag", "infini_memory", "lm2_scan", "titans_linear_memory"}
     assert max(rows.values()) < 1e-4  # each kernel agrees with its reference on fresh inputs
-    assert re.search(r"^\| weighted_bag \| 64 \| [\d.]+ \| [\d.]+x .* \| [\d.]+x ", out.stdout, re.M)  # vs F.embedding_bag
+    assert re.search(
+        r"^\| weighted_bag \| 64 \| [\d.]+ \| [\d.]+x .* \| [\d.]+x ", out.stdout, re.M
+    )  # vs F.embedding_bag
     assert re.search(r"^\| 64 \| [\d.]+ \| [\d.]+ \| [\d.]+ \| \d+% \|$", out.stdout, re.M)  # bag vs copy bandwidth
     assert re.search(r"^\| infini_long \| \d+ \| [\d,]+ \| [\d,]+ \|", out.stdout, re.M)  # a trace's tokens/s
     assert (ROOT / "benchmarks" / "RESULTS.md").read_text() == results
@@ -118,14 +168,17 @@ def test_the_gpu_run_goes_end_to_end_in_cpu_mode():
 
 def test_english_lm_records_the_probes_bits_per_byte_and_the_window_split(tmp_path):
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    import memviz
     from english_lm import main
-    from probes import lm
 
+    import memviz
+    from probes import lm
     from tests.conftest import small_model
 
     configs = {"sliding_window": {"attention": {"kind": "window", "span": 8}}, "infini": {"segment_len": 8}}
-    folders = [memviz.save(small_model(family, seed=i, **extra), tmp_path / family) for i, (family, extra) in enumerate(configs.items())]
+    folders = [
+        memviz.save(small_model(family, seed=i, **extra), tmp_path / family)
+        for i, (family, extra) in enumerate(configs.items())
+    ]
     assert main([*map(str, folders), "--max-tokens", "90", "--window", "8", "--record", "--threads", "1"]) == 0
     for folder in folders:
         card = json.loads((folder / "card.json").read_text())["lm"]

@@ -1,6 +1,7 @@
 """The app in a real browser: Debian's chromium driven by playwright opens the app on its default
 sample checkpoint, runs the default pass-key trace, checks the model's answer is the key, waits
 for the memory figures, and saves screenshots."""
+
 import contextlib
 import os
 import shutil
@@ -20,8 +21,10 @@ ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
 SCREENSHOTS = ROOT / "test-artifacts"
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("CI"),
-                                reason="needs Debian's chromium (python3 tasks.py setup installs it as root)")
+pytestmark = pytest.mark.skipif(
+    not Path(CHROMIUM).exists() and not os.environ.get("CI"),
+    reason="needs Debian's chromium (python3 tasks.py setup installs it as root)",
+)
 
 
 def free_port() -> int:
@@ -37,9 +40,27 @@ def serve_app(checkpoint: str | None = None):
     env = {k: v for k, v in os.environ.items() if k != "MEMVIZ_CHECKPOINT"}
     if checkpoint:
         env["MEMVIZ_CHECKPOINT"] = checkpoint
-    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app/streamlit_app.py", "--server.headless", "true",
-                             "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streamlit",
+            "run",
+            "app/streamlit_app.py",
+            "--server.headless",
+            "true",
+            "--server.port",
+            str(port),
+            "--server.address",
+            "127.0.0.1",
+            "--browser.gatherUsageStats",
+            "false",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.time() + 90
     while True:
         try:
@@ -93,19 +114,32 @@ def peer_checkpoint(family: str, folder: Path) -> Path:
         from titans_pytorch import MemoryAsContextTransformer
 
         from families.peers.titans import adapt_mac
-        kwargs = dict(num_tokens=259, dim=64, depth=2, segment_len=32, heads=2, dim_head=32, num_longterm_mem_tokens=4,
-                      num_residual_streams=1, neural_memory_kwargs=dict(heads=2, dim_head=32))
+
+        kwargs = dict(
+            num_tokens=259,
+            dim=64,
+            depth=2,
+            segment_len=32,
+            heads=2,
+            dim_head=32,
+            num_longterm_mem_tokens=4,
+            num_residual_streams=1,
+            neural_memory_kwargs=dict(heads=2, dim_head=32),
+        )
         model = adapt_mac(MemoryAsContextTransformer(**kwargs), **kwargs)
     else:
         from product_key_memory import PKM
 
         from families.peers.pkm import adapt_pkm
+
         model = adapt_pkm({1: PKM(64, heads=2, num_keys=16, topk=4, dim_head=32)}, d_model=64, n_layers=2, n_heads=2)
     return memviz.save(model, folder / family)
 
 
-@pytest.mark.parametrize("family, title", [("titans_pytorch", "where the memory is surprised"),
-                                           ("product_key_memory", "selected values per token")])
+@pytest.mark.parametrize(
+    "family, title",
+    [("titans_pytorch", "where the memory is surprised"), ("product_key_memory", "selected values per token")],
+)
 def test_models_built_with_the_peers_trace_in_chromium(family, title, tmp_path):
     pytest.importorskip(family)  # the peer package has the family's name
     from playwright.sync_api import sync_playwright
@@ -129,8 +163,15 @@ def test_every_page_opens_by_its_url(app_url):
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        for path, title in [("", "memviz"), ("model", "memviz"), ("trace", "Trace"), ("intervene", "Intervene"),
-                            ("compare", "Compare"), ("probes", "Probes"), ("train", "Train")]:
+        for path, title in [
+            ("", "memviz"),
+            ("model", "memviz"),
+            ("trace", "Trace"),
+            ("intervene", "Intervene"),
+            ("compare", "Compare"),
+            ("probes", "Probes"),
+            ("train", "Train"),
+        ]:
             page.goto(f"{app_url}/{path}")
             page.locator("h1", has_text=title).first.wait_for(timeout=120_000)  # the page's own title
             page.wait_for_timeout(1000)

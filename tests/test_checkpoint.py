@@ -58,7 +58,9 @@ def test_a_weights_file_larger_than_its_model_is_refused_unread(saved, monkeypat
         fh.truncate(weights.stat().st_size + (64 << 20))
     read = []
     monkeypatch.setattr(memviz.checkpoint, "read_weights", lambda p: read.append(p))
-    with pytest.raises(CheckpointError, match=r"model\.safetensors: .* more than the config's model can hold.*nothing was read"):
+    with pytest.raises(
+        CheckpointError, match=r"model\.safetensors: .* more than the config's model can hold.*nothing was read"
+    ):
         memviz.load(path)
     assert read == []
 
@@ -96,7 +98,10 @@ def test_mismatched_shapes(saved):
     config = path / "config.json"
     data = json.loads(config.read_text())
     config.write_text(json.dumps({**data, "d_mlp": 96}))
-    with pytest.raises(CheckpointError, match=r"model\.safetensors: tensor 'blocks\.0\.mlp\.W_down\.weight' has shape \(32, 64\) but the config's model needs \(32, 96\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"model\.safetensors: tensor 'blocks\.0\.mlp\.W_down\.weight' has shape \(32, 64\) but the config's model needs \(32, 96\)",
+    ):
         memviz.load(path)
     config.write_text(json.dumps({**data, "n_layers": 3}))
     with pytest.raises(CheckpointError, match="weights do not match the config's model: missing"):
@@ -167,7 +172,9 @@ def test_a_save_killed_at_any_moment_leaves_a_whole_checkpoint(tmp_path):
 
 
 @pytest.mark.parametrize("can_exchange", [True, False])
-def test_a_save_keeps_the_files_and_links_it_did_not_write_and_follows_a_linked_folder(tmp_path, monkeypatch, can_exchange):
+def test_a_save_keeps_the_files_and_links_it_did_not_write_and_follows_a_linked_folder(
+    tmp_path, monkeypatch, can_exchange
+):
     from memviz import files
 
     if not can_exchange:  # a file system without renameat2's exchange: the two renames

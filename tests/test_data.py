@@ -1,13 +1,14 @@
 """Training batches: reproducible per step, weighted towards the answer, and short passkey
 prompts (a curriculum's start) drop the instruction so needle and question fit one window."""
+
 import random
 
 import pytest
 import torch
 
-from training.data import DataConfig, TaskSampler
 from memviz.tokenizer import ByteTokenizer
 from probes import passkey
+from training.data import DataConfig, TaskSampler
 
 
 def sampler(**data) -> TaskSampler:
@@ -72,7 +73,9 @@ def test_max_facts_limits_story_size_by_stage_and_leaves_other_recipes_alone():
     plain = TaskSampler(tok, DataConfig(mix={"qa1": 1.0}, curriculum=[[0, 300]]))
 
     def facts_per_story(sampler, step):
-        return [tok.decode(row.tolist()).split("\nQuestion:")[0].count(" to the ") for row in sampler.batch(step, 16)[0]]
+        return [
+            tok.decode(row.tolist()).split("\nQuestion:")[0].count(" to the ") for row in sampler.batch(step, 16)[0]
+        ]
 
     assert max(facts_per_story(staged, 0)) <= 2
     assert max(facts_per_story(staged, 5)) <= 4 and max(facts_per_story(staged, 5)) > 2

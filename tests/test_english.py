@@ -1,5 +1,6 @@
 """Real English text: the corpora and their held-out split, the English tokenizer, the language-modelling
 training task and probe, the papers' pass-key filler, and a Titans memory that stays bounded."""
+
 from __future__ import annotations
 
 import itertools
@@ -10,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-
 from conftest import scrambled, small_model
+
 from memviz.model import tree_tensors
 from memviz.tokenizer import ByteTokenizer, load_tokenizer
 from probes import lm, passkey, texts
@@ -30,7 +31,9 @@ def test_the_corpora_split_into_whole_held_out_documents():
     for corpus in texts.CORPORA:
         train, held = texts.documents(corpus, "train"), texts.documents(corpus, "heldout")
         assert [d.name for d in held] == list(texts.HELD_OUT[corpus])
-        assert not {d.name for d in train} & {d.name for d in held} and len(train) + len(held) == len(texts.documents(corpus))
+        assert not {d.name for d in train} & {d.name for d in held} and len(train) + len(held) == len(
+            texts.documents(corpus)
+        )
     assert (texts.BOTCHAN_FOLDER / "LICENSE").exists() and "Apache" in (texts.BOTCHAN_FOLDER / "LICENSE").read_text()
 
 
@@ -42,11 +45,14 @@ def test_the_training_haystack_leaves_the_held_out_plays_out():
     assert not set(itertools.islice(train, 20000)) & set(only_held)
 
 
-@pytest.mark.parametrize("corpus, message", [
-    ("missing", r"corpus '.*missing' is neither a built-in corpus"),
-    ("empty", r"corpus .*empty holds no text"),
-    ("latin1.txt", r"corpus file .*latin1.txt is not UTF-8 text"),
-])
+@pytest.mark.parametrize(
+    "corpus, message",
+    [
+        ("missing", r"corpus '.*missing' is neither a built-in corpus"),
+        ("empty", r"corpus .*empty holds no text"),
+        ("latin1.txt", r"corpus file .*latin1.txt is not UTF-8 text"),
+    ],
+)
 def test_a_bad_corpus_path_is_one_clear_error_naming_it(tmp_path, corpus, message):
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "blank.txt").write_text("  \n")
@@ -75,8 +81,16 @@ def test_the_english_tokenizer_reads_english_in_several_bytes_a_token_and_digits
 
 def test_text_windows_come_from_the_training_split_only():
     tok = load_tokenizer(ENGLISH_TOKENIZER)
-    sampler = TaskSampler(tok, DataConfig(mix={"text": 1.0}, corpora={"shakespeare": 1.0, "botchan": 1.0},
-                                                  curriculum=[[0, 128]], min_len_frac=1.0, seed=5))
+    sampler = TaskSampler(
+        tok,
+        DataConfig(
+            mix={"text": 1.0},
+            corpora={"shakespeare": 1.0, "botchan": 1.0},
+            curriculum=[[0, 128]],
+            min_len_frac=1.0,
+            seed=5,
+        ),
+    )
     train = [d.text for c in texts.CORPORA for d in texts.documents(c, "train")]
     held = [d.text for c in texts.CORPORA for d in texts.documents(c, "heldout")]
     rng = random.Random(0)
@@ -90,8 +104,15 @@ def test_text_windows_come_from_the_training_split_only():
 
 def test_a_memory_tasks_prompt_has_its_own_weight_beside_the_texts():
     tok = load_tokenizer(ENGLISH_TOKENIZER)
-    cfg = DataConfig(mix={"passkey": 1.0}, passkey_haystacks=["shakespeare_train"], curriculum=[[0, 300]], min_len_frac=1.0,
-                     text_weight=1.0, prompt_weight=0.1, answer_weight=5.0)
+    cfg = DataConfig(
+        mix={"passkey": 1.0},
+        passkey_haystacks=["shakespeare_train"],
+        curriculum=[[0, 300]],
+        min_len_frac=1.0,
+        text_weight=1.0,
+        prompt_weight=0.1,
+        answer_weight=5.0,
+    )
     example = TaskSampler(tok, cfg).example(random.Random(0), 300)
     answer = tok.decode([t for t, w in zip(example.tokens, example.weights) if w == 5.0][:-1]).strip()
     assert set(example.weights[1:]) == {0.1, 5.0} and answer.isdigit() and len(answer) == 5
@@ -100,8 +121,10 @@ def test_a_memory_tasks_prompt_has_its_own_weight_beside_the_texts():
 
 def test_the_papers_pass_key_filler_repeats_five_sentences():
     sample = passkey.make_sample(ByteTokenizer(), 600, 0.5, 12345, haystack="grass")
-    body = sample.prompt[len(passkey.INSTRUCTION):sample.prompt.index("The pass key is")]
-    assert body.strip().startswith("The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. The grass")
+    body = sample.prompt[len(passkey.INSTRUCTION) : sample.prompt.index("The pass key is")]
+    assert body.strip().startswith(
+        "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. The grass"
+    )
     assert "12345" in sample.prompt and sample.n_tokens <= 600
 
 
@@ -125,7 +148,9 @@ def test_bits_per_byte_of_a_uniform_model_is_its_vocabulary_over_the_bytes(tmp_p
     (tmp_path / "doc.txt").write_text("Bernardo. Who's there? Nay, answer me: stand, and unfold yourself. café " * 20)
     byte = lm.run(Uniform(ByteTokenizer()), corpus=str(tmp_path), split="all")
     assert byte["bits_per_byte"].item() == pytest.approx(math.log2(259), rel=1e-12)
-    cut = lm.run(Uniform(ByteTokenizer()), corpus=str(tmp_path), split="all", max_tokens=71)  # ends inside the é of café
+    cut = lm.run(
+        Uniform(ByteTokenizer()), corpus=str(tmp_path), split="all", max_tokens=71
+    )  # ends inside the é of café
     assert cut["bytes"].item() == 70 and cut["bits_per_byte"].item() == pytest.approx(math.log2(259), rel=1e-12)
     tok = load_tokenizer(ENGLISH_TOKENIZER)
     df = lm.run(Uniform(tok), corpus=str(tmp_path), split="all")
@@ -174,11 +199,16 @@ def diverging_titans(**memory):
 
 def memory_norms(model, ids):
     """The largest entry of any state tensor after each chunk of 64 tokens."""
-    return [max(float(t.abs().max()) for t in tree_tensors(state.layers) if t.numel()) for _, _, state in model.stream(ids, chunk_len=64)]
+    return [
+        max(float(t.abs().max()) for t in tree_tensors(state.layers) if t.numel())
+        for _, _, state in model.stream(ids, chunk_len=64)
+    ]
 
 
 def test_a_titans_memory_with_bounded_rates_stays_finite_where_the_papers_diverges():
-    ids = torch.tensor([[5, 6, 7, 8] * 256])  # 1,024 tokens of one repeated phrase: the same key, written again and again
+    ids = torch.tensor(
+        [[5, 6, 7, 8] * 256]
+    )  # 1,024 tokens of one repeated phrase: the same key, written again and again
     with torch.no_grad():
         bounded = memory_norms(diverging_titans(theta_max=(1 - 0.9) / 16, eta_max=0.9), ids)  # (1 - eta_max) / chunk
         unbounded = memory_norms(diverging_titans(), ids)
@@ -211,6 +241,9 @@ def test_a_probe_scores_a_diverged_sample_wrong_and_goes_on():
                 raise NonFiniteError("logits are not finite")
             return " " + prompt.split("The pass key is ")[1][:5]
 
-    jobs = [({"i": i}, lambda key=key: passkey.make_sample(ByteTokenizer(), 300, 0.5, key)) for i, key in enumerate([12345, 71432, 55555])]
+    jobs = [
+        ({"i": i}, lambda key=key: passkey.make_sample(ByteTokenizer(), 300, 0.5, key))
+        for i, key in enumerate([12345, 71432, 55555])
+    ]
     df = run_samples(Diverging(), jobs, passkey.score, max_new_tokens=8, progress=False)
     assert df["correct"].tolist() == [True, False, True] and df["diverged"].tolist() == [False, True, False]

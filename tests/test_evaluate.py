@@ -1,19 +1,26 @@
 """`python -m training.evaluate` re-scores a checkpoint on the grid its card records."""
+
 import json
 
 import pytest
 
 import memviz
+from tests.conftest import small_model
 from training import evaluate
 from training.evaluate import main, probe_scores
-from tests.conftest import small_model
 
 
 def test_evaluate_writes_the_scores_into_the_card(tmp_path, capsys):
-    path = memviz.save(small_model("sliding_window", window=16), tmp_path / "ckpt", card={
-        "train_config": {"eval": {"passkey_lengths": [300], "passkey_depths": [0.5], "facts": 3, "final_n": 2, "seed": 0}},
-        "facts": {"kb_seed": 0, "n_entities": 10},
-    })
+    path = memviz.save(
+        small_model("sliding_window", window=16),
+        tmp_path / "ckpt",
+        card={
+            "train_config": {
+                "eval": {"passkey_lengths": [300], "passkey_depths": [0.5], "facts": 3, "final_n": 2, "seed": 0}
+            },
+            "facts": {"kb_seed": 0, "n_entities": 10},
+        },
+    )
     assert main([str(path), "--write-card"]) == 0
     printed = json.loads(capsys.readouterr().out)
     card = json.loads((path / "card.json").read_text())
@@ -23,7 +30,9 @@ def test_evaluate_writes_the_scores_into_the_card(tmp_path, capsys):
 
 def test_evaluate_scores_fresh_samples_on_another_seed(tmp_path, capsys, monkeypatch):
     grid = {"passkey_lengths": [300], "passkey_depths": [0.5], "final_n": 20, "seed": 0}
-    path = memviz.save(small_model("sliding_window", window=16), tmp_path / "ckpt", card={"train_config": {"eval": grid}})
+    path = memviz.save(
+        small_model("sliding_window", window=16), tmp_path / "ckpt", card={"train_config": {"eval": grid}}
+    )
     asked = []
 
     def recording(model, **kwargs):

@@ -1,4 +1,5 @@
 """What every family promises: training moves every parameter, a streamed run equals one pass."""
+
 import pytest
 import torch
 
@@ -25,7 +26,9 @@ def test_twenty_training_steps_move_every_parameter(family):
         losses.append(loss.item())
     unmoved = [n for n, p in model.named_parameters() if p.requires_grad and torch.equal(p.detach(), before[n])]
     assert not unmoved, f"parameters that never moved: {unmoved}"
-    frozen_moved = [n for n, p in model.named_parameters() if not p.requires_grad and not torch.equal(p.detach(), before[n])]
+    frozen_moved = [
+        n for n, p in model.named_parameters() if not p.requires_grad and not torch.equal(p.detach(), before[n])
+    ]
     assert not frozen_moved, f"frozen parameters that moved: {frozen_moved}"
     assert losses[-1] < losses[0]
 

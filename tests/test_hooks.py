@@ -1,13 +1,14 @@
 """Hooks: the documented table matches every family, and TransformerLens' hook API works."""
+
 import re
 from pathlib import Path
 
 import pytest
 import torch
 
-from memviz.trace import generic_hook_name
 import memviz
 from memviz.registry import FAMILIES
+from memviz.trace import generic_hook_name
 from tests.conftest import FAMILY_CONFIGS, random_ids, scrambled, small_model
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "hooks.md"
@@ -80,7 +81,9 @@ def test_a_string_runs_through_the_tokenizer_as_transformer_lens_users_expect():
     logits, cache = model.run_with_cache(text)
     expected, expected_cache = model.run_with_cache(ids)
     torch.testing.assert_close(logits, expected, atol=0, rtol=0)
-    torch.testing.assert_close(cache["blocks.0.attn.hook_mem_out"], expected_cache["blocks.0.attn.hook_mem_out"], atol=0, rtol=0)
+    torch.testing.assert_close(
+        cache["blocks.0.attn.hook_mem_out"], expected_cache["blocks.0.attn.hook_mem_out"], atol=0, rtol=0
+    )
     hooked = model.run_with_hooks(text, fwd_hooks=[("blocks.0.attn.hook_z", lambda z, hook: z * 0)])
     assert hooked.shape == expected.shape and not torch.equal(hooked, expected)
     with pytest.raises(TypeError, match="not bytes"):

@@ -1,4 +1,5 @@
 """Infini-attention: equations (arXiv 2404.07143 eqs. 3-6) on hand-checkable cases, streaming."""
+
 import pytest
 import torch
 
@@ -83,7 +84,7 @@ def test_local_window_sees_across_the_segment_boundary_and_the_memory_still_work
     local_out = cache["blocks.0.attn.hook_local_out"][0, SEG]
     changed = (local_out - cache_edited["blocks.0.attn.hook_local_out"][0, SEG]).abs().max()
     assert (changed > 1e-4) == (local == "window")  # the first token of segment 2 sees the last of segment 1
-    far = (cache["blocks.0.attn.hook_local_out"][0, 2 * SEG] - cache_edited["blocks.0.attn.hook_local_out"][0, 2 * SEG])
+    far = cache["blocks.0.attn.hook_local_out"][0, 2 * SEG] - cache_edited["blocks.0.attn.hook_local_out"][0, 2 * SEG]
     assert far.abs().max() == 0  # SEG tokens later, out of either window
     norms = cache["blocks.0.attn.hook_mem_norm"][0, :, 0]
     assert norms[SEG - 1] == 0 and norms[SEG] > 0 and torch.equal(norms[SEG : 2 * SEG], norms[SEG].expand(SEG))
@@ -126,14 +127,19 @@ def test_needle_hold_is_the_span_weight_in_the_linear_memory_read():
     hold = model.needle_hold(ids, span)
     _, cache = model.run_with_cache(ids)
     for layer in range(model.cfg.n_layers):
-        sq, sk = feature_map(cache[f"blocks.{layer}.attn.hook_q"][0]), feature_map(cache[f"blocks.{layer}.attn.hook_k"][0])
+        sq, sk = (
+            feature_map(cache[f"blocks.{layer}.attn.hook_q"][0]),
+            feature_map(cache[f"blocks.{layer}.attn.hook_k"][0]),
+        )
         v = cache[f"blocks.{layer}.attn.hook_v"][0]
         w = torch.einsum("thd,jhd->thj", sq, sk)  # [t, head, j]
         written = torch.arange(45)[None, :] < (torch.arange(45) - torch.arange(45) % SEG)[:, None]  # [t, j]
         w = w * written[:, None, :]
         read = torch.einsum("thj,jhd->thd", w, v) / w.sum(-1, keepdim=True).clamp_min(1e-30)
-        torch.testing.assert_close(read[SEG:], cache[f"blocks.{layer}.attn.hook_mem_out"][0, SEG:], atol=1e-4, rtol=1e-4)
-        share = (w[..., span[0]:span[1]].sum(-1) / w.sum(-1).clamp_min(1e-30)).amax(-1)
+        torch.testing.assert_close(
+            read[SEG:], cache[f"blocks.{layer}.attn.hook_mem_out"][0, SEG:], atol=1e-4, rtol=1e-4
+        )
+        share = (w[..., span[0] : span[1]].sum(-1) / w.sum(-1).clamp_min(1e-30)).amax(-1)
         got = next(v for k, v in hold.items() if k.startswith(f"layer {layer}:"))
         torch.testing.assert_close(torch.from_numpy(got), share.float(), atol=1e-5, rtol=1e-4)
         assert got[:16].max() == 0 and got[16:].min() > 0  # the span's segment (8-15) is written at 16

@@ -1,4 +1,5 @@
 """Interventions: edits touch the memory only, at the right position, and change what they should."""
+
 import pytest
 import torch
 
@@ -28,7 +29,9 @@ def test_ablation_resets_memory_but_keeps_the_local_cache():
     late = answer_logprob(model, prompt, answer, [ablate_at(model, 7)])  # after every memory write so far
     assert late["logprob"] != pytest.approx(clean["logprob"], abs=1e-4)
     # ablating at segment 0 (before anything) changes nothing
-    assert answer_logprob(model, prompt, answer, [ablate_at(model, 0)])["logprob"] == pytest.approx(clean["logprob"], abs=1e-6)
+    assert answer_logprob(model, prompt, answer, [ablate_at(model, 0)])["logprob"] == pytest.approx(
+        clean["logprob"], abs=1e-6
+    )
     # the sliding-window baseline has no memory to reset: one clear error, not a silent no-op
     with pytest.raises(ValueError, match="carries no memory state"):
         ablate_at(small_model("sliding_window", window=SEG), 4)
@@ -57,7 +60,9 @@ def test_sweep_covers_every_segment_boundary_and_equals_each_ablation_run_alone(
     n_boundaries = -(-n_prompt // SEG) - 1
     calls = []
     rows = ablation_sweep(model, prompt, " apple", progress=lambda done, total: calls.append((done, total)))
-    assert [r.segment for r in rows] == list(range(1, n_boundaries + 1)) and [r.position for r in rows] == [SEG * s for s in range(1, n_boundaries + 1)]
+    assert [r.segment for r in rows] == list(range(1, n_boundaries + 1)) and [r.position for r in rows] == [
+        SEG * s for s in range(1, n_boundaries + 1)
+    ]
     clean = answer_logprob(model, prompt, " apple")["logprob"]
     for r in rows:
         alone = answer_logprob(model, prompt, " apple", [ablate_at(model, r.segment)])
@@ -67,13 +72,18 @@ def test_sweep_covers_every_segment_boundary_and_equals_each_ablation_run_alone(
     assert calls[-1][0] == calls[-1][1] and [d for d, _ in calls] == sorted(d for d, _ in calls)
     few = ablation_sweep(model, prompt, " apple", points=3)
     assert [r.segment for r in few] == [1, round((1 + n_boundaries) / 2), n_boundaries]
-    assert [(r.segment, r.delta) for r in few] == [(r.segment, r.delta) for r in rows if r.segment in {f.segment for f in few}]
+    assert [(r.segment, r.delta) for r in few] == [
+        (r.segment, r.delta) for r in rows if r.segment in {f.segment for f in few}
+    ]
     with pytest.raises(ValueError, match="points must be a positive"):
         ablation_sweep(model, prompt, " apple", points=0)
 
 
 def test_topk_ablation_zeroes_a_memory_layers_read():
-    model = scrambled(small_model("memory_layer", window=8, memory={"n_keys": 8, "topk": 4, "heads": 2, "d_key": 8, "layers": [1]}), std=0.2)
+    model = scrambled(
+        small_model("memory_layer", window=8, memory={"n_keys": 8, "topk": 4, "heads": 2, "d_key": 8, "layers": [1]}),
+        std=0.2,
+    )
     ids = torch.arange(20)[None]
     with model.hooks(fwd_hooks=model.silence_hooks(1)):
         _, ablated = model.run_with_cache(ids)
@@ -86,17 +96,22 @@ def test_topk_ablation_zeroes_a_memory_layers_read():
     hit = partial["blocks.1.mlp.hook_topk_indices"] == target
     assert hit.any() and w[hit].abs().max() == 0 and w[~hit].abs().min() > 0
     assert answer_logprob(model, "abcdef", "g", fwd_hooks=model.silence_hooks(1))["logprob"] != pytest.approx(
-        answer_logprob(model, "abcdef", "g")["logprob"], abs=1e-5)
+        answer_logprob(model, "abcdef", "g")["logprob"], abs=1e-5
+    )
     with pytest.raises(ValueError, match=r"layer 0 has no memory layer; the memory layers are \[1\]"):
         model.silence_hooks(0)
     with pytest.raises(ValueError, match=r"it offers \['silence'\]"):  # parametric: nothing to reset
         ablate_at(model, 1)
 
 
-@pytest.mark.parametrize("family, config", [("titans", {"segment_len": 8, "memory": {"variant": "mac"}}),
-                                            ("lm2", {"window": 8, "segment_len": 8, "memory": {"slots": 4, "update": "slots"}}),
-                                            ("longmem", {"window": 8, "segment_len": 8,
-                                                         "memory": {"chunk_size": 4, "topk_chunks": 2, "bank_size": 16}})])
+@pytest.mark.parametrize(
+    "family, config",
+    [
+        ("titans", {"segment_len": 8, "memory": {"variant": "mac"}}),
+        ("lm2", {"window": 8, "segment_len": 8, "memory": {"slots": 4, "update": "slots"}}),
+        ("longmem", {"window": 8, "segment_len": 8, "memory": {"chunk_size": 4, "topk_chunks": 2, "bank_size": 16}}),
+    ],
+)
 def test_every_stateful_family_resets_and_patches(family, config):
     """A reset before anything was written and a patch with the model's own text change nothing;
     a late reset does (Titans' fresh weights are held as None, LongMem's bank in the shared state)."""
@@ -104,5 +119,7 @@ def test_every_stateful_family_resets_and_patches(family, config):
     prompt, answer = "the pass key is 12345. " * 3, "12345"
     clean = answer_logprob(model, prompt, answer)["logprob"]
     assert answer_logprob(model, prompt, answer, [ablate_at(model, 0)])["logprob"] == pytest.approx(clean, abs=1e-6)
-    assert answer_logprob(model, prompt, answer, [replace_at(model, 8, prompt)])["logprob"] == pytest.approx(clean, abs=1e-5)
+    assert answer_logprob(model, prompt, answer, [replace_at(model, 8, prompt)])["logprob"] == pytest.approx(
+        clean, abs=1e-5
+    )
     assert answer_logprob(model, prompt, answer, [ablate_at(model, 8)])["logprob"] != pytest.approx(clean, abs=1e-4)

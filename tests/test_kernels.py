@@ -1,6 +1,7 @@
 """The dispatcher and whole models on both paths. Each op's own tests (its kernels against its
 reference on fresh random inputs, under TRITON_INTERPRET=1 on the CPU) are beside it, in
 kernels/<op>/test_*.py."""
+
 import pytest
 import torch
 
@@ -14,7 +15,14 @@ from tests.conftest import scrambled, small_model
 # ----- dispatcher --------------------------------------------------------------------------------
 def test_the_reference_is_taken_on_cpu_unless_the_kernel_is_asked_for(monkeypatch):
     q = torch.randn(1, 3, 4)
-    q_slot, g_in, W_V, W_f, b_f, bank = q, torch.rand(1, 3, 4), torch.randn(4, 4), torch.randn(4, 4), torch.randn(4), torch.randn(1, 2, 4)
+    q_slot, g_in, W_V, W_f, b_f, bank = (
+        q,
+        torch.rand(1, 3, 4),
+        torch.randn(4, 4),
+        torch.randn(4, 4),
+        torch.randn(4),
+        torch.randn(1, 2, 4),
+    )
     assert not dispatch.use_triton("lm2_scan", q)
     outputs, final = dispatch.lm2_scan(q_slot, g_in, W_V, W_f, b_f, bank)  # the C kernel where it builds
     for a, b in zip((*outputs, final), lm2_scan_reference(q_slot, g_in, bank, W_V, W_f, b_f)):
@@ -35,8 +43,12 @@ def test_models_reach_kernels_only_through_the_dispatcher():
     from pathlib import Path
 
     models = Path(memviz.__file__).parent / "models"
-    direct = [f"{path.name}: {line.strip()}" for path in models.glob("*.py") for line in path.read_text().splitlines()
-              if line.startswith(("from kernels.", "import kernels."))]
+    direct = [
+        f"{path.name}: {line.strip()}"
+        for path in models.glob("*.py")
+        for line in path.read_text().splitlines()
+        if line.startswith(("from kernels.", "import kernels."))
+    ]
     assert direct == []
 
 
@@ -48,8 +60,12 @@ MODELS = {
     "titans": {"segment_len": 5, "memory": {"variant": "mac"}},
 }
 
-KERNELS_OF = {"memory_layer": {"product_key_topk", "weighted_bag"}, "infini": {"infini_memory"}, "lm2": {"lm2_scan"},
-              "titans": {"titans_linear_memory"}}
+KERNELS_OF = {
+    "memory_layer": {"product_key_topk", "weighted_bag"},
+    "infini": {"infini_memory"},
+    "lm2": {"lm2_scan"},
+    "titans": {"titans_linear_memory"},
+}
 
 
 def run_on_both_paths(model, ids, monkeypatch, mode: str, loader: str):
@@ -87,7 +103,9 @@ def test_a_model_gives_the_same_logits_and_trace_on_both_paths(family, monkeypat
 
 
 @needs_cc
-@pytest.mark.parametrize("family,kernels", [("lm2", {"lm2_scan"}), ("memory_layer", {"product_key_topk", "weighted_bag"})])
+@pytest.mark.parametrize(
+    "family,kernels", [("lm2", {"lm2_scan"}), ("memory_layer", {"product_key_topk", "weighted_bag"})]
+)
 def test_a_model_gives_the_same_logits_and_trace_with_the_cpu_kernels(family, kernels, monkeypatch, seed):
     model = scrambled(small_model(family, **MODELS[family]))
     ids = torch.randint(0, 256, (2, 15))

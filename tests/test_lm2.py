@@ -1,4 +1,5 @@
 """LM2 (arXiv 2502.06049): gates, the documented bank update, the factored scan, streaming."""
+
 import pytest
 import torch
 
@@ -9,15 +10,22 @@ SLOTS = 4
 
 
 def lm2(attention="window", **memory):
-    return scrambled(small_model("lm2", attention={"kind": attention, "span": 8}, segment_len=8,
-                                 memory={"slots": SLOTS, **memory}), std=0.2)
+    return scrambled(
+        small_model("lm2", attention={"kind": attention, "span": 8}, segment_len=8, memory={"slots": SLOTS, **memory}),
+        std=0.2,
+    )
 
 
 def first_layer_run(model, ids):
     """(cache, layer 0's bank after `ids`, layer 0's memory module, its normalised input E [pos, d])."""
     _, cache = model.run_with_cache(ids)
     _, state = model(ids, return_state=True)
-    return cache, state.layers[0]["memory"]["M"][0], model.blocks[0].memory, model.blocks[0].ln1(cache["blocks.0.hook_resid_pre"])[0]
+    return (
+        cache,
+        state.layers[0]["memory"]["M"][0],
+        model.blocks[0].memory,
+        model.blocks[0].ln1(cache["blocks.0.hook_resid_pre"])[0],
+    )
 
 
 def test_factored_scan_equals_the_direct_equations_in_float64():
@@ -105,7 +113,9 @@ def test_addressed_write_follows_the_documented_update_slot_by_slot():
         b = torch.softmax(logits, 0)  # over tokens, per slot
         M = b.T @ (g_in * torch.tanh(mem.W_write(seg))) + (b.T @ g_f) * M
         torch.testing.assert_close(cache["blocks.0.memory.hook_read"][0, a : a + 8], read, atol=1e-5, rtol=1e-4)
-        torch.testing.assert_close(cache["blocks.0.memory.hook_write_score"][0, a : a + 8], logits, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(
+            cache["blocks.0.memory.hook_write_score"][0, a : a + 8], logits, atol=1e-5, rtol=1e-4
+        )
     torch.testing.assert_close(final_bank, M, atol=1e-5, rtol=1e-4)
     assert (M[0] - M[1]).abs().max() > 1e-3  # slots receive different writes
 
@@ -125,8 +135,9 @@ def test_addressed_writes_are_one_update_kind_and_older_configs_still_load():
 ADDRESSED = {"update": "slots"}
 
 
-@pytest.mark.parametrize("memory", [{}, {"update": "segment"}, {"output_gate": "bank"},
-                                    ADDRESSED, {**ADDRESSED, "attention": "segment"}])
+@pytest.mark.parametrize(
+    "memory", [{}, {"update": "segment"}, {"output_gate": "bank"}, ADDRESSED, {**ADDRESSED, "attention": "segment"}]
+)
 @pytest.mark.parametrize("chunk_len", [1, 5, 16])
 def test_streamed_run_equals_one_pass(memory, chunk_len):
     model = lm2(**memory)
@@ -231,7 +242,9 @@ def test_the_read_out_parts_sum_to_the_bank_read(memory):
         for layer in range(2):
             name = f"blocks.{layer}"
             assert readout.parts[name].shape == (position // 8 * 8, 1, model.cfg.d_model)
-            torch.testing.assert_close(readout.reads[name][0], cache[f"{name}.memory.hook_read"][0, position], atol=1e-12, rtol=1e-12)
+            torch.testing.assert_close(
+                readout.reads[name][0], cache[f"{name}.memory.hook_read"][0, position], atol=1e-12, rtol=1e-12
+            )
             total = readout.shares(name).sum(0) + readout.initial_share(name)
             torch.testing.assert_close(total, torch.ones(1, dtype=torch.float64))
         if position >= 8:

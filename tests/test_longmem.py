@@ -1,4 +1,5 @@
 """LongMem (NeurIPS 2023): exhaustive retrieval, the FIFO bank, the frozen backbone, streaming."""
+
 import pytest
 import torch
 
@@ -32,7 +33,9 @@ def test_retrieval_equals_exhaustive_topk_over_the_bank():
                 brute.sort(reverse=True)
                 n = min(4, len(brute))
                 assert chunks[b, t, h, :n].tolist() == [c for _, c in brute[:n]]
-                torch.testing.assert_close(scores[b, t, h, :n], torch.tensor([s for s, _ in brute[:n]], dtype=torch.float64))
+                torch.testing.assert_close(
+                    scores[b, t, h, :n], torch.tensor([s for s, _ in brute[:n]], dtype=torch.float64)
+                )
                 assert torch.isinf(scores[b, t, h, n:]).all()
 
 
@@ -56,7 +59,10 @@ def test_memory_attention_is_gated_with_local_attention():
     _, cache = model.run_with_cache(random_ids(30))
     g = cache["side_blocks.1.attn.hook_gate"]
     torch.testing.assert_close(g[0, 0], torch.sigmoid(model.side_blocks[1].attn.gate))
-    mixed = g[..., None] * cache["side_blocks.1.attn.hook_mem_out"] + (1 - g[..., None]) * cache["side_blocks.1.attn.hook_local_out"]
+    mixed = (
+        g[..., None] * cache["side_blocks.1.attn.hook_mem_out"]
+        + (1 - g[..., None]) * cache["side_blocks.1.attn.hook_local_out"]
+    )
     torch.testing.assert_close(cache["side_blocks.1.attn.hook_z"], mixed)
     assert torch.equal(cache["side_blocks.1.attn.hook_mem_out"][:, :8], torch.zeros(1, 8, 2, 16))  # empty bank
 
@@ -85,8 +91,9 @@ def test_prefill_runs_the_side_network_only_where_it_reaches_the_end_and_equals_
             last, state = model.prefill(ids[:, :length])
         torch.testing.assert_close(last, streamed[:, -1:], atol=1e-12, rtol=0)
         # the state carries on as the stream's does: the bank, the backbone's and the side caches
-        torch.testing.assert_close(model(ids[:, length:], state=state), model(ids[:, length:], state=stream_state),
-                                   atol=1e-12, rtol=0)
+        torch.testing.assert_close(
+            model(ids[:, length:], state=state), model(ids[:, length:], state=stream_state), atol=1e-12, rtol=0
+        )
     reach = 2 * 8 + (6 if search == "hnsw" else 0)  # side_layers x window (and the queries a query reads the finds of)
     assert sum(seen) == min(length, reach)
     if search == "hnsw":
@@ -131,14 +138,18 @@ def test_a_second_stage_starts_from_a_longmem_checkpoint_with_a_larger_bank(tmp_
     second.warm_start(memviz.load(path))
     for name, tensor in first.state_dict().items():
         assert torch.equal(second.state_dict()[name], tensor), name
-    assert all(not p.requires_grad for n, p in second.named_parameters() if n.startswith(("embed", "blocks", "unembed")))
+    assert all(
+        not p.requires_grad for n, p in second.named_parameters() if n.startswith(("embed", "blocks", "unembed"))
+    )
     assert all(p.requires_grad for n, p in second.named_parameters() if n.startswith(("side_blocks", "ln_final")))
     ids = random_ids(60)
     with torch.no_grad():  # the larger bank reads further back: the same up to 16 + 8 tokens, then not
         diff = (first(ids) - second(ids)).abs().amax(-1)[0]
     assert diff[:24].max() == 0 and diff[24:].max() > 1e-4
     with pytest.raises(ConfigError, match="weights of the same shapes"):
-        small_model("longmem", window=8, segment_len=8, memory={**OPTIONS, "side_layers": 1}).warm_start(memviz.load(path))
+        small_model("longmem", window=8, segment_len=8, memory={**OPTIONS, "side_layers": 1}).warm_start(
+            memviz.load(path)
+        )
 
 
 def test_config_errors():
@@ -170,7 +181,10 @@ def test_needle_hold_counts_the_heads_that_retrieve_a_chunk_of_the_span():
     hold = next(iter(model.needle_hold(ids, span).values()))
     _, cache = model.run_with_cache(ids)
     first = cache["side_blocks.1.attn.hook_retrieved_pos"][0]  # [pos, head, topk]
-    brute = [sum(any(p >= 0 and p < 13 and p + 4 > 10 for p in first[t, h].tolist()) for h in range(first.shape[1])) / first.shape[1]
-             for t in range(60)]
+    brute = [
+        sum(any(p >= 0 and p < 13 and p + 4 > 10 for p in first[t, h].tolist()) for h in range(first.shape[1]))
+        / first.shape[1]
+        for t in range(60)
+    ]
     assert hold.tolist() == pytest.approx(brute)
     assert max(brute[:16]) == 0 and max(brute[16:]) > 0  # chunks 8-11 and 12-15 are readable from segment 16 on

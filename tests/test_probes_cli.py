@@ -1,4 +1,5 @@
 """`python -m probes` writes CSV and an HTML figure, and reports bad input in one line."""
+
 import os
 import re
 import subprocess
@@ -15,8 +16,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def probes_cli(*args):
-    return subprocess.run([sys.executable, "-m", "probes", *map(str, args), "--no-progress"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "probes", *map(str, args), "--no-progress"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +50,22 @@ def test_babilong_and_facts_cli(checkpoint, tmp_path):
 
 
 def test_ruler_cli_over_two_workers_writes_the_single_process_table(checkpoint, tmp_path):
-    args = ["ruler", checkpoint, "--tasks", "niah_single_1", "--lengths", 512, 640, "--depths", 0, 1, "--n", 2, "--threads", 1]
+    args = [
+        "ruler",
+        checkpoint,
+        "--tasks",
+        "niah_single_1",
+        "--lengths",
+        512,
+        640,
+        "--depths",
+        0,
+        1,
+        "--n",
+        2,
+        "--threads",
+        1,
+    ]
     alone = probes_cli(*args, "--out", tmp_path / "one")
     spread = probes_cli(*args, "--workers", 2, "--out", tmp_path / "two")
     assert alone.returncode == 0 and spread.returncode == 0, alone.stderr + spread.stderr
@@ -55,17 +76,54 @@ def test_ruler_cli_over_two_workers_writes_the_single_process_table(checkpoint, 
 
 
 def test_ruler_under_torchrun_writes_the_single_process_table_from_rank_0(checkpoint, tmp_path):
-    args = ["ruler", checkpoint, "--tasks", "niah_single_1", "--lengths", 512, 640, "--depths", 0.5, "--samples", 3,
-            "--threads", 1, "--no-progress"]
+    args = [
+        "ruler",
+        checkpoint,
+        "--tasks",
+        "niah_single_1",
+        "--lengths",
+        512,
+        640,
+        "--depths",
+        0.5,
+        "--samples",
+        3,
+        "--threads",
+        1,
+        "--no-progress",
+    ]
     alone = probes_cli(*args[:-1], "--out", tmp_path / "one")
-    ranks = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "probes",
-                            *map(str, args), "--out", str(tmp_path / "two")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    ranks = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "probes",
+            *map(str, args),
+            "--out",
+            str(tmp_path / "two"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert alone.returncode == 0 and ranks.returncode == 0, alone.stderr + ranks.stderr[-3000:]
     one, two = pd.read_csv(tmp_path / "one" / "ruler.csv"), pd.read_csv(tmp_path / "two" / "ruler.csv")
     assert len(one) == 6
     pd.testing.assert_frame_equal(one, two)
-    refused = subprocess.run([sys.executable, "-m", "probes", "facts", str(checkpoint), "--out", str(tmp_path)], cwd=ROOT,
-                             capture_output=True, text=True, timeout=300, env={**os.environ, "WORLD_SIZE": "2", "RANK": "0"})
+    refused = subprocess.run(
+        [sys.executable, "-m", "probes", "facts", str(checkpoint), "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "WORLD_SIZE": "2", "RANK": "0"},
+    )
     assert refused.returncode == 2 and "torchrun splits the passkey and ruler grids" in refused.stderr
 
 

@@ -1,4 +1,5 @@
 """The README's Python blocks run as written (in a scratch folder, so their files land there)."""
+
 import os
 import re
 from pathlib import Path

@@ -1,11 +1,11 @@
 """Released hybrids (memviz.hf) on tiny random Qwen3.5 and Qwen3-Next checkpoints made here with
 transformers itself: loading, logits, the Gated DeltaNet quantities against a float64 recomputation
 from the weights, streaming, read-out, interventions, the rest of memviz on them, and bad folders."""
+
 from __future__ import annotations
 
 import json
 import math
-import sys
 
 import numpy as np
 import pytest
@@ -16,9 +16,20 @@ import memviz
 from memviz import CheckpointError, interventions
 
 LINEAR = ["linear_attention", "linear_attention", "full_attention", "linear_attention"]
-SHAPE = dict(vocab_size=320, hidden_size=32, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1,
-             head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
-             linear_value_head_dim=8, eos_token_id=0, layer_types=LINEAR)
+SHAPE = dict(
+    vocab_size=320,
+    hidden_size=32,
+    num_hidden_layers=4,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=16,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=8,
+    linear_value_head_dim=8,
+    eos_token_id=0,
+    layer_types=LINEAR,
+)
 TEXT = "The pass key is 71432. Remember it. 71432 is the pass key. " * 3
 
 
@@ -28,8 +39,12 @@ def write_tokenizer(folder) -> None:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  special_tokens=["<|endoftext|>"], show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=["<|endoftext|>"],
+        show_progress=False,
+    )
     tok.train_from_iterator([TEXT, "What is the pass key? There is important info hidden."] * 20, trainer=trainer)
     tok.save(str(folder / "tokenizer.json"))
 
@@ -40,8 +55,14 @@ def make_checkpoint(folder, model_type: str, seed: int = 0):
 
     torch.manual_seed(seed)
     if model_type == "qwen3_next":
-        config = transformers.Qwen3NextConfig(**SHAPE, intermediate_size=48, num_experts=4, num_experts_per_tok=2,
-                                              moe_intermediate_size=16, shared_expert_intermediate_size=16)
+        config = transformers.Qwen3NextConfig(
+            **SHAPE,
+            intermediate_size=48,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
+            shared_expert_intermediate_size=16,
+        )
         model = transformers.Qwen3NextForCausalLM(config)
     else:
         model = transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**SHAPE, intermediate_size=48))
@@ -146,16 +167,27 @@ def recompute(gdn, x):
     read = torch.stack(reads)
     z = (x @ Wz.T).view(T, Hv, dv)
     mem_out = rmsnorm_gated(read, z, W["norm.weight"], gdn.norm.variance_epsilon)
-    return dict(alpha=alpha, beta=beta, write_key=k, write_value=v, read_query=q, read=read,
-                state_norm=torch.stack(norms), mem_out=mem_out)
+    return dict(
+        alpha=alpha,
+        beta=beta,
+        write_key=k,
+        write_value=v,
+        read_query=q,
+        read=read,
+        state_norm=torch.stack(norms),
+        mem_out=mem_out,
+    )
 
 
 def test_captured_quantities_equal_a_float64_recomputation(checkpoint):
     model = memviz.load(checkpoint, dtype="float64")
     ids = ids_of(model)
     linear = model.cfg.linear_layers
-    names = [f"blocks.{l}.attn.hook_{n}" for l in linear for n in
-             ("alpha", "beta", "write_key", "write_value", "read_query", "read", "state_norm", "mem_out")]
+    names = [
+        f"blocks.{l}.attn.hook_{n}"
+        for l in linear
+        for n in ("alpha", "beta", "write_key", "write_value", "read_query", "read", "state_norm", "mem_out")
+    ]
     names += [f"blocks.{l}.hook_resid_pre" for l in linear]
     seen = {}
 
@@ -171,7 +203,9 @@ def test_captured_quantities_equal_a_float64_recomputation(checkpoint):
         expected = recompute(layer.linear_attn, layer.input_layernorm(seen[f"blocks.{l}.hook_resid_pre"]))
         for what, value in expected.items():
             tol = 1e-4 if what == "mem_out" else 1e-10  # the layer's own read and norm run in float32
-            torch.testing.assert_close(seen[f"blocks.{l}.attn.hook_{what}"], value, atol=tol, rtol=tol, msg=lambda m: f"layer {l} {what}: {m}")
+            torch.testing.assert_close(
+                seen[f"blocks.{l}.attn.hook_{what}"], value, atol=tol, rtol=tol, msg=lambda m: f"layer {l} {what}: {m}"
+            )
         assert expected["state_norm"].max() > 0.3 and expected["alpha"].min() < 0.5 < expected["alpha"].max()
 
 
@@ -226,9 +260,10 @@ def test_needle_hold_of_everything_is_the_state_norm(checkpoint):
     _, cache = model.run_with_cache(ids)
     for l in model.cfg.linear_layers:
         norms = cache[f"blocks.{l}.attn.hook_state_norm"][0].amax(-1)
-        np.testing.assert_allclose(hold[f"layer {l}: share of the span's write still in the state"],
-                                   (norms / norms.max()).numpy(), atol=1e-6)
-    later = model.needle_hold(ids, (20, 25))[f"layer 0: share of the span's write still in the state"]
+        np.testing.assert_allclose(
+            hold[f"layer {l}: share of the span's write still in the state"], (norms / norms.max()).numpy(), atol=1e-6
+        )
+    later = model.needle_hold(ids, (20, 25))["layer 0: share of the span's write still in the state"]
     assert (later[:20] == 0).all() and later[20:25].max() > 0
 
 
@@ -236,8 +271,12 @@ def test_hooks_fire_at_every_token_during_generate(checkpoint):
     model = memviz.load(checkpoint)
     positions = []
     prompt = "What is the pass key?"
-    with model.hooks(fwd_hooks=[("blocks.0.attn.hook_alpha", lambda v, hook: positions.append(v.shape[1])),
-                                ("blocks.2.attn.hook_q", lambda v, hook: None)]):
+    with model.hooks(
+        fwd_hooks=[
+            ("blocks.0.attn.hook_alpha", lambda v, hook: positions.append(v.shape[1])),
+            ("blocks.2.attn.hook_q", lambda v, hook: None),
+        ]
+    ):
         model.generate_ids(model.tokenizer.encode(prompt), max_new_tokens=6)
     n = len(model.tokenizer.encode(prompt))
     assert positions[0] == n and positions[1:] == [1] * (len(positions) - 1) and len(positions) >= 2
@@ -260,7 +299,9 @@ def test_reset_and_patch_act_on_the_delta_rule_state_only(checkpoint):
     prompt, answer = model.tokenizer.decode(ids[:30]), model.tokenizer.decode(ids[30:34])
     clean = interventions.answer_logprob(model, prompt, answer)["logprob"]
     ablated = interventions.answer_logprob(model, prompt, answer, [interventions.ablate_at(model, 1)])["logprob"]
-    patched = interventions.answer_logprob(model, prompt, answer, [interventions.replace_at(model, 1, prompt)])["logprob"]
+    patched = interventions.answer_logprob(model, prompt, answer, [interventions.replace_at(model, 1, prompt)])[
+        "logprob"
+    ]
     assert ablated != pytest.approx(clean) and patched == pytest.approx(clean, abs=1e-4)
 
 
@@ -273,7 +314,9 @@ def test_trace_figures_and_the_probes_run_on_it(checkpoint):
     assert {"blocks.0.attn.hook_alpha", "blocks.3.attn.hook_state_norm", "blocks.1.attn.hook_mem_out"} <= set(tr.names)
     assert tr["blocks.0.attn.hook_beta"].shape == (len(tr), 4) and np.isfinite(tr["loss"][:-1]).all()
     _, cache = model.run_with_cache(model.tokenizer.encode(TEXT))  # every hook: the read computed too
-    np.testing.assert_allclose(tr["blocks.1.attn.hook_state_norm"], cache["blocks.1.attn.hook_state_norm"][0], rtol=1e-6)
+    np.testing.assert_allclose(
+        tr["blocks.1.attn.hook_state_norm"], cache["blocks.1.attn.hook_state_norm"][0], rtol=1e-6
+    )
     figs = get_family(model.family).figures(tr)
     assert {"blocks.0 alpha", "blocks.3 beta", "state norm"} <= set(figs)
     df = passkey.run(model, lengths=[200], depths=[0.5], n=1, progress=False)
@@ -294,10 +337,20 @@ def test_a_vision_language_qwen3_5_folder_loads_its_language_model(tmp_path):
     vl = tmp_path / "vl"
     vl.mkdir()
     config = json.loads((text / "config.json").read_text())
-    (vl / "config.json").write_text(json.dumps({"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
-                                                "text_config": config, "vision_config": {"depth": 1}}))
+    (vl / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "qwen3_5",
+                "architectures": ["Qwen3_5ForConditionalGeneration"],
+                "text_config": config,
+                "vision_config": {"depth": 1},
+            }
+        )
+    )
     weights = load_file(text / "model.safetensors")
-    save_file({k.replace("model.", "model.language_model.", 1): v for k, v in weights.items()}, vl / "model.safetensors")
+    save_file(
+        {k.replace("model.", "model.language_model.", 1): v for k, v in weights.items()}, vl / "model.safetensors"
+    )
     (vl / "tokenizer.json").write_text((text / "tokenizer.json").read_text())
     a, b = memviz.load(text), memviz.load(vl)
     ids = ids_of(a)
@@ -321,12 +374,19 @@ def test_bad_folders_get_one_clear_error(tmp_path):
 
     with pytest.raises(CheckpointError, match=r"no \*\.safetensors weights"):
         memviz.load(folder("no_weights", config, weights=False))
-    with pytest.raises(CheckpointError, match=r"config\.json: field 'model_type' is 'mamba2', a model type memviz does not read"):
+    with pytest.raises(
+        CheckpointError, match=r"config\.json: field 'model_type' is 'mamba2', a model type memviz does not read"
+    ):
         memviz.load(folder("unknown", {**config, "model_type": "mamba2"}))
-    with pytest.raises(CheckpointError, match=r"config\.json: field 'model_type' is 'qwen2_5_vl', a vision-language checkpoint"):
+    with pytest.raises(
+        CheckpointError, match=r"config\.json: field 'model_type' is 'qwen2_5_vl', a vision-language checkpoint"
+    ):
         memviz.load(folder("vision", {"model_type": "qwen2_5_vl", "vision_config": {}, "text_config": config}))
-    with pytest.raises(CheckpointError, match=r"weights \(model\.safetensors\) do not fit config\.json: tensor "
-                       r"'model\.layers\.0\.linear_attn\.conv1d\.weight' is \(64, 1, 4\) but config\.json makes it \(48, 1, 4\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"weights \(model\.safetensors\) do not fit config\.json: tensor "
+        r"'model\.layers\.0\.linear_attn\.conv1d\.weight' is \(64, 1, 4\) but config\.json makes it \(48, 1, 4\)",
+    ):
         memviz.load(folder("wrong_shape", {**config, "linear_key_head_dim": 4}))
     with pytest.raises(CheckpointError, match=r"takes the overrides dtype and segment_len, not \['bank_size'\]"):
         memviz.load(good, bank_size=4)
@@ -357,7 +417,9 @@ def test_transformer_lens_bridge_agrees_where_it_has_the_quantity(checkpoint):
         torch.testing.assert_close(got["hook_beta"], cache["blocks.1.attn.hook_beta"], atol=1e-7, rtol=0)
         torch.testing.assert_close(got["hook_log_decay"].exp(), cache["blocks.1.attn.hook_alpha"], atol=1e-7, rtol=0)
         states = got["hook_ssm_state"]  # [batch, pos, head, d_k, d_v]
-        torch.testing.assert_close(states.flatten(3).norm(dim=-1), cache["blocks.1.attn.hook_state_norm"], atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(
+            states.flatten(3).norm(dim=-1), cache["blocks.1.attn.hook_state_norm"], atol=1e-4, rtol=1e-5
+        )
         torch.testing.assert_close(states[:, -1], state.layers[1]["S"], atol=1e-5, rtol=1e-5)
         _, early = model(ids[:, :20], return_state=True)
         bridged = bridge(hidden_states=x[:, 20:], cache=model.cache_from(early))
@@ -371,8 +433,9 @@ def test_cost_counts_the_attention_cache_and_the_fixed_state(checkpoint):
         _, state = model(ids, return_state=True)
     cost = model.cost(ids.shape[1])
     assert cost["kv_cache"] == sum(t.numel() * 4 for t in (state.layers[2]["k"], state.layers[2]["v"]))
-    assert cost["memory_state"] == sum(state.layers[l]["S"].numel() * 4 + state.layers[l]["conv"]["conv"].numel() * 4
-                                       for l in model.cfg.linear_layers)
+    assert cost["memory_state"] == sum(
+        state.layers[l]["S"].numel() * 4 + state.layers[l]["conv"]["conv"].numel() * 4 for l in model.cfg.linear_layers
+    )
     tr = memviz.trace(model, ids[0].tolist())
     assert cost["trace"] == sum(a.nbytes for a in tr.arrays.values())
 
@@ -386,8 +449,11 @@ def test_the_app_opens_a_hugging_face_folder_and_traces_it(checkpoint):
     trace_page = open_trace_page(str(checkpoint))
     assert any(c.value.startswith("About ") and "kv cache" in c.value for c in trace_page.caption)  # before it runs
     titles = chart_titles(trace_page)
-    assert {"blocks.0: decay alpha (1 keeps the state)", "||S_t|| (mean over heads)",
-            "How much of the evidence the memory still holds"} <= set(titles), titles
+    assert {
+        "blocks.0: decay alpha (1 keeps the state)",
+        "||S_t|| (mean over heads)",
+        "How much of the evidence the memory still holds",
+    } <= set(titles), titles
     assert any(t.startswith("blocks.3: where the read at token") for t in titles), titles
 
 

@@ -1,6 +1,7 @@
 """Issue 48's reliability cases: two threads on one model, one run per output folder, non-finite values named
 in traces, limits checked before the work, and values validated where they enter. Each refusal is one error
 whose message names the field or the file."""
+
 from __future__ import annotations
 
 import json
@@ -64,11 +65,13 @@ def test_a_second_thread_gets_the_same_answer_or_one_refusal_never_another_runs_
                     outcomes.append(exc)
                 time.sleep(0.001)
             return outcomes
+
         return runs
 
     hooked, plain = run_in_threads(
         repeatedly(lambda: model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.hook_resid_post", slow_zero)]), 10),
-        repeatedly(lambda: model(tokens), 60))
+        repeatedly(lambda: model(tokens), 60),
+    )
     refusals = [o for o in hooked + plain if isinstance(o, ModelBusyError)]
     assert all(torch.equal(o, hooked_alone) for o in hooked if not isinstance(o, ModelBusyError))
     assert all(torch.equal(o, plain_alone) for o in plain if not isinstance(o, ModelBusyError))
@@ -120,15 +123,26 @@ def test_a_second_run_on_one_folder_is_refused_naming_the_first_and_a_dead_owner
     from training import Trainer
 
     first = Trainer(tiny_run(tmp_path / "run"), progress=False)
-    with pytest.raises(ValueError, match=rf"out: the run folder .*run is in use by another run \(run 'tiny', pid {os.getpid()}"):
+    with pytest.raises(
+        ValueError, match=rf"out: the run folder .*run is in use by another run \(run 'tiny', pid {os.getpid()}"
+    ):
         Trainer(tiny_run(tmp_path / "run"), progress=False)
     first.run()
     assert Trainer(tiny_run(tmp_path / "run", steps=3), resume=True, progress=False).run().step == 3
 
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
-                               "from training.runlock import RunLock; held = RunLock(Path(sys.argv[1]), 'other'); "
-                               "print('held', flush=True); time.sleep(60)", str(tmp_path / "run")],
-                              cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; "
+            "from training.runlock import RunLock; held = RunLock(Path(sys.argv[1]), 'other'); "
+            "print('held', flush=True); time.sleep(60)",
+            str(tmp_path / "run"),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(ValueError, match=rf"in use by another run \(run 'other', pid {holder.pid} on "):
@@ -169,8 +183,13 @@ def test_export_onto_what_it_did_not_write_is_refused_before_training(case, tmp_
     assert main(["--config", str(config), "--export", str(target), "--no-progress"]) == 2
     assert "--export" in capsys.readouterr().err and not (tmp_path / "run").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
-    assert "precious" in (target.read_text() if target.is_file() else (target / "notes.txt").read_text()
-                          if target.is_dir() else (tmp_path / "afile").read_text())
+    assert "precious" in (
+        target.read_text()
+        if target.is_file()
+        else (target / "notes.txt").read_text()
+        if target.is_dir()
+        else (tmp_path / "afile").read_text()
+    )
 
 
 # ----- a run folder's pointers and logs after a kill -----------------------------------------------
@@ -240,8 +259,14 @@ TRAIN_CASES = {
     "tokenizer a number": ({"tokenizer": 5}, "tokenizer must be a string"),
     "name a number": ({"name": 5}, "name must be a string"),
     "optim a number": ({"optim": 5}, "optim must be a mapping"),
-    "eval grid 1000 x 1000 x 50": ({"eval.passkey_lengths": list(range(1, 1001)), "eval.passkey_depths": [i / 1000 for i in range(1000)],
-                                    "eval.n": 50}, "the eval grid asks for 50,000,000 samples"),
+    "eval grid 1000 x 1000 x 50": (
+        {
+            "eval.passkey_lengths": list(range(1, 1001)),
+            "eval.passkey_depths": [i / 1000 for i in range(1000)],
+            "eval.n": 50,
+        },
+        "the eval grid asks for 50,000,000 samples",
+    ),
 }
 
 
@@ -260,10 +285,16 @@ def test_the_command_line_names_a_wrong_typed_option_in_one_line(tmp_path):
 
     config = tmp_path / "bad.train.json"
     config.write_text(json.dumps(train_config(**{"optim.lr": "big"})))
-    out = subprocess.run([sys.executable, "-W", "ignore", "-m", "training", "--config", str(config)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", "-m", "training", "--config", str(config)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2 and out.stderr.strip().splitlines() == [
-        f"error: training config {config}: optim.lr must be a number, got 'big'"]
+        f"error: training config {config}: optim.lr must be a number, got 'big'"
+    ]
 
 
 @pytest.mark.parametrize("field, value", [("tie_embeddings", "no"), ("tie_embeddings", 1), ("name", 5)])
@@ -286,8 +317,13 @@ def test_evaluate_names_a_card_whose_train_config_is_not_a_mapping(tmp_path):
     folder = memviz.save(small_model("sliding_window", window=8), tmp_path / "ckpt")
     card = json.loads((folder / "card.json").read_text()) if (folder / "card.json").exists() else {}
     (folder / "card.json").write_text(json.dumps({**card, "train_config": "lr=3e-3"}))
-    out = subprocess.run([sys.executable, "-W", "ignore", "-m", "training.evaluate", str(folder)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", "-m", "training.evaluate", str(folder)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
     assert "card.json: train_config must be a mapping" in out.stderr and "ckpt" in out.stderr
 
@@ -310,9 +346,14 @@ def test_a_trace_whose_memory_diverges_names_where_each_quantity_and_the_logits_
 
     figs = family_figures(trace)
     for title, fig in figs.items():
-        assert "the model diverged: its logits are not finite from token 40 (41 of 81 tokens)" in fig.layout.title.text, title
+        assert (
+            "the model diverged: its logits are not finite from token 40 (41 of 81 tokens)" in fig.layout.title.text
+        ), title
     panels = [a.text for a in figs["blocks.0.memory surprise"].layout.annotations]
-    assert "surprise ||grad|| (not finite from token 40)" in panels and "eta (momentum) (not finite from token 40)" in panels
+    assert (
+        "surprise ||grad|| (not finite from token 40)" in panels
+        and "eta (momentum) (not finite from token 40)" in panels
+    )
     assert any(shape.line.color == "crimson" and shape.x0 == 39.5 for shape in figs["loss"].layout.shapes)
 
 
@@ -373,8 +414,14 @@ def refused_within_memory(*args) -> str:
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, *map(str, args)], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = subprocess.run(
+        [sys.executable, "-c", PEAK_SCRIPT, *map(str, args)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["error"] is not None, "not refused"
@@ -383,7 +430,9 @@ def refused_within_memory(*args) -> str:
 
 
 def test_ten_megabytes_of_one_emoji_are_refused_before_tokenizing():
-    assert "input has 10,485,760 tokens (one a UTF-8 byte), over the trace limit of 4,000,000" in refused_within_memory("emoji")
+    assert "input has 10,485,760 tokens (one a UTF-8 byte), over the trace limit of 4,000,000" in refused_within_memory(
+        "emoji"
+    )
 
 
 @pytest.mark.skipif(not BPE_TOKENIZER.is_file(), reason="the BPE sample's tokenizer is not here")
@@ -439,11 +488,18 @@ def test_the_probes_command_refuses_dev_zero_in_one_line(tmp_path):
     import sys
 
     folder = memviz.save(small_model("sliding_window", window=8), tmp_path / "ckpt")
-    for args, named in [(["passkey", folder, "--lengths", 300, "--haystack", "/dev/zero"], "haystack file /dev/zero"),
-                        (["babilong", folder, "--lengths", 300, "--data-path", "/dev/zero"], "BABILong data file /dev/zero"),
-                        (["passkey", folder, "--lengths", 100_000_000], "lengths are whole numbers of tokens")]:
-        out = subprocess.run([sys.executable, "-W", "ignore", "-m", "probes", *map(str, args), "--out", str(tmp_path / "o")],
-                             cwd=ROOT, capture_output=True, text=True, timeout=120)
+    for args, named in [
+        (["passkey", folder, "--lengths", 300, "--haystack", "/dev/zero"], "haystack file /dev/zero"),
+        (["babilong", folder, "--lengths", 300, "--data-path", "/dev/zero"], "BABILong data file /dev/zero"),
+        (["passkey", folder, "--lengths", 100_000_000], "lengths are whole numbers of tokens"),
+    ]:
+        out = subprocess.run(
+            [sys.executable, "-W", "ignore", "-m", "probes", *map(str, args), "--out", str(tmp_path / "o")],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and named in out.stderr, out.stderr
 
 
@@ -460,12 +516,17 @@ def test_babilong_json_whose_top_level_is_not_a_list_names_the_file(top, tmp_pat
 def test_a_babilong_row_far_longer_than_its_length_is_refused_naming_the_file_and_row(tmp_path):
     from probes import babilong
 
-    rows = [{"input": "Mary went to the kitchen. ", "question": "Where is Mary?", "target": "kitchen"},
-            {"input": "Mary went to the office. " * 80_000, "question": "Where is Mary?", "target": "office"}]
+    rows = [
+        {"input": "Mary went to the kitchen. ", "question": "Where is Mary?", "target": "kitchen"},
+        {"input": "Mary went to the office. " * 80_000, "question": "Where is Mary?", "target": "office"},
+    ]
     path = tmp_path / "qa1_1k.json"
     path.write_text(json.dumps(rows))
-    with pytest.raises(ValueError, match=r"qa1_1k.json: sample 1's input has 2,000,000 characters, more than a prompt "
-                                         r"of 1,000 tokens can hold"):
+    with pytest.raises(
+        ValueError,
+        match=r"qa1_1k.json: sample 1's input has 2,000,000 characters, more than a prompt "
+        r"of 1,000 tokens can hold",
+    ):
         babilong.load(path, "qa1", 1000)
     assert len(babilong.load(path, "qa1")) == 2
 
@@ -475,7 +536,9 @@ def test_a_card_asking_for_a_billion_people_is_refused_naming_the_field():
 
     model = small_model("sliding_window", window=8)
     model.card["facts"] = {"kb_seed": 0, "n_entities": 10**9}
-    with pytest.raises(ValueError, match=r"card.json: facts.n_entities must be a whole number of people in 1..1,000,000"):
+    with pytest.raises(
+        ValueError, match=r"card.json: facts.n_entities must be a whole number of people in 1..1,000,000"
+    ):
         facts.run(model, n=1, progress=False)
     model.card["facts"] = "people"
     with pytest.raises(ValueError, match="card.json: facts must be an object"):
@@ -483,13 +546,22 @@ def test_a_card_asking_for_a_billion_people_is_refused_naming_the_field():
 
 
 # ----- probes' own arguments --------------------------------------------------------------------------
-@pytest.mark.parametrize("kwargs, named", [
-    (dict(lengths=[300], depths=["0.5"]), r"depth must lie in \[0, 1\] \(depths are fractions of the prompt\), got '0.5'"),
-    (dict(lengths=128, depths=[0.5]), "lengths must be a list, got 128"),
-    (dict(lengths=["300"], depths=[0.5]), "lengths are whole numbers of tokens in 1..4,194,304, got '300'"),
-    (dict(lengths=[300], depths=0.5), "depths must be a list, got 0.5"),
-    (dict(lengths=list(range(300, 1300)), depths=[i / 100 for i in range(100)], n=50), "5,000,000 samples, over the 200,000"),
-])
+@pytest.mark.parametrize(
+    "kwargs, named",
+    [
+        (
+            dict(lengths=[300], depths=["0.5"]),
+            r"depth must lie in \[0, 1\] \(depths are fractions of the prompt\), got '0.5'",
+        ),
+        (dict(lengths=128, depths=[0.5]), "lengths must be a list, got 128"),
+        (dict(lengths=["300"], depths=[0.5]), "lengths are whole numbers of tokens in 1..4,194,304, got '300'"),
+        (dict(lengths=[300], depths=0.5), "depths must be a list, got 0.5"),
+        (
+            dict(lengths=list(range(300, 1300)), depths=[i / 100 for i in range(100)], n=50),
+            "5,000,000 samples, over the 200,000",
+        ),
+    ],
+)
 def test_passkey_arguments_of_the_wrong_type_name_the_argument(kwargs, named):
     from probes import passkey
 
@@ -504,8 +576,25 @@ def test_probes_out_that_cannot_be_written_is_refused_before_the_run(case, tmp_p
 
     (tmp_path / "file").write_text("x")
     out_path = tmp_path / "file" if case == "a file" else tmp_path / "file" / "results"
-    out = subprocess.run([sys.executable, "-W", "ignore", "-m", "probes", "passkey", "/no/such/checkpoint", "--lengths", "300",
-                          "--out", str(out_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-W",
+            "ignore",
+            "-m",
+            "probes",
+            "passkey",
+            "/no/such/checkpoint",
+            "--lengths",
+            "300",
+            "--out",
+            str(out_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2 and out.stderr.startswith("error: --out ") and str(out_path) in out.stderr, out.stderr
 
 
@@ -514,8 +603,26 @@ def test_probes_facts_on_a_model_never_trained_on_facts_says_so(tmp_path):
     import sys
 
     folder = memviz.save(small_model("sliding_window", window=8), tmp_path / "ckpt")
-    out = subprocess.run([sys.executable, "-W", "ignore", "-m", "probes", "facts", str(folder), "--n", "1", "--no-progress",
-                          "--out", str(tmp_path / "o")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-W",
+            "ignore",
+            "-m",
+            "probes",
+            "facts",
+            str(folder),
+            "--n",
+            "1",
+            "--no-progress",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0 and "its card names no facts knowledge base" in out.stderr, out.stderr
 
 
@@ -528,14 +635,29 @@ def bpe_model():
         pytest.skip("the BPE sample's tokenizer is not here")
     tokenizer = load_tokenizer(BPE_TOKENIZER)
     torch.manual_seed(0)
-    return memviz.build_model(memviz.ModelConfig(family="sliding_window", d_model=32, n_layers=2, n_heads=2, d_mlp=64,
-                                                 window=8, vocab_size=tokenizer.vocab_size), tokenizer=tokenizer).eval()
+    return memviz.build_model(
+        memviz.ModelConfig(
+            family="sliding_window",
+            d_model=32,
+            n_layers=2,
+            n_heads=2,
+            d_mlp=64,
+            window=8,
+            vocab_size=tokenizer.vocab_size,
+        ),
+        tokenizer=tokenizer,
+    ).eval()
 
 
 @pytest.mark.parametrize("which", ["byte", "bpe"])
-@pytest.mark.parametrize("prompt, error, named", [(None, TypeError, "prompt must be a str, got NoneType"),
-                                                  (b"hello", TypeError, "prompt must be a str, got bytes: decode it first"),
-                                                  ("a\ud800b", ValueError, r"lone surrogate \(U\+D800\) at character 1")])
+@pytest.mark.parametrize(
+    "prompt, error, named",
+    [
+        (None, TypeError, "prompt must be a str, got NoneType"),
+        (b"hello", TypeError, "prompt must be a str, got bytes: decode it first"),
+        ("a\ud800b", ValueError, r"lone surrogate \(U\+D800\) at character 1"),
+    ],
+)
 def test_generate_names_a_prompt_that_is_not_text(which, prompt, error, named, request):
     model = request.getfixturevalue("bpe_model") if which == "bpe" else small_model("sliding_window", window=8)
     with pytest.raises(error, match=named):
@@ -558,14 +680,19 @@ def test_a_tokenizer_whose_tokens_share_ids_or_leave_the_vocabulary_is_refused_n
     def past(vocab):
         vocab[list(vocab)[100]] = len(vocab) + 50
 
-    with pytest.raises(memviz.CheckpointError, match=r"bpe/tokenizer.json: 41 tokens share 1 id \(id 5: .*each token needs its own id"):
+    with pytest.raises(
+        memviz.CheckpointError, match=r"bpe/tokenizer.json: 41 tokens share 1 id \(id 5: .*each token needs its own id"
+    ):
         memviz.load(bpe_checkpoint(bpe_model, tmp_path / "a", share))
-    with pytest.raises(memviz.CheckpointError, match=r"bpe/tokenizer.json: .*token ids \[1071\] .* lie outside the vocabulary"):
+    with pytest.raises(
+        memviz.CheckpointError, match=r"bpe/tokenizer.json: .*token ids \[1071\] .* lie outside the vocabulary"
+    ):
         memviz.load(bpe_checkpoint(bpe_model, tmp_path / "b", past))
 
 
-@pytest.mark.parametrize("case, named", [("a folder", "is a folder"), ("a device", "is not a regular file"),
-                                         ("missing", "does not exist")])
+@pytest.mark.parametrize(
+    "case, named", [("a folder", "is a folder"), ("a device", "is not a regular file"), ("missing", "does not exist")]
+)
 def test_a_tokenizer_path_that_is_not_a_file_is_refused_naming_it(case, named, tmp_path):
     from memviz.tokenizer import load_tokenizer
 
@@ -596,16 +723,27 @@ def rewritten(saved: Path, out: Path, **changes) -> Path:
 
 INSIDE = r"is not \[start, stop\) inside its 20 tokens"
 TRACE_FILE_CASES = {
-    "evidence past the end": (dict(meta=lambda m: m["meta"].update(evidence=[[3, 999999999]])),
-                              rf"evidence span \[3, 999999999\] {INSIDE}"),
-    "answer past the end": (dict(meta=lambda m: m["meta"].update(answer=[20, 40])), rf"answer span \[20, 40\] {INSIDE}"),
+    "evidence past the end": (
+        dict(meta=lambda m: m["meta"].update(evidence=[[3, 999999999]])),
+        rf"evidence span \[3, 999999999\] {INSIDE}",
+    ),
+    "answer past the end": (
+        dict(meta=lambda m: m["meta"].update(answer=[20, 40])),
+        rf"answer span \[20, 40\] {INSIDE}",
+    ),
     "negative token ids": (dict(tokens=np.array([-1] + [5] * 19, dtype=np.int32)), r"token ids range over \[-1, 5\]"),
-    "token ids past the vocabulary": (dict(tokens=np.array([2**40] + [5] * 19, dtype=np.int64)),
-                                      "outside the vocabulary's 259"),
-    "NaN token ids": (dict(tokens=np.array([np.nan] + [5.0] * 19)),
-                      "tokens must be a 1-D array of integer ids, declared float64"),
-    "2-D tokens": (dict(tokens=np.zeros((20, 2), dtype=np.int32)),
-                   r"tokens must be a 1-D array of integer ids, declared int32 \(20, 2\)"),
+    "token ids past the vocabulary": (
+        dict(tokens=np.array([2**40] + [5] * 19, dtype=np.int64)),
+        "outside the vocabulary's 259",
+    ),
+    "NaN token ids": (
+        dict(tokens=np.array([np.nan] + [5.0] * 19)),
+        "tokens must be a 1-D array of integer ids, declared float64",
+    ),
+    "2-D tokens": (
+        dict(tokens=np.zeros((20, 2), dtype=np.int32)),
+        r"tokens must be a 1-D array of integer ids, declared int32 \(20, 2\)",
+    ),
     "a 0-d array": (dict(**{"array:loss": np.float32(1.0)}), r"array 'loss' declares shape \(\)"),
     "meta a list": (dict(meta_json=np.frombuffer(b"[1, 2]", dtype=np.uint8)), "meta_json is not an object"),
     "a short vocabulary": (dict(meta=lambda m: m.update(vocab=m["vocab"][:10])), "outside the vocabulary's 10 ids"),
@@ -625,7 +763,7 @@ def test_a_trace_file_that_does_not_fit_its_input_is_refused_naming_the_file(cas
 def test_a_trace_file_with_a_crc_error_names_the_file(saved_trace, tmp_path):
     data = bytearray(saved_trace.read_bytes())
     start = data.index(b"meta_json") + 40  # inside the meta member's compressed bytes
-    data[start:start + 8] = bytes(8)
+    data[start : start + 8] = bytes(8)
     path = tmp_path / "crc.npz"
     path.write_bytes(bytes(data))
     with pytest.raises(ValueError, match=r"crc.npz: not a memviz trace file"):
@@ -639,7 +777,9 @@ def test_a_saved_trace_still_loads_whole(saved_trace):
 
 @pytest.mark.parametrize("evidence", [[["a", "b"]], [[3, 2]], [[0, 10**9]], [5], [[1.5, 3]]])
 def test_trace_evidence_that_is_not_a_span_of_the_input_names_it(evidence):
-    with pytest.raises(ValueError, match="evidence span .* is not \\[start, stop\\) of token positions inside the input's 20 tokens"):
+    with pytest.raises(
+        ValueError, match="evidence span .* is not \\[start, stop\\) of token positions inside the input's 20 tokens"
+    ):
         memviz.trace(small_model("sliding_window", window=8), "hello there, general", evidence=evidence)
 
 
@@ -647,21 +787,37 @@ def test_trace_evidence_that_is_not_a_span_of_the_input_names_it(evidence):
 def test_full_attention_over_200k_tokens_is_refused_by_what_its_scores_cost(tmp_path):
     from training import Trainer
 
-    config = tiny_run(tmp_path / "run", model={"family": "transformer", "window": None}, data={"curriculum": [[0, 200_000]]},
-                      optim={"batch_size": 1})
-    with pytest.raises(ValueError, match=r"data.curriculum's longest length 200,000 x optim.batch_size 1: a step of "
-                                         r"this transformer model takes about [\d,.]+ GiB for its causal attention's "
-                                         r"scores and its memory, over this cpu's"):
+    config = tiny_run(
+        tmp_path / "run",
+        model={"family": "transformer", "window": None},
+        data={"curriculum": [[0, 200_000]]},
+        optim={"batch_size": 1},
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"data.curriculum's longest length 200,000 x optim.batch_size 1: a step of "
+        r"this transformer model takes about [\d,.]+ GiB for its causal attention's "
+        r"scores and its memory, over this cpu's",
+    ):
         Trainer(config, progress=False)
     assert not (tmp_path / "run").exists()
     window = tiny_run(tmp_path / "window", steps=1, data={"curriculum": [[0, 200_000]]}, optim={"batch_size": 1})
     assert Trainer(window, progress=False).model.attention_score_bytes(1, 200_000) < 2**30
 
 
-@pytest.mark.parametrize("grid, named", [({"passkey_lengths": [20]}, "eval.passkey_lengths: length 20 is shorter than the "
-                                                                      "instruction, needle and question"),
-                                         ({"babilong_tasks": ["qa1"], "babilong_lengths": [10]},
-                                          "eval.babilong_tasks and babilong_lengths: length 10 is shorter than the qa1 story")])
+@pytest.mark.parametrize(
+    "grid, named",
+    [
+        (
+            {"passkey_lengths": [20]},
+            "eval.passkey_lengths: length 20 is shorter than the instruction, needle and question",
+        ),
+        (
+            {"babilong_tasks": ["qa1"], "babilong_lengths": [10]},
+            "eval.babilong_tasks and babilong_lengths: length 10 is shorter than the qa1 story",
+        ),
+    ],
+)
 def test_an_eval_length_too_short_for_its_probe_is_refused_before_training(grid, named, tmp_path):
     from training import Trainer
 
@@ -682,7 +838,9 @@ def test_a_family_that_says_what_its_memory_costs_is_refused_by_it(tmp_path, mon
     from training import Trainer
 
     monkeypatch.setattr(MemoryLM, "memory_step_bytes", lambda self, batch, length: batch * length * 2**40)
-    with pytest.raises(ValueError, match=r"a step of this sliding_window model takes about [\d,.]+ GiB for its window attention's"):
+    with pytest.raises(
+        ValueError, match=r"a step of this sliding_window model takes about [\d,.]+ GiB for its window attention's"
+    ):
         Trainer(tiny_run(tmp_path / "run"), progress=False)
 
 
@@ -716,8 +874,14 @@ def test_a_checkpoint_config_too_big_to_allocate_is_refused_before_any_weight(tm
     config = json.loads((folder / "config.json").read_text())
     config.update(d_model=4096, n_layers=8, n_heads=32, d_head=128, d_mlp=11008)  # 1.6e9 parameters, 6 GiB
     (folder / "config.json").write_text(json.dumps(config))
-    out = subprocess.run([sys.executable, "-c", ALLOCATION_SCRIPT, str(folder)], cwd=ROOT, capture_output=True, text=True,
-                         timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = subprocess.run(
+        [sys.executable, "-c", ALLOCATION_SCRIPT, str(folder)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["growth_mb"] < 200, result
@@ -760,10 +924,19 @@ def test_titans_at_the_token_cap_is_refused_for_its_memory_before_the_work(tmp_p
     from training import Trainer
 
     monkeypatch.setattr(training.loop, "physical_memory_bytes", lambda: 16 * 2**30)
-    model = {"family": "titans", "d_model": 128, "n_layers": 4, "n_heads": 4, "d_mlp": 256,
-             "memory": {"variant": "lmm", "chunk": 16}, "window": None}
+    model = {
+        "family": "titans",
+        "d_model": 128,
+        "n_layers": 4,
+        "n_heads": 4,
+        "d_mlp": 256,
+        "memory": {"variant": "lmm", "chunk": 16},
+        "window": None,
+    }
     config = tiny_run(tmp_path / "run", model=model, data={"curriculum": [[0, 131072]]})
     titans = memviz.build_model(memviz.ModelConfig.from_dict({**model, "vocab_size": 259}))
     assert titans.memory_step_bytes(2, 131072) > 16 * 2**30 > titans.attention_score_bytes(2, 131072)
-    with pytest.raises(ValueError, match=r"data.curriculum's longest length 131,072 x optim.batch_size 2: a step of this titans"):
+    with pytest.raises(
+        ValueError, match=r"data.curriculum's longest length 131,072 x optim.batch_size 2: a step of this titans"
+    ):
         Trainer(config, progress=False)

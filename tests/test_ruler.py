@@ -1,6 +1,7 @@
 """RULER's synthetic tasks (probes/ruler.py) against an independent solver that reads each
 prompt's text alone: every generated sample has the answer the solver finds, an oracle model
 built on the solver scores 100%, a silent one 0%, and the grid is the same over 1 and 2 processes."""
+
 import re
 from collections import Counter
 
@@ -35,7 +36,9 @@ def solve(prompt: str) -> list[str]:
         text = prompt.split("coded words. ", 1)[1].split("\nQuestion:")[0]
         counts = Counter(w for w in text.split() if w != "...")
         return [w for w, _ in counts.most_common(3)]
-    question = re.search(r"What (?:is|are all) the special magic \w+ for (.+?) mentioned in the provided text\?", prompt).group(1)
+    question = re.search(
+        r"What (?:is|are all) the special magic \w+ for (.+?) mentioned in the provided text\?", prompt
+    ).group(1)
     keys = re.split(r", and |, ", question)
     needles = re.findall(r"One of the special magic \w+ for (\S+) is: (\S+)\.", prompt)
     return [value for key in keys for k, value in needles if k == key]
@@ -69,7 +72,7 @@ def test_samples_fill_their_length_follow_the_depth_and_differ_by_seed():
             for depth in (0.0, 0.5, 1.0):
                 sample = ruler.seeded_sample(TOK, task, length, seed=0, index=0, depth=depth)
                 assert length - 200 <= sample.n_tokens + ruler.TASKS[task].budget <= length
-                (a, b), = sample.evidence  # bytes: a token is a character of this ASCII prompt
+                ((a, b),) = sample.evidence  # bytes: a token is a character of this ASCII prompt
                 start, stop = sample.prompt.index("\n") + 1, sample.prompt.rindex("\n")  # the haystack, needle included
                 assert abs((a - start) / (stop - start - (b - a)) - depth) < 0.1, (task, length, depth)
     one = ruler.seeded_sample(TOK, "niah_single_2", 1024, seed=0, index=0)
@@ -88,7 +91,9 @@ def test_scoring_is_rulers_string_match_all():
 def test_an_oracle_scores_everything_and_a_silent_model_nothing():
     kwargs = dict(tasks=sorted(ruler.TASKS), lengths=[LENGTH], n=2, seed=3, progress=False)
     perfect, silent = ruler.run(SolverModel(), **kwargs), ruler.run(SolverModel(silent=True), **kwargs)
-    assert len(perfect) == 2 * len(ruler.TASKS) and (perfect["correct"] == 1.0).all() and (silent["correct"] == 0.0).all()
+    assert (
+        len(perfect) == 2 * len(ruler.TASKS) and (perfect["correct"] == 1.0).all() and (silent["correct"] == 0.0).all()
+    )
     assert perfect["answer"].tolist() == silent["answer"].tolist()
     fig = ruler.heatmap(perfect)
     assert list(fig.data[0].y) == sorted(ruler.TASKS) and list(fig.data[0].x) == [str(LENGTH)]
@@ -119,15 +124,18 @@ def test_the_grid_is_the_same_over_one_and_two_processes():
     assert (oracle["correct"] == 1.0).all() and oracle["answer"].tolist() == alone["answer"].tolist()
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(tasks=["niah_single_9"], lengths=[1024]), "unknown RULER task 'niah_single_9'"),
-    (dict(tasks=["cwe"], lengths=[300]), "shorter than task cwe's template"),
-    (dict(tasks=["niah_single_1"], lengths=[40]), "shorter than task niah_single_1's template"),
-    (dict(tasks=["niah_single_1"], lengths=[1024], depths=[1.5]), r"depth must lie in \[0, 1\]"),
-    (dict(tasks=["niah_single_1"], lengths=[1024], workers=0), "workers must be a positive number"),
-    (dict(tasks=[], lengths=[1024]), "need at least one value each"),
-    (dict(tasks=["niah_single_2"], lengths=[1024], haystack="/no/such/book.txt"), "does not exist"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(tasks=["niah_single_9"], lengths=[1024]), "unknown RULER task 'niah_single_9'"),
+        (dict(tasks=["cwe"], lengths=[300]), "shorter than task cwe's template"),
+        (dict(tasks=["niah_single_1"], lengths=[40]), "shorter than task niah_single_1's template"),
+        (dict(tasks=["niah_single_1"], lengths=[1024], depths=[1.5]), r"depth must lie in \[0, 1\]"),
+        (dict(tasks=["niah_single_1"], lengths=[1024], workers=0), "workers must be a positive number"),
+        (dict(tasks=[], lengths=[1024]), "need at least one value each"),
+        (dict(tasks=["niah_single_2"], lengths=[1024], haystack="/no/such/book.txt"), "does not exist"),
+    ],
+)
 def test_bad_input_gets_one_clear_error(kwargs, message):
     with pytest.raises(ValueError, match=message):
         ruler.run(SolverModel(), progress=False, **kwargs)

@@ -1,6 +1,7 @@
 """Sessions sharing one cached checkpoint, hammered at once from threads as a served app's
 sessions would: each runs the app's own per-session copy (`app.common.session_copy`) and gets
 exactly what it gets alone, while others trace, silence its memory layer and run probes."""
+
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +22,9 @@ PROMPT, ANSWER = "The pass key is 31415. Remember it. What is the pass key? The 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    model = scrambled(small_model("memory_layer", window=8, memory={"n_keys": 8, "topk": 4, "heads": 2, "d_key": 8, "layers": [1]}))
+    model = scrambled(
+        small_model("memory_layer", window=8, memory={"n_keys": 8, "topk": 4, "heads": 2, "d_key": 8, "layers": [1]})
+    )
     path = str(memviz.save(model, tmp_path_factory.mktemp("shared") / "memory_layer"))
     return path, common.weights_stamp(path)
 
@@ -63,4 +66,6 @@ def test_sessions_hammering_one_checkpoint_get_what_they_get_alone(checkpoint):
             results = list(pool.map(lambda item: (item[0], JOBS[item[0]](item[1])), work))
             differ = [name for name, result in results if not same(result, alone[name])]
             assert not differ, f"round {round_}: {differ} differ from the same runs alone"
-    assert all(not model.hook_dict[name].fwd_hooks for model in sessions for name in model.hook_dict)  # none left behind
+    assert all(
+        not model.hook_dict[name].fwd_hooks for model in sessions for name in model.hook_dict
+    )  # none left behind

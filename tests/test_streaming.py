@@ -1,4 +1,5 @@
 """A streamed run carries the state from chunk to chunk and must equal a one-pass run."""
+
 import pytest
 import torch
 
@@ -91,12 +92,22 @@ def test_bad_token_input_is_rejected():
         model(torch.zeros(1, 3))
 
 
-@pytest.mark.parametrize("family, extra, run, every, n", [
-    ("sliding_window", {"window": 12}, lambda model, ids: list(model.stream(ids, 16)), 64, 200),
-    ("longmem", {"window": 8, "segment_len": 8, "memory": {"chunk_size": 4, "bank_size": 64}},
-     lambda model, ids: model.backbone_prefill(ids), 1024, 3500),  # chunks of 1,024 tokens
-])
-def test_a_long_stream_gives_its_free_heap_back_at_every_multiple_of_the_interval(family, extra, run, every, n, monkeypatch):
+@pytest.mark.parametrize(
+    "family, extra, run, every, n",
+    [
+        ("sliding_window", {"window": 12}, lambda model, ids: list(model.stream(ids, 16)), 64, 200),
+        (
+            "longmem",
+            {"window": 8, "segment_len": 8, "memory": {"chunk_size": 4, "bank_size": 64}},
+            lambda model, ids: model.backbone_prefill(ids),
+            1024,
+            3500,
+        ),  # chunks of 1,024 tokens
+    ],
+)
+def test_a_long_stream_gives_its_free_heap_back_at_every_multiple_of_the_interval(
+    family, extra, run, every, n, monkeypatch
+):
     from memviz import heap
 
     releases = []

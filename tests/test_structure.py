@@ -1,5 +1,6 @@
 """The layers of the code base: imports point down (kernels -> memviz -> probes -> training -> app,
 benchmarks) with no circles, and only a family's own file names a family."""
+
 from __future__ import annotations
 
 import ast
@@ -108,32 +109,54 @@ def test_the_checker_sees_a_circle_and_an_upward_import():
 def test_imports_point_down_with_no_circles():
     graph = import_graph()
     assert cycles(graph) == [], "import circles"
-    upward = sorted(f"{name} imports {target}" for name, targets in graph.items() for target in targets
-                    if target.split(".")[0] not in ALLOWED[name.split(".")[0]])
+    upward = sorted(
+        f"{name} imports {target}"
+        for name, targets in graph.items()
+        for target in targets
+        if target.split(".")[0] not in ALLOWED[name.split(".")[0]]
+    )
     assert upward == []
 
 
 def string_constants(path: Path) -> list[tuple[int, str]]:
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                  if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)) and node.body
-                  and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
-    return [(node.lineno, node.value) for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+    ]
 
 
 def test_only_a_familys_own_file_names_a_family():
     names = set(FAMILIES)
     own = {Path(inspect.getsourcefile(family.model)).resolve() for family in FAMILIES.values()}  # where each registers
-    outside = [path for package in ("memviz", "probes", "training", "app") for path in (ROOT / package).rglob("*.py")
-               if "models" not in path.relative_to(ROOT).parts and path.resolve() not in own]
-    named = [f"{path.relative_to(ROOT)}:{line} {value!r}" for path in outside for line, value in string_constants(path)
-             if value in names]
+    outside = [
+        path
+        for package in ("memviz", "probes", "training", "app")
+        for path in (ROOT / package).rglob("*.py")
+        if "models" not in path.relative_to(ROOT).parts and path.resolve() not in own
+    ]
+    named = [
+        f"{path.relative_to(ROOT)}:{line} {value!r}"
+        for path in outside
+        for line, value in string_constants(path)
+        if value in names
+    ]
     assert named == []
 
 
 def test_python_m_memviz_families_lists_each_familys_unit():
-    out = subprocess.run([sys.executable, "-m", "memviz", "families"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "memviz", "families"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     # a family not built from a config (a released model's) registers when its first checkpoint loads, so a fresh
     # process need not list it; every family it lists is listed whole

@@ -1,4 +1,5 @@
 """Titans (arXiv 2501.00663): the chunked memory update against torch.autograd, variants, streaming."""
+
 import pytest
 import torch
 
@@ -6,8 +7,13 @@ from memviz.model import flushing_subnormals
 from memviz.models.titans import memory_forward
 from tests.conftest import random_ids, scrambled, small_model
 
-VARIANTS = [("lmm", {}), ("mal", {"window": 8}), ("mag", {"window": 8}), ("mac", {"segment_len": 8}),
-            ("mac-window", {"segment_len": 8})]
+VARIANTS = [
+    ("lmm", {}),
+    ("mal", {"window": 8}),
+    ("mag", {"window": 8}),
+    ("mac", {"segment_len": 8}),
+    ("mac-window", {"segment_len": 8}),
+]
 
 
 def titans_options(variant, memory="linear", chunk=4):
@@ -102,7 +108,9 @@ def test_hooks_fire_once_with_per_token_layouts(variant, extra):
     model = titans(variant, **extra)
     ids = random_ids(20)
     calls = []
-    model.run_with_hooks(ids, fwd_hooks=[(lambda n: n.endswith("hook_surprise"), lambda t, hook: calls.append(t.shape))])
+    model.run_with_hooks(
+        ids, fwd_hooks=[(lambda n: n.endswith("hook_surprise"), lambda t, hook: calls.append(t.shape))]
+    )
     assert calls == [(1, 20)] * model.cfg.n_layers
     _, cache = model.run_with_cache(ids)
     for name in ("eta", "theta", "alpha"):
@@ -180,7 +188,9 @@ def test_the_read_out_parts_sum_to_the_memory_read(variant, extra):
         for layer in range(2):
             name = f"blocks.{layer}"
             assert readout.parts[name].shape == (position // chunk * chunk, 1, model.cfg.d_model)
-            torch.testing.assert_close(readout.reads[name][0], cache[f"{name}.{hook}"][0, position], atol=1e-12, rtol=1e-12)
+            torch.testing.assert_close(
+                readout.reads[name][0], cache[f"{name}.{hook}"][0, position], atol=1e-12, rtol=1e-12
+            )
             total = readout.shares(name).sum(0) + readout.initial_share(name)
             torch.testing.assert_close(total, torch.ones(1, dtype=torch.float64))
         if position >= chunk:

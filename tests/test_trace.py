@@ -42,7 +42,9 @@ def test_an_appended_answer_is_teacher_forced_and_its_loss_marked(tmp_path):
     assert len(tr) == n + m and tr.meta["answer"] == [n, n + m] and tr.read_position == n - 1
     with torch.no_grad():
         logits = model(torch.from_numpy(tr.tokens).long()[None])[0]
-    nll = -torch.log_softmax(logits[n - 1 : n + m - 1], -1).gather(1, torch.from_numpy(tr.tokens[n:]).long()[:, None])[:, 0]
+    nll = -torch.log_softmax(logits[n - 1 : n + m - 1], -1).gather(1, torch.from_numpy(tr.tokens[n:]).long()[:, None])[
+        :, 0
+    ]
     np.testing.assert_allclose(tr["loss"][n - 1 : n + m - 1], nll.detach().numpy(), atol=1e-4)
     fig = viz.family_figures(tr)["loss"]
     assert f"the answer's {m} token(s): {float(nll.mean()):.2f} nats a token" in fig.layout.title.text
@@ -139,7 +141,9 @@ def test_trace_of_20k_tokens_keeps_peak_memory_bounded():
     import pathlib
 
     root = str(pathlib.Path(__file__).resolve().parent.parent)
-    out = subprocess.run([sys.executable, "-c", PEAK_SCRIPT.format(root=root)], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", PEAK_SCRIPT.format(root=root)], capture_output=True, text=True, check=True
+    )
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["tokens"] == 20_000
     assert result["growth_kb"] < 64 * 1024, result

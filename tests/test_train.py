@@ -1,4 +1,5 @@
 """Training: resume continues the run exactly, divergence stops cleanly, signals save, DDP agrees."""
+
 import json
 import math
 import os
@@ -13,10 +14,10 @@ import pytest
 import torch
 
 import memviz
-from training import __main__ as training_cli
-from training import loop as train_module
 from memviz.checkpoint import read_weights
 from training import TrainConfig, Trainer, TrainingDiverged, quick_config, quick_families
+from training import __main__ as training_cli
+from training import loop as train_module
 from training.loop import weighted_loss
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,10 +71,13 @@ def test_a_second_stage_starts_from_the_first_stages_weights(tmp_path):
     fresh = Trainer(tiny_config(tmp_path / "three", steps=2), progress=False)
     assert not torch.equal(fresh.model.embed.weight, first.model.embed.weight), "without init_from it starts fresh"
     wider = {"model": {"d_mlp": 96}, "init_from": str(exported)}
-    with pytest.raises(memviz.CheckpointError, match=r"same shapes; it is a sliding_window model differing in \['d_mlp'\]"):
+    with pytest.raises(
+        memviz.CheckpointError, match=r"same shapes; it is a sliding_window model differing in \['d_mlp'\]"
+    ):
         Trainer(tiny_config(tmp_path / "four", **wider), progress=False)
-    narrower_window = Trainer(tiny_config(tmp_path / "five", steps=2, model={"window": 4}, init_from=str(exported)),
-                              progress=False)  # an option that holds no weights may change between stages
+    narrower_window = Trainer(
+        tiny_config(tmp_path / "five", steps=2, model={"window": 4}, init_from=str(exported)), progress=False
+    )  # an option that holds no weights may change between stages
     assert narrower_window.model.cfg.attention == {"kind": "window", "span": 4} != first.model.cfg.attention
     assert torch.equal(narrower_window.model.embed.weight, first.model.embed.weight)
 
@@ -115,7 +119,10 @@ def test_a_non_finite_gradient_stops_before_it_reaches_the_weights(tmp_path):
 
     name, weight = next((n, p) for n, p in trainer.model.named_parameters() if n.startswith("blocks.1."))
     weight.register_hook(overflow_at_step_three)
-    with pytest.raises(TrainingDiverged, match=rf"gradient became non-finite at step 3 \(loss [0-9.]+, 4\d tokens\) in {re.escape(name)};"):
+    with pytest.raises(
+        TrainingDiverged,
+        match=rf"gradient became non-finite at step 3 \(loss [0-9.]+, 4\d tokens\) in {re.escape(name)};",
+    ):
         trainer.run()
     latest = tmp_path / "inf/checkpoints" / (tmp_path / "inf/checkpoints/latest").read_text()
     assert latest.name == "step-0000003"
@@ -129,8 +136,13 @@ def test_sigterm_saves_and_exits_then_export_writes_a_card(tmp_path):
     config = tiny_config(tmp_path / "run", steps=100_000)
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**config.to_dict(), "save_every": 1000}))
-    proc = subprocess.Popen([sys.executable, "-m", "training", "--config", str(path), "--no-progress"], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "training", "--config", str(path), "--no-progress"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     metrics = tmp_path / "run/metrics.jsonl"
     deadline = time.time() + 120
     while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
@@ -144,15 +156,33 @@ def test_sigterm_saves_and_exits_then_export_writes_a_card(tmp_path):
     assert step >= 3
     # a resumed run at its last step exports; its card names the one-shot command (resume is exact)
     # --threads overrides the config's 1 and the card says so
-    done = subprocess.run([sys.executable, "-m", "training", "--config", str(path), "--resume", "--steps", str(step),
-                           "--threads", "2", "--export", str(tmp_path / "exported"), "--no-progress"],
-                          cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "training",
+            "--config",
+            str(path),
+            "--resume",
+            "--steps",
+            str(step),
+            "--threads",
+            "2",
+            "--export",
+            str(tmp_path / "exported"),
+            "--no-progress",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     card = json.loads((tmp_path / "exported/card.json").read_text())
     assert card["steps"] == step and card["family"] == "sliding_window" and "CPU" in card["machine"]
     assert "2 torch threads" in card["machine"] and card["train_config"]["threads"] == 2
-    assert card["train_command"] == (f"python -m training --config {path} --steps {step} --threads 2 "
-                                     f"--export {tmp_path / 'exported'} --no-progress")
+    assert card["train_command"] == (
+        f"python -m training --config {path} --steps {step} --threads 2 --export {tmp_path / 'exported'} --no-progress"
+    )
     assert memviz.load(tmp_path / "exported").cfg.attention == {"kind": "window", "span": 16}
 
 
@@ -173,7 +203,9 @@ def test_bad_training_configs(capsys):
     with pytest.raises(ValueError, match=r"min_lr_frac .* must lie in \[0, 1\], got -5"):
         TrainConfig.from_dict({"name": "x", "model": {}, "optim": {"min_lr_frac": -5}})
     with pytest.raises(ValueError, match="tokens a step, over the cap"):
-        TrainConfig.from_dict({"name": "x", "model": {}, "data": {"curriculum": [[0, 100_000]]}, "optim": {"batch_size": 16}})
+        TrainConfig.from_dict(
+            {"name": "x", "model": {}, "data": {"curriculum": [[0, 100_000]]}, "optim": {"batch_size": 16}}
+        )
     with pytest.raises(ValueError, match="the eval grid asks for"):
         TrainConfig.from_dict({"name": "x", "model": {}, "eval": {"passkey_lengths": [512], "final_n": 50_000_000}})
     with pytest.raises(ValueError, match="n_entities 1,000,000,000 is over the cap"):
@@ -189,9 +221,18 @@ def test_bad_training_configs(capsys):
 
 
 def test_memory_values_get_their_own_lr_and_no_decay(tmp_path):
-    memory = {"family": "memory_layer", "d_model": 32, "n_layers": 2, "n_heads": 2, "d_mlp": 64, "window": 16,
-              "memory": {"n_keys": 8, "topk": 2, "heads": 2, "d_key": 8, "layers": [1]}}
-    trainer = Trainer(tiny_config(tmp_path / "m", steps=3, model=memory, optim={"memory_value_lr": 0.05}), progress=False)
+    memory = {
+        "family": "memory_layer",
+        "d_model": 32,
+        "n_layers": 2,
+        "n_heads": 2,
+        "d_mlp": 64,
+        "window": 16,
+        "memory": {"n_keys": 8, "topk": 2, "heads": 2, "d_key": 8, "layers": [1]},
+    }
+    trainer = Trainer(
+        tiny_config(tmp_path / "m", steps=3, model=memory, optim={"memory_value_lr": 0.05}), progress=False
+    )
     values = trainer.model.values
     before = values.detach().clone()
     trainer.run()
@@ -237,9 +278,24 @@ def test_ddp_two_cpu_processes_end_with_identical_weights(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config.to_dict()))
     (tmp_path / "ddp_train.py").write_text(DDP_SCRIPT)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
-                          str(tmp_path / "ddp_train.py"), str(tmp_path / "config.json")],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            "29517",
+            str(tmp_path / "ddp_train.py"),
+            str(tmp_path / "config.json"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     a, b = read_weights(tmp_path / "ddp/rank0.safetensors"), read_weights(tmp_path / "ddp/rank1.safetensors")
     assert a.keys() == b.keys()
@@ -249,9 +305,15 @@ def test_ddp_two_cpu_processes_end_with_identical_weights(tmp_path):
     assert any(not torch.equal(a[n], start[n]) for n in a)  # they trained, and agree
 
 
-@pytest.mark.parametrize("family, options", [("infini", {"segment_len": 8}), ("lm2", {"window": 8}),
-                                             ("titans", {"segment_len": 8, "memory": {"chunk": 8}}),
-                                             ("memory_layer", {"memory": {"n_keys": 8, "topk": 4, "d_key": 16, "layers": [1]}})])
+@pytest.mark.parametrize(
+    "family, options",
+    [
+        ("infini", {"segment_len": 8}),
+        ("lm2", {"window": 8}),
+        ("titans", {"segment_len": 8, "memory": {"chunk": 8}}),
+        ("memory_layer", {"memory": {"n_keys": 8, "topk": 4, "d_key": 16, "layers": [1]}}),
+    ],
+)
 def test_a_memory_model_starts_from_a_baselines_backbone(tmp_path, family, options):
     baseline = Trainer(tiny_config(tmp_path / "base", steps=2), progress=False).run()
     exported = memviz.save(baseline.model, tmp_path / "baseline")
@@ -259,14 +321,20 @@ def test_a_memory_model_starts_from_a_baselines_backbone(tmp_path, family, optio
     warm = Trainer(tiny_config(tmp_path / "warm", steps=2, **config), progress=False)
     ours, theirs = warm.model.state_dict(), baseline.model.state_dict()
     replaced = [name for name in theirs if warm.model.replaces_baseline_weight(name)]
-    assert replaced == (["blocks.1.mlp.W_gate.weight", "blocks.1.mlp.W_up.weight", "blocks.1.mlp.W_down.weight"]
-                        if family == "memory_layer" else []), "a memory layer takes its FFN's place"
+    assert replaced == (
+        ["blocks.1.mlp.W_gate.weight", "blocks.1.mlp.W_up.weight", "blocks.1.mlp.W_down.weight"]
+        if family == "memory_layer"
+        else []
+    ), "a memory layer takes its FFN's place"
     for name, p in theirs.items():
         assert name in replaced or torch.equal(ours[name], p), name
     assert [name for name in ours if name not in theirs], "the memory's own weights start fresh"
     assert math.isfinite(losses(warm.run().out)[2])  # and it trains
     deeper = config | {"model": {**config["model"], "n_layers": 3}}
-    with pytest.raises(memviz.CheckpointError, match=rf"a {family} model can start from a sliding_window baseline only with the same shape; they differ in \['n_layers'\]"):
+    with pytest.raises(
+        memviz.CheckpointError,
+        match=rf"a {family} model can start from a sliding_window baseline only with the same shape; they differ in \['n_layers'\]",
+    ):
         Trainer(tiny_config(tmp_path / "deeper", **deeper), progress=False)
 
 
@@ -298,7 +366,6 @@ def test_an_export_that_fails_leaves_the_earlier_folder_whole(tmp_path):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".export")] == []
 
 
-
 @pytest.mark.parametrize("family", sorted(quick_families()))
 def test_every_quick_preset_makes_progress(family, tmp_path):
     """What the Train page offers: each family's quick preset, a short pass-key run at its own
@@ -325,12 +392,20 @@ def test_longmem_batches_continue_one_prefix_of_filler_that_the_frozen_backbone_
     baseline = Trainer(tiny_config(tmp_path / "base", steps=2), progress=False).run()
     exported = memviz.save(baseline.model, tmp_path / "baseline")
     longmem = {"family": "longmem", "segment_len": 16, "memory": {"bank_size": 512, "chunk_size": 2, "topk_chunks": 2}}
-    cfg = tiny_config(tmp_path / "prefixed", steps=3, model=longmem, init_from=str(exported), data={"prefix_tokens": [[0, 200]]})
+    cfg = tiny_config(
+        tmp_path / "prefixed", steps=3, model=longmem, init_from=str(exported), data={"prefix_tokens": [[0, 200]]}
+    )
     trainer = Trainer(cfg, progress=False)
     filler = trainer.sampler.prefix(200, 2)
-    assert filler.shape == (2, 200) and not torch.equal(filler[0], filler[1]) and torch.equal(filler, trainer.sampler.prefix(200, 2))
+    assert (
+        filler.shape == (2, 200)
+        and not torch.equal(filler[0], filler[1])
+        and torch.equal(filler, trainer.sampler.prefix(200, 2))
+    )
     storages, append = [], ChunkBank.append
-    monkeypatch.setattr(ChunkBank, "append", lambda bank, *args: storages.append((bank := append(bank, *args))._storage) or bank)
+    monkeypatch.setattr(
+        ChunkBank, "append", lambda bank, *args: storages.append((bank := append(bank, *args))._storage) or bank
+    )
     read = []
     hook = ("side_blocks.1.attn.hook_retrieved_pos", lambda positions, hook: read.append(positions))
     with trainer.model.hooks(fwd_hooks=[hook]):
@@ -342,7 +417,9 @@ def test_longmem_batches_continue_one_prefix_of_filler_that_the_frozen_backbone_
     written = trainer.model.backbone_prefill(filler).shared["bank"]  # the weights the steps changed do not enter it
     assert torch.equal(prefix_bank.keys, written.keys) and torch.equal(prefix_bank.values, written.values)
     with pytest.raises(ValueError, match="do not fit in model.memory.bank_size"):
-        Trainer(tiny_config(tmp_path / "long", model=longmem, init_from=str(exported), data={"prefix_tokens": [[0, 480]]}))
+        Trainer(
+            tiny_config(tmp_path / "long", model=longmem, init_from=str(exported), data={"prefix_tokens": [[0, 480]]})
+        )
     with pytest.raises(ValueError, match="needs a memory that frozen weights write"):
         Trainer(tiny_config(tmp_path / "window", data={"prefix_tokens": [[0, 64]]}))
 
@@ -377,8 +454,13 @@ def huge_pages_always() -> bool:
 @pytest.mark.skipif(not sys.platform.startswith("linux") or huge_pages_always(), reason="glibc's malloc, 4 KiB pages")
 def test_a_training_process_reuses_freed_pages_and_a_trim_still_gives_them_back(tmp_path):
     def run(mode):
-        out = subprocess.run([sys.executable, "-c", PAGE_FAULTS_SCRIPT, mode, str(tmp_path / mode)], cwd=ROOT,
-                             capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", PAGE_FAULTS_SCRIPT, mode, str(tmp_path / mode)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         return json.loads(out.stdout.splitlines()[-1])
 
     plain, training = run("plain"), run("trainer")

@@ -1,4 +1,5 @@
 """Figures pool long traces on the server, keep true positions, and mark the evidence."""
+
 import numpy as np
 import pytest
 
@@ -33,8 +34,18 @@ def test_every_family_has_its_views(family):
     model = small_model(family, **FAMILY_CONFIGS[family])
     tr = memviz.trace(model, "Sandra journeyed to the kitchen. " * 20, evidence=[(3, 9)])
     figs = viz.family_figures(tr, width=200)
-    expected = {"transformer": 1, "sliding_window": 1, "infini": 5, "lm2": 5, "titans": 3, "memory_layer": 4, "longmem": 4,
-                "gated_deltanet": 8, "titans_pytorch": 3, "product_key_memory": 4}
+    expected = {
+        "transformer": 1,
+        "sliding_window": 1,
+        "infini": 5,
+        "lm2": 5,
+        "titans": 3,
+        "memory_layer": 4,
+        "longmem": 4,
+        "gated_deltanet": 8,
+        "titans_pytorch": 3,
+        "product_key_memory": 4,
+    }
     assert len(figs) == expected[family], list(figs)
     for fig in figs.values():
         assert fig.layout.title.text
@@ -63,8 +74,12 @@ def test_a_saved_trace_plots_without_its_model(tmp_path):
 
 
 def test_text_view_highlights_the_evidence_and_escapes_html():
-    tr = Trace(np.array([60, 98, 62, 65, 66]), {"loss": np.zeros(5, np.float32)},
-               vocab=[chr(i) for i in range(128)], meta={"evidence": [[3, 5]]})
+    tr = Trace(
+        np.array([60, 98, 62, 65, 66]),
+        {"loss": np.zeros(5, np.float32)},
+        vocab=[chr(i) for i in range(128)],
+        meta={"evidence": [[3, 5]]},
+    )
     html = viz.text_with_evidence(tr)
     assert "&lt;" in html and "&gt;" in html and "<b>" not in html
     assert html.count("background") == 2 and 'title="4"' in html
@@ -77,7 +92,11 @@ def test_training_loss_reads_the_metrics_log(tmp_path):
 
     log = tmp_path / "metrics.jsonl"
     assert len(viz.training_loss(log).data[0].x) == 0  # no run yet: an empty figure
-    rows = [{"step": 10, "loss": 2.0, "answer_loss": 3.0}, {"step": 10, "eval": {}}, {"step": 20, "loss": 1.5, "answer_loss": 2.5}]
+    rows = [
+        {"step": 10, "loss": 2.0, "answer_loss": 3.0},
+        {"step": 10, "eval": {}},
+        {"step": 20, "loss": 1.5, "answer_loss": 2.5},
+    ]
     log.write_text("\n".join(json.dumps(r) for r in rows))
     fig = viz.training_loss(log)
     assert list(fig.data[0].x) == [10, 20] and list(fig.data[1].y) == [3.0, 2.5]
@@ -88,8 +107,12 @@ def test_a_pooled_axis_says_it_is_pooled_and_how():
     pooled = plots.timeline(tr, {"loss": "loss"}, "t", width=1000)
     assert pooled.layout.xaxis.title.text == "token position (pooled: the max over each bin of 10 tokens)"
     assert plots.timeline(tr, {"loss": "loss"}, "t", width=1000, reduce="mean").layout.xaxis.title.text.startswith(
-        "token position (pooled: the mean")
-    assert plots.timeline(tr, {"loss": "loss"}, "t", width=1000, start=0, stop=500).layout.xaxis.title.text == "token position"
+        "token position (pooled: the mean"
+    )
+    assert (
+        plots.timeline(tr, {"loss": "loss"}, "t", width=1000, start=0, stop=500).layout.xaxis.title.text
+        == "token position"
+    )
 
 
 def test_an_ablation_sweep_shows_zero_and_says_when_nothing_moved():
@@ -100,7 +123,9 @@ def test_an_ablation_sweep_shows_zero_and_says_when_nothing_moved():
     low, high = flat.layout.yaxis.range
     assert low <= -viz.NO_EFFECT_NATS and high >= viz.NO_EFFECT_NATS  # rounding noise is not drawn as a big bar
     assert any("no effect" in a.text for a in flat.layout.annotations)
-    assert flat.layout.shapes[0].fillcolor == "rgba(0,0,0,0)" and flat.layout.shapes[0].line.width == 2  # outlined, no tint
+    assert (
+        flat.layout.shapes[0].fillcolor == "rgba(0,0,0,0)" and flat.layout.shapes[0].line.width == 2
+    )  # outlined, no tint
     real = viz.ablation_sweep_figure([SweepRow(1, 64, -9.0, -8.0, "13"), SweepRow(2, 128, -1.0, -0.001, "42")])
     assert not any("no effect" in a.text for a in real.layout.annotations)
     assert list(real.data[0].marker.color) == ["#1f77b4", "#b0b0b0"]
@@ -114,8 +139,11 @@ def test_longmem_names_the_heads_that_retrieved_the_evidence_at_the_last_token()
     pos[-1] = [[8, 24], [20, 0]]  # head 0's first chunk (tokens 8-11) overlaps the evidence 10-13
     scores = np.where(pos >= 0, 1.0, np.nan)
     prefix = "side_blocks.1.attn"
-    tr = Trace(np.zeros(T, dtype=np.int64), {f"{prefix}.hook_retrieved_pos": pos, f"{prefix}.hook_retrieved_scores": scores},
-               meta={"evidence": [(10, 14)], "figure_settings": {"chunk_size": 4}})
+    tr = Trace(
+        np.zeros(T, dtype=np.int64),
+        {f"{prefix}.hook_retrieved_pos": pos, f"{prefix}.hook_retrieved_scores": scores},
+        meta={"evidence": [(10, 14)], "figure_settings": {"chunk_size": 4}},
+    )
     fig = retrieved_at(tr, prefix, T - 1)
     assert fig.layout.title.text.endswith("heads [0] read a chunk of the evidence")
     assert sorted(fig.data[0].x) == [0, 8, 20, 24]

@@ -1,5 +1,6 @@
 """Train a model on the probe tasks: `python -m training --config FILE [--resume] [--export DIR]`
 (the options are in `training.loop`'s docstring)."""
+
 from __future__ import annotations
 
 import argparse
@@ -23,11 +24,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True, help="training config (JSON)")
     parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
-    parser.add_argument("--overwrite", action="store_true", help="start afresh in a run folder that holds an earlier run")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="start afresh in a run folder that holds an earlier run"
+    )
     parser.add_argument("--steps", type=positive_int, help="override optim.steps")
     parser.add_argument("--out", help="override the run folder")
-    parser.add_argument("--threads", type=positive_int, help="override the config's torch threads (another count "
-                        "rounds differently: the weights differ from a card's, the scores by a few points)")
+    parser.add_argument(
+        "--threads",
+        type=positive_int,
+        help="override the config's torch threads (another count "
+        "rounds differently: the weights differ from a card's, the scores by a few points)",
+    )
     parser.add_argument("--export", help="write the final model as a checkpoint folder here")
     parser.add_argument("--export-dtype", default="float16", choices=["float32", "float16", "bfloat16"])
     parser.add_argument("--no-progress", action="store_true")
@@ -45,8 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         # resuming is exact, so the card records the one-shot command that gives the same model
         given = [a for a in (argv if argv is not None else sys.argv[1:]) if a not in ("--resume", "--overwrite")]
         command = "python -m training " + " ".join(shlex.quote(a) for a in given)
-        trainer = Trainer(cfg, resume=args.resume, overwrite=args.overwrite, command=command,
-                          progress=not args.no_progress).run()
+        trainer = Trainer(
+            cfg, resume=args.resume, overwrite=args.overwrite, command=command, progress=not args.no_progress
+        ).run()
     except TrainingDiverged as exc:  # the run failed; its checkpoints are kept
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -1,5 +1,6 @@
 """A training run's configuration: the model (a `memviz` config dict), the data mix
 (`training.data.DataConfig`), the optimiser and the probe evaluation, read from one JSON file."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,7 +35,9 @@ class OptimConfig:
     betas: tuple[float, float] = (0.9, 0.95)
     clip: float = 1.0
     memory_value_lr: float | None = None  # memory layers' value tables: own peak lr, no decay (None: as the rest)
-    train_only: list[str] = field(default_factory=list)  # fnmatch patterns of parameter names to train; the rest frozen (empty: all)
+    train_only: list[str] = field(
+        default_factory=list
+    )  # fnmatch patterns of parameter names to train; the rest frozen (empty: all)
 
     def __post_init__(self) -> None:
         check_types(self, "optim.")
@@ -49,16 +52,22 @@ class OptimConfig:
         if not self.lr > 0 or self.warmup < 0 or self.clip <= 0:
             raise ValueError("optim needs lr > 0, warmup >= 0 and clip > 0")
         if not 0 <= self.min_lr_frac <= 1:
-            raise ValueError(f"optim.min_lr_frac (the last step's share of lr) must lie in [0, 1], got {self.min_lr_frac!r}")
+            raise ValueError(
+                f"optim.min_lr_frac (the last step's share of lr) must lie in [0, 1], got {self.min_lr_frac!r}"
+            )
         if not self.weight_decay >= 0 or not all(0 <= b < 1 for b in self.betas):
-            raise ValueError(f"optim needs weight_decay >= 0 and betas in [0, 1), got {self.weight_decay!r} and {self.betas!r}")
+            raise ValueError(
+                f"optim needs weight_decay >= 0 and betas in [0, 1), got {self.weight_decay!r} and {self.betas!r}"
+            )
 
     def lr_at(self, step: int) -> float:
         """Linear warm-up to lr, then cosine decay to min_lr_frac * lr at the last step."""
         if step < self.warmup:
             return self.lr * (step + 1) / self.warmup
         progress = (step - self.warmup) / max(1, self.steps - self.warmup)
-        return self.lr * (self.min_lr_frac + (1 - self.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+        return self.lr * (
+            self.min_lr_frac + (1 - self.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+        )
 
 
 @dataclass
@@ -70,7 +79,9 @@ class EvalConfig:
     babilong_lengths: list[int] = field(default_factory=list)
     facts: int = 0  # number of facts to ask (0 = skip)
     lm: bool = False  # bits per byte on the held-out documents of every built-in corpus (probes.lm)
-    passkey_haystacks: list[str] = field(default_factory=list)  # the pass-key grid again in these backgrounds ("grass": the papers')
+    passkey_haystacks: list[str] = field(
+        default_factory=list
+    )  # the pass-key grid again in these backgrounds ("grass": the papers')
     n: int = 4  # samples per cell during training
     final_n: int = 20  # samples per cell for the exported card
     seed: int = 0
@@ -86,7 +97,9 @@ class EvalConfig:
         if any(not 0 <= d <= 1 for d in self.passkey_depths):
             raise ValueError(f"eval.passkey_depths must lie in [0, 1], got {self.passkey_depths}")
         if not isinstance(self.passkey_haystacks, list) or not all(isinstance(h, str) for h in self.passkey_haystacks):
-            raise ValueError(f"eval.passkey_haystacks is a list of background names or text files, got {self.passkey_haystacks!r}")
+            raise ValueError(
+                f"eval.passkey_haystacks is a list of background names or text files, got {self.passkey_haystacks!r}"
+            )
         from probes.haystack import make_haystack
         from probes.texts import CORPORA, documents
 
@@ -101,16 +114,18 @@ class EvalConfig:
             except ValueError as exc:
                 raise ValueError(f"eval.lm: {exc}") from exc
 
-
     def check_grid(self) -> None:
         """The samples and lengths the grid asks for, against the caps, before any is drawn."""
-        cells = (len(self.passkey_lengths) * len(self.passkey_depths) * (1 + len(self.passkey_haystacks))
-                 + len(self.babilong_tasks) * len(self.babilong_lengths))
+        cells = len(self.passkey_lengths) * len(self.passkey_depths) * (1 + len(self.passkey_haystacks)) + len(
+            self.babilong_tasks
+        ) * len(self.babilong_lengths)
         asked = cells * max(self.n, self.final_n) + self.facts
         longest = max([*self.passkey_lengths, *self.babilong_lengths, 0])
         if asked > MAX_EVAL_SAMPLES or longest > MAX_EVAL_LENGTH:
-            raise ValueError(f"the eval grid asks for {asked:,} samples at up to {longest:,} tokens; the caps are "
-                             f"{MAX_EVAL_SAMPLES:,} samples and {MAX_EVAL_LENGTH:,} tokens")
+            raise ValueError(
+                f"the eval grid asks for {asked:,} samples at up to {longest:,} tokens; the caps are "
+                f"{MAX_EVAL_SAMPLES:,} samples and {MAX_EVAL_LENGTH:,} tokens"
+            )
 
 
 @dataclass
@@ -118,7 +133,9 @@ class TrainConfig:
     name: str
     model: dict[str, Any]
     tokenizer: str = "byte"
-    init_from: str | None = None  # a checkpoint to start from: the same model's weights (a second stage), or LongMem's frozen backbone
+    init_from: str | None = (
+        None  # a checkpoint to start from: the same model's weights (a second stage), or LongMem's frozen backbone
+    )
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -129,7 +146,7 @@ class TrainConfig:
     log_every: int = 10
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         data = dict(data)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
@@ -165,14 +182,16 @@ class TrainConfig:
         lengths an evaluation grid asks for, people a facts knowledge base draws."""
         longest = max(length for _, length in self.data.curriculum)
         if longest * self.optim.batch_size > MAX_TOKENS_PER_STEP:
-            raise ValueError(f"data.curriculum's longest length {longest:,} x optim.batch_size {self.optim.batch_size} is "
-                             f"{longest * self.optim.batch_size:,} tokens a step, over the cap of {MAX_TOKENS_PER_STEP:,}")
+            raise ValueError(
+                f"data.curriculum's longest length {longest:,} x optim.batch_size {self.optim.batch_size} is "
+                f"{longest * self.optim.batch_size:,} tokens a step, over the cap of {MAX_TOKENS_PER_STEP:,}"
+            )
         self.eval.check_grid()
         if self.data.n_entities > MAX_ENTITIES:
             raise ValueError(f"data.n_entities {self.data.n_entities:,} is over the cap of {MAX_ENTITIES:,} people")
 
     @classmethod
-    def load(cls, path: str | Path) -> "TrainConfig":
+    def load(cls, path: str | Path) -> TrainConfig:
         path = Path(path)
         try:
             return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))

@@ -20,12 +20,13 @@ The `text` task is language modelling on real English: a window of a training do
 `passkey_haystacks` puts the pass key's filler in other backgrounds (the plays' training split, the
 papers' repeated "The grass is green." filler), one drawn per sample.
 """
+
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
@@ -62,8 +63,12 @@ class DataConfig:
     # part of the model reads (LongMem's backbone fills the bank with them once: `backbone_prefill`),
     # so the bank a batch searches holds n tokens of distractors, as at a million tokens; [] = none
     prefix_tokens: list[list[int]] = field(default_factory=list)
-    corpora: dict[str, float] = field(default_factory=lambda: {"shakespeare": 1.0})  # the text task's corpora and weights
-    passkey_haystacks: list[str] = field(default_factory=list)  # the pass key's fillers, one drawn a sample; [] = procedural
+    corpora: dict[str, float] = field(
+        default_factory=lambda: {"shakespeare": 1.0}
+    )  # the text task's corpora and weights
+    passkey_haystacks: list[str] = field(
+        default_factory=list
+    )  # the pass key's fillers, one drawn a sample; [] = procedural
     seed: int = 1
 
     def __post_init__(self) -> None:
@@ -71,10 +76,16 @@ class DataConfig:
         unknown = sorted(set(self.mix) - set(LONG_TASKS) - set(OTHER_TASKS))
         if unknown:
             raise ValueError(f"unknown data tasks {unknown}; tasks are {[*LONG_TASKS, *OTHER_TASKS]}")
-        if not isinstance(self.corpora, dict) or not self.corpora or not all(
-                isinstance(w, (int, float)) and w >= 0 for w in self.corpora.values()) or sum(self.corpora.values()) <= 0:
-            raise ValueError(f"data.corpora maps corpus names or paths to non-negative weights with a positive sum, "
-                             f"got {self.corpora!r}")
+        if (
+            not isinstance(self.corpora, dict)
+            or not self.corpora
+            or not all(isinstance(w, (int, float)) and w >= 0 for w in self.corpora.values())
+            or sum(self.corpora.values()) <= 0
+        ):
+            raise ValueError(
+                f"data.corpora maps corpus names or paths to non-negative weights with a positive sum, "
+                f"got {self.corpora!r}"
+            )
         if self.mix.get("text"):
             for corpus in self.corpora:
                 try:
@@ -82,11 +93,14 @@ class DataConfig:
                 except ValueError as exc:
                     raise ValueError(f"data.corpora: {exc}") from exc
         if not isinstance(self.passkey_haystacks, list) or not all(isinstance(h, str) for h in self.passkey_haystacks):
-            raise ValueError(f"data.passkey_haystacks is a list of background names or text files, got {self.passkey_haystacks!r}")
+            raise ValueError(
+                f"data.passkey_haystacks is a list of background names or text files, got {self.passkey_haystacks!r}"
+            )
         for name in self.passkey_haystacks:
             if name == "shakespeare":
-                raise ValueError("data.passkey_haystacks: 'shakespeare' holds the held-out plays; training reads "
-                                 "'shakespeare_train'")
+                raise ValueError(
+                    "data.passkey_haystacks: 'shakespeare' holds the held-out plays; training reads 'shakespeare_train'"
+                )
             try:
                 make_haystack(name, 0)
             except ValueError as exc:
@@ -108,13 +122,17 @@ class DataConfig:
                 raise ValueError(f"data.haystack: {exc}") from exc
         if any(len(c) != 2 or not isinstance(c[1], int) or c[1] < 0 for c in self.prefix_tokens):
             raise ValueError("data.prefix_tokens is a list of [from_step, n] with n a whole number of tokens >= 0")
-        if self.prompt_weight is not None and (not isinstance(self.prompt_weight, (int, float)) or self.prompt_weight < 0):
+        if self.prompt_weight is not None and (
+            not isinstance(self.prompt_weight, (int, float)) or self.prompt_weight < 0
+        ):
             raise ValueError(f"data.prompt_weight must be a non-negative number or null, got {self.prompt_weight!r}")
         if not 0 < self.min_len_frac <= 1:
             raise ValueError(f"data.min_len_frac must lie in (0, 1], got {self.min_len_frac}")
         if not 0 <= self.aligned_frac <= 1 or not isinstance(self.align_to, int) or self.align_to < 1:
-            raise ValueError(f"data.aligned_frac must lie in [0, 1] and data.align_to be a positive integer, "
-                             f"got {self.aligned_frac!r} and {self.align_to!r}")
+            raise ValueError(
+                f"data.aligned_frac must lie in [0, 1] and data.align_to be a positive integer, "
+                f"got {self.aligned_frac!r} and {self.align_to!r}"
+            )
 
     def max_len(self, step: int) -> int:
         return stage(self.curriculum, step)
@@ -160,7 +178,7 @@ def english_tokenizer_corpus(seed: int = 0, piece_chars: int = 2000) -> Iterator
     for corpus in texts.CORPORA:
         for doc in texts.documents(corpus, "train"):
             for start in range(0, len(doc.text), piece_chars):
-                yield doc.text[start:start + piece_chars]
+                yield doc.text[start : start + piece_chars]
     yield from tokenizer_corpus(seed, n_docs=1500)
     rng = random.Random(f"tokenizer-corpus-english-{seed}")
     for _ in range(300):
@@ -199,7 +217,7 @@ class TokenisedCorpus:
         docs = self.docs[rng.choices(self.names, self.weights)[0]]
         doc = rng.choices(docs, [len(d) for d in docs])[0]
         start = rng.randrange(max(1, len(doc) - length + 1))
-        return doc[start:start + length]
+        return doc[start : start + length]
 
 
 class TaskSampler:
@@ -247,20 +265,34 @@ class TaskSampler:
             # lengths the instruction leaves no room in (the start of a curriculum) drop it, so
             # needle and question can share one attention window or segment
             instruction = passkey.INSTRUCTION if length >= self.passkey_full_len else ""
-            haystack = rng.choice(self.cfg.passkey_haystacks) if self.cfg.passkey_haystacks else None  # drawn only when asked
-            sample = passkey.make_sample(self.tokenizer, length, rng.random(), key, haystack=haystack, seed=seed,
-                                         instruction=instruction)
+            haystack = (
+                rng.choice(self.cfg.passkey_haystacks) if self.cfg.passkey_haystacks else None
+            )  # drawn only when asked
+            sample = passkey.make_sample(
+                self.tokenizer, length, rng.random(), key, haystack=haystack, seed=seed, instruction=instruction
+            )
             return sample, " " + sample.answer, []
         if task in ruler.TASKS:  # RULER's prompt ends on its answer prefix; the answers follow it
-            sample = ruler.make_sample(self.tokenizer, task, length, seed=rng.randrange(2**31), haystack=self.cfg.haystack)
+            sample = ruler.make_sample(
+                self.tokenizer, task, length, seed=rng.randrange(2**31), haystack=self.cfg.haystack
+            )
             return sample, ("" if sample.prompt.endswith(" ") else " ") + ", ".join(sample.meta["answers"]) + ".", []
         story = self.story(task, rng, max_facts)
-        sample = babilong.make_sample(self.tokenizer, task, length, story, haystack=self.cfg.haystack,
-                                      seed=rng.randrange(2**31), names=self.cfg.names)
+        sample = babilong.make_sample(
+            self.tokenizer,
+            task,
+            length,
+            story,
+            haystack=self.cfg.haystack,
+            seed=rng.randrange(2**31),
+            names=self.cfg.names,
+        )
         drills = []
         if self.cfg.drill and story.more:  # drawn only when asked, so other recipes keep their data
-            drills = [(babilong.question_suffix(q), f" {a}.")
-                      for q, a in rng.sample(story.more, min(self.cfg.drill, len(story.more)))]
+            drills = [
+                (babilong.question_suffix(q), f" {a}.")
+                for q, a in rng.sample(story.more, min(self.cfg.drill, len(story.more)))
+            ]
         return sample, " " + sample.answer + ".", drills
 
     def story(self, task: str, rng: random.Random, max_facts: int | None) -> babilong.Story:
@@ -310,4 +342,3 @@ class TaskSampler:
             tokens[i, : len(e.tokens)] = torch.tensor(e.tokens)
             weights[i, : len(e.weights)] = torch.tensor(e.weights)
         return tokens, weights
-

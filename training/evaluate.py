@@ -6,18 +6,20 @@ the scores; `--n` and `--seed` score more or fresh samples on the same grid (two
 whose n = 20 scores differ by a story or two are told apart at n = 100 on two seeds); with
 `--write-card` it also stores them in card.json.
 """
+
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import memviz
-from memviz.model import NonFiniteError
 from memviz.checkpoint import CARD_FILE, resolve
 from memviz.files import atomic_write_text
+from memviz.model import NonFiniteError
 from probes import babilong, facts, lm, passkey, texts
 from training.config import EvalConfig
 
@@ -27,7 +29,9 @@ def card_train_config(card: dict) -> dict:
     its `eval` is not a mapping."""
     train_config = card.get("train_config", {})
     if not isinstance(train_config, dict):
-        raise ValueError(f"card.json: train_config must be a mapping (the run's training config), got {train_config!r:.80}")
+        raise ValueError(
+            f"card.json: train_config must be a mapping (the run's training config), got {train_config!r:.80}"
+        )
     for part in ("data", "eval"):
         if not isinstance(train_config.get(part, {}), dict):
             raise ValueError(f"card.json: train_config.{part} must be a mapping, got {train_config[part]!r:.80}")
@@ -90,7 +94,8 @@ def probe_scores(
     for background in (None, *passkey_haystacks) if passkey_lengths else ():
         df = passkey.run(model, passkey_lengths, passkey_depths, n=n, seed=seed, haystack=background, progress=progress)
         scores["passkey" if background is None else f"passkey_{background}"] = {
-            str(k): round(float(v), 4) for k, v in df.groupby("length")["correct"].mean().items()}
+            str(k): round(float(v), 4) for k, v in df.groupby("length")["correct"].mean().items()
+        }
     if babilong_tasks and babilong_lengths:
         df = babilong.run(model, babilong_tasks, babilong_lengths, n=n, seed=seed, haystack=haystack, progress=progress)
         scores["babilong"] = {

@@ -1,6 +1,7 @@
 """Type checks for a training config's fields, read from each dataclass's annotations, so a value of the
 wrong type is refused by its field's name (`data.min_len_frac must be a number, got '0.5'`), not by the
 Python error it would cause later."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -45,8 +46,12 @@ def describe(kind: str) -> str:
 
 
 def plural(words: str) -> str:
-    return {"a whole number": "whole numbers", "a number": "numbers", "a string": "strings", "true or false": "booleans",
-            }.get(words, words.replace("a list of", "lists of", 1))
+    return {
+        "a whole number": "whole numbers",
+        "a number": "numbers",
+        "a string": "strings",
+        "true or false": "booleans",
+    }.get(words, words.replace("a list of", "lists of", 1))
 
 
 def fits(value: Any, kind: str) -> bool:
@@ -78,5 +83,7 @@ def check_schedule(schedule: list[list[int]], field_name: str) -> None:
     """A [from_step, value] schedule starts at step >= 0 and its steps increase."""
     steps = [entry[0] for entry in schedule]
     if any(s < 0 for s in steps) or any(b <= a for a, b in zip(steps, steps[1:])):
-        raise ValueError(f"{field_name}'s steps must be >= 0 and increasing, got {steps} (a stage that starts "
-                         "before the one above it would replace it from its start)")
+        raise ValueError(
+            f"{field_name}'s steps must be >= 0 and increasing, got {steps} (a stage that starts "
+            "before the one above it would replace it from its start)"
+        )

@@ -16,6 +16,7 @@ tokens/s, periodic probe evaluation, a JSONL metrics log and atomic checkpoints.
 
 Checkpoints never hold pickles: weights and optimizer moments are safetensors, the rest JSON.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -28,8 +29,9 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -63,7 +65,12 @@ def init_distributed() -> tuple[int, int]:
 # ----- optimizer state without pickles -----------------------------------------------------
 def optimizer_to_files(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
     sd = optimizer.state_dict()
-    tensors = {f"{i}.{k}": v.contiguous() for i, st in sd["state"].items() for k, v in st.items() if isinstance(v, torch.Tensor)}
+    tensors = {
+        f"{i}.{k}": v.contiguous()
+        for i, st in sd["state"].items()
+        for k, v in st.items()
+        if isinstance(v, torch.Tensor)
+    }
     scalars = {f"{i}.{k}": v for i, st in sd["state"].items() for k, v in st.items() if not isinstance(v, torch.Tensor)}
     return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
 
@@ -106,13 +113,19 @@ def freeze_all_but(model: torch.nn.Module, patterns: list[str]) -> None:
         if not hits:
             p.requires_grad_(False)
     if unmatched := [pattern for pattern in patterns if pattern not in matched]:
-        raise ValueError(f"optim.train_only: no parameter name matches {unmatched} (names look like "
-                         f"{next(name for name, _ in model.named_parameters())!r})")
+        raise ValueError(
+            f"optim.train_only: no parameter name matches {unmatched} (names look like "
+            f"{next(name for name, _ in model.named_parameters())!r})"
+        )
 
 
-def weighted_loss(logits: torch.Tensor, tokens: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def weighted_loss(
+    logits: torch.Tensor, tokens: torch.Tensor, weights: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(weighted mean NLL, mean NLL on answer tokens) predicting tokens[t] at t-1."""
-    nll = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten(), reduction="none").view_as(tokens[:, 1:])
+    nll = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten(), reduction="none").view_as(
+        tokens[:, 1:]
+    )
     w = weights[:, 1:]
     loss = (nll * w).sum() / w.sum().clamp_min(1e-8)
     answer = w > 1.0 if bool((w > 1.0).any()) else w > 0
@@ -140,7 +153,11 @@ class Trainer:
             torch.set_num_threads(cfg.threads)
         heap.keep_freed_pages()  # a step re-allocates what the last one freed: no page faults for it
         self.out = Path(cfg.out)
-        self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else torch.device("cpu")
+        self.device = (
+            torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+            if torch.cuda.is_available()
+            else torch.device("cpu")
+        )
         torch.manual_seed(cfg.seed)
         self.step, self.elapsed, self.tokens_seen = 0, 0.0, 0
         created = not self.out.exists()
@@ -169,8 +186,10 @@ class Trainer:
         earlier = [p for p in (self.out / "checkpoints", self.out / "metrics.jsonl") if p.exists()]
         if not resume and earlier:
             if not overwrite:
-                raise ValueError(f"{self.out} holds an earlier run ({', '.join(p.name for p in earlier)}); pass --resume to "
-                                 "continue it, --overwrite to start afresh, or another --out")
+                raise ValueError(
+                    f"{self.out} holds an earlier run ({', '.join(p.name for p in earlier)}); pass --resume to "
+                    "continue it, --overwrite to start afresh, or another --out"
+                )
             if self.rank == 0:
                 for path in earlier:
                     shutil.rmtree(path) if path.is_dir() else path.unlink()
@@ -220,26 +239,35 @@ class Trainer:
         longest = max(length for _, length in self.cfg.data.curriculum)
         batch = self.cfg.optim.batch_size
         need = self.model.attention_score_bytes(batch, longest) + self.model.memory_step_bytes(batch, longest)
-        have = (torch.cuda.get_device_properties(self.device).total_memory if self.device.type == "cuda"
-                else physical_memory_bytes())
+        have = (
+            torch.cuda.get_device_properties(self.device).total_memory
+            if self.device.type == "cuda"
+            else physical_memory_bytes()
+        )
         if have and need > have:
             attention = self.model.attention.kind if self.model.attention is not None else "no"
-            raise ValueError(f"data.curriculum's longest length {longest:,} x optim.batch_size {batch}: a step of this "
-                             f"{self.model.family} model takes about {need / 2**30:,.1f} GiB for its {attention} "
-                             f"attention's scores and its memory, over this {self.device.type}'s {have / 2**30:,.1f} GiB "
-                             "(shorten the curriculum, lower the batch, or attend over a window)")
+            raise ValueError(
+                f"data.curriculum's longest length {longest:,} x optim.batch_size {batch}: a step of this "
+                f"{self.model.family} model takes about {need / 2**30:,.1f} GiB for its {attention} "
+                f"attention's scores and its memory, over this {self.device.type}'s {have / 2**30:,.1f} GiB "
+                "(shorten the curriculum, lower the batch, or attend over a window)"
+            )
 
     def check_prefix(self) -> None:
         longest_prefix = max((n for _, n in self.cfg.data.prefix_tokens), default=0)
         if not longest_prefix:
             return
         if not hasattr(self.model, "backbone_prefill"):
-            raise ValueError(f"data.prefix_tokens needs a memory that frozen weights write (LongMem's bank); "
-                             f"{self.model.family} trains the weights that write its memory")
+            raise ValueError(
+                f"data.prefix_tokens needs a memory that frozen weights write (LongMem's bank); "
+                f"{self.model.family} trains the weights that write its memory"
+            )
         room = longest_prefix + max(length for _, length in self.cfg.data.curriculum)
         if room > self.model.options.bank_size:
-            raise ValueError(f"data.prefix_tokens ({longest_prefix:,}) and the longest batch ({room - longest_prefix:,} tokens) "
-                             f"do not fit in model.memory.bank_size ({self.model.options.bank_size:,}): the prefix would leave the bank")
+            raise ValueError(
+                f"data.prefix_tokens ({longest_prefix:,}) and the longest batch ({room - longest_prefix:,} tokens) "
+                f"do not fit in model.memory.bank_size ({self.model.options.bank_size:,}): the prefix would leave the bank"
+            )
 
     def prefix_state(self, step: int):
         """The state a batch continues: None, or the one after data.prefix_tokens of filler (made once per size)."""
@@ -247,7 +275,9 @@ class Trainer:
         if not n:
             return None
         if n not in self.prefix_states:
-            self.prefix_states = {n: self.model.backbone_prefill(self.sampler.prefix(n, self.cfg.optim.batch_size).to(self.device))}
+            self.prefix_states = {
+                n: self.model.backbone_prefill(self.sampler.prefix(n, self.cfg.optim.batch_size).to(self.device))
+            }
         return self.prefix_states[n]
 
     def latest_checkpoint(self) -> Path | None:
@@ -262,8 +292,10 @@ class Trainer:
         with open(pointer, "rb") as fh:
             name = fh.read(64).decode("utf-8", "replace").strip()
         if not re.fullmatch(r"step-\d{7}", name):
-            raise ValueError(f"{pointer} names {name[:40]!r}, not one of this run's checkpoints (step-NNNNNNN): "
-                             "a run resumes only from inside its own folder")
+            raise ValueError(
+                f"{pointer} names {name[:40]!r}, not one of this run's checkpoints (step-NNNNNNN): "
+                "a run resumes only from inside its own folder"
+            )
         path = root / name
         return path if path.is_dir() and not path.is_symlink() else None
 
@@ -273,7 +305,11 @@ class Trainer:
         try:
             meta = json.loads(state_file.read_text(encoding="utf-8"))
             optimizer_meta = meta["optimizer"]
-            self.step, self.elapsed, self.tokens_seen = int(meta["step"]), float(meta["elapsed"]), int(meta["tokens_seen"])
+            self.step, self.elapsed, self.tokens_seen = (
+                int(meta["step"]),
+                float(meta["elapsed"]),
+                int(meta["tokens_seen"]),
+            )
         except FileNotFoundError as exc:
             raise ValueError(f"--resume: {state_file} is missing, so the step and optimizer state are unknown") from exc
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError, KeyError, ValueError) as exc:
@@ -282,8 +318,10 @@ class Trainer:
         try:
             optimizer_from_files(self.optimizer, read_weights(path / "optimizer.safetensors"), optimizer_meta)
         except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"--resume: {path / 'optimizer.safetensors'} does not match {state_file} and this "
-                             f"model's optimizer ({exc})") from exc
+            raise ValueError(
+                f"--resume: {path / 'optimizer.safetensors'} does not match {state_file} and this "
+                f"model's optimizer ({exc})"
+            ) from exc
         self.keep_metrics_up_to(self.step)
 
     def keep_metrics_up_to(self, step: int) -> None:
@@ -303,7 +341,7 @@ class Trainer:
         atomic_write_text(path, "".join(f"{line}\n" for line in kept))
 
     # ----- the loop -------------------------------------------------------------------------
-    def run(self) -> "Trainer":
+    def run(self) -> Trainer:
         """Train until optim.steps or a stop request; the output folder is this run's until it returns."""
         cfg = self.cfg
         if self.rank == 0:
@@ -318,7 +356,11 @@ class Trainer:
             while self.step < cfg.optim.steps and not self.stop.is_set():
                 record = self.train_step()
                 bar.update(1)
-                bar.set_postfix(loss=f"{record['loss']:.3f}", answer=f"{record['answer_loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
+                bar.set_postfix(
+                    loss=f"{record['loss']:.3f}",
+                    answer=f"{record['answer_loss']:.3f}",
+                    tok_s=f"{record['tokens_per_s']:.0f}",
+                )
                 if self.rank == 0 and (self.step % cfg.log_every == 0 or self.step == cfg.optim.steps):
                     self.log(record)
                 if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.optim.steps:
@@ -351,7 +393,11 @@ class Trainer:
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.clip)
             if not torch.isfinite(grad_norm):  # clipping by a non-finite norm would poison every weight
-                bad = [n for n, p in self.model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+                bad = [
+                    n
+                    for n, p in self.model.named_parameters()
+                    if p.grad is not None and not torch.isfinite(p.grad).all()
+                ]
                 raise TrainingDiverged(
                     f"the gradient became non-finite at step {self.step} (loss {loss.item():.4g}, {tokens.shape[1]} tokens) "
                     f"in {', '.join(bad[:4])}{' ...' if len(bad) > 4 else ''}; stopped without updating or saving, so "
@@ -414,7 +460,12 @@ class Trainer:
         save(self.model, path)
         tensors, optimizer_meta = optimizer_to_files(self.optimizer)
         atomic_write_bytes(path / "optimizer.safetensors", save_safetensors(tensors))
-        state = {"step": self.step, "elapsed": self.elapsed, "tokens_seen": self.tokens_seen, "optimizer": optimizer_meta}
+        state = {
+            "step": self.step,
+            "elapsed": self.elapsed,
+            "tokens_seen": self.tokens_seen,
+            "optimizer": optimizer_meta,
+        }
         atomic_write_text(path / "train_state.json", json.dumps(state))
         atomic_write_text(root / "latest", name)
         for old in root.glob("step-*"):
@@ -471,14 +522,18 @@ def check_export_folder(directory: str | Path) -> None:
     if path.exists() or path.is_symlink():
         real = Path(os.path.realpath(path))
         if not real.is_dir():
-            raise ValueError(f"--export: {path} exists and is not a folder; an export replaces only a checkpoint "
-                             "folder, never a file it did not write")
+            raise ValueError(
+                f"--export: {path} exists and is not a folder; an export replaces only a checkpoint "
+                "folder, never a file it did not write"
+            )
         if not os.access(real, os.W_OK):
             raise ValueError(f"--export: cannot write in {path}")
         present = {child.name for child in real.iterdir()}
         if present and not present & set(CHECKPOINT_FILES):
-            raise ValueError(f"--export: {path} holds {len(present)} files and none of a checkpoint's "
-                             f"({', '.join(CHECKPOINT_FILES)}); an export replaces only a checkpoint folder")
+            raise ValueError(
+                f"--export: {path} holds {len(present)} files and none of a checkpoint's "
+                f"({', '.join(CHECKPOINT_FILES)}); an export replaces only a checkpoint folder"
+            )
         return
     ancestor = path.absolute().parent
     while not ancestor.exists():
@@ -501,8 +556,10 @@ def machine_description() -> str:
     rounds differently (1e-7 after 20 steps), and a long run can amplify that."""
     if torch.cuda.is_available():
         return f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"
-    return (f"{platform.machine()} CPU ({cpu_model()}, {torch.backends.cpu.get_cpu_capability()} kernels), "
-            f"{os.cpu_count()} cores, {torch.get_num_threads()} torch threads, torch {torch.__version__}")
+    return (
+        f"{platform.machine()} CPU ({cpu_model()}, {torch.backends.cpu.get_cpu_capability()} kernels), "
+        f"{os.cpu_count()} cores, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
+    )
 
 
 def cpu_model() -> str:
@@ -522,5 +579,3 @@ def train(config: TrainConfig | dict | str | Path, resume: bool = False, **kwarg
     elif isinstance(config, dict):
         config = TrainConfig.from_dict(config)
     return Trainer(config, resume=resume, **kwargs).run()
-
-

@@ -1,9 +1,11 @@
 """Quick runs from the app or a notebook: a small model of a family (its registered `quick`
 preset, byte tokenizer) trained on one probe task for a few hundred steps."""
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import memviz
 from training.config import TrainConfig
@@ -20,9 +22,17 @@ QUICK_LENGTHS = {"passkey": 320, "qa1": 320, "facts": 128}
 QUICK_LR = 3e-3
 
 
-def quick_config(family: str, task: str, steps: int, name: str, out: str | Path, seed: int = 0,
-                 lr: float | None = None, length: int | None = None,
-                 curriculum: Sequence[Sequence[int]] | None = None) -> TrainConfig:
+def quick_config(
+    family: str,
+    task: str,
+    steps: int,
+    name: str,
+    out: str | Path,
+    seed: int = 0,
+    lr: float | None = None,
+    length: int | None = None,
+    curriculum: Sequence[Sequence[int]] | None = None,
+) -> TrainConfig:
     """A small training run of `family` on one probe task (its registered `quick` preset: model
     config fields, and "lr" where the family needs another than QUICK_LR). `lr` and `length` (the
     training sequences' tokens; the task's QUICK_LENGTHS by default) override the preset's; a
@@ -39,18 +49,29 @@ def quick_config(family: str, task: str, steps: int, name: str, out: str | Path,
     stages = [[int(a), int(b)] for a, b in curriculum] if curriculum else [[0, int(length)]]
     length = max(b for _, b in stages)
     model = {"family": family, "d_model": 64, "n_layers": 2, "n_heads": 2, **preset}
-    eval_cfg = {"passkey": {"passkey_lengths": [max(length, QUICK_LENGTHS["passkey"])]},
-                "qa1": {"babilong_tasks": ["qa1"], "babilong_lengths": [max(length, 320)]}, "facts": {"facts": 20}}[task]
-    return TrainConfig.from_dict({
-        "name": name, "model": model, "tokenizer": "byte", "out": str(out), "seed": seed, "save_every": 50, "log_every": 5,
-        "data": {"mix": {task: 1.0}, "curriculum": stages, "min_len_frac": 0.9, "n_entities": 50},
-        "optim": {"steps": steps, "batch_size": 8, "lr": lr, "warmup": min(50, max(1, steps // 10))},
-        "eval": {**eval_cfg, "final_n": 5},
-    })
+    eval_cfg = {
+        "passkey": {"passkey_lengths": [max(length, QUICK_LENGTHS["passkey"])]},
+        "qa1": {"babilong_tasks": ["qa1"], "babilong_lengths": [max(length, 320)]},
+        "facts": {"facts": 20},
+    }[task]
+    return TrainConfig.from_dict(
+        {
+            "name": name,
+            "model": model,
+            "tokenizer": "byte",
+            "out": str(out),
+            "seed": seed,
+            "save_every": 50,
+            "log_every": 5,
+            "data": {"mix": {task: 1.0}, "curriculum": stages, "min_len_frac": 0.9, "n_entities": 50},
+            "optim": {"steps": steps, "batch_size": 8, "lr": lr, "warmup": min(50, max(1, steps // 10))},
+            "eval": {**eval_cfg, "final_n": 5},
+        }
+    )
 
 
 def parse_curriculum(text: str, shortest: int = 64, longest: int = 4096) -> list[list[int]]:
-    """"0:256, 150:1024" -> [[0, 256], [150, 1024]]: from each step on, sequences of up to that
+    """ "0:256, 150:1024" -> [[0, 256], [150, 1024]]: from each step on, sequences of up to that
     many tokens. The first stage starts at step 0, steps increase, lengths lie in [shortest, longest]."""
     stages = []
     for part in (p.strip() for p in text.split(",") if p.strip()):

@@ -1,6 +1,7 @@
 """One training run per output folder: `RunLock(out)` holds `out/.run.lock` (an flock, so a run killed by any
 signal frees it and the next run takes it over) and writes its owner there (pid, host, thread, start, name),
 which a refused run's message names."""
+
 from __future__ import annotations
 
 import errno
@@ -33,10 +34,17 @@ class RunLock:
             self.file.close()
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                 raise ValueError(f"out: cannot lock the run folder {out} ({exc.strerror})") from exc
-            raise ValueError(f"out: the run folder {out} is in use by another run ({describe(owner)}); wait for it, "
-                             "stop it, or pass another --out") from exc
-        owner = {"pid": os.getpid(), "host": socket.gethostname(), "thread": threading.current_thread().name,
-                 "started": time.strftime("%Y-%m-%d %H:%M:%S"), "name": name}
+            raise ValueError(
+                f"out: the run folder {out} is in use by another run ({describe(owner)}); wait for it, "
+                "stop it, or pass another --out"
+            ) from exc
+        owner = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "thread": threading.current_thread().name,
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "name": name,
+        }
         self.file.seek(0)
         self.file.truncate()
         self.file.write(json.dumps(owner))

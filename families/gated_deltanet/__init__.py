@@ -27,6 +27,7 @@ Hooks per layer (`blocks.{l}.attn.`): `hook_alpha`, `hook_beta` [batch, pos, hea
 a span wrote: S is linear in the writes beta_j k_j v_j^T with transitions alpha_t (I - beta_t k_t k_t^T)
 that do not depend on S, so the span's part is the same recurrence fed only the span's writes.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -90,8 +91,10 @@ class GatedDeltaAttention(LocalAttention):
             self.mix.fill_(self.options.gate_init)
 
     def init_state(self, batch: int, device: torch.device) -> dict:
-        return {"local": super().init_state(batch, device),
-                "S": torch.zeros(batch, self.n_heads, self.d_head, self.d_head, device=device)}
+        return {
+            "local": super().init_state(batch, device),
+            "S": torch.zeros(batch, self.n_heads, self.d_head, self.d_head, device=device),
+        }
 
     def forward(self, x: Tensor, state: dict, pos: int) -> tuple[Tensor, dict]:
         B, T, _ = x.shape
@@ -101,8 +104,15 @@ class GatedDeltaAttention(LocalAttention):
         vm = self.hook_write_value(F.silu(v))
         alpha = self.hook_alpha(torch.exp(-self.A_log.exp() * F.softplus(self.W_alpha(x))))
         beta = self.hook_beta(torch.sigmoid(self.W_beta(x)))
-        (o, norms), S = chunked(qm.transpose(1, 2), km.transpose(1, 2), vm.transpose(1, 2), alpha.transpose(1, 2),
-                                beta.transpose(1, 2), state["S"], self.options.chunk)
+        (o, norms), S = chunked(
+            qm.transpose(1, 2),
+            km.transpose(1, 2),
+            vm.transpose(1, 2),
+            alpha.transpose(1, 2),
+            beta.transpose(1, 2),
+            state["S"],
+            self.options.chunk,
+        )
         self.hook_state_norm(norms.transpose(1, 2))
         mem = self.hook_mem_out(self.out_norm(o.transpose(1, 2)) * F.silu(self.heads(self.W_g(x))))
         local = self.hook_local_out(local)
@@ -117,26 +127,36 @@ def rate_heatmaps(trace: Trace, width: int = WIDTH, start: int = 0, stop: int | 
     for name in layer_names(trace, ALPHA):
         prefix = layer_prefix(name, ALPHA)
         layer = prefix.split(".attn")[0]
-        figs[f"{layer} alpha"] = position_heatmap(trace, name, f"{layer}: decay alpha (1 keeps the state)", "head",
-                                                  zmin=0, zmax=1, **zoom)
-        figs[f"{layer} beta"] = position_heatmap(trace, f"{prefix}.hook_beta", f"{layer}: write strength beta", "head",
-                                                 zmin=0, zmax=1, **zoom)
+        figs[f"{layer} alpha"] = position_heatmap(
+            trace, name, f"{layer}: decay alpha (1 keeps the state)", "head", zmin=0, zmax=1, **zoom
+        )
+        figs[f"{layer} beta"] = position_heatmap(
+            trace, f"{prefix}.hook_beta", f"{layer}: write strength beta", "head", zmin=0, zmax=1, **zoom
+        )
     return figs
 
 
-def gated_deltanet_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int | None = None) -> dict[str, go.Figure]:
+def gated_deltanet_figures(
+    trace: Trace, width: int = WIDTH, start: int = 0, stop: int | None = None
+) -> dict[str, go.Figure]:
     """Per layer alpha and beta over tokens and heads; the state's norm; the memory's share of each head's output."""
     zoom = dict(width=width, start=start, stop=stop)
     figs = rate_heatmaps(trace, **zoom)
-    figs["state norm"] = timeline(trace, {n: n for n in layer_names(trace, STATE_NORM)}, "||S_t|| (mean over heads)", **zoom)
+    figs["state norm"] = timeline(
+        trace, {n: n for n in layer_names(trace, STATE_NORM)}, "||S_t|| (mean over heads)", **zoom
+    )
     figs.update(memory_share_heatmaps(trace, GATE, **zoom))
     return figs
 
 
-@register_family("gated_deltanet", summary="Gated DeltaNet (arXiv 2412.06464): a per-head state written by the gated "
-                 "delta rule (decay alpha, write strength beta) beside local attention",
-                 figures=gated_deltanet_figures, quick={"attention": {"kind": "window", "span": 32}},
-                 sample=str(Path(__file__).resolve().parent / "sample_16k"))
+@register_family(
+    "gated_deltanet",
+    summary="Gated DeltaNet (arXiv 2412.06464): a per-head state written by the gated "
+    "delta rule (decay alpha, write strength beta) beside local attention",
+    figures=gated_deltanet_figures,
+    quick={"attention": {"kind": "window", "span": 32}},
+    sample=str(Path(__file__).resolve().parent / "sample_16k"),
+)
 class GatedDeltaNetLM(MemoryLM):
     """Transformer whose attention layers carry a gated delta rule memory beside local attention."""
 
@@ -148,8 +168,10 @@ class GatedDeltaNetLM(MemoryLM):
 
     def check_config(self) -> None:
         if self.attention is None or self.attention.kind == "causal":
-            raise ConfigError('gated_deltanet keeps a bounded local attention beside its memory: give attention '
-                              '{"kind": "window" or "segment", "span": tokens}')
+            raise ConfigError(
+                "gated_deltanet keeps a bounded local attention beside its memory: give attention "
+                '{"kind": "window" or "segment", "span": tokens}'
+            )
 
     def make_block(self, layer: int) -> nn.Module:
         cfg = self.cfg
@@ -163,8 +185,11 @@ class GatedDeltaNetLM(MemoryLM):
         full = self.as_tokens(tokens)
         if not 0 <= position < full.shape[1]:
             raise ValueError(f"position must lie in [0, {full.shape[1]}), got {position}")
-        names = [f"blocks.{l}.attn.hook_{w}" for l in range(self.cfg.n_layers)
-                 for w in ("q", "write_key", "write_value", "alpha", "beta")]
+        names = [
+            f"blocks.{l}.attn.hook_{w}"
+            for l in range(self.cfg.n_layers)
+            for w in ("q", "write_key", "write_value", "alpha", "beta")
+        ]
         seen = self.capture(full[:, : position + 1], names)
         parts = {}
         for layer in range(self.cfg.n_layers):
@@ -190,6 +215,7 @@ class GatedDeltaNetLM(MemoryLM):
         def keep(name: str):
             def hook(value: Tensor, hook) -> None:
                 captured.setdefault(int(hook.name.split(".")[1]), {})[name] = value[0].transpose(0, 1).double().cpu()
+
             return hook
 
         names = ("alpha", "beta", "write_key", "write_value")
@@ -203,10 +229,14 @@ class GatedDeltaNetLM(MemoryLM):
                 in_span = ((positions >= a) & (positions < b)).double()[:, None]
                 for layer, c in captured.items():
                     k, v = c["write_key"][None], c["write_value"][None] * in_span
-                    (_, n), parts[layer] = chunked(k, k, v, c["alpha"][None], c["beta"][None], parts[layer], self.options.chunk)
+                    (_, n), parts[layer] = chunked(
+                        k, k, v, c["alpha"][None], c["beta"][None], parts[layer], self.options.chunk
+                    )
                     norms[layer].append(n[0].amax(0))
         hold = {}
         for layer, per_chunk in enumerate(norms):
             values = torch.cat(per_chunk).numpy()
-            hold[f"layer {layer}: share of the span's write still in the state"] = (values / max(values.max(), 1e-30)).astype(np.float32)
+            hold[f"layer {layer}: share of the span's write still in the state"] = (
+                values / max(values.max(), 1e-30)
+            ).astype(np.float32)
         return hold

@@ -19,13 +19,16 @@ one triangular solve and a few matmuls a chunk. Ratios of gammas are exp of diff
 cumulative log alpha, masked before exp, so they never overflow. Both forms also return the
 state's Frobenius norm after every token (for the trace).
 """
+
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
 
-def recurrent(q: Tensor, k: Tensor, v: Tensor, alpha: Tensor, beta: Tensor, S: Tensor) -> tuple[tuple[Tensor, Tensor], Tensor]:
+def recurrent(
+    q: Tensor, k: Tensor, v: Tensor, alpha: Tensor, beta: Tensor, S: Tensor
+) -> tuple[tuple[Tensor, Tensor], Tensor]:
     """q, k [B,H,T,dk], v [B,H,T,dv], alpha, beta [B,H,T], S [B,H,dk,dv] ->
     ((o [B,H,T,dv], ||S_t||_F [B,H,T]), S_T)."""
     outputs, norms = [], []
@@ -37,8 +40,9 @@ def recurrent(q: Tensor, k: Tensor, v: Tensor, alpha: Tensor, beta: Tensor, S: T
     return (torch.stack(outputs, 2), torch.stack(norms, 2)), S
 
 
-def chunked(q: Tensor, k: Tensor, v: Tensor, alpha: Tensor, beta: Tensor, S: Tensor, chunk: int = 32,
-            state_norms: bool = True) -> tuple[tuple[Tensor, Tensor | None], Tensor]:
+def chunked(
+    q: Tensor, k: Tensor, v: Tensor, alpha: Tensor, beta: Tensor, S: Tensor, chunk: int = 32, state_norms: bool = True
+) -> tuple[tuple[Tensor, Tensor | None], Tensor]:
     """The same map as `recurrent`, a chunk of `chunk` tokens at a time (module docstring);
     with `state_norms` False the per-token norms are skipped (None), the costly part. Half
     precision inputs are computed in float32 (the triangular solve has no bfloat16 kernel)."""

@@ -1,6 +1,7 @@
 """Gated DeltaNet, the family written outside memviz: its chunked form against the token-by-token
 recurrence (float64) and fla's plain-torch reference; the model's memory against the equations
 recomputed from its weights; streaming, tracing, figures, interventions and needle_hold."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -21,8 +22,15 @@ from memviz.interventions import ablate_at, answer_logprob, replace_at
 from memviz.trace import Trace
 
 FOLDER = Path(__file__).resolve().parent
-CONFIG = dict(family="gated_deltanet", d_model=32, n_layers=2, n_heads=2, d_mlp=64, vocab_size=259,
-              attention={"kind": "window", "span": 8})
+CONFIG = dict(
+    family="gated_deltanet",
+    d_model=32,
+    n_layers=2,
+    n_heads=2,
+    d_mlp=64,
+    vocab_size=259,
+    attention={"kind": "window", "span": 8},
+)
 
 
 @pytest.fixture
@@ -66,8 +74,15 @@ def test_the_recurrence_matches_flas_reference(seed):
     q, k, v, alpha, beta, S = rule_inputs(2, 3, 19, 8, 6, torch.float32)
     (o, _), S_final = recurrent(q, k, v, alpha, beta, S)
     ref_o, ref_S = naive.naive_recurrent_gated_delta_rule(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), beta.transpose(1, 2), alpha.log().transpose(1, 2),
-        scale=1.0, initial_state=S, output_final_state=True)
+        q.transpose(1, 2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        beta.transpose(1, 2),
+        alpha.log().transpose(1, 2),
+        scale=1.0,
+        initial_state=S,
+        output_final_state=True,
+    )
     torch.testing.assert_close(o, ref_o.transpose(1, 2), atol=2e-5, rtol=1e-4, msg=lambda m: f"o (seed {seed}): {m}")
     torch.testing.assert_close(S_final, ref_S, atol=2e-5, rtol=1e-4, msg=lambda m: f"S (seed {seed}): {m}")
 
@@ -98,8 +113,13 @@ def test_the_model_writes_and_reads_as_the_paper_says():
     outputs = []
     for t in range(len(x)):  # S_t = alpha_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T, o_t = S_t^T q_t
         eye = torch.eye(d, dtype=torch.float64)
-        S = torch.stack([alpha[t, h] * (eye - beta[t, h] * torch.outer(k[t, h], k[t, h])) @ S[h]
-                         + beta[t, h] * torch.outer(k[t, h], v[t, h]) for h in range(H)])
+        S = torch.stack(
+            [
+                alpha[t, h] * (eye - beta[t, h] * torch.outer(k[t, h], k[t, h])) @ S[h]
+                + beta[t, h] * torch.outer(k[t, h], v[t, h])
+                for h in range(H)
+            ]
+        )
         outputs.append(torch.einsum("hk,hkv->hv", q[t], S))
     o = torch.stack(outputs)
     gated = attn.out_norm(o) * F.silu(attn.W_g(x).view(-1, H, d))
@@ -126,7 +146,9 @@ def test_trace_figures_interventions_and_needle_hold(tmp_path):
     assert {"blocks.0 alpha", "blocks.1 beta", "state norm", "loss"} <= set(figs)
     assert ((tr["blocks.0.attn.hook_alpha"] > 0) & (tr["blocks.0.attn.hook_alpha"] < 1)).all()
     clean = answer_logprob(model, text, "12345")["logprob"]
-    assert answer_logprob(model, text, "12345", [replace_at(model, 6, text)])["logprob"] == pytest.approx(clean, abs=1e-5)
+    assert answer_logprob(model, text, "12345", [replace_at(model, 6, text)])["logprob"] == pytest.approx(
+        clean, abs=1e-5
+    )
     assert answer_logprob(model, text, "12345", [ablate_at(model, 6)])["logprob"] != pytest.approx(clean, abs=1e-4)
     hold = model.needle_hold(model.tokenizer.encode(text), (4, 9))
     for values in hold.values():
@@ -163,7 +185,9 @@ def test_its_qa1_samples_answer_where_the_control_cannot(sample, background):
 
     model, control = memviz.load(FOLDER / sample), memviz.load("sliding_window_qa1")
     ours = babilong.run(model, ["qa1"], [1000], n=10, seed=13, haystack=background, progress=False)["correct"].mean()
-    theirs = babilong.run(control, ["qa1"], [1000], n=10, seed=13, haystack=background, progress=False)["correct"].mean()
+    theirs = babilong.run(control, ["qa1"], [1000], n=10, seed=13, haystack=background, progress=False)[
+        "correct"
+    ].mean()
     assert ours >= theirs + 0.3, (ours, theirs)
 
 
@@ -179,18 +203,31 @@ def test_its_ruler_sample_finds_rulers_needle_where_the_control_cannot():
     assert passkey.run(model, [2048], [0.5], n=4, seed=13, progress=False)["correct"].mean() >= 0.75
 
 
-@pytest.mark.parametrize("sample, recipe, start", [("sample_16k", "gated_deltanet_16k", "sample_long"),
-                                                   ("sample_32k", "gated_deltanet_32k", "sample_16k"),
-                                                   ("sample_ruler", "gated_deltanet_ruler", "sample_16k"),
-                                                   ("sample_qa1", "gated_deltanet_qa1", "../../sample_checkpoints/sliding_window_qa1")])
+@pytest.mark.parametrize(
+    "sample, recipe, start",
+    [
+        ("sample_16k", "gated_deltanet_16k", "sample_long"),
+        ("sample_32k", "gated_deltanet_32k", "sample_16k"),
+        ("sample_ruler", "gated_deltanet_ruler", "sample_16k"),
+        ("sample_qa1", "gated_deltanet_qa1", "../../sample_checkpoints/sliding_window_qa1"),
+    ],
+)
 def test_its_later_samples_are_reproduced_by_their_cards_from_a_shipped_sample(sample, recipe, start):
     """Each later stage continues a sample whose card ships (its recipe's init_from; a retired one's card says
     how to restore its weights), as its card's command says."""
     card = json.loads((FOLDER / sample / "card.json").read_text())
     config = json.loads((FOLDER / f"{recipe}.train.json").read_text())
-    assert f"--config families/gated_deltanet/{recipe}.train.json --export families/gated_deltanet/{sample}" in card["train_command"]
-    assert Path(config["init_from"]) == Path(os.path.normpath(f"families/gated_deltanet/{start}")) and (FOLDER / start / "card.json").is_file()
-    assert {k: card["train_config"][k] for k in ("init_from", "seed", "threads")} == {k: config[k] for k in ("init_from", "seed", "threads")}
+    assert (
+        f"--config families/gated_deltanet/{recipe}.train.json --export families/gated_deltanet/{sample}"
+        in card["train_command"]
+    )
+    assert (
+        Path(config["init_from"]) == Path(os.path.normpath(f"families/gated_deltanet/{start}"))
+        and (FOLDER / start / "card.json").is_file()
+    )
+    assert {k: card["train_config"][k] for k in ("init_from", "seed", "threads")} == {
+        k: config[k] for k in ("init_from", "seed", "threads")
+    }
     assert card["train_config"]["model"]["memory"] == config["model"]["memory"]
     assert {k: card["train_config"]["optim"][k] for k in config["optim"]} == config["optim"]
     assert {k: card["train_config"]["data"][k] for k in config["data"]} == config["data"]
@@ -211,7 +248,9 @@ def test_the_read_out_parts_sum_to_the_state_read():
         for layer in range(2):
             c = {w: seen[f"blocks.{layer}.attn.hook_{w}"].transpose(0, 1)[None] for w in names}  # [1, H, T, ...]
             state = torch.zeros(1, 2, 16, 16, dtype=torch.float64)
-            (o, _), _ = recurrent(F.normalize(F.silu(c["q"]), dim=-1), c["write_key"], c["write_value"], c["alpha"], c["beta"], state)
+            (o, _), _ = recurrent(
+                F.normalize(F.silu(c["q"]), dim=-1), c["write_key"], c["write_value"], c["alpha"], c["beta"], state
+            )
             part = readout.parts[f"blocks.{layer}"]
             assert part.shape == (position + 1, 2, 16)
             torch.testing.assert_close(part.sum(0), o[0, :, position], atol=1e-12, rtol=1e-12)

@@ -11,6 +11,7 @@
 The peers are optional (`pip install 'memviz[peers]'`); the families register without them and
 say what to install when a model is built. Each adapter supports the versions in `SUPPORTED`.
 """
+
 from __future__ import annotations
 
 import importlib

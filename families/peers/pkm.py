@@ -15,6 +15,7 @@ where the peer hands it to its value table and passes it through memviz's memory
 What a hook returns goes back into the peer's bag, so memviz's "silence" intervention (zero the
 weights of all or chosen values) acts on the peer's own computation.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -88,13 +89,20 @@ class PeerPKM(nn.Module):
         return self.hook_read(self.pkm(x))
 
 
-@register_family("product_key_memory", summary="product-key-memory 0.3's PKM (an adapter) as the memory layer of a "
-                 "memviz transformer: its top-k selections under memviz's memory-layer hook names",
-                 figures=memory_layer_figures, figure_settings=lambda model: {"n_values": model.options.num_keys**2},
-                 interventions={"silence": "zero the PKM's top-k selection weights, or those of chosen values "
-                                           "(model.silence_hooks)"},
-                 quick={"attention": {"kind": "window", "span": 32},
-                        "memory": {"layers": [1], "heads": 2, "num_keys": 16, "topk": 4, "dim_head": 16}})
+@register_family(
+    "product_key_memory",
+    summary="product-key-memory 0.3's PKM (an adapter) as the memory layer of a "
+    "memviz transformer: its top-k selections under memviz's memory-layer hook names",
+    figures=memory_layer_figures,
+    figure_settings=lambda model: {"n_values": model.options.num_keys**2},
+    interventions={
+        "silence": "zero the PKM's top-k selection weights, or those of chosen values (model.silence_hooks)"
+    },
+    quick={
+        "attention": {"kind": "window", "span": 32},
+        "memory": {"layers": [1], "heads": 2, "num_keys": 16, "topk": 4, "dim_head": 16},
+    },
+)
 class ProductKeyMemoryLM(MemoryLM):
     """A memviz transformer with product-key-memory's `PKM` in place of some FFNs."""
 
@@ -107,21 +115,31 @@ class ProductKeyMemoryLM(MemoryLM):
     def check_config(self) -> None:
         bad = [i for i in self.options.layers if not 0 <= i < self.cfg.n_layers]
         if bad or not self.options.layers:
-            raise ConfigError(f"product_key_memory layers {self.options.layers} must be a non-empty list in 0..{self.cfg.n_layers - 1}")
+            raise ConfigError(
+                f"product_key_memory layers {self.options.layers} must be a non-empty list in 0..{self.cfg.n_layers - 1}"
+            )
 
     def build(self) -> None:
         PKM = require("product-key-memory", "product_key_memory").PKM
         cfg = self.cfg
         self.memory_layers = sorted(set(self.options.layers))
         self.blocks = nn.ModuleList(
-            Block(cfg, LocalAttention(cfg, self.attention),
-                  PeerPKM(PKM(cfg.d_model, **self.options.peer_kwargs())) if layer in self.memory_layers
-                  else SwiGLU(cfg.d_model, cfg.d_mlp))
-            for layer in range(cfg.n_layers))
+            Block(
+                cfg,
+                LocalAttention(cfg, self.attention),
+                PeerPKM(PKM(cfg.d_model, **self.options.peer_kwargs()))
+                if layer in self.memory_layers
+                else SwiGLU(cfg.d_model, cfg.d_mlp),
+            )
+            for layer in range(cfg.n_layers)
+        )
 
     def reset_parameters(self) -> None:
         """memviz's initialisation for the transformer; the peer's own for each PKM."""
-        peers = {layer: {k: v.clone() for k, v in self.blocks[layer].mlp.pkm.state_dict().items()} for layer in self.memory_layers}
+        peers = {
+            layer: {k: v.clone() for k, v in self.blocks[layer].mlp.pkm.state_dict().items()}
+            for layer in self.memory_layers
+        }
         super().reset_parameters()
         for layer, weights in peers.items():
             self.blocks[layer].mlp.pkm.load_state_dict(weights)
@@ -142,15 +160,24 @@ class ProductKeyMemoryLM(MemoryLM):
 def pkm_options(pkm: nn.Module) -> dict[str, Any]:
     """The keyword arguments a `PKM` was built with, read off the module."""
     if pkm.concat_values_and_combine or pkm.differentiable_topk:
-        raise PeerError("the product_key_memory adapter supports PKM without concat_values_and_combine and "
-                        "differentiable_topk")
-    return dict(heads=pkm.heads, num_keys=pkm.num_keys, topk=pkm.topk, dim_head=pkm.keys.shape[-1],
-                use_layernorm=pkm.use_layernorm, pre_layernorm=isinstance(pkm.pre_layernorm, nn.LayerNorm),
-                norm_output=isinstance(pkm.output_norm, nn.LayerNorm),
-                non_competitive_gates=isinstance(pkm.gate_activation, nn.ReLU))
+        raise PeerError(
+            "the product_key_memory adapter supports PKM without concat_values_and_combine and differentiable_topk"
+        )
+    return dict(
+        heads=pkm.heads,
+        num_keys=pkm.num_keys,
+        topk=pkm.topk,
+        dim_head=pkm.keys.shape[-1],
+        use_layernorm=pkm.use_layernorm,
+        pre_layernorm=isinstance(pkm.pre_layernorm, nn.LayerNorm),
+        norm_output=isinstance(pkm.output_norm, nn.LayerNorm),
+        non_competitive_gates=isinstance(pkm.gate_activation, nn.ReLU),
+    )
 
 
-def adapt_pkm(pkms: dict[int, nn.Module | dict[str, Tensor]], backbone: MemoryLM | None = None, **config: Any) -> ProductKeyMemoryLM:
+def adapt_pkm(
+    pkms: dict[int, nn.Module | dict[str, Tensor]], backbone: MemoryLM | None = None, **config: Any
+) -> ProductKeyMemoryLM:
     """A memviz transformer with the given PKMs ({layer: module or its state dict}) in place of
     those layers' FFNs. The PKM's settings are read off a module (a state dict needs them as
     `memory` options in `config`); `config` holds ModelConfig fields (d_model must be the PKM's
@@ -162,8 +189,10 @@ def adapt_pkm(pkms: dict[int, nn.Module | dict[str, Tensor]], backbone: MemoryLM
     for layer, pkm in pkms.items():
         if isinstance(pkm, nn.Module):
             if not isinstance(pkm, pkm_module.PKM):
-                raise PeerError(f"adapt_pkm takes product_key_memory.PKM modules or their state dicts, not "
-                                f"{type(pkm).__module__}.{type(pkm).__name__} (layer {layer})")
+                raise PeerError(
+                    f"adapt_pkm takes product_key_memory.PKM modules or their state dicts, not "
+                    f"{type(pkm).__module__}.{type(pkm).__name__} (layer {layer})"
+                )
             found = pkm_options(pkm)
             clash = {k: (memory[k], v) for k, v in found.items() if k in memory and memory[k] != v}
             if clash:
@@ -172,9 +201,25 @@ def adapt_pkm(pkms: dict[int, nn.Module | dict[str, Tensor]], backbone: MemoryLM
         elif not isinstance(pkm, dict):
             raise PeerError(f"adapt_pkm takes PKM modules or state dicts, not {type(pkm).__name__} (layer {layer})")
     if backbone is not None:
-        config = {**{k: getattr(backbone.cfg, k) for k in ("vocab_size", "d_model", "n_layers", "n_heads", "d_head", "d_mlp",
-                                                           "attention", "rope_base", "norm_eps", "tie_embeddings", "embed_scale")},
-                  **config}
+        config = {
+            **{
+                k: getattr(backbone.cfg, k)
+                for k in (
+                    "vocab_size",
+                    "d_model",
+                    "n_layers",
+                    "n_heads",
+                    "d_head",
+                    "d_mlp",
+                    "attention",
+                    "rope_base",
+                    "norm_eps",
+                    "tie_embeddings",
+                    "embed_scale",
+                )
+            },
+            **config,
+        }
     cfg = ModelConfig(family="product_key_memory", **config, memory={**memory, "layers": sorted(pkms)})
     model = ProductKeyMemoryLM(cfg, tokenizer=backbone.tokenizer if backbone is not None else None)
     if backbone is not None:

@@ -2,6 +2,7 @@
 product-key-memory, traced by memviz, and every captured quantity recomputed from the peer's
 weights (in float64); the errors for a missing or unsupported peer and a module or state dict
 that does not fit."""
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -12,10 +13,10 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 import memviz
-from memviz import viz
 from families import peers
 from families.peers.pkm import adapt_pkm
 from families.peers.titans import adapt_mac
+from memviz import viz
 from memviz.checkpoint import CheckpointError
 from memviz.registry import get_family
 from probes import passkey
@@ -24,9 +25,20 @@ from tests.conftest import random_ids, small_model
 titans_pytorch = pytest.importorskip("titans_pytorch")
 product_key_memory = pytest.importorskip("product_key_memory")
 
-MAC = dict(num_tokens=259, dim=32, depth=2, segment_len=8, heads=2, dim_head=16, num_longterm_mem_tokens=2,
-           num_persist_mem_tokens=2, num_residual_streams=1, neural_memory_layers=(2,),
-           neural_memory_segment_len=4, neural_memory_kwargs=dict(heads=2, dim_head=16))
+MAC = dict(
+    num_tokens=259,
+    dim=32,
+    depth=2,
+    segment_len=8,
+    heads=2,
+    dim_head=16,
+    num_longterm_mem_tokens=2,
+    num_persist_mem_tokens=2,
+    num_residual_streams=1,
+    neural_memory_layers=(2,),
+    neural_memory_segment_len=4,
+    neural_memory_kwargs=dict(heads=2, dim_head=16),
+)
 
 
 def peer_mac(seed: int = 0):
@@ -74,8 +86,9 @@ def test_the_mac_memory_quantities_equal_a_recomputation_from_the_peer_weights()
         per_token = (functional_call(mem.memory_model, weights, k[0, :, h]) - v[0, :, h]).pow(2).mean(-1)
         loss[0, :, h] = per_token.detach()
         for c in range(0, n_stored, chunk):
-            grads = torch.autograd.grad((theta[0, c : c + chunk, h] * per_token[c : c + chunk]).sum(), list(weights.values()),
-                                        retain_graph=True)
+            grads = torch.autograd.grad(
+                (theta[0, c : c + chunk, h] * per_token[c : c + chunk]).sum(), list(weights.values()), retain_graph=True
+            )
             surprise[0, c : c + chunk, h] = torch.sqrt(sum(g.pow(2).sum() for g in grads))
     window = model.cfg.segment_len + MAC["num_longterm_mem_tokens"]
     at_tokens = [p for p in range(10 * len(ids[0])) if p % window < model.cfg.segment_len][: ids.shape[1]]
@@ -84,8 +97,10 @@ def test_the_mac_memory_quantities_equal_a_recomputation_from_the_peer_weights()
     for name, expected in {"loss": loss, "theta": theta, "eta": eta, "alpha": alpha, "surprise": surprise}.items():
         hooked = cache[f"blocks.1.memory.hook_{name}"]
         assert hooked.shape == (1, ids.shape[1], heads)
-        torch.testing.assert_close(hooked[:, stored], expected[:, [at_tokens[i] for i in stored]], atol=1e-10, rtol=1e-9)
-        assert hooked[:, len(stored):].isnan().all(), name
+        torch.testing.assert_close(
+            hooked[:, stored], expected[:, [at_tokens[i] for i in stored]], atol=1e-10, rtol=1e-9
+        )
+        assert hooked[:, len(stored) :].isnan().all(), name
     assert cache["blocks.1.memory.hook_retrieved"].shape == (1, ids.shape[1], model.cfg.d_model)
 
 
@@ -100,7 +115,9 @@ def test_a_mac_model_saves_loads_traces_and_draws(tmp_path):
     assert {"blocks.1.memory.hook_surprise", "blocks.1.memory.hook_loss"} <= set(trace.names)
     assert set(viz.family_figures(trace, width=100)) == {"blocks.1.memory surprise", "loss"}
     assert get_family("titans_pytorch").interventions == {}
-    rows = passkey.run(loaded, lengths=[256], depths=[0.5], n=2, seed=0)  # the probes run it (untrained: no claim on scores)
+    rows = passkey.run(
+        loaded, lengths=[256], depths=[0.5], n=2, seed=0
+    )  # the probes run it (untrained: no claim on scores)
     assert list(rows["length"]) == [256, 256] and rows["prediction"].map(type).eq(str).all()
 
 
@@ -112,7 +129,9 @@ def test_pkm_selections_equal_a_recomputation_from_the_peer_weights():
     ids = random_ids(25, seed=4)
     _, cache = model.run_with_cache(ids)
     x = model.blocks[1].ln2(cache["blocks.1.hook_resid_mid"])  # what the PKM reads
-    q = F.layer_norm(pkm.to_queries(x).unflatten(-1, (2, 2, 16)), (16,), pkm.norm.weight, pkm.norm.bias)  # [b t half h d]
+    q = F.layer_norm(
+        pkm.to_queries(x).unflatten(-1, (2, 2, 16)), (16,), pkm.norm.weight, pkm.norm.bias
+    )  # [b t half h d]
     dots = torch.einsum("btphd,hnpd->bthpn", q, pkm.keys)
     best = dots.topk(3, -1)
     sums = best.values[..., 0, :, None] + best.values[..., 1, None, :]  # [b t h k k]
@@ -143,8 +162,11 @@ def test_pkm_hooks_edit_the_peer_bag_and_silence_reaches_it(tmp_path):
     loaded = memviz.load(memviz.save(model, tmp_path / "pkm"))
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids), clean)
-    again = adapt_pkm({1: pkm.state_dict()}, backbone=small_model("sliding_window", window=8),
-                      memory=dict(heads=2, num_keys=8, topk=3, dim_head=16))
+    again = adapt_pkm(
+        {1: pkm.state_dict()},
+        backbone=small_model("sliding_window", window=8),
+        memory=dict(heads=2, num_keys=8, topk=3, dim_head=16),
+    )
     with torch.no_grad():
         torch.testing.assert_close(again(ids), clean)
 
@@ -163,26 +185,37 @@ def test_adapters_name_what_they_cannot_take():
     with pytest.raises(peers.PeerError, match="not torch.nn.modules.linear.Linear \\(layer 1\\)"):
         adapt_pkm({1: torch.nn.Linear(2, 2)}, d_model=32)
     with pytest.raises(peers.PeerError, match="other settings than given: {'topk': \\(4, 3\\)}"):
-        adapt_pkm({1: product_key_memory.PKM(32, heads=2, num_keys=8, topk=3, dim_head=16)}, d_model=32, n_layers=2,
-                  memory={"topk": 4})
+        adapt_pkm(
+            {1: product_key_memory.PKM(32, heads=2, num_keys=8, topk=3, dim_head=16)},
+            d_model=32,
+            n_layers=2,
+            memory={"topk": 4},
+        )
 
 
 def test_an_unsupported_or_missing_peer_says_what_to_install(monkeypatch, tmp_path):
     real = importlib.metadata.version
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.6.0" if name == "titans-pytorch" else real(name))
-    with pytest.raises(peers.PeerError, match=r"supports versions 0\.5\.x; 0\.6\.0 is installed: pip install 'memviz\[peers\]'"):
+    with pytest.raises(
+        peers.PeerError, match=r"supports versions 0\.5\.x; 0\.6\.0 is installed: pip install 'memviz\[peers\]'"
+    ):
         adapt_mac(peer_mac(), **MAC)
 
     def missing(name):
         raise importlib.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(importlib.metadata, "version", missing)
-    with pytest.raises(peers.PeerError, match=r"needs product-key-memory, which is not installed: pip install 'memviz\[peers\]' "
-                                              r"\(or product-key-memory==0\.3\.0\)"):
+    with pytest.raises(
+        peers.PeerError,
+        match=r"needs product-key-memory, which is not installed: pip install 'memviz\[peers\]' "
+        r"\(or product-key-memory==0\.3\.0\)",
+    ):
         small_model("product_key_memory", window=8)
     monkeypatch.setattr(importlib.metadata, "version", real)
-    folder = memviz.save(small_model("product_key_memory", window=8, memory={"heads": 2, "num_keys": 8, "topk": 4, "dim_head": 16}),
-                         tmp_path / "p")
+    folder = memviz.save(
+        small_model("product_key_memory", window=8, memory={"heads": 2, "num_keys": 8, "topk": 4, "dim_head": 16}),
+        tmp_path / "p",
+    )
     monkeypatch.setattr(importlib.metadata, "version", missing)
     with pytest.raises(CheckpointError, match="not installed"):  # loading a checkpoint says it too
         memviz.load(folder)

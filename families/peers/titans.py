@@ -21,11 +21,13 @@ adapter's state is the input so far and each chunk reruns the peer on it: a stre
 one pass, at quadratic cost; inputs are capped at `max_len` tokens. The peer's state cannot be
 edited at a segment, so no reset / patch intervention is offered.
 """
+
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -103,7 +105,7 @@ class StoreRecorder:
         self.retrieved: Tensor | None = None
 
     @contextlib.contextmanager
-    def attached(self) -> Iterator["StoreRecorder"]:
+    def attached(self) -> Iterator[StoreRecorder]:
         mem = self.memory
         store, grad_fn, forward = mem.store_memories, mem.per_sample_grad_fn, mem.forward
 
@@ -124,6 +126,7 @@ class StoreRecorder:
             def hook(module, inputs, output):
                 value = torch.sigmoid(output.detach())
                 self.per_chunk[name].append((value[0] if first_order else value).flatten())  # [(batch head chunk)]
+
             return hook
 
         def recording_forward(*args, **kwargs):  # the transformer calls mem.forward, which module hooks miss
@@ -162,11 +165,21 @@ class StoreRecorder:
         return out
 
 
-@register_family("titans_pytorch", summary="titans-pytorch 0.5's MemoryAsContextTransformer (an adapter): its neural "
-                 "memories' loss, surprise and eta / theta / alpha under memviz's Titans hook names",
-                 figures=titans_figures, interventions={},
-                 quick={"segment_len": 32, "memory": {"num_longterm_mem_tokens": 4, "num_residual_streams": 1,
-                                                      "neural_memory_kwargs": {"heads": 2, "dim_head": 32}}})
+@register_family(
+    "titans_pytorch",
+    summary="titans-pytorch 0.5's MemoryAsContextTransformer (an adapter): its neural "
+    "memories' loss, surprise and eta / theta / alpha under memviz's Titans hook names",
+    figures=titans_figures,
+    interventions={},
+    quick={
+        "segment_len": 32,
+        "memory": {
+            "num_longterm_mem_tokens": 4,
+            "num_residual_streams": 1,
+            "neural_memory_kwargs": {"heads": 2, "dim_head": 32},
+        },
+    },
+)
 class TitansPytorchLM(MemoryLM):
     """A titans-pytorch `MemoryAsContextTransformer` run as a memviz model (module docstring)."""
 
@@ -181,15 +194,24 @@ class TitansPytorchLM(MemoryLM):
             raise ConfigError("titans_pytorch needs config.segment_len (the peer's segment_len)")
         layers = self.options.neural_memory_layers
         if layers is not None and any(not 1 <= i <= self.cfg.n_layers for i in layers):
-            raise ConfigError(f"titans_pytorch neural_memory_layers {layers} must lie in 1..{self.cfg.n_layers} (the peer counts from 1)")
+            raise ConfigError(
+                f"titans_pytorch neural_memory_layers {layers} must lie in 1..{self.cfg.n_layers} (the peer counts from 1)"
+            )
 
     def peer_kwargs(self) -> dict[str, Any]:
         cfg, options = self.cfg, asdict(self.options)
         options.pop("max_len")
         if options["neural_memory_layers"] is not None:
             options["neural_memory_layers"] = tuple(options["neural_memory_layers"])
-        return dict(num_tokens=cfg.vocab_size, dim=cfg.d_model, depth=cfg.n_layers, heads=cfg.n_heads, dim_head=cfg.d_head,
-                    segment_len=cfg.segment_len, **options)
+        return dict(
+            num_tokens=cfg.vocab_size,
+            dim=cfg.d_model,
+            depth=cfg.n_layers,
+            heads=cfg.n_heads,
+            dim_head=cfg.d_head,
+            segment_len=cfg.segment_len,
+            **options,
+        )
 
     def build_embeddings(self) -> None:
         """The peer has its own embedding and unembedding."""
@@ -203,7 +225,7 @@ class TitansPytorchLM(MemoryLM):
         own_storage(self.peer)
         self.memories = [layer[4] for layer in self.peer.layers]
         for mem in self.memories:  # the template the per-head memory_model_parameters were repeated from;
-            if mem is not None:    # the peer's forward never reads it, so it is frozen, not decayed
+            if mem is not None:  # the peer's forward never reads it, so it is frozen, not decayed
                 mem.memory_model.requires_grad_(False)
         self.memory_layers = [i for i, mem in enumerate(self.memories) if mem is not None]
         self.blocks = nn.ModuleList(LayerHooks(mem is not None) for mem in self.memories)
@@ -221,8 +243,10 @@ class TitansPytorchLM(MemoryLM):
     def run(self, tokens: Tensor, state: ModelState):
         seen = torch.cat([state.layers[0]["tokens"], tokens], 1)
         if seen.shape[1] > self.options.max_len:
-            raise ValueError(f"the titans_pytorch adapter runs at most {self.options.max_len} tokens (memory option "
-                             f"max_len; the peer reruns the input so far for each chunk), got {seen.shape[1]}")
+            raise ValueError(
+                f"the titans_pytorch adapter runs at most {self.options.max_len} tokens (memory option "
+                f"max_len; the peer reruns the input so far for each chunk), got {seen.shape[1]}"
+            )
         recorders = [StoreRecorder(self.memories[layer]) for layer in self.memory_layers]
         with contextlib.ExitStack() as stack:
             for recorder in recorders:
@@ -258,8 +282,10 @@ def adapt_mac(module: nn.Module | dict[str, Tensor], tokenizer=None, **kwargs: A
     titans = require("titans-pytorch", "titans_pytorch")
     if isinstance(module, nn.Module):
         if not isinstance(module, titans.MemoryAsContextTransformer):
-            raise PeerError(f"adapt_mac takes a titans_pytorch.MemoryAsContextTransformer or its state dict, "
-                            f"not a {type(module).__module__}.{type(module).__name__}")
+            raise PeerError(
+                f"adapt_mac takes a titans_pytorch.MemoryAsContextTransformer or its state dict, "
+                f"not a {type(module).__module__}.{type(module).__name__}"
+            )
         weights = module.state_dict()
     elif isinstance(module, dict):
         weights = module
@@ -269,14 +295,31 @@ def adapt_mac(module: nn.Module | dict[str, Tensor], tokenizer=None, **kwargs: A
     missing = [k for k in ("num_tokens", "dim", "depth", "segment_len") if k not in given]
     if missing:
         raise PeerError(f"adapt_mac needs the keyword arguments the model was built with; missing {missing}")
-    known = set(MACOptions.__dataclass_fields__) - {"max_len"} | {"num_tokens", "dim", "depth", "segment_len", "heads", "dim_head"}
+    known = set(MACOptions.__dataclass_fields__) - {"max_len"} | {
+        "num_tokens",
+        "dim",
+        "depth",
+        "segment_len",
+        "heads",
+        "dim_head",
+    }
     unknown = sorted(set(given) - known)
     if unknown:
-        raise PeerError(f"adapt_mac does not know the arguments {unknown} (a module argument such as "
-                        f"neural_memory_model cannot be saved in a checkpoint); it knows {sorted(known)}")
+        raise PeerError(
+            f"adapt_mac does not know the arguments {unknown} (a module argument such as "
+            f"neural_memory_model cannot be saved in a checkpoint); it knows {sorted(known)}"
+        )
     dim, heads = given.pop("dim"), given.pop("heads", 8)
-    cfg = ModelConfig(family="titans_pytorch", vocab_size=given.pop("num_tokens"), d_model=dim, n_layers=given.pop("depth"),
-                      n_heads=heads, d_head=given.pop("dim_head", 64), segment_len=given.pop("segment_len"), memory=given)
+    cfg = ModelConfig(
+        family="titans_pytorch",
+        vocab_size=given.pop("num_tokens"),
+        d_model=dim,
+        n_layers=given.pop("depth"),
+        n_heads=heads,
+        d_head=given.pop("dim_head", 64),
+        segment_len=given.pop("segment_len"),
+        memory=given,
+    )
     model = TitansPytorchLM(cfg, tokenizer=tokenizer)
     load_peer_weights(model.peer, weights, "MemoryAsContextTransformer built with these arguments")
     return model.eval()
@@ -289,6 +332,8 @@ def load_peer_weights(peer: nn.Module, weights: dict[str, Tensor], what: str) ->
     unexpected = sorted(set(weights) - set(ours))
     shapes = sorted(k for k in set(ours) & set(weights) if ours[k].shape != weights[k].shape)
     if missing or unexpected or shapes:
-        raise PeerError(f"the weights do not fit a {what}: missing {missing[:5]}, unexpected {unexpected[:5]}, "
-                        f"other shapes {shapes[:5]}")
+        raise PeerError(
+            f"the weights do not fit a {what}: missing {missing[:5]}, unexpected {unexpected[:5]}, "
+            f"other shapes {shapes[:5]}"
+        )
     peer.load_state_dict(weights)

@@ -12,6 +12,7 @@ The input starts at a segment boundary; a final partial segment retrieves but do
 (its keys wait for the rest of the segment, which the caller keeps). Also returned: ||M_s||_F,
 the size of the memory each segment reads (the trace's memory norm).
 """
+
 from __future__ import annotations
 
 import torch
@@ -36,8 +37,9 @@ def memory_update(sk: Tensor, v: Tensor, M: Tensor, z: Tensor, rule: str) -> tup
     return M + sk.transpose(-1, -2) @ v, z + sk.sum(2)
 
 
-def infini_memory_reference(sq: Tensor, sk: Tensor, v: Tensor, M: Tensor, z: Tensor, segment_len: int,
-                            rule: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def infini_memory_reference(
+    sq: Tensor, sk: Tensor, v: Tensor, M: Tensor, z: Tensor, segment_len: int, rule: str
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """sq, sk [B,H,T,d], v [B,H,T,dv], M [B,H,d,dv], z [B,H,d] -> (A_mem [B,H,T,dv],
     ||M_s||_F for each segment [B,H,n_segments], M and z after the last complete segment)."""
     reads, norms = [], []
@@ -51,8 +53,15 @@ def infini_memory_reference(sq: Tensor, sk: Tensor, v: Tensor, M: Tensor, z: Ten
     return torch.cat(reads, dim=2), torch.stack(norms, dim=-1), M, z
 
 
-def infini_memory_stream(sq: Tensor, sk: Tensor, v: Tensor, state: tuple[Tensor, Tensor, Tensor, Tensor], segment_len: int,
-                         rule: str, whole_segments=infini_memory_reference):
+def infini_memory_stream(
+    sq: Tensor,
+    sk: Tensor,
+    v: Tensor,
+    state: tuple[Tensor, Tensor, Tensor, Tensor],
+    segment_len: int,
+    rule: str,
+    whole_segments=infini_memory_reference,
+):
     """The op at any offset into a segment, as the dispatcher presents it: state (M, z, the
     open segment's sigma(K) [B,H,P,d] and V [B,H,P,dv], P < segment_len) -> ((A_mem [B,H,T,dv],
     ||M||_F each token read [B,H,T]), the state after the input). The open segment is finished
@@ -73,5 +82,5 @@ def infini_memory_stream(sq: Tensor, sk: Tensor, v: Tensor, state: tuple[Tensor,
         reads.append(read)
         norms.append(segment_norms.repeat_interleave(S, dim=-1)[..., : T - start])
         open_len = (T - start) % S
-        open_k, open_v = sk[:, :, T - open_len:], v[:, :, T - open_len:]
+        open_k, open_v = sk[:, :, T - open_len :], v[:, :, T - open_len :]
     return (torch.cat(reads, dim=2), torch.cat(norms, dim=2)), (M, z, open_k, open_v)

@@ -1,5 +1,6 @@
 """Infini-attention's memory op: the Triton kernel against the reference with gradients, and the
 op's state convention (a stream cut anywhere gives the one-call result)."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -36,11 +37,19 @@ def test_infini_kernel_starts_from_an_empty_memory(seed):
     sq, sk, v = F.elu(torch.randn(1, 2, 9, 4)) + 1, F.elu(torch.randn(1, 2, 9, 4)) + 1, torch.randn(1, 2, 9, 4)
     M, z = torch.zeros(1, 2, 4, 4), torch.zeros(1, 2, 4)
     (read, norms), state = dispatch.infini_memory(sq, sk, v, (M, z, *empty_open_segment(M)), 4, "delta", impl="triton")
-    (ref_read, ref_norms), ref_state = dispatch.infini_memory(*(t.double() for t in (sq, sk, v)),
-                                                              (M.double(), z.double(), *empty_open_segment(M.double())),
-                                                              4, "delta", impl="reference")
+    (ref_read, ref_norms), ref_state = dispatch.infini_memory(
+        *(t.double() for t in (sq, sk, v)),
+        (M.double(), z.double(), *empty_open_segment(M.double())),
+        4,
+        "delta",
+        impl="reference",
+    )
     assert torch.equal(read[:, :, :4], torch.zeros(1, 2, 4, 4)), "the first segment has nothing to read"
-    for name, a, b in zip(("read", "norms", "M", "z", "open keys", "open values"), (read, norms, *state), (ref_read, ref_norms, *ref_state)):
+    for name, a, b in zip(
+        ("read", "norms", "M", "z", "open keys", "open values"),
+        (read, norms, *state),
+        (ref_read, ref_norms, *ref_state),
+    ):
         close(a, b, seed, f"empty start {name}")
 
 
@@ -55,7 +64,9 @@ def test_a_stream_cut_anywhere_gives_the_one_call_result(seed, impl, rule):
     cuts = sorted(torch.randperm(T - 1)[:3].add(1).tolist())
     state, reads, norms = start, [], []
     for a, b in zip([0, *cuts], [*cuts, T]):
-        (read, norm), state = dispatch.infini_memory(sq[:, :, a:b], sk[:, :, a:b], v[:, :, a:b], state, S, rule, impl=impl)
+        (read, norm), state = dispatch.infini_memory(
+            sq[:, :, a:b], sk[:, :, a:b], v[:, :, a:b], state, S, rule, impl=impl
+        )
         reads.append(read)
         norms.append(norm)
     close(torch.cat(reads, 2), whole_read, seed, f"read, cut at {cuts}")

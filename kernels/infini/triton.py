@@ -13,6 +13,7 @@ dM, dz on chip and recomputes every segment's retrieval from its stored state:
 
 Where the denominator is clamped (nothing stored yet) its gradient is zero, as in torch.
 """
+
 from __future__ import annotations
 
 import torch
@@ -29,7 +30,9 @@ def _block(n: int) -> int:
 
 @triton.jit
 def _tile(ptr, rows, cols, row_mask, D):
-    return tl.load(ptr + rows[:, None] * D + cols[None, :], mask=row_mask[:, None] & (cols[None, :] < D), other=0.0).to(tl.float32)
+    return tl.load(ptr + rows[:, None] * D + cols[None, :], mask=row_mask[:, None] & (cols[None, :] < D), other=0.0).to(
+        tl.float32
+    )
 
 
 @triton.jit
@@ -44,9 +47,26 @@ def _square_state(m_ptr, z_ptr, bh, D, offs_d):
 
 
 @triton.jit
-def infini_forward_kernel(sq_ptr, sk_ptr, v_ptr, m0_ptr, z0_ptr, a_ptr, m_states_ptr, z_states_ptr, norm_ptr,
-                          m_out_ptr, z_out_ptr, T, D, S, n_seg,
-                          DELTA: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+def infini_forward_kernel(
+    sq_ptr,
+    sk_ptr,
+    v_ptr,
+    m0_ptr,
+    z0_ptr,
+    a_ptr,
+    m_states_ptr,
+    z_states_ptr,
+    norm_ptr,
+    m_out_ptr,
+    z_out_ptr,
+    T,
+    D,
+    S,
+    n_seg,
+    DELTA: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     bh = tl.program_id(0)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
@@ -78,9 +98,28 @@ def infini_forward_kernel(sq_ptr, sk_ptr, v_ptr, m0_ptr, z0_ptr, a_ptr, m_states
 
 
 @triton.jit
-def infini_backward_kernel(sq_ptr, sk_ptr, v_ptr, m_states_ptr, z_states_ptr, da_ptr, dm_out_ptr, dz_out_ptr,
-                           dsq_ptr, dsk_ptr, dv_ptr, dm0_ptr, dz0_ptr, T, D, S, n_seg,
-                           DELTA: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+def infini_backward_kernel(
+    sq_ptr,
+    sk_ptr,
+    v_ptr,
+    m_states_ptr,
+    z_states_ptr,
+    da_ptr,
+    dm_out_ptr,
+    dz_out_ptr,
+    dsq_ptr,
+    dsk_ptr,
+    dv_ptr,
+    dm0_ptr,
+    dz0_ptr,
+    T,
+    D,
+    S,
+    n_seg,
+    DELTA: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     bh = tl.program_id(0)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
@@ -148,9 +187,26 @@ class InfiniMemory(torch.autograd.Function):
         z_states = torch.empty(B, H, n_seg, D, **f32)
         norms = torch.empty(B, H, n_seg, **f32)
         M_out, z_out = torch.empty(B, H, D, D, **f32), torch.empty(B, H, D, **f32)
-        infini_forward_kernel[(B * H,)](sq_c, sk_c, v_c, M.contiguous(), z.contiguous(), read, m_states, z_states, norms,
-                                        M_out, z_out, T, D, segment_len, n_seg, DELTA=rule == "delta",
-                                        BLOCK_S=_block(segment_len), BLOCK_D=_block(D))
+        infini_forward_kernel[(B * H,)](
+            sq_c,
+            sk_c,
+            v_c,
+            M.contiguous(),
+            z.contiguous(),
+            read,
+            m_states,
+            z_states,
+            norms,
+            M_out,
+            z_out,
+            T,
+            D,
+            segment_len,
+            n_seg,
+            DELTA=rule == "delta",
+            BLOCK_S=_block(segment_len),
+            BLOCK_D=_block(D),
+        )
         ctx.save_for_backward(sq_c, sk_c, v_c, m_states, z_states)
         ctx.segment_len, ctx.rule, ctx.dtypes = segment_len, rule, (sq.dtype, M.dtype, z.dtype)
         ctx.mark_non_differentiable(norms)
@@ -166,9 +222,28 @@ class InfiniMemory(torch.autograd.Function):
         d_z = torch.zeros(B, H, D, **f32) if d_z is None else d_z.float().contiguous()
         dsq, dsk, dv = (torch.empty(B, H, T, D, **f32) for _ in range(3))
         dM0, dz0 = torch.empty(B, H, D, D, **f32), torch.empty(B, H, D, **f32)
-        infini_backward_kernel[(B * H,)](sq, sk, v, m_states, z_states, d_read, d_M, d_z, dsq, dsk, dv, dM0, dz0,
-                                         T, D, ctx.segment_len, m_states.shape[2], DELTA=ctx.rule == "delta",
-                                         BLOCK_S=_block(ctx.segment_len), BLOCK_D=_block(D))
+        infini_backward_kernel[(B * H,)](
+            sq,
+            sk,
+            v,
+            m_states,
+            z_states,
+            d_read,
+            d_M,
+            d_z,
+            dsq,
+            dsk,
+            dv,
+            dM0,
+            dz0,
+            T,
+            D,
+            ctx.segment_len,
+            m_states.shape[2],
+            DELTA=ctx.rule == "delta",
+            BLOCK_S=_block(ctx.segment_len),
+            BLOCK_D=_block(D),
+        )
         x_dtype, m_dtype, z_dtype = ctx.dtypes
         return dsq.to(x_dtype), dsk.to(x_dtype), dv.to(x_dtype), dM0.to(m_dtype), dz0.to(z_dtype), None, None
 

@@ -8,6 +8,7 @@ equations are in cpu.c). The read weights [W_V | W_V W_f] and the slot norms and
 kernels/native.py; `available()` says whether that worked, so callers can fall back to the
 reference.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -42,7 +43,8 @@ class FactoredScan(torch.autograd.Function):
         D_last, c_last = torch.empty(B, d, dtype=dtype), torch.empty(B, d, dtype=dtype)
         outputs = [attn, reads, forgets, decays, commons, D_last, c_last]
         status = getattr(library(), FUNCTIONS[dtype])(
-            ctypes.c_long(B), ctypes.c_long(T), ctypes.c_long(N), ctypes.c_long(d), *pointers(inputs + outputs))
+            ctypes.c_long(B), ctypes.c_long(T), ctypes.c_long(N), ctypes.c_long(d), *pointers(inputs + outputs)
+        )
         if status != 0:
             raise MemoryError("the LM2 CPU kernel could not allocate its work buffer")
         ctx.save_for_backward(*inputs[:4], *outputs[:5])
@@ -56,11 +58,20 @@ class FactoredScan(torch.autograd.Function):
         N, dtype = M0.shape[1], q_slot.dtype
         like = outputs + [outputs[3][:, 0], outputs[4][:, 0]]  # shapes of the seven outputs
         grads = [torch.zeros_like(x) if g is None else g.to(dtype).contiguous() for g, x in zip(grads, like)]
-        results = [torch.empty_like(q_slot), torch.empty_like(g_in), torch.zeros_like(M0), torch.zeros_like(W_read),
-                   torch.zeros(d, dtype=dtype)]
+        results = [
+            torch.empty_like(q_slot),
+            torch.empty_like(g_in),
+            torch.zeros_like(M0),
+            torch.zeros_like(W_read),
+            torch.zeros(d, dtype=dtype),
+        ]
         status = getattr(library(), BACKWARD[dtype])(
-            ctypes.c_long(B), ctypes.c_long(T), ctypes.c_long(N), ctypes.c_long(d),
-            *pointers([q_slot, g_in, M0, W_read, *outputs, *grads, *results]))
+            ctypes.c_long(B),
+            ctypes.c_long(T),
+            ctypes.c_long(N),
+            ctypes.c_long(d),
+            *pointers([q_slot, g_in, M0, W_read, *outputs, *grads, *results]),
+        )
         if status != 0:
             raise MemoryError("the LM2 CPU kernel could not allocate its work buffer")
         return tuple(results)
@@ -69,7 +80,9 @@ class FactoredScan(torch.autograd.Function):
 def lm2_scan(q_slot: Tensor, g_in: Tensor, M0: Tensor, W_V: Tensor, W_f: Tensor, b_f: Tensor) -> ScanResult:
     """The same contract as kernels.lm2.reference.lm2_scan_reference, with gradients."""
     if not supports(q_slot):
-        raise ValueError(f"the LM2 CPU kernel takes float32 or float64 CPU tensors, got {q_slot.dtype} on {q_slot.device}")
+        raise ValueError(
+            f"the LM2 CPU kernel takes float32 or float64 CPU tensors, got {q_slot.dtype} on {q_slot.device}"
+        )
     dtype = q_slot.dtype
     M0 = M0.to(dtype)
     steps = FactoredScan.apply(q_slot, g_in.to(dtype), M0, read_weights(W_V, W_f).to(dtype), b_f.to(dtype))

@@ -22,6 +22,7 @@ the whole bank with W_K and W_V every token (`lm2_scan_naive`, the benchmark's b
 second check of the reference). q~, the input gates and all of M_0's products are computed
 once per scan, outside the loop. The same loop compiled for the CPU is kernels/lm2/cpu.c.
 """
+
 from __future__ import annotations
 
 import torch
@@ -54,8 +55,15 @@ def _factored_steps(q_slot: Tensor, g_in: Tensor, M0: Tensor, W_read: Tensor, b_
         commons.append(c)
         D = g_f * D
         c = torch.addcmul(g_f * c, g_in[:, t], torch.tanh(e))
-    return [torch.stack(attn, 1), torch.stack(reads, 1), torch.stack(forgets, 1), torch.stack(decays, 1),
-            torch.stack(commons, 1), D, c]
+    return [
+        torch.stack(attn, 1),
+        torch.stack(reads, 1),
+        torch.stack(forgets, 1),
+        torch.stack(decays, 1),
+        torch.stack(commons, 1),
+        D,
+        c,
+    ]
 
 
 def lm2_scan_reference(q_slot: Tensor, g_in: Tensor, M0: Tensor, W_V: Tensor, W_f: Tensor, b_f: Tensor) -> ScanResult:
@@ -76,17 +84,23 @@ def read_weights(W_V: Tensor, W_f: Tensor) -> Tensor:
     return torch.cat([W_V, W_V @ W_f], dim=1)
 
 
-def finish_scan(M0: Tensor, attn: Tensor, reads: Tensor, forgets: Tensor, D: Tensor, c: Tensor, D_last: Tensor,
-                c_last: Tensor) -> ScanResult:
+def finish_scan(
+    M0: Tensor, attn: Tensor, reads: Tensor, forgets: Tensor, D: Tensor, c: Tensor, D_last: Tensor, c_last: Tensor
+) -> ScanResult:
     """The scan's outputs from what the sequential loop carried (shared with the CPU kernel):
     slot norms of every token's bank at once, and the bank after the last token."""
-    sq = (torch.einsum("btd,bnd->btn", D * D, M0.pow(2)) + 2 * torch.einsum("btd,bnd->btn", D * c, M0)
-          + (c * c).sum(-1, keepdim=True))
+    sq = (
+        torch.einsum("btd,bnd->btn", D * D, M0.pow(2))
+        + 2 * torch.einsum("btd,bnd->btn", D * c, M0)
+        + (c * c).sum(-1, keepdim=True)
+    )
     M_last = D_last[:, None, :] * M0 + c_last[:, None, :]
     return attn, reads, forgets, sq.clamp_min(0).sqrt(), M_last
 
 
-def lm2_scan_naive(q: Tensor, g_in: Tensor, M0: Tensor, W_K: Tensor, W_V: Tensor, W_f: Tensor, b_f: Tensor) -> ScanResult:
+def lm2_scan_naive(
+    q: Tensor, g_in: Tensor, M0: Tensor, W_K: Tensor, W_V: Tensor, W_f: Tensor, b_f: Tensor
+) -> ScanResult:
     """The same scan written directly from the equations: the bank is materialised and
     projected with W_K and W_V every token, O(N d^2) per token. q [B,T,d] is the raw query."""
     d = q.shape[-1]

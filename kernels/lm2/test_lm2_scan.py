@@ -15,8 +15,14 @@ NAMES = ("attention", "read", "forget", "norms", "bank")
 
 def scan_inputs(B, T, N, D, gain):
     """q_slot, g_in, W_V, W_f, b_f and the starting bank, in the op's order."""
-    return [torch.randn(B, T, D), torch.rand(B, T, D), torch.randn(D, D) * gain, torch.randn(D, D) * gain,
-            torch.randn(D), torch.randn(B, N, D)]
+    return [
+        torch.randn(B, T, D),
+        torch.rand(B, T, D),
+        torch.randn(D, D) * gain,
+        torch.randn(D, D) * gain,
+        torch.randn(D),
+        torch.randn(B, N, D),
+    ]
 
 
 def reference(args):
@@ -80,13 +86,16 @@ def test_lm2_scan_cpu_kernel_gradients_match_the_reference(seed, B, T, N, D, dty
         else:
             error, reference_error = ((g.double() - exact[i]).abs().max().item() for g in (ours[i], rounding[i]))
             bar = max(8 * reference_error, 5e-5 * exact[i].abs().max().item())
-            assert error <= bar, f"lm2 cpu d{name} (seed {seed}): off by {error:.3g}, the float32 reference by {reference_error:.3g}"
+            assert error <= bar, (
+                f"lm2 cpu d{name} (seed {seed}): off by {error:.3g}, the float32 reference by {reference_error:.3g}"
+            )
 
 
 @cpu_only
 @needs_cc
 def test_lm2_scan_cpu_kernel_passes_gradcheck():
     args = [x.double().requires_grad_() for x in scan_inputs(1, 5, 3, 4, 0.5)]
+
     def flat(*inputs):
         outputs, bank = dispatch.lm2_scan(*inputs, impl="native")
         return (*outputs, bank)

@@ -9,6 +9,7 @@ read, forget gate, slot norms) and, at the end, the bank.
 Forward only: LM2 training takes the reference (autograd through its loop); the kernel
 serves inference and tracing, where the scan is the whole cost.
 """
+
 from __future__ import annotations
 
 import torch
@@ -20,9 +21,24 @@ from kernels.lm2.reference import ScanResult
 
 
 @triton.jit
-def lm2_scan_kernel(q_ptr, gin_ptr, m0_ptr, wv_ptr, wf_ptr, bf_ptr,
-                    attn_ptr, read_ptr, forget_ptr, norm_ptr, m_out_ptr, T, N, D,
-                    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+def lm2_scan_kernel(
+    q_ptr,
+    gin_ptr,
+    m0_ptr,
+    wv_ptr,
+    wf_ptr,
+    bf_ptr,
+    attn_ptr,
+    read_ptr,
+    forget_ptr,
+    norm_ptr,
+    m_out_ptr,
+    T,
+    N,
+    D,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     b = tl.program_id(0)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -49,8 +65,11 @@ def lm2_scan_kernel(q_ptr, gin_ptr, m0_ptr, wv_ptr, wf_ptr, bf_ptr,
         bank_read = decay * tl.sum(attn[:, None] * M0, axis=0) + common
         e = tl.sum(bank_read[:, None] * W_V, axis=0)
         g_f = tl.sigmoid(tl.sum(e[:, None] * W_f, axis=0) + b_f)
-        sq = (tl.sum(M0_sq * (decay * decay)[None, :], axis=1) + 2 * tl.sum(M0 * (decay * common)[None, :], axis=1)
-              + tl.sum(common * common, axis=0))
+        sq = (
+            tl.sum(M0_sq * (decay * decay)[None, :], axis=1)
+            + 2 * tl.sum(M0 * (decay * common)[None, :], axis=1)
+            + tl.sum(common * common, axis=0)
+        )
         tl.store(attn_ptr + (b * T + t) * N + offs_n, attn, mask=n_ok)
         tl.store(norm_ptr + (b * T + t) * N + offs_n, tl.sqrt(tl.maximum(sq, 0.0)), mask=n_ok)
         tl.store(read_ptr + row + offs_d, e, mask=d_ok)
@@ -70,8 +89,23 @@ def lm2_scan(q_slot: Tensor, g_in: Tensor, M0: Tensor, W_V: Tensor, W_f: Tensor,
     attn, norms = torch.empty(B, T, N, **f32), torch.empty(B, T, N, **f32)
     read, forget = torch.empty(B, T, D, **f32), torch.empty(B, T, D, **f32)
     M_last = torch.empty(B, N, D, **f32)
-    lm2_scan_kernel[(B,)](q_slot.contiguous(), g_in.contiguous(), M0.contiguous(), W_V.contiguous(), W_f.contiguous(),
-                          b_f.contiguous(), attn, read, forget, norms, M_last, T, N, D,
-                          BLOCK_N=triton.next_power_of_2(N), BLOCK_D=triton.next_power_of_2(D))
+    lm2_scan_kernel[(B,)](
+        q_slot.contiguous(),
+        g_in.contiguous(),
+        M0.contiguous(),
+        W_V.contiguous(),
+        W_f.contiguous(),
+        b_f.contiguous(),
+        attn,
+        read,
+        forget,
+        norms,
+        M_last,
+        T,
+        N,
+        D,
+        BLOCK_N=triton.next_power_of_2(N),
+        BLOCK_D=triton.next_power_of_2(D),
+    )
     dtype = q_slot.dtype
     return attn.to(dtype), read.to(dtype), forget.to(dtype), norms.to(dtype), M_last.to(M0.dtype)

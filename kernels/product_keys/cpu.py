@@ -8,6 +8,7 @@ pairs that can win), and the chosen keys' scores are gathered from the sub-key s
 autograd works as in the reference. Rows are split over torch's thread count (OpenMP, on torch's
 own threads). Built and loaded by kernels/native.py.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -34,7 +35,9 @@ def threads(rows: int) -> int:
 def product_key_topk(q: Tensor, keys: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """The contract of kernels.product_keys.reference.product_key_topk, with gradients to q and keys."""
     if not supports(q):
-        raise ValueError(f"the product-key CPU kernel takes float32 or float64 CPU tensors, got {q.dtype} on {q.device}")
+        raise ValueError(
+            f"the product-key CPU kernel takes float32 or float64 CPU tensors, got {q.dtype} on {q.device}"
+        )
     n = keys.shape[2]
     if not 1 <= k <= min(n, MAX_K):
         raise ValueError(f"top-k must be between 1 and min(n_keys, {MAX_K}) = {min(n, MAX_K)}, got {k}")
@@ -44,8 +47,12 @@ def product_key_topk(q: Tensor, keys: Tensor, k: int) -> tuple[Tensor, Tensor]:
     rows = flat.numel() // (2 * n)
     first, second = (torch.empty(*flat.shape[:-2], k, dtype=torch.long) for _ in range(2))
     status = getattr(library(), FUNCTIONS[flat.dtype])(
-        ctypes.c_long(rows), ctypes.c_long(n), ctypes.c_long(k), *pointers((flat, first, second)),
-        ctypes.c_int(threads(rows)))
+        ctypes.c_long(rows),
+        ctypes.c_long(n),
+        ctypes.c_long(k),
+        *pointers((flat, first, second)),
+        ctypes.c_int(threads(rows)),
+    )
     if status != 0:
         raise ValueError(f"the product-key CPU kernel rejected k={k} with n={n}")
     scores = sub_scores[..., 0, :].gather(-1, first) + sub_scores[..., 1, :].gather(-1, second)
@@ -72,8 +79,13 @@ class WeightedBag(torch.autograd.Function):
         table = values.contiguous()
         grad_weights, grad_values = torch.empty_like(w), torch.zeros_like(table)
         status = getattr(library(), BAG_BACKWARD[values.dtype])(
-            ctypes.c_long(index.shape[0]), ctypes.c_long(k), ctypes.c_long(D), ctypes.c_long(table.shape[0]),
-            *pointers((index, w, table, g, grad_weights, grad_values)), ctypes.c_int(threads(index.shape[0])))
+            ctypes.c_long(index.shape[0]),
+            ctypes.c_long(k),
+            ctypes.c_long(D),
+            ctypes.c_long(table.shape[0]),
+            *pointers((index, w, table, g, grad_weights, grad_values)),
+            ctypes.c_int(threads(index.shape[0])),
+        )
         if status != 0:
             raise MemoryError("the weighted-bag CPU kernel could not allocate its per-thread tables")
         return None, grad_weights.view(weights.shape).to(weights.dtype), grad_values
@@ -82,5 +94,7 @@ class WeightedBag(torch.autograd.Function):
 def weighted_bag(indices: Tensor, weights: Tensor, values: Tensor) -> Tensor:
     """The contract of kernels.product_keys.reference.weighted_bag, with the C backward."""
     if not supports(values):
-        raise ValueError(f"the weighted-bag CPU kernel takes float32 or float64 CPU values, got {values.dtype} on {values.device}")
+        raise ValueError(
+            f"the weighted-bag CPU kernel takes float32 or float64 CPU values, got {values.dtype} on {values.device}"
+        )
     return WeightedBag.apply(indices, weights, values)

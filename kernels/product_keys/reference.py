@@ -12,6 +12,7 @@ q1.K1[i] + q2.K2[j]. The top-k of all n^2 sums must pair a top-k entry of each h
 is exact. The memory output is then the softmax-weighted sum of the k selected value rows,
 an embedding bag: sum_i w_i V[idx_i].
 """
+
 from __future__ import annotations
 
 import torch
@@ -36,6 +37,10 @@ def weighted_bag(indices: Tensor, weights: Tensor, values: Tensor) -> Tensor:
     """sum_i weights[..., i] * values[indices[..., i]]: indices, weights [..., k]; values [n^2, d]
     -> [..., d], without materialising the gathered rows (torch's embedding_bag)."""
     lead = indices.shape[:-1]
-    out = F.embedding_bag(indices.reshape(-1, indices.shape[-1]), values,
-                          per_sample_weights=weights.reshape(-1, weights.shape[-1]).to(values.dtype), mode="sum")
+    out = F.embedding_bag(
+        indices.reshape(-1, indices.shape[-1]),
+        values,
+        per_sample_weights=weights.reshape(-1, weights.shape[-1]).to(values.dtype),
+        mode="sum",
+    )
     return out.view(*lead, values.shape[-1])

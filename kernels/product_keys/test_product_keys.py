@@ -1,4 +1,5 @@
 """The product-key Triton kernels and the CPU top-k against the references, with gradients."""
+
 import pytest
 import torch
 
@@ -9,11 +10,15 @@ from kernels.testing import close, cpu_only, leaves, needs_cc
 
 
 @pytest.mark.parametrize("impl", ["triton", pytest.param("native", marks=[cpu_only, needs_cc])])
-@pytest.mark.parametrize("shape", [(2, 5, 3, 13, 10, 6), (1, 3, 1, 7, 6, 7), (1, 4, 2, 64, 8, 16), (1, 2, 1, 512, 4, 200)])
+@pytest.mark.parametrize(
+    "shape", [(2, 5, 3, 13, 10, 6), (1, 3, 1, 7, 6, 7), (1, 4, 2, 64, 8, 16), (1, 2, 1, 512, 4, 200)]
+)
 def test_product_key_topk_matches_the_reference_with_gradients(seed, shape, impl):
     B, T, H, n, d_k, k = shape
     if impl == "triton" and n > 64:
-        pytest.skip("the interpreter's cost grows with the key count (the large case is the CPU kernel's insertion path)")
+        pytest.skip(
+            "the interpreter's cost grows with the key count (the large case is the CPU kernel's insertion path)"
+        )
     q, keys = torch.randn(B, T, H, d_k), torch.randn(H, 2, n, d_k // 2)
     (q32, k32), (q64, k64) = leaves([q, keys], torch.float32), leaves([q, keys], torch.float64)
     scores, indices = dispatch.product_key_topk(q32, k32, k, impl=impl)
@@ -21,7 +26,7 @@ def test_product_key_topk_matches_the_reference_with_gradients(seed, shape, impl
     close(scores, ref_scores, seed, "top-k scores")
     # indices: each must address a key whose exact score is the one reported (ties may reorder)
     s1 = torch.einsum("bthd,hnd->bthn", q64[..., : d_k // 2], k64[:, 0])
-    s2 = torch.einsum("bthd,hnd->bthn", q64[..., d_k // 2:], k64[:, 1])
+    s2 = torch.einsum("bthd,hnd->bthn", q64[..., d_k // 2 :], k64[:, 1])
     exact = s1.gather(-1, indices // n) + s2.gather(-1, indices % n)
     close(exact, ref_scores, seed, "scores of the returned indices")
     assert indices.unique(dim=-1).shape == indices.shape and bool((indices >= 0).all() and (indices < n * n).all())

@@ -14,6 +14,7 @@ The top-k's backward reuses the bag kernels: the score of selection (i, j) is q1
 q2.K2[j], so dq1 = sum_i g_i K1[i] is a weighted bag over the sub-key table and dK1 is the
 value gradient of that bag.
 """
+
 from __future__ import annotations
 
 import torch
@@ -44,9 +45,21 @@ def _topk_of(s, offs, K: tl.constexpr, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def pk_topk_kernel(q_ptr, keys_ptr, score_ptr, index_ptr, n_rows, H, n, HALF,
-                   K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
-                   ROWS: tl.constexpr):
+def pk_topk_kernel(
+    q_ptr,
+    keys_ptr,
+    score_ptr,
+    index_ptr,
+    n_rows,
+    H,
+    n,
+    HALF,
+    K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    ROWS: tl.constexpr,
+):
     pid = tl.program_id(0)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -88,8 +101,9 @@ def _selections(idx_ptr, w_ptr, row, n_rows, K, offs_k):
 
 
 @triton.jit
-def bag_forward_kernel(idx_ptr, w_ptr, v_ptr, out_ptr, n_rows, K, D,
-                       BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
+def bag_forward_kernel(
+    idx_ptr, w_ptr, v_ptr, out_ptr, n_rows, K, D, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr
+):
     pid = tl.program_id(0)
     offs_k = tl.arange(0, BLOCK_K)
     offs_d = tl.arange(0, BLOCK_D)
@@ -98,14 +112,17 @@ def bag_forward_kernel(idx_ptr, w_ptr, v_ptr, out_ptr, n_rows, K, D,
         sel, idx, w = _selections(idx_ptr, w_ptr, row, n_rows, K, offs_k)
         for d0 in range(0, D, BLOCK_D):
             cols = d0 + offs_d
-            rows_v = tl.load(v_ptr + idx[:, None] * D + cols[None, :], mask=sel[:, None] & (cols[None, :] < D), other=0.0)
+            rows_v = tl.load(
+                v_ptr + idx[:, None] * D + cols[None, :], mask=sel[:, None] & (cols[None, :] < D), other=0.0
+            )
             acc = tl.sum(rows_v.to(tl.float32) * w[:, None], axis=0)
             tl.store(out_ptr + row * D + cols, acc, mask=(cols < D) & ((cols * 0 + row) < n_rows))
 
 
 @triton.jit
-def bag_weight_grad_kernel(idx_ptr, v_ptr, dout_ptr, dw_ptr, n_rows, K, D,
-                           BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
+def bag_weight_grad_kernel(
+    idx_ptr, v_ptr, dout_ptr, dw_ptr, n_rows, K, D, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr
+):
     pid = tl.program_id(0)
     offs_k = tl.arange(0, BLOCK_K)
     offs_d = tl.arange(0, BLOCK_D)
@@ -116,15 +133,20 @@ def bag_weight_grad_kernel(idx_ptr, v_ptr, dout_ptr, dw_ptr, n_rows, K, D,
         acc = tl.zeros([BLOCK_K], tl.float32)
         for d0 in range(0, D, BLOCK_D):
             cols = d0 + offs_d
-            g = tl.load(dout_ptr + row * D + cols, mask=(cols < D) & ((cols * 0 + row) < n_rows), other=0.0).to(tl.float32)
-            rows_v = tl.load(v_ptr + idx[:, None] * D + cols[None, :], mask=sel[:, None] & (cols[None, :] < D), other=0.0)
+            g = tl.load(dout_ptr + row * D + cols, mask=(cols < D) & ((cols * 0 + row) < n_rows), other=0.0).to(
+                tl.float32
+            )
+            rows_v = tl.load(
+                v_ptr + idx[:, None] * D + cols[None, :], mask=sel[:, None] & (cols[None, :] < D), other=0.0
+            )
             acc += tl.sum(rows_v.to(tl.float32) * g[None, :], axis=1)
         tl.store(dw_ptr + row * K + offs_k, acc, mask=sel)
 
 
 @triton.jit
-def bag_value_grad_kernel(order_ptr, start_ptr, w_ptr, dout_ptr, dv_ptr, n_values, K, D,
-                          BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
+def bag_value_grad_kernel(
+    order_ptr, start_ptr, w_ptr, dout_ptr, dv_ptr, n_values, K, D, BLOCK_D: tl.constexpr, ROWS: tl.constexpr
+):
     """start[v]..start[v+1] are the positions in `order` of the selections of value row v."""
     pid = tl.program_id(0)
     offs_d = tl.arange(0, BLOCK_D)
@@ -144,8 +166,9 @@ def bag_value_grad_kernel(order_ptr, start_ptr, w_ptr, dout_ptr, dv_ptr, n_value
 
 
 @triton.jit
-def bag_value_grad_atomic_kernel(idx_ptr, w_ptr, dout_ptr, dv_ptr, n_rows, K, D,
-                                 BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
+def bag_value_grad_atomic_kernel(
+    idx_ptr, w_ptr, dout_ptr, dv_ptr, n_rows, K, D, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr
+):
     pid = tl.program_id(0)
     offs_k = tl.arange(0, BLOCK_K)
     offs_d = tl.arange(0, BLOCK_D)
@@ -154,7 +177,9 @@ def bag_value_grad_atomic_kernel(idx_ptr, w_ptr, dout_ptr, dv_ptr, n_rows, K, D,
         sel, idx, w = _selections(idx_ptr, w_ptr, row, n_rows, K, offs_k)
         for d0 in range(0, D, BLOCK_D):
             cols = d0 + offs_d
-            g = tl.load(dout_ptr + row * D + cols, mask=(cols < D) & ((cols * 0 + row) < n_rows), other=0.0).to(tl.float32)
+            g = tl.load(dout_ptr + row * D + cols, mask=(cols < D) & ((cols * 0 + row) < n_rows), other=0.0).to(
+                tl.float32
+            )
             mask = sel[:, None] & (cols[None, :] < D)
             tl.atomic_add(dv_ptr + idx[:, None] * D + cols[None, :], w[:, None] * g[None, :], mask=mask)
 
@@ -171,10 +196,25 @@ def topk_launch(q: Tensor, keys: Tensor, k: int, out: tuple[Tensor, Tensor] | No
         raise ValueError(f"product_key_topk: q {tuple(q.shape)}, keys {tuple(keys.shape)}, k={k}")
     q2d, keys = q.reshape(-1, 2 * half).contiguous(), keys.contiguous()
     rows = q2d.shape[0]
-    scores, indices = out or (torch.empty(rows, k, device=q.device, dtype=torch.float32),
-                              torch.empty(rows, k, device=q.device, dtype=torch.int64))
-    pk_topk_kernel[_grid(rows)](q2d, keys, scores, indices, rows, H, n, half, K=k, BLOCK_N=_pow2(n),
-                                BLOCK_D=_pow2(half), BLOCK_K=_pow2(k), ROWS=ROWS)
+    scores, indices = out or (
+        torch.empty(rows, k, device=q.device, dtype=torch.float32),
+        torch.empty(rows, k, device=q.device, dtype=torch.int64),
+    )
+    pk_topk_kernel[_grid(rows)](
+        q2d,
+        keys,
+        scores,
+        indices,
+        rows,
+        H,
+        n,
+        half,
+        K=k,
+        BLOCK_N=_pow2(n),
+        BLOCK_D=_pow2(half),
+        BLOCK_K=_pow2(k),
+        ROWS=ROWS,
+    )
     lead = q.shape[:-1]
     return scores.view(*lead, k).to(q.dtype), indices.view(*lead, k)
 
@@ -183,16 +223,27 @@ def bag_forward(indices: Tensor, weights: Tensor, values: Tensor, out: Tensor | 
     rows, k = indices.shape
     D = values.shape[1]
     out = torch.empty(rows, D, device=values.device, dtype=torch.float32) if out is None else out
-    bag_forward_kernel[_grid(rows)](indices, weights, values, out, rows, k, D,
-                                    BLOCK_K=_pow2(k), BLOCK_D=min(128, _pow2(D)), ROWS=ROWS)
+    bag_forward_kernel[_grid(rows)](
+        indices, weights, values, out, rows, k, D, BLOCK_K=_pow2(k), BLOCK_D=min(128, _pow2(D)), ROWS=ROWS
+    )
     return out
 
 
 def bag_weight_grad(indices: Tensor, values: Tensor, grad: Tensor) -> Tensor:
     rows, k = indices.shape
     dw = torch.empty(rows, k, device=values.device, dtype=torch.float32)
-    bag_weight_grad_kernel[_grid(rows)](indices, values, grad, dw, rows, k, values.shape[1],
-                                        BLOCK_K=_pow2(k), BLOCK_D=min(128, _pow2(values.shape[1])), ROWS=ROWS)
+    bag_weight_grad_kernel[_grid(rows)](
+        indices,
+        values,
+        grad,
+        dw,
+        rows,
+        k,
+        values.shape[1],
+        BLOCK_K=_pow2(k),
+        BLOCK_D=min(128, _pow2(values.shape[1])),
+        ROWS=ROWS,
+    )
     return dw
 
 
@@ -203,8 +254,9 @@ def bag_value_grad(indices: Tensor, weights: Tensor, grad: Tensor, n_values: int
     block_d = min(128, _pow2(D))
     if strategy == "atomic":
         dv = torch.zeros(n_values, D, device=grad.device, dtype=torch.float32)
-        bag_value_grad_atomic_kernel[_grid(rows)](indices, weights, grad, dv, rows, k, D,
-                                                  BLOCK_K=_pow2(k), BLOCK_D=block_d, ROWS=ROWS)
+        bag_value_grad_atomic_kernel[_grid(rows)](
+            indices, weights, grad, dv, rows, k, D, BLOCK_K=_pow2(k), BLOCK_D=block_d, ROWS=ROWS
+        )
         return dv
     if strategy != "reverse":
         raise ValueError(f"bag value-gradient strategy must be 'reverse' or 'atomic', got {strategy!r}")
@@ -267,9 +319,13 @@ class ProductKeyTopk(torch.autograd.Function):
         for part, sub in ((0, flat_idx // n), (1, flat_idx % n)):
             table_idx = (sub + head).reshape(-1, k).contiguous()
             table = keys[:, part].reshape(H * n, half).contiguous()
-            q_part = q[..., part * half:(part + 1) * half].reshape(-1, half).contiguous()
+            q_part = q[..., part * half : (part + 1) * half].reshape(-1, half).contiguous()
             dq.append(weighted_bag(table_idx, g, table).view(*q.shape[:-1], half) if ctx.needs_input_grad[0] else None)
-            dkeys.append(bag_value_grad(table_idx, g, q_part.float(), H * n).view(H, n, half) if ctx.needs_input_grad[1] else None)
+            dkeys.append(
+                bag_value_grad(table_idx, g, q_part.float(), H * n).view(H, n, half)
+                if ctx.needs_input_grad[1]
+                else None
+            )
         dq_out = torch.cat(dq, dim=-1).to(q.dtype) if ctx.needs_input_grad[0] else None
         dk_out = torch.stack(dkeys, dim=1).to(keys.dtype) if ctx.needs_input_grad[1] else None
         return dq_out, dk_out, None

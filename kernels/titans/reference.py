@@ -8,6 +8,7 @@ per-token gradient is a sum of outer products). `titans_linear_reference` runs t
 whole chunks and returns everything the traces show: the retrievals, the per-token loss and
 surprise against the chunk-start weights and the loss after the chunk's update.
 """
+
 from __future__ import annotations
 
 import torch

@@ -1,5 +1,6 @@
 """Titans' memory ops: the Triton kernel against the reference, and the chunk update's state
 convention against the token-by-token recurrence it closes."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,7 +14,10 @@ from kernels.titans.reference import titans_linear_reference
 def test_titans_linear_kernel_matches_the_reference(seed, T, chunk):
     B, D = 2, 6
     q, k = F.normalize(torch.randn(B, T, D), dim=-1), F.normalize(torch.randn(B, T, D), dim=-1)
-    inputs, state = [q, k, torch.randn(B, T, D), torch.rand(B, T, 3)], (torch.randn(B, D, D) * 0.3, torch.randn(B, D, D) * 0.1)
+    inputs, state = (
+        [q, k, torch.randn(B, T, D), torch.rand(B, T, 3)],
+        (torch.randn(B, D, D) * 0.3, torch.randn(B, D, D) * 0.1),
+    )
     with torch.no_grad():
         outputs, (W, S) = dispatch.titans_linear_memory(*inputs, state, chunk, impl="triton")
     ref = titans_linear_reference(*(x.double() for x in (*inputs, *state)), chunk)
@@ -25,10 +29,18 @@ def test_the_chunk_update_is_the_token_recurrence(seed):
     """Eqs. 10 and 13 token by token, every gradient at the chunk-start weights:
     S_t = eta_t S_t-1 - theta_t g_t, M_t = (1 - alpha_t) M_t-1 + S_t."""
     B, b, m, n = 2, 5, 3, 4
-    params, momentum = {"W": torch.randn(B, m, n, dtype=torch.float64)}, {"W": torch.randn(B, m, n, dtype=torch.float64)}
-    a, g, rates = torch.randn(B, b, m, dtype=torch.float64), torch.randn(B, b, n, dtype=torch.float64), torch.rand(B, b, 3, dtype=torch.float64)
-    outputs, (new_params, new_momentum) = dispatch.titans_chunk_update({"W": (a, g)}, dispatch.titans_chunk_coefficients(rates),
-                                                                       (params, momentum))
+    params, momentum = (
+        {"W": torch.randn(B, m, n, dtype=torch.float64)},
+        {"W": torch.randn(B, m, n, dtype=torch.float64)},
+    )
+    a, g, rates = (
+        torch.randn(B, b, m, dtype=torch.float64),
+        torch.randn(B, b, n, dtype=torch.float64),
+        torch.rand(B, b, 3, dtype=torch.float64),
+    )
+    outputs, (new_params, new_momentum) = dispatch.titans_chunk_update(
+        {"W": (a, g)}, dispatch.titans_chunk_coefficients(rates), (params, momentum)
+    )
     M, S = params["W"], momentum["W"]
     for t in range(b):
         grad = a[:, t, :, None] * g[:, t, None, :]

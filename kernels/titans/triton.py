@@ -13,6 +13,7 @@ and the loss after the update, so the per-token gradients (k_t^T 2 r_t against t
 weights), the momentum and forgetting scans, the retrievals and the surprise come from one
 launch. Forward only: training takes the reference (autograd through the closed form).
 """
+
 from __future__ import annotations
 
 import torch
@@ -22,9 +23,26 @@ from torch import Tensor
 
 
 @triton.jit
-def titans_linear_kernel(q_ptr, k_ptr, v_ptr, rates_ptr, w0_ptr, s0_ptr,
-                         read_ptr, surprise_ptr, loss_ptr, loss_after_ptr, w_out_ptr, s_out_ptr,
-                         T, D, C, n_chunks, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr):
+def titans_linear_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    rates_ptr,
+    w0_ptr,
+    s0_ptr,
+    read_ptr,
+    surprise_ptr,
+    loss_ptr,
+    loss_after_ptr,
+    w_out_ptr,
+    s_out_ptr,
+    T,
+    D,
+    C,
+    n_chunks,
+    BLOCK_C: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     b = tl.program_id(0)
     offs_c = tl.arange(0, BLOCK_C)
     offs_d = tl.arange(0, BLOCK_D)
@@ -82,9 +100,32 @@ def titans_linear_memory(q: Tensor, k: Tensor, v: Tensor, rates: Tensor, W: Tens
     read = torch.empty(B, T, D, **f32)
     surprise, loss, loss_after = (torch.empty(B, T, **f32) for _ in range(3))
     W_out, S_out = torch.empty(B, D, D, **f32), torch.empty(B, D, D, **f32)
-    titans_linear_kernel[(B,)](q.contiguous(), k.contiguous(), v.contiguous(), rates.contiguous(), W.contiguous(),
-                               S.contiguous(), read, surprise, loss, loss_after, W_out, S_out, T, D, chunk,
-                               triton.cdiv(T, chunk), BLOCK_C=max(16, triton.next_power_of_2(chunk)),
-                               BLOCK_D=max(16, triton.next_power_of_2(D)))
+    titans_linear_kernel[(B,)](
+        q.contiguous(),
+        k.contiguous(),
+        v.contiguous(),
+        rates.contiguous(),
+        W.contiguous(),
+        S.contiguous(),
+        read,
+        surprise,
+        loss,
+        loss_after,
+        W_out,
+        S_out,
+        T,
+        D,
+        chunk,
+        triton.cdiv(T, chunk),
+        BLOCK_C=max(16, triton.next_power_of_2(chunk)),
+        BLOCK_D=max(16, triton.next_power_of_2(D)),
+    )
     dtype = q.dtype
-    return read.to(dtype), surprise.to(dtype), loss.to(dtype), loss_after.to(dtype), W_out.to(W.dtype), S_out.to(S.dtype)
+    return (
+        read.to(dtype),
+        surprise.to(dtype),
+        loss.to(dtype),
+        loss_after.to(dtype),
+        W_out.to(W.dtype),
+        S_out.to(S.dtype),
+    )

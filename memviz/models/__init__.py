@@ -2,6 +2,7 @@
 
 A family defined elsewhere (a user's file) registers itself the same way, with
 `memviz.registry.register_family`, and then works everywhere a built-in one does."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -16,6 +17,8 @@ def build_model(cfg: ModelConfig, **kwargs: Any):
     """A fresh model of `cfg.family` (kwargs: tokenizer, card)."""
     family = get_family(cfg.family)
     if not family.from_config:
-        raise ConfigError(f"family {cfg.family!r} is not built from a config: its models are loaded from a checkpoint "
-                          "folder (memviz.load)")
+        raise ConfigError(
+            f"family {cfg.family!r} is not built from a config: its models are loaded from a checkpoint "
+            "folder (memviz.load)"
+        )
     return family.model(cfg, **kwargs)

@@ -3,6 +3,7 @@
 `transformer` is full causal attention (`MemoryLM` as it stands); `sliding_window` attends to
 the last `window` tokens and is the control every long-context sample is measured against.
 """
+
 from __future__ import annotations
 
 from memviz.config import ConfigError
@@ -10,8 +11,12 @@ from memviz.model import MemoryLM
 from memviz.registry import register_family
 
 
-@register_family("transformer", summary="full causal attention, no memory (the cache grows with the input)",
-                 interventions={}, role="baseline")
+@register_family(
+    "transformer",
+    summary="full causal attention, no memory (the cache grows with the input)",
+    interventions={},
+    role="baseline",
+)
 class TransformerLM(MemoryLM):
     """The full-causal transformer."""
 
@@ -19,11 +24,19 @@ class TransformerLM(MemoryLM):
 
     def check_config(self) -> None:
         if self.attention.kind != "causal":
-            raise ConfigError(f"the 'transformer' family is full causal; use 'sliding_window' for {self.attention.kind} attention")
+            raise ConfigError(
+                f"the 'transformer' family is full causal; use 'sliding_window' for {self.attention.kind} attention"
+            )
 
 
-@register_family("sliding_window", summary="attention over the last `window` tokens, no memory: the control",
-                 interventions={}, quick={"attention": {"kind": "window", "span": 32}}, sample="sliding_window_english", role="control")
+@register_family(
+    "sliding_window",
+    summary="attention over the last `window` tokens, no memory: the control",
+    interventions={},
+    quick={"attention": {"kind": "window", "span": 32}},
+    sample="sliding_window_english",
+    role="control",
+)
 class SlidingWindowLM(TransformerLM):
     """Sliding-window transformer: the control every memory family is compared with."""
 

@@ -24,6 +24,7 @@ any chunk size gives the one-pass result.
 State per layer: M [B,H,d,d], z [B,H,d], the current segment's pre-RoPE keys/values, and
 the local attention's rotated key/value cache.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ GATE = "blocks.{l}.attn.hook_gate"  # [batch, pos, head]  sigmoid(beta), the sam
 MEM_OUT = "blocks.{l}.attn.hook_mem_out"  # [batch, pos, head, d_head]  A_mem
 LOCAL_OUT = "blocks.{l}.attn.hook_local_out"  # [batch, pos, head, d_head]  A_dot
 MEM_NORM = "blocks.{l}.attn.hook_mem_norm"  # [batch, pos, head]  ||M|| read at the token
+
 
 @dataclass
 class InfiniOptions:
@@ -91,7 +93,13 @@ class InfiniAttention(LocalAttention):
         local, local_state = self.attend(q, k, v, state["local"], pos)
         sq, sk, vh = feature_map(q.transpose(1, 2)), feature_map(k.transpose(1, 2)), v.transpose(1, 2)
         (mem, norms), (M, z, seg_k, seg_v) = infini_memory(
-            sq, sk, vh, (state["M"], state["z"], state["seg_k"], state["seg_v"]), self.memory_segment_len, self.options.update)
+            sq,
+            sk,
+            vh,
+            (state["M"], state["z"], state["seg_k"], state["seg_v"]),
+            self.memory_segment_len,
+            self.options.update,
+        )
         mem = self.hook_mem_out(mem.transpose(1, 2))
         self.hook_mem_norm(norms.transpose(1, 2))
         local = self.hook_local_out(local)
@@ -105,9 +113,18 @@ def gate_heatmap(trace: Trace) -> go.Figure:
     """sigmoid(beta) per layer x head: how much each head leans on its compressive memory."""
     names = layer_names(trace, GATE)
     z = np.stack([trace[n][0] for n in names])
-    fig = go.Figure(go.Heatmap(z=z, x=[f"head {h}" for h in range(z.shape[1])], y=[n.split(".attn")[0] for n in names],
-                               zmin=0, zmax=1, colorscale="RdBu_r", texttemplate="%{z:.2f}",
-                               hovertemplate="%{y} %{x}<br>sigmoid(beta) %{z:.3f}<extra></extra>"))
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=[f"head {h}" for h in range(z.shape[1])],
+            y=[n.split(".attn")[0] for n in names],
+            zmin=0,
+            zmax=1,
+            colorscale="RdBu_r",
+            texttemplate="%{z:.2f}",
+            hovertemplate="%{y} %{x}<br>sigmoid(beta) %{z:.3f}<extra></extra>",
+        )
+    )
     fig.update_layout(title="Infini-attention gate sigmoid(beta): memory share per head (1 = memory only)")
     return fig
 
@@ -116,13 +133,20 @@ def infini_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int |
     """The gate per layer x head, each layer's memory share per token and head, and ||M||."""
     zoom = dict(width=width, start=start, stop=stop)
     figs = {"gates": gate_heatmap(trace), **memory_share_heatmaps(trace, GATE, **zoom)}
-    figs["memory norm"] = timeline(trace, {n: n for n in layer_names(trace, MEM_NORM)}, "||M|| of the memory each token reads", **zoom)
+    figs["memory norm"] = timeline(
+        trace, {n: n for n in layer_names(trace, MEM_NORM)}, "||M|| of the memory each token reads", **zoom
+    )
     return figs
 
 
-@register_family("infini", summary="Infini-attention (arXiv 2404.07143): a compressive memory M, z per head beside "
-                 "segment-local attention, mixed by a learned gate", figures=infini_figures,
-                 quick={"segment_len": 32, "memory": {"update": "delta"}}, sample="infini_english")
+@register_family(
+    "infini",
+    summary="Infini-attention (arXiv 2404.07143): a compressive memory M, z per head beside "
+    "segment-local attention, mixed by a learned gate",
+    figures=infini_figures,
+    quick={"segment_len": 32, "memory": {"update": "delta"}},
+    sample="infini_english",
+)
 class InfiniLM(MemoryLM):
     """Transformer whose attention layers are Infini-attention layers."""
 
@@ -136,7 +160,9 @@ class InfiniLM(MemoryLM):
         if self.cfg.segment_len is None:
             raise ConfigError("the 'infini' family needs config.segment_len")
         if self.attention.kind == "causal":
-            raise ConfigError("Infini-attention's local attention is bounded: 'segment' (the paper) or 'window', not 'causal'")
+            raise ConfigError(
+                "Infini-attention's local attention is bounded: 'segment' (the paper) or 'window', not 'causal'"
+            )
 
     def make_block(self, layer: int) -> nn.Module:
         cfg = self.cfg
@@ -188,8 +214,16 @@ class InfiniLM(MemoryLM):
         S, H, d, L, T = self.cfg.segment_len, self.cfg.n_heads, self.cfg.d_head, self.cfg.n_layers, ids.shape[1]
         shares = np.zeros((L, T), dtype=np.float32)
         # per layer: written normaliser z, its span part n, the open segment's parts, tokens seen
-        sums = [{"z": torch.zeros(H, d), "n": torch.zeros(H, d), "pz": torch.zeros(H, d), "pn": torch.zeros(H, d), "seen": 0}
-                for _ in range(L)]
+        sums = [
+            {
+                "z": torch.zeros(H, d),
+                "n": torch.zeros(H, d),
+                "pz": torch.zeros(H, d),
+                "pn": torch.zeros(H, d),
+                "seen": 0,
+            }
+            for _ in range(L)
+        ]
         queries: dict[int, Tensor] = {}
 
         def keep_q(q: Tensor, hook) -> None:

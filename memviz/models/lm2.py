@@ -45,10 +45,11 @@ anything further back than the segment reaches a token only through the bank.
 State per layer: the bank M [B, N, d] (and, with segment updates, the running per-slot softmax
 sums of the open segment) plus the local attention's key/value cache.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 import plotly.graph_objects as go
@@ -133,16 +134,24 @@ class LM2Memory(nn.Module):
     def empty_segment_sums(M: Tensor) -> StateTree:
         """Running softmax sums of an open segment's update, per slot: the largest logit so far,
         the normaliser, and the unnormalised sums of g_forget and of the write."""
-        return {"max": torch.full(M.shape[:2], -torch.inf, device=M.device, dtype=M.dtype),
-                "denom": torch.zeros(M.shape[:2], device=M.device, dtype=M.dtype),
-                "f_sum": torch.zeros_like(M), "w_sum": torch.zeros_like(M)}
+        return {
+            "max": torch.full(M.shape[:2], -torch.inf, device=M.device, dtype=M.dtype),
+            "denom": torch.zeros(M.shape[:2], device=M.device, dtype=M.dtype),
+            "f_sum": torch.zeros_like(M),
+            "w_sum": torch.zeros_like(M),
+        }
 
     def forward(self, e: Tensor, state: StateTree, pos: int) -> tuple[Tensor, StateTree]:
         g_in = self.hook_input_gate(torch.sigmoid(self.W_in(e)))
         if self.options.update == "token":
             (attn, read, g_f, norms), M = lm2_scan(
-                self.W_Q(e) @ self.W_K.weight / e.shape[-1] ** 0.5, g_in, self.W_V.weight.T, self.W_forget.weight.T,
-                self.W_forget.bias, state["M"])
+                self.W_Q(e) @ self.W_K.weight / e.shape[-1] ** 0.5,
+                g_in,
+                self.W_V.weight.T,
+                self.W_forget.weight.T,
+                self.W_forget.bias,
+                state["M"],
+            )
             banks_mean = None
             if self.options.output_gate == "bank":
                 banks_mean = self.token_bank_means(state["M"], g_in, read, g_f)
@@ -209,10 +218,12 @@ class LM2Memory(nn.Module):
         new_max = torch.maximum(sums["max"], logits.amax(1))
         rescale = torch.exp(sums["max"] - new_max)  # 0 while the segment is empty
         w = torch.exp(logits - new_max[:, None])  # [B, T, N]
-        return {"max": new_max,
-                "denom": sums["denom"] * rescale + w.sum(1),
-                "f_sum": sums["f_sum"] * rescale[..., None] + torch.einsum("btn,btd->bnd", w, g_f),
-                "w_sum": sums["w_sum"] * rescale[..., None] + torch.einsum("btn,btd->bnd", w, write)}
+        return {
+            "max": new_max,
+            "denom": sums["denom"] * rescale + w.sum(1),
+            "f_sum": sums["f_sum"] * rescale[..., None] + torch.einsum("btn,btd->bnd", w, g_f),
+            "w_sum": sums["w_sum"] * rescale[..., None] + torch.einsum("btn,btd->bnd", w, write),
+        }
 
 
 class LM2Block(Block):
@@ -253,29 +264,53 @@ def lm2_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int | No
     zoom, figs = dict(width=width, start=start, stop=stop), {}
     reads = layer_names(trace, SLOT_ATTN)
     for name in reads:
-        figs[f"{name} slot attention"] = position_heatmap(trace, name, f"{name.split('.memory')[0]}: slot attention", "slot", zmin=0, **zoom)
+        figs[f"{name} slot attention"] = position_heatmap(
+            trace, name, f"{name.split('.memory')[0]}: slot attention", "slot", zmin=0, **zoom
+        )
     last = layer_prefix(reads[-1], SLOT_ATTN)
-    figs["gates"] = timeline(trace, {f"{last}.hook_{g}_gate": f"{last.split('.memory')[0]} {g} gate (mean over dims)" for g in GATES},
-                             "LM2 gates over tokens", reduce="mean", **zoom)
-    figs["slot norms"] = position_heatmap(trace, f"{last}.hook_slot_norm", f"{last.split('.memory')[0]}: slot norms", "slot", **zoom)
+    figs["gates"] = timeline(
+        trace,
+        {f"{last}.hook_{g}_gate": f"{last.split('.memory')[0]} {g} gate (mean over dims)" for g in GATES},
+        "LM2 gates over tokens",
+        reduce="mean",
+        **zoom,
+    )
+    figs["slot norms"] = position_heatmap(
+        trace, f"{last}.hook_slot_norm", f"{last.split('.memory')[0]}: slot norms", "slot", **zoom
+    )
     settings = trace.meta.get("figure_settings", {})
     if settings.get("update") == "slots" and f"{last}.hook_write_score" in trace:
         writes = segment_softmax(trace[f"{last}.hook_write_score"], settings["segment_len"])
-        figs["slot writes"] = position_heatmap(with_array(trace, "writes", writes), "writes",
-                                               f"{last.split('.memory')[0]}: each slot's write weights over its segment's tokens",
-                                               "slot", zmin=0, **zoom)
+        figs["slot writes"] = position_heatmap(
+            with_array(trace, "writes", writes),
+            "writes",
+            f"{last.split('.memory')[0]}: each slot's write weights over its segment's tokens",
+            "slot",
+            zmin=0,
+            **zoom,
+        )
     return figs
 
 
-@register_family("lm2", summary="LM2 (arXiv 2502.06049): a bank of memory slots beside attention, read by cross-attention, "
-                 "written through input, forget and output gates", figures=lm2_figures,
-                 figure_settings=lambda model: {"update": model.options.update, "segment_len": model.cfg.segment_len},
-                 quick={"attention": {"kind": "window", "span": 32}, "memory": {"slots": 8}}, sample="lm2")
+@register_family(
+    "lm2",
+    summary="LM2 (arXiv 2502.06049): a bank of memory slots beside attention, read by cross-attention, "
+    "written through input, forget and output gates",
+    figures=lm2_figures,
+    figure_settings=lambda model: {"update": model.options.update, "segment_len": model.cfg.segment_len},
+    quick={"attention": {"kind": "window", "span": 32}, "memory": {"slots": 8}},
+    sample="lm2",
+)
 class LM2LM(MemoryLM):
     """Transformer whose every block has an LM2 memory bank beside its attention."""
 
     Options = LM2Options
-    memory_hooks = {SLOT_ATTN: "none", **{name: "mean" for name in GATES.values()}, SLOT_NORM: "none", WRITE_SCORE: "none"}
+    memory_hooks = {
+        SLOT_ATTN: "none",
+        **{name: "mean" for name in GATES.values()},
+        SLOT_NORM: "none",
+        WRITE_SCORE: "none",
+    }
 
     def needle_hold(self, tokens, span: tuple[int, int]) -> dict[str, np.ndarray] | None:
         """Per layer, how much of what the span wrote is still in the bank, under the run's own
@@ -304,7 +339,9 @@ class LM2LM(MemoryLM):
         so the span's part follows C <- A_s * C + (the span's terms of W_s), exactly: the parts
         of all tokens plus the initial bank decayed by the A's add up to the bank."""
         a, b = span
-        parts = [torch.zeros(self.options.slots, self.cfg.d_model, dtype=self.dtype, device=self.device) for _ in self.blocks]
+        parts = [
+            torch.zeros(self.options.slots, self.cfg.d_model, dtype=self.dtype, device=self.device) for _ in self.blocks
+        ]
         yield 0, parts
         for start, layers in self.segment_writes(ids, state):
             positions = torch.arange(start, start + self.cfg.segment_len, device=self.device)
@@ -323,12 +360,18 @@ class LM2LM(MemoryLM):
         def keep(name: str):
             def hook(value: Tensor, hook) -> None:
                 seen[int(hook.name.split(".")[1])][name] = value[0]
+
             return hook
 
-        hooks = [(f"blocks.{l}.memory.hook_{name}", keep(name)) for l in range(self.cfg.n_layers)
-                 for name in ("write_score", "forget_gate", "input_gate", "read")]
-        handles = [block.memory.register_forward_pre_hook(lambda module, args, l=l: seen[l].__setitem__("e", args[0][0]))
-                   for l, block in enumerate(self.blocks)]
+        hooks = [
+            (f"blocks.{l}.memory.hook_{name}", keep(name))
+            for l in range(self.cfg.n_layers)
+            for name in ("write_score", "forget_gate", "input_gate", "read")
+        ]
+        handles = [
+            block.memory.register_forward_pre_hook(lambda module, args, l=l: seen[l].__setitem__("e", args[0][0]))
+            for l, block in enumerate(self.blocks)
+        ]
         state = state or self.init_state()
         try:
             with torch.no_grad(), self.hooks(fwd_hooks=hooks):
@@ -339,7 +382,13 @@ class LM2LM(MemoryLM):
                         x = seen[l]
                         weights = torch.softmax(x["write_score"], dim=0)  # b[n, t], over the segment's tokens
                         content = block.memory.W_write(x["e"]) if self.options.update == "slots" else x["read"]
-                        layers.append((weights, torch.einsum("tn,td->nd", weights, x["forget_gate"]), x["input_gate"] * torch.tanh(content)))
+                        layers.append(
+                            (
+                                weights,
+                                torch.einsum("tn,td->nd", weights, x["forget_gate"]),
+                                x["input_gate"] * torch.tanh(content),
+                            )
+                        )
                     yield start, layers
         finally:
             for handle in handles:
@@ -360,7 +409,9 @@ class LM2LM(MemoryLM):
         seg = self.cfg.segment_len
         ids = full[:, : position // seg * seg]
         segments = [layers for _, layers in self.segment_writes(ids)]
-        attn = self.capture(full[:, : position + 1], [f"blocks.{l}.memory.hook_slot_attn" for l in range(self.cfg.n_layers)])
+        attn = self.capture(
+            full[:, : position + 1], [f"blocks.{l}.memory.hook_slot_attn" for l in range(self.cfg.n_layers)]
+        )
         parts, initial = {}, {}
         for l, block in enumerate(self.blocks):
             W_V = block.memory.W_V.weight.detach().double()
@@ -372,16 +423,22 @@ class LM2LM(MemoryLM):
                 pieces.append(torch.einsum("n,tn,nd,td->td", slot_attn, weights, decay, write) @ W_V.T)
                 decay = keep * decay
             bank = torch.eye(self.options.slots, self.cfg.d_model, dtype=torch.float64)
-            parts[f"blocks.{l}"] = torch.cat(pieces[::-1] or [torch.zeros(0, self.cfg.d_model, dtype=torch.float64)])[:, None]
+            parts[f"blocks.{l}"] = torch.cat(pieces[::-1] or [torch.zeros(0, self.cfg.d_model, dtype=torch.float64)])[
+                :, None
+            ]
             initial[f"blocks.{l}"] = (slot_attn @ (decay * bank) @ W_V.T)[None]
-        return Readout(position, "E_mem = softmax(Q K^T / sqrt(d)) V, the bank's read before the output gate", parts, initial)
+        return Readout(
+            position, "E_mem = softmax(Q K^T / sqrt(d)) V, the bank's read before the output gate", parts, initial
+        )
 
     def upgrade_options(self, cfg) -> dict:
         """Older configs spelled update="slots" as update="segment" with write="slots"."""
         memory = dict(cfg.memory)
         write = memory.pop("write", "read")
         if write not in ("read", "slots"):
-            raise ConfigError(f"lm2 memory option 'write' (an older spelling of update='slots') must be 'read' or 'slots', got {write!r}")
+            raise ConfigError(
+                f"lm2 memory option 'write' (an older spelling of update='slots') must be 'read' or 'slots', got {write!r}"
+            )
         if write == "slots":
             if memory.get("update", "token") != "segment":
                 raise ConfigError("lm2 write='slots' needs update='segment'; today both are update='slots'")

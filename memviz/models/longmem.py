@@ -35,6 +35,7 @@ have no position relative to the reader); local attention uses RoPE.
 `warm_start` copies a trained baseline into the backbone and initialises side block l
 from backbone block b(l), as the paper initialises the SideNet from the backbone.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -47,11 +48,19 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
 from memviz import heap
+from memviz.bank import SEARCHES, ChunkBank
 from memviz.config import ConfigError, ModelConfig
 from memviz.layers import AttentionSpan, LocalAttention, SwiGLU
-from memviz.bank import SEARCHES, ChunkBank
 from memviz.model import BACKBONE_FIELDS, Block, MemoryLM, ModelState, StateTree
-from memviz.plots import EVIDENCE_OUTLINE, WIDTH, layer_names, layer_prefix, outline_evidence, position_heatmap, window_of
+from memviz.plots import (
+    EVIDENCE_OUTLINE,
+    WIDTH,
+    layer_names,
+    layer_prefix,
+    outline_evidence,
+    position_heatmap,
+    window_of,
+)
 from memviz.registry import check_choice, check_positive, register_family
 from memviz.trace import Trace
 
@@ -74,11 +83,19 @@ class LongMemOptions:
     ef_search: int = 128  # hnsw: candidates kept while searching (more: higher recall, slower)
     exact_below: int = 4096  # hnsw: a query that sees at most this many chunks is answered exactly
     outliers: int = 1024  # hnsw: chunks per head farthest from the mean key, always scored exactly (0: none)
-    recent_queries: int = 128  # hnsw: a query also scores exactly the graph's finds for the last this many tokens (0: none)
+    recent_queries: int = (
+        128  # hnsw: a query also scores exactly the graph's finds for the last this many tokens (0: none)
+    )
 
     def __post_init__(self) -> None:
-        check_positive(side_layers=self.side_layers, chunk_size=self.chunk_size, topk_chunks=self.topk_chunks,
-                       bank_size=self.bank_size, ef_search=self.ef_search, exact_below=self.exact_below)
+        check_positive(
+            side_layers=self.side_layers,
+            chunk_size=self.chunk_size,
+            topk_chunks=self.topk_chunks,
+            bank_size=self.bank_size,
+            ef_search=self.ef_search,
+            exact_below=self.exact_below,
+        )
         for name in ("side_layers", "chunk_size", "topk_chunks", "bank_size", "ef_search", "exact_below"):
             if not isinstance(getattr(self, name), int):
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
@@ -91,7 +108,9 @@ class LongMemOptions:
             raise ValueError(f"bank_size ({self.bank_size}) must be a multiple of chunk_size ({self.chunk_size})")
 
 
-def retrieve_chunks(q: Tensor, bank_k: Tensor, chunk_size: int, topk: int, visible: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def retrieve_chunks(
+    q: Tensor, bank_k: Tensor, chunk_size: int, topk: int, visible: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """Token-to-chunk retrieval written out over a whole bank: the reference that
     `memviz.bank.ChunkBank.search` is tested against. q [B,T,H,d], bank_k [B,M,H,d] (M a multiple of chunk_size)
     -> (scores [B,T,H,K], chunk indices [B,T,H,K]) of the top-K chunks by q . mean(chunk keys),
@@ -117,14 +136,18 @@ class MemoryAugmentedAttention(LocalAttention):
         self.hook_mem_out = HookPoint()  # [batch, pos, head, d_head]
         self.hook_local_out = HookPoint()  # [batch, pos, head, d_head]
 
-    def memory_attend(self, q: Tensor, view: "BankView") -> tuple[Tensor, Tensor, Tensor]:
+    def memory_attend(self, q: Tensor, view: BankView) -> tuple[Tensor, Tensor, Tensor]:
         """A_mem for queries q [B,T,H,d] over the top-K chunks each token may read (those of
         whole segments before its own, at most bank_size tokens back); zero where it may read
         none. Also the retrieved chunks' first positions (-1 where none) and scores (NaN)."""
         B, T, H, d = q.shape
         K = self.options.topk_chunks
         if all(hi <= lo for *_, lo, hi in view.groups):  # nothing to read yet
-            return q.new_zeros(B, T, H, d), q.new_full((B, T, H, K), -1, dtype=torch.long), q.new_full((B, T, H, K), float("nan"))
+            return (
+                q.new_zeros(B, T, H, d),
+                q.new_full((B, T, H, K), -1, dtype=torch.long),
+                q.new_full((B, T, H, K), float("nan")),
+            )
         scores = q.new_full((B, T, H, K), -torch.inf)
         entries = torch.zeros(B, T, H, K, dtype=torch.long, device=q.device)
         with torch.no_grad():  # which chunks: a discrete choice; the attention below carries the gradient
@@ -143,7 +166,7 @@ class MemoryAugmentedAttention(LocalAttention):
         scores = torch.where(valid, scores, float("nan"))
         return out, positions, scores
 
-    def forward_with_bank(self, x: Tensor, state: StateTree, pos: int, bank: "BankView") -> tuple[Tensor, StateTree]:
+    def forward_with_bank(self, x: Tensor, state: StateTree, pos: int, bank: BankView) -> tuple[Tensor, StateTree]:
         q, k, v = self.project(x)
         local, new_state = self.attend(q, k, v, state, pos)
         mem, positions, scores = self.memory_attend(q, bank)
@@ -159,7 +182,9 @@ class MemoryAugmentedAttention(LocalAttention):
 class SideBlock(Block):
     """A SideNet block; the augmented one reads the memory bank."""
 
-    def forward(self, x: Tensor, state: StateTree, pos: int, bank: "BankView | None" = None) -> tuple[Tensor, StateTree]:
+    def forward(
+        self, x: Tensor, state: StateTree, pos: int, bank: BankView | None = None
+    ) -> tuple[Tensor, StateTree]:
         x = self.hook_resid_pre(x)
         if isinstance(self.attn, MemoryAugmentedAttention):
             a, attn_state = self.attn.forward_with_bank(self.ln1(x), state["attn"], pos, bank)
@@ -184,13 +209,22 @@ def retrieval_map(trace: Trace, prefix: str, width: int = WIDTH, start: int = 0,
         xs.extend([start + i] * int(keep.sum()))
         ys.extend(p[keep].tolist())
         cs.extend(s[keep].tolist())
-    fig = go.Figure(go.Scattergl(x=xs, y=ys, mode="markers", marker={"color": cs, "colorscale": "Viridis", "size": 4,
-                                                                     "colorbar": {"title": "score"}},
-                                 hovertemplate="token %{x} read chunk at %{y}<br>score %{marker.color:.3g}<extra></extra>"))
+    fig = go.Figure(
+        go.Scattergl(
+            x=xs,
+            y=ys,
+            mode="markers",
+            marker={"color": cs, "colorscale": "Viridis", "size": 4, "colorbar": {"title": "score"}},
+            hovertemplate="token %{x} read chunk at %{y}<br>score %{marker.color:.3g}<extra></extra>",
+        )
+    )
     for a, b in trace.meta.get("evidence", []):
         fig.add_hrect(y0=a - 0.5, y1=b - 0.5, annotation_text="evidence", **EVIDENCE_OUTLINE)
-    fig.update_layout(title="LongMem retrieval: past chunks read by each token", xaxis_title="reading token position",
-                      yaxis_title="retrieved chunk position")
+    fig.update_layout(
+        title="LongMem retrieval: past chunks read by each token",
+        xaxis_title="reading token position",
+        yaxis_title="retrieved chunk position",
+    )
     return fig
 
 
@@ -202,17 +236,43 @@ def retrieved_at(trace: Trace, prefix: str, position: int) -> go.Figure:
     scores = trace[f"{prefix}.hook_retrieved_scores"][position]
     heads, ranks = np.nonzero(pos >= 0)
     chunk = int(trace.meta.get("figure_settings", {}).get("chunk_size", 1))
-    fig = go.Figure(go.Scatter(
-        x=pos[heads, ranks], y=[f"head {h}" for h in heads], mode="markers+text", text=[f"#{r + 1}" for r in ranks],
-        textposition="top center", marker={"color": scores[heads, ranks], "colorscale": "Viridis", "size": 10 + 4 * (pos.shape[1] - ranks),
-                                           "colorbar": {"title": "score"}},
-        hovertemplate="%{y}: chunk at token %{x} (rank %{text})<br>score %{marker.color:.3g}<extra></extra>"))
+    fig = go.Figure(
+        go.Scatter(
+            x=pos[heads, ranks],
+            y=[f"head {h}" for h in heads],
+            mode="markers+text",
+            text=[f"#{r + 1}" for r in ranks],
+            textposition="top center",
+            marker={
+                "color": scores[heads, ranks],
+                "colorscale": "Viridis",
+                "size": 10 + 4 * (pos.shape[1] - ranks),
+                "colorbar": {"title": "score"},
+            },
+            hovertemplate="%{y}: chunk at token %{x} (rank %{text})<br>score %{marker.color:.3g}<extra></extra>",
+        )
+    )
     outline_evidence(fig, trace.meta.get("evidence", []), 0, len(trace))
-    hit = sorted({int(h) for h, p in zip(heads, pos[heads, ranks])
-                  for a, b in trace.meta.get("evidence", []) if p < b and p + chunk > a})
-    said = (f"; heads {hit} read a chunk of the evidence" if hit else "; no head reads the evidence") if trace.meta.get("evidence") else ""
-    fig.update_layout(title=f"LongMem: the chunks token {position} retrieved{said}", xaxis_title="retrieved chunk's first token",
-                      xaxis_range=[-0.5, len(trace)], yaxis_title="head", height=200 + 40 * pos.shape[0])
+    hit = sorted(
+        {
+            int(h)
+            for h, p in zip(heads, pos[heads, ranks])
+            for a, b in trace.meta.get("evidence", [])
+            if p < b and p + chunk > a
+        }
+    )
+    said = (
+        (f"; heads {hit} read a chunk of the evidence" if hit else "; no head reads the evidence")
+        if trace.meta.get("evidence")
+        else ""
+    )
+    fig.update_layout(
+        title=f"LongMem: the chunks token {position} retrieved{said}",
+        xaxis_title="retrieved chunk's first token",
+        xaxis_range=[-0.5, len(trace)],
+        yaxis_title="head",
+        height=200 + 40 * pos.shape[0],
+    )
     return fig
 
 
@@ -222,13 +282,20 @@ def longmem_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int 
     for prefix in (layer_prefix(n, RETRIEVED_POS) for n in layer_names(trace, RETRIEVED_POS)):
         figs["retrieval"] = retrieval_map(trace, prefix, **zoom)
         figs["retrieved where the answer is predicted"] = retrieved_at(trace, prefix, trace.read_position)
-        figs["gate"] = position_heatmap(trace, f"{prefix}.hook_gate", "LongMem gate sigmoid(g) per head", "head", zmin=0, zmax=1, **zoom)
+        figs["gate"] = position_heatmap(
+            trace, f"{prefix}.hook_gate", "LongMem gate sigmoid(g) per head", "head", zmin=0, zmax=1, **zoom
+        )
     return figs
 
 
-@register_family("longmem", summary="LongMem (NeurIPS 2023): a frozen backbone's cached key/value bank, searched by chunk "
-                 "and read by a memory-augmented side network", figures=longmem_figures,
-                 figure_settings=lambda model: {"chunk_size": model.options.chunk_size}, sample="longmem")
+@register_family(
+    "longmem",
+    summary="LongMem (NeurIPS 2023): a frozen backbone's cached key/value bank, searched by chunk "
+    "and read by a memory-augmented side network",
+    figures=longmem_figures,
+    figure_settings=lambda model: {"chunk_size": model.options.chunk_size},
+    sample="longmem",
+)
 class LongMemLM(MemoryLM):
     """A frozen backbone, its cached key/value bank, and a trainable memory-augmented SideNet."""
 
@@ -256,9 +323,13 @@ class LongMemLM(MemoryLM):
             Block(cfg, LocalAttention(cfg, self.attention), SwiGLU(cfg.d_model, cfg.d_mlp)) for _ in range(cfg.n_layers)
         )
         self.side_blocks = nn.ModuleList(
-            SideBlock(cfg, MemoryAugmentedAttention(cfg, o, self.attention) if i == self.augmented_layer
-                      else LocalAttention(cfg, self.attention),
-                      SwiGLU(cfg.d_model, cfg.d_mlp))
+            SideBlock(
+                cfg,
+                MemoryAugmentedAttention(cfg, o, self.attention)
+                if i == self.augmented_layer
+                else LocalAttention(cfg, self.attention),
+                SwiGLU(cfg.d_model, cfg.d_mlp),
+            )
             for i in range(o.side_layers)
         )
         self.hook_side_out = HookPoint()  # [batch, pos, d_model]  the SideNet's output stream
@@ -299,7 +370,9 @@ class LongMemLM(MemoryLM):
         cs, hits = self.options.chunk_size, []
 
         def retrieved(positions: Tensor, hook) -> None:
-            hits.append(((positions[0] >= 0) & (positions[0] < b) & (positions[0] + cs > a)).any(-1).float().mean(-1).cpu())
+            hits.append(
+                ((positions[0] >= 0) & (positions[0] < b) & (positions[0] + cs > a)).any(-1).float().mean(-1).cpu()
+            )
 
         with self.hooks(fwd_hooks=[(f"side_blocks.{self.augmented_layer}.attn.hook_retrieved_pos", retrieved)]):
             for _ in self.stream(tokens):
@@ -318,8 +391,20 @@ class LongMemLM(MemoryLM):
         state.shared = {
             "side": self.init_side_state(batch_size),
             # the bank: cached keys/values of whole earlier segments (memviz.bank.ChunkBank)
-            "bank": ChunkBank.empty(batch_size, cfg.n_heads, cfg.d_head, o.chunk_size, o.bank_size, o.search,
-                                    o.ef_search, o.exact_below, o.outliers, o.recent_queries, device=self.device, dtype=self.dtype),
+            "bank": ChunkBank.empty(
+                batch_size,
+                cfg.n_heads,
+                cfg.d_head,
+                o.chunk_size,
+                o.bank_size,
+                o.search,
+                o.ef_search,
+                o.exact_below,
+                o.outliers,
+                o.recent_queries,
+                device=self.device,
+                dtype=self.dtype,
+            ),
             # keys/values of the open segment's tokens seen so far
             "pending": {"keys": empty, "values": empty.clone()},
             "recent": self.no_recent_queries(batch_size),
@@ -344,7 +429,11 @@ class LongMemLM(MemoryLM):
             h = h + (hidden[taps[l + 1]] - hidden[taps[l]])
             side_states.append(s)
         bank = bank.trimmed(open_from - self.options.bank_size)
-        return self.hook_side_out(h), new_states, {"side": side_states, "bank": bank, "pending": pending, "recent": view.recent}
+        return (
+            self.hook_side_out(h),
+            new_states,
+            {"side": side_states, "bank": bank, "pending": pending, "recent": view.recent},
+        )
 
     def run_backbone(self, x: Tensor, state) -> tuple[list[Tensor], list[StateTree], ChunkBank, StateTree, int]:
         """The frozen backbone over a chunk and what it writes: (hidden states after each layer,
@@ -403,9 +492,12 @@ class LongMemLM(MemoryLM):
         for start in range(0, tokens.shape[1], self.chunk_len):
             chunk = tokens[:, start : start + self.chunk_len]
             _, layer_states, bank, pending, open_from = self.run_backbone(self.embedded(chunk), state)
-            shared = {"side": fresh_side,
-                      "bank": bank.trimmed(open_from - self.options.bank_size), "pending": pending,
-                      "recent": self.no_recent_queries(tokens.shape[0])}
+            shared = {
+                "side": fresh_side,
+                "bank": bank.trimmed(open_from - self.options.bank_size),
+                "pending": pending,
+                "recent": self.no_recent_queries(tokens.shape[0]),
+            }
             state = ModelState(state.pos + chunk.shape[1], layer_states, shared)
             heap.release_between(start, start + chunk.shape[1])
         return state

@@ -18,6 +18,7 @@ of values and sub-keys ever selected, the entropy and Gini coefficient of value 
 dead values; `usage_figure` draws the same counts. The intervention point is "silence": zero a
 layer's selection weights, or those of chosen values (`silence_hooks`).
 """
+
 from __future__ import annotations
 
 import math
@@ -138,16 +139,31 @@ def selection_map(trace: Trace, name: str, width: int = WIDTH, start: int = 0, s
     symbols = ["circle", "square", "diamond", "cross", "x", "triangle-up", "star", "hexagon"]
     for h in range(idx.shape[1]):
         xs = np.repeat(np.arange(start, stop, step), idx.shape[2])
-        fig.add_trace(go.Scattergl(
-            x=xs, y=idx[::step, h].reshape(-1), mode="markers", name=f"head {h}",
-            marker={"color": shown[:, h].reshape(-1), "colorscale": "Viridis", "cmin": low, "cmax": max(high, low + 1e-6), "size": 5,
-                    "symbol": symbols[h % len(symbols)], "colorbar": {"title": "weight"} if h == 0 else None},
-            hovertemplate=f"token %{{x}}<br>head {h} picked value %{{y}}<br>weight %{{marker.color:.3f}}<extra></extra>"))
+        fig.add_trace(
+            go.Scattergl(
+                x=xs,
+                y=idx[::step, h].reshape(-1),
+                mode="markers",
+                name=f"head {h}",
+                marker={
+                    "color": shown[:, h].reshape(-1),
+                    "colorscale": "Viridis",
+                    "cmin": low,
+                    "cmax": max(high, low + 1e-6),
+                    "size": 5,
+                    "symbol": symbols[h % len(symbols)],
+                    "colorbar": {"title": "weight"} if h == 0 else None,
+                },
+                hovertemplate=f"token %{{x}}<br>head {h} picked value %{{y}}<br>weight %{{marker.color:.3f}}<extra></extra>",
+            )
+        )
     outline_evidence(fig, trace.meta.get("evidence", []), start, stop)
-    fig.update_layout(title=f"{name.split('.mlp')[0]}: selected values per token (colour = weight, scaled to the shown range)",
-                      xaxis_title=f"token position{f' (every {step}-th token)' if step > 1 else ''}",
-                      yaxis_title="value index i * n_keys + j",
-                      legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 0})  # clear of the colour bar
+    fig.update_layout(
+        title=f"{name.split('.mlp')[0]}: selected values per token (colour = weight, scaled to the shown range)",
+        xaxis_title=f"token position{f' (every {step}-th token)' if step > 1 else ''}",
+        yaxis_title="value index i * n_keys + j",
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 0},
+    )  # clear of the colour bar
     return fig
 
 
@@ -164,14 +180,26 @@ def selected_at(trace: Trace, name: str, position: int) -> go.Figure:
     pairs = pairs[:, pairs[1] != position]
     elsewhere = []
     for value in here[order]:
-        others = pairs[1, np.searchsorted(pairs[0], value, "left"):np.searchsorted(pairs[0], value, "right")]
-        elsewhere.append((len(others), ", ".join(f"{p} {trace.token_text(int(p), int(p) + 1)[0]!r}" for p in others[:5])))
+        others = pairs[1, np.searchsorted(pairs[0], value, "left") : np.searchsorted(pairs[0], value, "right")]
+        elsewhere.append(
+            (len(others), ", ".join(f"{p} {trace.token_text(int(p), int(p) + 1)[0]!r}" for p in others[:5]))
+        )
     labels = [f"value {v} (head {h})" for v, h in zip(here[order], heads[order])]
-    fig = go.Figure(go.Bar(x=labels, y=w[order], customdata=elsewhere,
-                           hovertemplate="%{x}: weight %{y:.3f}<br>selected by %{customdata[0]} other tokens: "
-                                         "%{customdata[1]}<extra></extra>"))
-    fig.update_layout(title=f"{name.split('.mlp')[0]}: the values token {position} read, by weight "
-                            f"(hover: the other tokens that select each)", yaxis_title="weight", xaxis_title="selected value")
+    fig = go.Figure(
+        go.Bar(
+            x=labels,
+            y=w[order],
+            customdata=elsewhere,
+            hovertemplate="%{x}: weight %{y:.3f}<br>selected by %{customdata[0]} other tokens: "
+            "%{customdata[1]}<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title=f"{name.split('.mlp')[0]}: the values token {position} read, by weight "
+        f"(hover: the other tokens that select each)",
+        yaxis_title="weight",
+        xaxis_title="selected value",
+    )
     return fig
 
 
@@ -185,12 +213,18 @@ def usage_figure(trace: Trace, name: str, n_values: int) -> go.Figure:
     counts = value_counts(trace[name], n_values)
     dead = float((counts == 0).mean())
     fig = go.Figure(go.Bar(y=np.sort(counts)[::-1], hovertemplate="rank %{x}: %{y} selections<extra></extra>"))
-    fig.update_layout(title=f"{name.split('.mlp')[0]}: value usage, sorted ({dead:.0%} of {n_values} values never selected)",
-                      xaxis_title="values, most used first", yaxis_title="selections", yaxis_type="log")
+    fig.update_layout(
+        title=f"{name.split('.mlp')[0]}: value usage, sorted ({dead:.0%} of {n_values} values never selected)",
+        xaxis_title="values, most used first",
+        yaxis_title="selections",
+        yaxis_type="log",
+    )
     return fig
 
 
-def memory_layer_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int | None = None) -> dict[str, go.Figure]:
+def memory_layer_figures(
+    trace: Trace, width: int = WIDTH, start: int = 0, stop: int | None = None
+) -> dict[str, go.Figure]:
     """Per memory layer: the selected values per token and the value usage."""
     n_values = trace.meta.get("figure_settings", {}).get("n_values")
     figs = {}
@@ -201,13 +235,21 @@ def memory_layer_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop:
     return figs
 
 
-@register_family("memory_layer", summary="memory layers (PKM, Memory+; arXiv 2412.09764): product-key lookups into a "
-                 "value table in place of some FFNs; parametric, nothing carried across segments",
-                 figures=memory_layer_figures, figure_settings=lambda model: {"n_values": model.options.n_keys**2},
-                 interventions={"silence": "zero a memory layer's top-k selection weights, or those of chosen values "
-                                           "(model.silence_hooks)"},
-                 quick={"attention": {"kind": "window", "span": 32}, "memory": {"n_keys": 16, "topk": 4, "heads": 2, "d_key": 16, "layers": [1]}},
-                 sample="memory_plus")
+@register_family(
+    "memory_layer",
+    summary="memory layers (PKM, Memory+; arXiv 2412.09764): product-key lookups into a "
+    "value table in place of some FFNs; parametric, nothing carried across segments",
+    figures=memory_layer_figures,
+    figure_settings=lambda model: {"n_values": model.options.n_keys**2},
+    interventions={
+        "silence": "zero a memory layer's top-k selection weights, or those of chosen values (model.silence_hooks)"
+    },
+    quick={
+        "attention": {"kind": "window", "span": 32},
+        "memory": {"n_keys": 16, "topk": 4, "heads": 2, "d_key": 16, "layers": [1]},
+    },
+    sample="memory_plus",
+)
 class MemoryLayerLM(MemoryLM):
     """Transformer (sliding-window or full attention) with memory layers in place of some FFNs."""
 
@@ -245,7 +287,11 @@ class MemoryLayerLM(MemoryLM):
         cfg, o = self.cfg, self.options
         if layer not in self.memory_layers:
             return Block(cfg, LocalAttention(cfg, self.attention), SwiGLU(cfg.d_model, cfg.d_mlp))
-        values = self.values if o.shared_values else nn.Parameter(torch.randn(o.n_keys**2, cfg.d_model) / math.sqrt(cfg.d_model))
+        values = (
+            self.values
+            if o.shared_values
+            else nn.Parameter(torch.randn(o.n_keys**2, cfg.d_model) / math.sqrt(cfg.d_model))
+        )
         return Block(cfg, LocalAttention(cfg, self.attention), ProductKeyMemory(cfg, o, values))
 
 
@@ -265,10 +311,12 @@ def usage_report(indices: np.ndarray, n_values: int, n_keys: int) -> dict[str, f
     cum = np.cumsum(sorted_counts)
     gini = float((n_values + 1 - 2 * (cum / cum[-1]).sum()) / n_values)
     per_head = np.asarray(indices).astype(np.int64).reshape(-1, *np.shape(indices)[1:2], np.shape(indices)[-1])
-    keys_used = np.mean([
-        (np.unique(head // n_keys).size + np.unique(head % n_keys).size) / (2 * n_keys)
-        for head in np.moveaxis(per_head, 1, 0)
-    ])
+    keys_used = np.mean(
+        [
+            (np.unique(head // n_keys).size + np.unique(head % n_keys).size) / (2 * n_keys)
+            for head in np.moveaxis(per_head, 1, 0)
+        ]
+    )
     return {
         "values_used": float((counts > 0).mean()),
         "keys_used": float(keys_used),

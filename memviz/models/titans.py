@@ -52,6 +52,7 @@ would let a token see later tokens of its chunk); under MAG and MAL the persiste
 the attention's context only, while the paper feeds [p || x] to the memory as well (here the
 memory reads and writes the input tokens alone, so its surprise is the input's).
 """
+
 from __future__ import annotations
 
 import copy
@@ -108,7 +109,9 @@ def memory_forward(params: dict[str, Tensor], k: Tensor) -> tuple[Tensor, dict[s
     return h @ params["W2"], {"z": z, "h": h}
 
 
-def memory_grad_factors(params: dict[str, Tensor], k: Tensor, r: Tensor, cache: dict) -> dict[str, tuple[Tensor, Tensor]]:
+def memory_grad_factors(
+    params: dict[str, Tensor], k: Tensor, r: Tensor, cache: dict
+) -> dict[str, tuple[Tensor, Tensor]]:
     """Per-token gradient of ||M(k_t) - v_t||^2 as outer-product factors (a_t, b_t): the
     gradient for each weight is a_t^T b_t. r = M(k) - v."""
     if "W" in params:
@@ -160,7 +163,9 @@ class NeuralMemory(nn.Module):
         """params None: a fresh stream, whose weights are the learned initial ones (`start_params`)."""
         return {
             "params": None,
-            "momentum": {n: torch.zeros(batch, *p.shape, device=device, dtype=p.dtype) for n, p in self.init_params().items()},
+            "momentum": {
+                n: torch.zeros(batch, *p.shape, device=device, dtype=p.dtype) for n, p in self.init_params().items()
+            },
             "pending": torch.zeros(batch, 0, 2 * self.d + 3, device=device),  # k, v, rates of an open chunk
         }
 
@@ -175,7 +180,9 @@ class NeuralMemory(nn.Module):
         k = F.normalize(F.silu(self.W_K(x)), dim=-1)
         v = F.silu(self.W_V(x))
         rates = torch.sigmoid(self.W_rates(x))
-        rates = torch.cat([rates[..., :1] * self.options.eta_max, rates[..., 1:2] * self.options.theta_max, rates[..., 2:]], dim=-1)
+        rates = torch.cat(
+            [rates[..., :1] * self.options.eta_max, rates[..., 1:2] * self.options.theta_max, rates[..., 2:]], dim=-1
+        )
         return k, v, rates
 
     def query(self, x: Tensor) -> Tensor:
@@ -186,7 +193,9 @@ class NeuralMemory(nn.Module):
         """M*(q_t) for x's queries with the weights `params`, without an update (eq. 15)."""
         return memory_forward(params, self.query(x))[0]
 
-    def step(self, x: Tensor, state: StateTree, pos: int, query: Tensor | None = None) -> tuple[Tensor, StateTree, dict]:
+    def step(
+        self, x: Tensor, state: StateTree, pos: int, query: Tensor | None = None
+    ) -> tuple[Tensor, StateTree, dict]:
         """Retrieve M*(q) for every token (q from `query`, default x) with its chunk-start
         weights, and train the memory on x's keys and values chunk by chunk. Fires no hooks:
         returns (retrieved, new state, per-token statistics for `emit`)."""
@@ -196,9 +205,11 @@ class NeuralMemory(nn.Module):
         query = x if query is None else query
         if "W" in params and pending.shape[1] == 0:  # linear memory from a chunk boundary: one call
             q = self.query(query)
-            (read, surprise, loss, loss_after), (W, S) = titans_linear_memory(q, k, v, rates, (params["W"], momentum["W"]), self.chunk)
+            (read, surprise, loss, loss_after), (W, S) = titans_linear_memory(
+                q, k, v, rates, (params["W"], momentum["W"]), self.chunk
+            )
             open_len = x.shape[1] % self.chunk
-            pending = torch.cat([k, v, rates], dim=-1)[:, x.shape[1] - open_len:]
+            pending = torch.cat([k, v, rates], dim=-1)[:, x.shape[1] - open_len :]
             stats = {"surprise": surprise, "loss": loss, "loss_after": loss_after, "rates": rates}
             return read, {"params": {"W": W}, "momentum": {"W": S}, "pending": pending}, stats
         parts: dict[str, list[Tensor]] = {n: [] for n in ("read", "surprise", "loss", "loss_after")}
@@ -257,7 +268,11 @@ class TitansBlock(Block):
     side_keys = False
 
     def __init__(self, cfg: ModelConfig, options: TitansOptions, span: AttentionSpan | None, chunk: int) -> None:
-        attn = None if span is None else LocalAttention(cfg, span, n_persistent=options.persistent, side_keys=self.side_keys)
+        attn = (
+            None
+            if span is None
+            else LocalAttention(cfg, span, n_persistent=options.persistent, side_keys=self.side_keys)
+        )
         super().__init__(cfg, attn, SwiGLU(cfg.d_model, cfg.d_mlp))
         self.memory = NeuralMemory(cfg, options, chunk)
         self.hook_mem_out = HookPoint()  # [batch, pos, d_model]
@@ -378,8 +393,6 @@ class MACBlock(TitansBlock):
         return y * torch.sigmoid(self.norm_mem(gate_read))
 
 
-
-
 VARIANT_BLOCKS: dict[str, type[TitansBlock]] = {"lmm": LMMBlock, "mal": MALBlock, "mag": MAGBlock, "mac": MACBlock}
 
 
@@ -387,16 +400,29 @@ def titans_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int |
     """Per memory layer: surprise and the memory's loss over tokens, with eta / theta / alpha beneath."""
     zoom, figs = dict(width=width, start=start, stop=stop), {}
     for prefix in (layer_prefix(n, SURPRISE) for n in layer_names(trace, SURPRISE)):
-        figs[f"{prefix} surprise"] = timeline(trace, {
-            f"{prefix}.hook_surprise": "surprise ||grad||", f"{prefix}.hook_loss": "memory loss before update",
-            f"{prefix}.hook_eta": "eta (momentum)", f"{prefix}.hook_theta": "theta (step)", f"{prefix}.hook_alpha": "alpha (forget)",
-        }, f"{prefix.split('.memory')[0]}: where the memory is surprised", **zoom)
+        figs[f"{prefix} surprise"] = timeline(
+            trace,
+            {
+                f"{prefix}.hook_surprise": "surprise ||grad||",
+                f"{prefix}.hook_loss": "memory loss before update",
+                f"{prefix}.hook_eta": "eta (momentum)",
+                f"{prefix}.hook_theta": "theta (step)",
+                f"{prefix}.hook_alpha": "alpha (forget)",
+            },
+            f"{prefix.split('.memory')[0]}: where the memory is surprised",
+            **zoom,
+        )
     return figs
 
 
-@register_family("titans", summary="Titans (arXiv 2501.00663): a neural memory trained at test time by the gradient of its "
-                 "recall loss, with momentum and forgetting; MAC, MAG, MAL or LMM", figures=titans_figures,
-                 quick={"segment_len": 32, "memory": {"variant": "mac"}, "lr": 1e-3}, sample="titans_long")
+@register_family(
+    "titans",
+    summary="Titans (arXiv 2501.00663): a neural memory trained at test time by the gradient of its "
+    "recall loss, with momentum and forgetting; MAC, MAG, MAL or LMM",
+    figures=titans_figures,
+    quick={"segment_len": 32, "memory": {"variant": "mac"}, "lr": 1e-3},
+    sample="titans_long",
+)
 class TitansLM(MemoryLM):
     """Titans: a neural long-term memory trained at test time, joined to attention by `variant`."""
 
@@ -414,12 +440,16 @@ class TitansLM(MemoryLM):
             if self.cfg.segment_len is None:
                 raise ConfigError("titans variant 'mac' needs config.segment_len (its attention is per segment)")
             if chunk is not None and chunk != self.cfg.segment_len:
-                raise ConfigError(f"titans variant 'mac' updates once a segment: chunk must be segment_len "
-                                  f"({self.cfg.segment_len}) or unset, got {chunk}")
+                raise ConfigError(
+                    f"titans variant 'mac' updates once a segment: chunk must be segment_len "
+                    f"({self.cfg.segment_len}) or unset, got {chunk}"
+                )
             if kind not in ("segment", "window"):
                 raise ConfigError(f"titans variant 'mac' attends within the segment or a window, not {kind!r}")
         if variant in ("mag", "mal") and kind != "window":
-            raise ConfigError(f'titans variant {variant!r} needs sliding-window attention, attention {{"kind": "window", "span": tokens}}')
+            raise ConfigError(
+                f'titans variant {variant!r} needs sliding-window attention, attention {{"kind": "window", "span": tokens}}'
+            )
         if variant == "lmm" and self.attention is not None:
             raise ConfigError("titans variant 'lmm' has no attention (its memory replaces it); leave 'attention' unset")
 
@@ -455,7 +485,9 @@ class TitansLM(MemoryLM):
         model = copy.deepcopy(self).to(torch.float64)
         mac = self.options.variant == "mac"
         hooks = ("hook_resid_pre", "attn.hook_z") if mac else ("hook_resid_pre",)
-        seen = model.capture(full[:, : position + 1], [f"blocks.{l}.{h}" for l in range(self.cfg.n_layers) for h in hooks])
+        seen = model.capture(
+            full[:, : position + 1], [f"blocks.{l}.{h}" for l in range(self.cfg.n_layers) for h in hooks]
+        )
         direction = torch.randn(self.cfg.d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
         parts, initial = {}, {}
         for layer, block in enumerate(model.blocks):
@@ -474,7 +506,9 @@ class TitansLM(MemoryLM):
                 chunks = zip(*(t.split(memory.chunk, dim=1) for t in (k, values, rates))) if written_at else ()
                 for ck, cv, cr in chunks:
                     gradient = {"W": (ck, 2 * (ck @ W - cv))}
-                    _, (new, momentum) = titans_chunk_update(gradient, titans_chunk_coefficients(cr), ({"W": W}, {"W": S}))
+                    _, (new, momentum) = titans_chunk_update(
+                        gradient, titans_chunk_coefficients(cr), ({"W": W}, {"W": S})
+                    )
                     W, S = new["W"], momentum["W"]
                 return (q @ W)[0, 0]
 
@@ -485,6 +519,9 @@ class TitansLM(MemoryLM):
             parts[name] = ((grad @ direction / direction.pow(2).sum())[:, None] * v[0])[:, None]  # [source, head 1, d]
             with torch.no_grad():
                 initial[name] = read_with(torch.zeros_like(v))[None]
-        what = ("h_t = M*(q_t), the memory's context tokens (read with the segment-start weights)" if mac
-                else "M*(q_t), the memory's retrieval (hook_retrieved)")
+        what = (
+            "h_t = M*(q_t), the memory's context tokens (read with the segment-start weights)"
+            if mac
+            else "M*(q_t), the memory's retrieval (hook_retrieved)"
+        )
         return Readout(position, what, parts, initial)

@@ -27,10 +27,28 @@ labels that the question mentions; correct when the target is the only label lef
 The parts: `stories` (the simulator and generators), `samples` (a story in a haystack),
 `released` (the released files), `runner` (run and score).
 """
+
 from probes.babilong.released import load, released_sample
 from probes.babilong.runner import compare_answers, heatmap, run, score
 from probes.babilong.samples import make_sample, question_suffix, seeded_sample
 from probes.babilong.stories import BABI, TASKS, VARIED, Story, check_task, make_story, task_labels, vocabulary
 
-__all__ = ["BABI", "TASKS", "VARIED", "Story", "check_task", "compare_answers", "heatmap", "load", "make_sample", "make_story",
-           "question_suffix", "released_sample", "run", "score", "seeded_sample", "task_labels", "vocabulary"]
+__all__ = [
+    "BABI",
+    "TASKS",
+    "VARIED",
+    "Story",
+    "check_task",
+    "compare_answers",
+    "heatmap",
+    "load",
+    "make_sample",
+    "make_story",
+    "question_suffix",
+    "released_sample",
+    "run",
+    "score",
+    "seeded_sample",
+    "task_labels",
+    "vocabulary",
+]

@@ -1,5 +1,6 @@
 """The released BABILong files (JSON/JSONL lists or parquet with `input`, `question`,
 `target`) read from a local path, as samples."""
+
 from __future__ import annotations
 
 import json
@@ -34,26 +35,33 @@ def load(data_path: str | Path, task: str, length: str | int | None = None) -> l
             rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
         else:
             data = json.loads(path.read_text(encoding="utf-8"))
-            rows = data if isinstance(data, list) else data.get(task, data.get("data")) if isinstance(data, dict) else None
+            rows = (
+                data if isinstance(data, list) else data.get(task, data.get("data")) if isinstance(data, dict) else None
+            )
     except (OSError, ValueError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path}: cannot read BABILong data ({exc})") from exc
     if not isinstance(rows, list) or not rows:
-        raise ValueError(f"{path}: expected a non-empty list of samples (or an object holding one under "
-                         f"{task!r} or 'data'), got {type(rows).__name__ if rows is not None else type(data).__name__}")
+        raise ValueError(
+            f"{path}: expected a non-empty list of samples (or an object holding one under "
+            f"{task!r} or 'data'), got {type(rows).__name__ if rows is not None else type(data).__name__}"
+        )
     missing = [k for k in ("input", "question", "target") if not all(isinstance(r, dict) and k in r for r in rows)]
     if missing:
         raise ValueError(f"{path}: samples lack the fields {missing}")
     for i, row in enumerate(rows):
         wrong = [k for k in ("input", "question", "target") if not isinstance(row[k], str)]
         if wrong:
-            raise ValueError(f"{path}: sample {i}'s fields {wrong} must be text, got "
-                             f"{[type(row[k]).__name__ for k in wrong]}")
+            raise ValueError(
+                f"{path}: sample {i}'s fields {wrong} must be text, got {[type(row[k]).__name__ for k in wrong]}"
+            )
     if isinstance(length, int):
         longest = max(range(len(rows)), key=lambda i: len(rows[i]["input"]))
         if len(rows[longest]["input"]) > MAX_CHARS_PER_TOKEN * length:
-            raise ValueError(f"{path}: sample {longest}'s input has {len(rows[longest]['input']):,} characters, more "
-                             f"than a prompt of {length:,} tokens can hold ({MAX_CHARS_PER_TOKEN} a token): not a "
-                             f"length-{length_label(length)} file")
+            raise ValueError(
+                f"{path}: sample {longest}'s input has {len(rows[longest]['input']):,} characters, more "
+                f"than a prompt of {length:,} tokens can hold ({MAX_CHARS_PER_TOKEN} a token): not a "
+                f"length-{length_label(length)} file"
+            )
     return [{"input": r["input"], "question": r["question"], "target": r["target"]} for r in rows]
 
 

@@ -1,11 +1,12 @@
 """Run a model over generated or released samples and score it by BABILong's rule:
 lowercase, keep the first sentence, drop task labels that the question mentions; correct when
 the target is the only label left."""
+
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import pandas as pd
 
@@ -13,6 +14,7 @@ from probes.babilong.released import load, released_sample
 from probes.babilong.samples import seeded_sample
 from probes.babilong.stories import check_task, vocabulary
 from probes.common import Sample, accuracy_heatmap, as_list, check_grid_size, check_lengths, check_n, run_samples
+
 
 def first_sentence(output: str) -> str:
     return output.lower().split(".")[0]
@@ -58,14 +60,28 @@ def run(
                 rows = load(data_path, task, length)
                 picks = random.Random(f"babilong-pick-{seed}").sample(range(len(rows)), min(n, len(rows)))
                 for i in picks:
-                    jobs.append(({"task": task, "length": length, "sample": i},
-                                 lambda row=rows[i], task=task, length=length: released_sample(model.tokenizer, row, task, length)))
+                    jobs.append(
+                        (
+                            {"task": task, "length": length, "sample": i},
+                            lambda row=rows[i], task=task, length=length: released_sample(
+                                model.tokenizer, row, task, length
+                            ),
+                        )
+                    )
             else:
                 for i in range(n):
-                    jobs.append(({"task": task, "length": length, "sample": i},
-                                 lambda task=task, length=length, i=i: seeded_sample(model.tokenizer, task, length, seed, i, haystack, names)))
+                    jobs.append(
+                        (
+                            {"task": task, "length": length, "sample": i},
+                            lambda task=task, length=length, i=i: seeded_sample(
+                                model.tokenizer, task, length, seed, i, haystack, names
+                            ),
+                        )
+                    )
     df = run_samples(model, jobs, score, max_new_tokens=6, progress=progress, desc="babilong")
-    df["depth"] = [(spans[-1][1] / max(1, nt)) if spans else float("nan") for spans, nt in zip(df["evidence"], df["n_tokens"])]
+    df["depth"] = [
+        (spans[-1][1] / max(1, nt)) if spans else float("nan") for spans, nt in zip(df["evidence"], df["n_tokens"])
+    ]
     return df
 
 

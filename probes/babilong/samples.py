@@ -1,16 +1,18 @@
 """A story hidden in long background text, as in BABILong (Kuratov et al. 2024): its facts
 spread in order over random sentence boundaries of the haystack, then the question."""
+
 from __future__ import annotations
 
 import random
 import re
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 from probes.babilong.stories import Story, make_story, task_labels, vocabulary
 from probes.common import Sample, check_length, sample_rng, spans_of, take_filler
 from probes.haystack import ProceduralHaystack, make_haystack
 
 BACKGROUND = "shakespeare"  # the default haystack: real English prose, as PG19 is in the paper
+
 
 def question_suffix(question: str) -> str:
     return f"\nQuestion: {question}\nAnswer:"
@@ -27,7 +29,9 @@ def unrelated(sentences: Iterable[str], names: str) -> Iterator[str]:
     return (s for s in sentences if not mentions.search(s))
 
 
-def make_sample(tokenizer, task: str, length: int, story: Story, haystack=None, seed: int = 0, names: str = "babi") -> Sample:
+def make_sample(
+    tokenizer, task: str, length: int, story: Story, haystack=None, seed: int = 0, names: str = "babi"
+) -> Sample:
     """Spread the story's facts in order over random sentence boundaries of the background
     (`haystack`: None for Shakespeare's plays, "procedural", or a text file's path)."""
     rng = random.Random(f"babilong-placement-{seed}")
@@ -35,7 +39,11 @@ def make_sample(tokenizer, task: str, length: int, story: Story, haystack=None, 
     fixed = len(tokenizer.encode(" ".join(story.facts) + suffix)) + 1
     check_length(length, fixed, f"{task} story and question")
     background = make_haystack(BACKGROUND if haystack is None else haystack, seed)
-    sentences = background.sentences() if isinstance(background, ProceduralHaystack) else unrelated(background.sentences(), names)
+    sentences = (
+        background.sentences()
+        if isinstance(background, ProceduralHaystack)
+        else unrelated(background.sentences(), names)
+    )
     filler = take_filler(tokenizer, sentences, length - fixed)
     slots = sorted(rng.randint(0, len(filler)) for _ in story.facts)
     pieces: list[str] = []
@@ -67,7 +75,9 @@ def make_sample(tokenizer, task: str, length: int, story: Story, haystack=None, 
     )
 
 
-def seeded_sample(tokenizer, task: str, length: int, seed: int, index: int, haystack=None, names: str = "babi") -> Sample:
+def seeded_sample(
+    tokenizer, task: str, length: int, seed: int, index: int, haystack=None, names: str = "babi"
+) -> Sample:
     rng = sample_rng("babilong", task, seed, length, index, names)
     story = make_story(task, rng, names)
     return make_sample(tokenizer, task, length, story, haystack, seed=rng.randrange(2**31), names=names)

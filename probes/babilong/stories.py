@@ -1,10 +1,11 @@
 """The bAbI story simulator (Weston et al. 2015): vocabularies, a world of actors, rooms and
 objects, and one generator per task (qa1-qa5), each returning a `Story`."""
+
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 TASKS = ("qa1", "qa2", "qa3", "qa4", "qa5")
 DIRECTIONS = ("north", "south", "east", "west")
@@ -28,8 +29,19 @@ BABI = Vocabulary(
     givers=("Bill", "Fred", "Jeff", "Mary"),
     rooms=("bathroom", "bedroom", "garden", "hallway", "kitchen", "office"),
     objects=("apple", "football", "milk"),
-    move=("{a} moved to the {r}.", "{a} went to the {r}.", "{a} journeyed to the {r}.", "{a} travelled to the {r}.", "{a} went back to the {r}."),
-    grab=("{a} picked up the {o} there.", "{a} got the {o} there.", "{a} grabbed the {o} there.", "{a} took the {o} there."),
+    move=(
+        "{a} moved to the {r}.",
+        "{a} went to the {r}.",
+        "{a} journeyed to the {r}.",
+        "{a} travelled to the {r}.",
+        "{a} went back to the {r}.",
+    ),
+    grab=(
+        "{a} picked up the {o} there.",
+        "{a} got the {o} there.",
+        "{a} grabbed the {o} there.",
+        "{a} took the {o} there.",
+    ),
     drop=("{a} dropped the {o}.", "{a} put down the {o}.", "{a} discarded the {o}.", "{a} left the {o}."),
     give=("{a} gave the {o} to {b}.", "{a} handed the {o} to {b}.", "{a} passed the {o} to {b}."),
 )
@@ -37,9 +49,23 @@ BABI = Vocabulary(
 VARIED = Vocabulary(
     actors=("Mary", "John", "Daniel", "Sandra", "Alice", "Omar", "Priya", "Tomas", "Greta", "Kenji", "Lucia", "Ravi"),
     givers=("Bill", "Fred", "Jeff", "Mary", "Nora", "Hugo", "Ines", "Yusuf"),
-    rooms=("bathroom", "bedroom", "garden", "hallway", "kitchen", "office", "cellar", "attic", "studio", "pantry", "balcony", "library"),
+    rooms=(
+        "bathroom",
+        "bedroom",
+        "garden",
+        "hallway",
+        "kitchen",
+        "office",
+        "cellar",
+        "attic",
+        "studio",
+        "pantry",
+        "balcony",
+        "library",
+    ),
     objects=("apple", "football", "milk", "umbrella", "notebook", "lamp", "scarf", "kettle"),
-    move=BABI.move + ("{a} walked to the {r}.", "{a} ran to the {r}.", "{a} headed to the {r}.", "{a} hurried to the {r}."),
+    move=BABI.move
+    + ("{a} walked to the {r}.", "{a} ran to the {r}.", "{a} headed to the {r}.", "{a} hurried to the {r}."),
     grab=BABI.grab + ("{a} lifted the {o} there.", "{a} collected the {o} there."),
     drop=BABI.drop + ("{a} set down the {o}.", "{a} abandoned the {o}."),
     give=BABI.give + ("{a} offered the {o} to {b}.", "{a} brought the {o} to {b}."),
@@ -219,7 +245,11 @@ def story_qa5(rng: random.Random, vocab: Vocabulary) -> Story:
 
 
 GENERATORS: dict[str, Callable[[random.Random, Vocabulary], Story]] = {
-    "qa1": story_qa1, "qa2": story_qa2, "qa3": story_qa3, "qa4": story_qa4, "qa5": story_qa5,
+    "qa1": story_qa1,
+    "qa2": story_qa2,
+    "qa3": story_qa3,
+    "qa4": story_qa4,
+    "qa5": story_qa5,
 }
 
 
