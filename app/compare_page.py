@@ -45,7 +45,7 @@ def render() -> None:
     if stop <= start:
         st.warning("Choose a non-empty range of positions.")
         return
-    for column, path, model, (sample, tr) in zip(st.columns(2), (left, right), models, traces):
+    for column, path, model, (sample, _) in zip(st.columns(2), (left, right), models, traces):
         with column:
             st.markdown(
                 f"**{path}** ({model.family}): answer **{sample.answer}** · model says "

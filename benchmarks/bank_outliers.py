@@ -47,8 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     state = None
     started = time.perf_counter()
     with torch.no_grad():
-        for _, _, state in model.stream(ids[:question], model.chunk_len):
-            pass
+        for _, _, chunk_state in model.stream(ids[:question], model.chunk_len):
+            state = chunk_state
         queries = {}
         hook = (f"side_blocks.{model.augmented_layer}.attn.hook_q", lambda q, hook: queries.setdefault("q", q))
         model.run_with_hooks(torch.tensor([ids[question:]]), fwd_hooks=[hook], state=state)
@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     K = model.options.topk_chunks
     needle_lo, needle_hi = sample.evidence[0]
     print(
-        f"{args.checkpoint}: {sample.n_tokens:,} tokens ({streamed:.0f} s), {len(held) // held.chunk_size:,} chunks, top-{K}"
+        f"{args.checkpoint}: {sample.n_tokens:,} tokens ({streamed:.0f} s), {len(held) // held.chunk_size:,} chunks, "
+        f"top-{K}"
     )
     print("| search | recall@K (filler queries) | needle hits (question) | search time (s, both sets) |")
     print("|---|---|---|---|")

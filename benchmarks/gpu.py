@@ -142,7 +142,8 @@ def kernel_rows(device: str, lengths: list[int], rounds: int) -> tuple[list[str]
                 times = interleaved(paths, rounds, synchronize(device))
                 kernel_table.append(
                     f"| {name} | {tokens:,} | {statistics.median(times['triton']) * 1e3:.3f} | "
-                    f"{ratio_text(times, 'reference', 'triton')} | {ratio_text(times, 'torch', 'triton') if own else '-'} | {error:.1e} |"
+                    f"{ratio_text(times, 'reference', 'triton')} | "
+                    f"{ratio_text(times, 'torch', 'triton') if own else '-'} | {error:.1e} |"
                 )
                 if name == "weighted_bag":
                     copy_src = torch.empty(bag_bytes // 4, device=device)
@@ -153,7 +154,8 @@ def kernel_rows(device: str, lengths: list[int], rounds: int) -> tuple[list[str]
                     copy_bw = 2 * copy_src.numel() * 4 / statistics.median(copy["copy"]) / 1e9  # read + write
                     bag_bw = bag_bytes / statistics.median(copy["bag"]) / 1e9
                     bandwidth_table.append(
-                        f"| {tokens:,} | {bag_bytes / 2**20:.1f} | {bag_bw:.1f} | {copy_bw:.1f} | {bag_bw / copy_bw:.0%} |"
+                        f"| {tokens:,} | {bag_bytes / 2**20:.1f} | {bag_bw:.1f} | {copy_bw:.1f} | "
+                        f"{bag_bw / copy_bw:.0%} |"
                     )
     return kernel_table, bandwidth_table
 
@@ -242,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
             f"**Triton kernels** ({rounds} interleaved rounds; ratios are the median of the per-round ratios, "
             "the range in brackets; above 1 the Triton kernel is faster):",
             "",
-            "| kernel | tokens | Triton ms | reference / Triton | torch's op / Triton | max abs diff from the reference |",
+            "| kernel | tokens | Triton ms | reference / Triton | torch's op / Triton | max abs diff from the "
+            "reference |",
             "|---|---|---|---|---|---|",
             *kernels,
             "",

@@ -137,8 +137,10 @@ def main() -> int:
     if args.record:
         head = (
             f"\n## {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC · LongMem bank at {r['tokens']:,} tokens "
-            f"({r['checkpoint']}, HNSW, chunks of {r['chunk_size']}) · {platform.machine()} CPU, {r['threads']} threads · torch {torch.__version__}\n\n"
-            f"Command: `python benchmarks/longmem_bank.py {r['checkpoint']} --tokens {r['tokens']} --threads {r['threads']}"
+            f"({r['checkpoint']}, HNSW, chunks of {r['chunk_size']}) · {platform.machine()} CPU, {r['threads']} "
+            f"threads · torch {torch.__version__}\n\n"
+            f"Command: `python benchmarks/longmem_bank.py {r['checkpoint']} --tokens {r['tokens']} --threads "
+            f"{r['threads']}"
             f"{f' --chunk-size {args.chunk_size}' if args.chunk_size else ''}"
             " --record`\n\n"
         )

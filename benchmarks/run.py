@@ -386,7 +386,8 @@ sample = passkey.seeded_sample(model.tokenizer, {length}, 0.5, 0, 0)
 start = time.perf_counter()
 tr = memviz.trace(model, sample.prompt)
 seconds = time.perf_counter() - start
-print(json.dumps({{"tokens": len(tr), "seconds": seconds, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
+peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({{"tokens": len(tr), "seconds": seconds, "peak_rss_mb": peak_rss_mb}}))
 """
 
 
@@ -429,8 +430,8 @@ import sys, time
 sys.path.insert(0, {root!r})
 start = time.perf_counter()
 from streamlit.testing.v1 import AppTest
-at = AppTest.from_string("import sys\\nsys.path.insert(0, {root!r})\\nfrom app import trace_page\\ntrace_page.render()\\n",
-                         default_timeout=600)
+script = "import sys\\nsys.path.insert(0, {root!r})\\nfrom app import trace_page\\ntrace_page.render()\\n"
+at = AppTest.from_string(script, default_timeout=600)
 at.run()
 assert not at.exception, at.exception
 assert at.get("plotly_chart")
@@ -507,7 +508,8 @@ def main() -> int:
         install_peers()
     torch.set_num_threads(args.threads)
     header = (
-        f"## {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC · {platform.machine()} CPU, {torch.get_num_threads()} threads · "
+        f"## {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC · {platform.machine()} CPU, {torch.get_num_threads()} "
+        "threads · "
         f"torch {torch.__version__} · python {platform.python_version()}{' · --quick' if args.quick else ''}\n"
     )
     report = [header]

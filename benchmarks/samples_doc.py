@@ -1,8 +1,8 @@
 """The table of samples in docs/samples.md, generated from their cards:
 `python benchmarks/samples_doc.py` rewrites it, `--check` fails when it differs from the cards.
 
-One row a sample (sample_checkpoints/ and the folders families ship, retired ones marked): its family, parameters, steps,
-train time, the card's probe scores and its long grid, each as the card records it."""
+One row a sample (sample_checkpoints/ and the folders families ship, retired ones marked): its family, parameters,
+steps, train time, the card's probe scores and its long grid, each as the card records it."""
 
 from __future__ import annotations
 
@@ -85,7 +85,8 @@ def table() -> str:
         minutes = f"{card['wall_time_s'] / 60:.0f} min" if card.get("wall_time_s") else ""
         retired = " (retired: weights in git history, card's `retired`)" if "retired" in card else ""
         rows.append(
-            f"| `{name}`{retired} | {card.get('family', '')} | {card.get('parameters', 0):,} | {card.get('steps', '')} | {minutes} | "
+            f"| `{name}`{retired} | {card.get('family', '')} | {card.get('parameters', 0):,} | "
+            f"{card.get('steps', '')} | {minutes} | "
             f"{probe_cell(card)} | {long_grid_cell(card)} |"
         )
     return "\n".join(rows)

@@ -1,7 +1,8 @@
 """A training step of each sample's recipe, this tree against a git revision, interleaved.
 
     python benchmarks/train_step.py titans infini_long memory_plus --against bf7cf35 [--threads 1] [--rounds 3]
-    python benchmarks/train_step.py families/gated_deltanet/gated_deltanet_16k.train.json:families/gated_deltanet/sample_16k --against ...
+    python benchmarks/train_step.py \\
+        families/gated_deltanet/gated_deltanet_16k.train.json:families/gated_deltanet/sample_16k --against ...
 
 For each recipe (sample_checkpoints/NAME.train.json, or a recipe file and the sample it trained as
 RECIPE:SAMPLE, e.g. a family's outside memviz) it times steps of the recipe's longest
@@ -38,7 +39,8 @@ from training import TrainConfig, Trainer
 data = json.loads(open({recipe!r}).read())
 data.update(out=tempfile.mkdtemp(prefix="train_step-"), threads={threads})
 data["eval"] = {{**data.get("eval", {{}}), "every": 0}}
-data["init_from"] = data.get("init_from") and {sample!r}  # an earlier stage's export may be gone: its sample has the shapes
+# an earlier stage's export may be gone: its sample has the shapes
+data["init_from"] = data.get("init_from") and {sample!r}
 cfg = TrainConfig.from_dict(data)
 trainer = Trainer(cfg, progress=False)
 load_weights(trainer.model, read_weights(Path({weights!r})), Path({weights!r}))
@@ -95,7 +97,7 @@ def main() -> int:
         if value < 1:
             parser.error(f"{name} must be at least 1, got {value}")
     recipes = {name: recipe_and_weights(name) for name in args.recipes}
-    for name, (recipe, weights) in recipes.items():
+    for recipe, weights in recipes.values():
         if not recipe.is_file():
             parser.error(f"no recipe {recipe}")
         if not weights.is_file():
@@ -108,7 +110,7 @@ def main() -> int:
         base = Path(tmp) / "base"
         subprocess.run(["git", "worktree", "add", "--detach", "-q", str(base), args.against], cwd=ROOT, check=True)
         try:
-            for name, (recipe, weights) in recipes.items():
+            for recipe, weights in recipes.values():
                 config = json.loads(recipe.read_text())
                 step = last_stage_step(config)
                 times: dict[str, list[float]] = {"base": [], "ours": []}
@@ -118,8 +120,10 @@ def main() -> int:
                 ratios = sorted(b / o for b, o in zip(times["base"], times["ours"]))
                 length = max(length for _, length in config["data"].get("curriculum") or [[0, 0]])
                 row = (
-                    f"| `{recipe.name.removesuffix('.train.json')}` | {config['optim']['batch_size']} x {length} | {statistics.median(times['base']):.3f} s | "
-                    f"{statistics.median(times['ours']):.3f} s | {statistics.median(ratios):.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f}) |"
+                    f"| `{recipe.name.removesuffix('.train.json')}` | {config['optim']['batch_size']} x {length} | "
+                    f"{statistics.median(times['base']):.3f} s | "
+                    f"{statistics.median(times['ours']):.3f} s | {statistics.median(ratios):.2f}x "
+                    f"({ratios[0]:.2f}-{ratios[-1]:.2f}) |"
                 )
                 print(row, flush=True)
                 rows.append(row)
@@ -128,9 +132,11 @@ def main() -> int:
     if args.record:
         with open(ROOT / "benchmarks" / "RESULTS.md", "a", encoding="utf-8") as fh:
             fh.write(
-                f"\n## {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC · a training step against {revision.stdout.strip()}, "
+                f"\n## {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC · a training step against "
+                f"{revision.stdout.strip()}, "
                 f"{args.threads} thread(s), {args.rounds} rounds\n\n`python benchmarks/train_step.py ... --against "
-                f"{args.against}`: the mean time of {args.steps} consecutive steps from the middle of each recipe's longest stage, "
+                f"{args.against}`: the mean time of {args.steps} consecutive steps from the middle of each recipe's "
+                "longest stage, "
                 f"the median over rounds in each tree, and the median "
                 "of the per-round ratios (above 1: this tree is faster).\n\n"
                 "| recipe | batch x tokens | before | now | speedup |\n|---|---|---|---|---|\n" + "\n".join(rows) + "\n"

@@ -18,7 +18,8 @@ def describe(family) -> str:
     lines += [f"  hook       {name}  (traced as {reducer})" for name, reducer in family.hooks.items()]
     if family.figures is not None:
         lines.append(
-            f"  figures    {family.figures.__module__}.{family.figures.__name__}: {' '.join(family.figures.__doc__.split())}"
+            f"  figures    {family.figures.__module__}.{family.figures.__name__}: "
+            f"{' '.join(family.figures.__doc__.split())}"
         )
     lines += [f"  intervene  {name}: {what}" for name, what in family.interventions.items()]
     if family.quick is not None:

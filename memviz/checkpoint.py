@@ -166,7 +166,8 @@ def load(path: str | Path, device: str | torch.device = "cpu", **overrides: Any)
     for name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE):
         if not (directory / name).is_file():
             raise CheckpointError(
-                f"{directory / name}: missing; a checkpoint folder needs {CONFIG_FILE}, {WEIGHTS_FILE} and {TOKENIZER_FILE}"
+                f"{directory / name}: missing; a checkpoint folder needs {CONFIG_FILE}, {WEIGHTS_FILE} and "
+                f"{TOKENIZER_FILE}"
             )
     for name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE, CARD_FILE):
         linked = directory / name
@@ -238,13 +239,15 @@ def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], path:
     unexpected = sorted(set(weights) - set(expected))
     if missing or unexpected:
         raise CheckpointError(
-            f"{path}: weights do not match the config's model: missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+            f"{path}: weights do not match the config's model: missing "
+            f"{missing[:5]}{'...' if len(missing) > 5 else ''}, "
             f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}"
         )
     for name, tensor in sorted(weights.items()):  # report the first mismatch in a stable order
         if tuple(tensor.shape) != tuple(expected[name].shape):
             raise CheckpointError(
-                f"{path}: tensor {name!r} has shape {tuple(tensor.shape)} but the config's model needs {tuple(expected[name].shape)}"
+                f"{path}: tensor {name!r} has shape {tuple(tensor.shape)} but the config's model needs "
+                f"{tuple(expected[name].shape)}"
             )
         if expected[name].is_floating_point():
             if not tensor.is_floating_point():

@@ -102,8 +102,9 @@ def run_tail(model, tokens: list[int], state: ModelState, keep: int) -> tuple[Te
     cost the square of its length): the logits of the last `keep` positions [keep, vocab] and
     the state after them."""
     tail = None
-    for _, logits, state in model.stream(tokens, state=state):
+    for _, logits, chunk_state in model.stream(tokens, state=state):
         tail = logits[0, -keep:] if tail is None else torch.cat([tail, logits[0]])[-keep:]
+        state = chunk_state
     return tail, state
 
 

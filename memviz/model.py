@@ -142,9 +142,7 @@ class ModelBusyError(RuntimeError):
     same object was under way: hooks and train/eval mode belong to the object, so the two would mix."""
 
 
-_run_owners: weakref.WeakKeyDictionary[nn.Module, list] = (
-    weakref.WeakKeyDictionary()
-)  # model -> [thread, what, depth]
+_run_owners: weakref.WeakKeyDictionary[nn.Module, list] = weakref.WeakKeyDictionary()  # model -> [thread, what, depth]
 _run_owners_lock = threading.Lock()
 
 
@@ -164,9 +162,9 @@ def running_alone(model: nn.Module, what: str) -> Iterator[None]:
         owner = _run_owners.get(model)
         if owner is not None and owner[0] is not me:
             raise ModelBusyError(
-                f"{model_label(model)} is already running {owner[1]} in thread {owner[0].name!r}; one model object runs "
-                f"one input at a time (its hooks and train/eval mode are shared), so {what} here was refused: wait "
-                "for that run, or give this thread its own copy (memviz.load again, or copy.deepcopy(model))"
+                f"{model_label(model)} is already running {owner[1]} in thread {owner[0].name!r}; one model object "
+                f"runs one input at a time (its hooks and train/eval mode are shared), so {what} here was refused: "
+                "wait for that run, or give this thread its own copy (memviz.load again, or copy.deepcopy(model))"
             )
         if owner is None:
             owner = _run_owners[model] = [me, what, 0]
@@ -452,8 +450,8 @@ class MemoryLM(HookedRootModule):
         if tokens.shape[1] == 0:
             raise ValueError("empty prompt: at least one token is needed")
         logits = None
-        for _, logits, state in self.stream(tokens, state=state):
-            pass
+        for _, chunk_logits, chunk_state in self.stream(tokens, state=state):
+            logits, state = chunk_logits, chunk_state
         return logits[:, -1:], state
 
     @torch.no_grad()

@@ -75,7 +75,8 @@ def answer_loss_note(trace: Trace) -> str:
     span = answer_positions(trace)
     if span is None:
         return ""
-    return f"the answer's {span[1] - span[0]} token(s): {float(np.mean(trace['loss'][span[0] : span[1]])):.2f} nats a token"
+    loss = float(np.mean(trace["loss"][span[0] : span[1]]))
+    return f"the answer's {span[1] - span[0]} token(s): {loss:.2f} nats a token"
 
 
 def hover_text(trace: Trace, positions: np.ndarray, bin_size: int) -> list[str]:

@@ -96,7 +96,7 @@ def register_family(
     def decorate(cls: M) -> M:
         if name in FAMILIES:
             raise ValueError(f"family {name!r} registered twice")
-        cls.family = name  # the class answers `model.family`
+        setattr(cls, "family", name)  # noqa: B010  (the class answers `model.family`; mypy knows no such attribute on M)
         FAMILIES[name] = Family(
             name=name,
             model=cls,
@@ -132,7 +132,9 @@ def load_entry_points() -> None:
         try:
             entry.load()
         except Exception as exc:  # a broken plug-in must not take the built-in families down
-            warnings.warn(f"memviz: the family entry point {entry.name!r} ({entry.value}) did not load: {exc}")
+            warnings.warn(
+                f"memviz: the family entry point {entry.name!r} ({entry.value}) did not load: {exc}", stacklevel=2
+            )
 
 
 def registered() -> list[Family]:

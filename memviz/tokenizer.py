@@ -158,8 +158,8 @@ class BPETokenizer(Tokenizer):
         if shared:
             i, tokens = next(iter(shared.items()))
             raise ValueError(
-                f"{sum(len(t) for t in shared.values())} tokens share {len(shared)} id{'s' * (len(shared) > 1)} (id {i}: "
-                f"{sorted(tokens)[:4]}); each token needs its own id"
+                f"{sum(len(t) for t in shared.values())} tokens share {len(shared)} id{'s' * (len(shared) > 1)} "
+                f"(id {i}: {sorted(tokens)[:4]}); each token needs its own id"
             )
         outside = sorted(i for i in ids if not 0 <= i < self.text_vocab_size)
         if outside:

@@ -57,7 +57,8 @@ def parser() -> argparse.ArgumentParser:
     pk.add_argument("--depths", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0])
     pk.add_argument(
         "--haystack",
-        help="the filler: procedural (the default), grass (the papers' repeated sentences), shakespeare, or a plain-text file",
+        help="the filler: procedural (the default), grass (the papers' repeated sentences), shakespeare, or a "
+        "plain-text file",
     )
     pk.add_argument("--workers", type=int, default=1, help="processes to split the grid over")
     bl = sub.add_parser("babilong", parents=[common], help="bAbI qa1-qa5 hidden in background text")

@@ -229,7 +229,8 @@ def accuracy_heatmap(df: pd.DataFrame, rows: str, cols: str, title: str, row_lab
             text=text,
             texttemplate="%{text}",
             customdata=counts.to_numpy(),
-            hovertemplate=f"{col_label} %{{x}}<br>{row_label} %{{y}}<br>accuracy %{{z:.0%}} of %{{customdata}}<extra></extra>",
+            hovertemplate=f"{col_label} %{{x}}<br>{row_label} %{{y}}<br>accuracy %{{z:.0%}} of "
+            f"%{{customdata}}<extra></extra>",
             colorbar={"title": "accuracy", "tickformat": ".0%"},
         )
     )

@@ -128,7 +128,8 @@ def curve(df: pd.DataFrame, title: str = "Retention: pass key against distance")
                 mode="lines+markers",
                 name=str(name),
                 customdata=table["size"],
-                hovertemplate="distance %{x:,} tokens<br>accuracy %{y:.0%} of %{customdata}<extra>%{fullData.name}</extra>",
+                hovertemplate="distance %{x:,} tokens<br>accuracy %{y:.0%} of "
+                "%{customdata}<extra>%{fullData.name}</extra>",
             )
         )
     fig.update_layout(

@@ -100,7 +100,8 @@ def test_mismatched_shapes(saved):
     config.write_text(json.dumps({**data, "d_mlp": 96}))
     with pytest.raises(
         CheckpointError,
-        match=r"model\.safetensors: tensor 'blocks\.0\.mlp\.W_down\.weight' has shape \(32, 64\) but the config's model needs \(32, 96\)",
+        match=r"model\.safetensors: tensor 'blocks\.0\.mlp\.W_down\.weight' has shape \(32, 64\) but the config's "
+        r"model needs \(32, 96\)",
     ):
         memviz.load(path)
     config.write_text(json.dumps({**data, "n_layers": 3}))
@@ -137,7 +138,8 @@ KILLED_SAVER = """
 import sys, torch, memviz
 from memviz import ModelConfig
 torch.manual_seed(1)
-model = memviz.build_model(ModelConfig(family="transformer", d_model=48, n_layers=2, n_heads=2, d_mlp=96, vocab_size=259))
+cfg = ModelConfig(family="transformer", d_model=48, n_layers=2, n_heads=2, d_mlp=96, vocab_size=259)
+model = memviz.build_model(cfg)
 print("ready", flush=True)
 while True:
     memviz.save(model, sys.argv[1])

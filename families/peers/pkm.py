@@ -116,7 +116,8 @@ class ProductKeyMemoryLM(MemoryLM):
         bad = [i for i in self.options.layers if not 0 <= i < self.cfg.n_layers]
         if bad or not self.options.layers:
             raise ConfigError(
-                f"product_key_memory layers {self.options.layers} must be a non-empty list in 0..{self.cfg.n_layers - 1}"
+                f"product_key_memory layers {self.options.layers} must be a non-empty list in "
+                f"0..{self.cfg.n_layers - 1}"
             )
 
     def build(self) -> None:

@@ -195,7 +195,8 @@ class TitansPytorchLM(MemoryLM):
         layers = self.options.neural_memory_layers
         if layers is not None and any(not 1 <= i <= self.cfg.n_layers for i in layers):
             raise ConfigError(
-                f"titans_pytorch neural_memory_layers {layers} must lie in 1..{self.cfg.n_layers} (the peer counts from 1)"
+                f"titans_pytorch neural_memory_layers {layers} must lie in 1..{self.cfg.n_layers} (the peer counts "
+                "from 1)"
             )
 
     def peer_kwargs(self) -> dict[str, Any]:

@@ -437,7 +437,8 @@ class LM2LM(MemoryLM):
         write = memory.pop("write", "read")
         if write not in ("read", "slots"):
             raise ConfigError(
-                f"lm2 memory option 'write' (an older spelling of update='slots') must be 'read' or 'slots', got {write!r}"
+                "lm2 memory option 'write' (an older spelling of update='slots') must be 'read' or 'slots', got "
+                f"{write!r}"
             )
         if write == "slots":
             if memory.get("update", "token") != "segment":

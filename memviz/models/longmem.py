@@ -30,8 +30,8 @@ kept as chunks arrive, and the top-K search is exact (every visible chunk scored
 the default) or faiss HNSW (`search="hnsw"`, approximate, for banks of millions of tokens);
 `bank_size` and `search` hold no weights and can be set when loading. Because the backbone is
 frozen and runs first, the segments an input chunk completes join the bank before the side
-network runs, and each segment's tokens search only the bank entries before their segment. Memory attention uses un-rotated keys and queries (cached tokens
-have no position relative to the reader); local attention uses RoPE.
+network runs, and each segment's tokens search only the bank entries before their segment. Memory attention uses
+un-rotated keys and queries (cached tokens have no position relative to the reader); local attention uses RoPE.
 `warm_start` copies a trained baseline into the backbone and initialises side block l
 from backbone block b(l), as the paper initialises the SideNet from the backbone.
 """
@@ -182,9 +182,7 @@ class MemoryAugmentedAttention(LocalAttention):
 class SideBlock(Block):
     """A SideNet block; the augmented one reads the memory bank."""
 
-    def forward(
-        self, x: Tensor, state: StateTree, pos: int, bank: BankView | None = None
-    ) -> tuple[Tensor, StateTree]:
+    def forward(self, x: Tensor, state: StateTree, pos: int, bank: BankView | None = None) -> tuple[Tensor, StateTree]:
         x = self.hook_resid_pre(x)
         if isinstance(self.attn, MemoryAugmentedAttention):
             a, attn_state = self.attn.forward_with_bank(self.ln1(x), state["attn"], pos, bank)
@@ -230,8 +228,8 @@ def retrieval_map(trace: Trace, prefix: str, width: int = WIDTH, start: int = 0,
 
 def retrieved_at(trace: Trace, prefix: str, position: int) -> go.Figure:
     """The chunks one token retrieved (in the family's views `trace.read_position`, where the
-    answer's first token is predicted): per head, each retrieved chunk's first position, ranked by score (marker size and
-    colour), the evidence outlined, and which heads read a chunk inside it."""
+    answer's first token is predicted): per head, each retrieved chunk's first position, ranked by score (marker size
+    and colour), the evidence outlined, and which heads read a chunk inside it."""
     pos = trace[f"{prefix}.hook_retrieved_pos"][position]  # [H, K]
     scores = trace[f"{prefix}.hook_retrieved_scores"][position]
     heads, ranks = np.nonzero(pos >= 0)
@@ -277,7 +275,8 @@ def retrieved_at(trace: Trace, prefix: str, position: int) -> go.Figure:
 
 
 def longmem_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int | None = None) -> dict[str, go.Figure]:
-    """The augmented side block's retrieval map, the chunks retrieved where the answer is predicted, and its gate per head."""
+    """The augmented side block's retrieval map, the chunks retrieved where the answer is predicted, and its gate
+    per head."""
     zoom, figs = dict(width=width, start=start, stop=stop), {}
     for prefix in (layer_prefix(n, RETRIEVED_POS) for n in layer_names(trace, RETRIEVED_POS)):
         figs["retrieval"] = retrieval_map(trace, prefix, **zoom)

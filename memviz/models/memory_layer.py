@@ -154,7 +154,8 @@ def selection_map(trace: Trace, name: str, width: int = WIDTH, start: int = 0, s
                     "symbol": symbols[h % len(symbols)],
                     "colorbar": {"title": "weight"} if h == 0 else None,
                 },
-                hovertemplate=f"token %{{x}}<br>head {h} picked value %{{y}}<br>weight %{{marker.color:.3f}}<extra></extra>",
+                hovertemplate=f"token %{{x}}<br>head {h} picked value %{{y}}<br>weight "
+                f"%{{marker.color:.3f}}<extra></extra>",
             )
         )
     outline_evidence(fig, trace.meta.get("evidence", []), start, stop)
@@ -169,8 +170,8 @@ def selection_map(trace: Trace, name: str, width: int = WIDTH, start: int = 0, s
 
 def selected_at(trace: Trace, name: str, position: int) -> go.Figure:
     """What one token read from a memory layer (in the family's views `trace.read_position`, where
-    the answer's first token is predicted): its selected values, ranked by weight, each with how many other tokens of the
-    input select the same value and the first few of them."""
+    the answer's first token is predicted): its selected values, ranked by weight, each with how many other tokens of
+    the input select the same value and the first few of them."""
     idx, weights = trace[name], trace[name.replace("hook_topk_indices", "hook_topk_weights")]  # [T, H, k]
     here, w = idx[position].reshape(-1), weights[position].reshape(-1)
     heads = np.repeat(np.arange(idx.shape[1]), idx.shape[2])
@@ -299,7 +300,8 @@ def usage_report(indices: np.ndarray, n_values: int, n_keys: int) -> dict[str, f
     """Usage of a memory layer over a trace: `indices` [pos, head, topk] of selected values.
 
     Returns the share of values selected at least once, the share of sub-keys selected at
-    least once (both halves, averaged over heads, whose sub-keys are their own), the normalised entropy of value usage (1 = uniform), its Gini coefficient
+    least once (both halves, averaged over heads, whose sub-keys are their own), the normalised entropy of value
+    usage (1 = uniform), its Gini coefficient
     (0 = uniform, 1 = one value takes everything), and the number of dead values."""
     if np.size(indices) == 0:
         raise ValueError("no selections to report on")

@@ -448,7 +448,8 @@ class TitansLM(MemoryLM):
                 raise ConfigError(f"titans variant 'mac' attends within the segment or a window, not {kind!r}")
         if variant in ("mag", "mal") and kind != "window":
             raise ConfigError(
-                f'titans variant {variant!r} needs sliding-window attention, attention {{"kind": "window", "span": tokens}}'
+                f'titans variant {variant!r} needs sliding-window attention, attention {{"kind": "window", "span": '
+                f"tokens}}"
             )
         if variant == "lmm" and self.attention is not None:
             raise ConfigError("titans variant 'lmm' has no attention (its memory replaces it); leave 'attention' unset")
