@@ -130,9 +130,10 @@ def read_utf8(path: Path, what: str = "corpus file") -> str:
     /dev/zero, a pipe or a file over `MAX_TEXT_FILE_BYTES` is refused before anything is read."""
     data = read_bytes_within(path, MAX_TEXT_FILE_BYTES, what)
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ValueError(f"{what} {path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    return text.replace("\r\n", "\n").replace("\r", "\n")  # universal newlines, as reading in text mode gives
 
 
 def not_installed(folder: Path) -> ValueError:

@@ -895,6 +895,9 @@ def test_a_corpus_file_that_is_a_device_or_too_large_is_refused_before_reading(t
 
     with pytest.raises(ValueError, match="corpus file /dev/zero is not a regular file"):
         texts.read_utf8(Path("/dev/zero"))
+    crlf = tmp_path / "crlf.txt"
+    crlf.write_bytes(b"CHAPTER I\r\nold Mac\rtext\n")
+    assert texts.read_utf8(crlf) == "CHAPTER I\nold Mac\ntext\n"  # universal newlines, as text mode reads them
     monkeypatch.setattr(texts, "MAX_TEXT_FILE_BYTES", 100)
     big = tmp_path / "big.txt"
     big.write_text("a" * 101)
