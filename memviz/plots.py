@@ -134,8 +134,9 @@ def timeline(
             row=row,
             col=1,
         )
-        if broken[name] is not None:
-            mark_non_finite(fig, max(broken[name], start), row)
+        first = broken[name]
+        if first is not None:
+            mark_non_finite(fig, max(first, start), row)
     outline_evidence(fig, trace.meta.get("evidence", []), start, stop)
     fig.update_layout(title=title, showlegend=False, height=160 + 170 * len(names))
     fig.update_xaxes(title_text=position_axis(pooled.bin_size, reduce), row=len(names), col=1)

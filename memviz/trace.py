@@ -17,6 +17,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -178,7 +179,7 @@ class Trace:
         import io
 
         meta = {"meta": self.meta, "vocab": self.vocab, "names": self.names}
-        payload = {f"array:{n}": a for n, a in self.arrays.items()}
+        payload: dict[str, Any] = {f"array:{n}": a for n, a in self.arrays.items()}
         payload["tokens"] = self.tokens
         payload["meta_json"] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
         buffer = io.BytesIO()

@@ -13,6 +13,7 @@ import html
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
@@ -35,7 +36,7 @@ from memviz.trace import Trace
 def family_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int | None = None) -> dict[str, go.Figure]:
     """The views of the trace's family (the registry's `figures`) and next-token loss, keyed by title."""
     family = get_family(trace.meta["family"]) if trace.meta.get("family") else None
-    zoom = dict(width=width, start=start, stop=stop)
+    zoom: dict[str, Any] = dict(width=width, start=start, stop=stop)
     figs = family.figures(trace, **zoom) if family is not None and family.figures else {}
     figs["loss"] = timeline(trace, {"loss": "next-token loss (nats)"}, "Next-token loss", **zoom)
     outline_answer(figs["loss"], trace, start, len(trace) if stop is None else stop)
