@@ -2,6 +2,7 @@
 exists to show holds when measured afresh (not read from the card): each long-context memory
 sample finds a pass key that its sliding-window control, with the same window, cannot reach,
 and Memory+ recalls facts that a dense model of the same compute has not stored."""
+
 from __future__ import annotations
 
 import json
@@ -12,21 +13,37 @@ from pathlib import Path
 import pytest
 
 import memviz
-from training import TrainConfig
 from probes import babilong, facts, passkey
+from training import TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent / "sample_checkpoints"
 SAMPLES = sorted(p.name for p in ROOT.iterdir() if (p / "config.json").exists())
 #: folders whose weights left the tree (their card stays, naming the commit that holds them)
-RETIRED = sorted(p.parent for p in [*ROOT.glob("*/card.json"), *ROOT.parent.glob("families/*/sample*/card.json")]
-                 if not (p.parent / "config.json").exists())
+RETIRED = sorted(
+    p.parent
+    for p in [*ROOT.glob("*/card.json"), *ROOT.parent.glob("families/*/sample*/card.json")]
+    if not (p.parent / "config.json").exists()
+)
 CARD_FIELDS = {"train_command", "train_config", "steps", "wall_time_s", "machine", "probe_scores", "parameters"}
 
 
 def test_the_zoo_ships_a_memory_model_and_its_control():
-    assert {"infini_long", "lm2", "titans_long", "longmem", "sliding_window", "memory_plus", "dense",
-            "longmem_qa1", "infini_qa1", "titans_qa1", "lm2_qa1", "sliding_window_qa1",
-            "infini_english", "sliding_window_english"} <= set(SAMPLES)
+    assert {
+        "infini_long",
+        "lm2",
+        "titans_long",
+        "longmem",
+        "sliding_window",
+        "memory_plus",
+        "dense",
+        "longmem_qa1",
+        "infini_qa1",
+        "titans_qa1",
+        "lm2_qa1",
+        "sliding_window_qa1",
+        "infini_english",
+        "sliding_window_english",
+    } <= set(SAMPLES)
 
 
 @pytest.mark.parametrize("folder", RETIRED, ids=lambda p: p.name)
@@ -40,10 +57,18 @@ def test_a_retired_sample_names_the_commit_that_holds_its_weights(folder):
     with pytest.raises(memviz.CheckpointError, match="retired"):
         memviz.load(folder)
     if shutil.which("git") and (ROOT.parent / ".git").exists():
-        tree = subprocess.run(["git", "ls-tree", "--name-only", card["retired"]["commit"], f"{relative}/"], cwd=ROOT.parent,
-                              capture_output=True, text=True)
-        if "not a tree object" not in tree.stderr and "bad object" not in tree.stderr.lower():  # a shallow clone lacks it
-            assert {f"{relative}/{n}" for n in ("config.json", "model.safetensors", "tokenizer.json")} <= set(tree.stdout.split())
+        tree = subprocess.run(
+            ["git", "ls-tree", "--name-only", card["retired"]["commit"], f"{relative}/"],
+            cwd=ROOT.parent,
+            capture_output=True,
+            text=True,
+        )
+        if (
+            "not a tree object" not in tree.stderr and "bad object" not in tree.stderr.lower()
+        ):  # a shallow clone lacks it
+            assert {f"{relative}/{n}" for n in ("config.json", "model.safetensors", "tokenizer.json")} <= set(
+                tree.stdout.split()
+            )
 
 
 @pytest.mark.parametrize("name", SAMPLES)
@@ -83,9 +108,11 @@ LONG_CONTEXT_MEMORY = ("infini_long", "lm2", "titans_long", "longmem")
 def passkey_two_windows_back():
     """Pass key at 256 tokens with the needle at depth 0.1 or 0.5, at least two 64-token windows
     (segments) before the question: (exact share, mean leading digits right) per sample."""
+
     def measure(name):
         df = passkey.run(memviz.load(ROOT / name), [256], [0.1, 0.5], n=8, seed=7, progress=False)
         return float(df["correct"].mean()), float(df["leading_digits"].mean())
+
     return {name: measure(name) for name in [*LONG_CONTEXT_MEMORY, "sliding_window"]}
 
 
@@ -104,7 +131,11 @@ def test_each_memory_sample_reads_the_key_from_its_memory(name, passkey_two_wind
 
 def qa1_at_1000(name, n=20):
     """qa1 at 1000 tokens in the procedural background the qa1 samples were trained on."""
-    return float(babilong.run(memviz.load(ROOT / name), ["qa1"], [1000], n=n, seed=5, haystack="procedural", progress=False)["correct"].mean())
+    return float(
+        babilong.run(memviz.load(ROOT / name), ["qa1"], [1000], n=n, seed=5, haystack="procedural", progress=False)[
+            "correct"
+        ].mean()
+    )
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +164,7 @@ def test_memory_plus_recalls_twice_the_facts_of_a_dense_model_of_the_same_comput
     """100 facts of the 2000 people both were trained on, on a fresh probe seed. Memory+ keeps
     them in its value table: with any memory layer's top-k weights zeroed, recall collapses.
     memory_plus_shared has two memory layers reading one value pool (the paper's sharing)."""
+
     def recall(model, hooks=()):
         with model.hooks(fwd_hooks=list(hooks)):
             return float(facts.run(model, n=100, seed=9, progress=False)["correct"].mean())
@@ -156,8 +188,12 @@ LONG_RANGE = ("infini_long", "longmem_long", "titans_long", "lm2_long")
 def passkey_at_4k():
     """Pass key at 4096 tokens, needle at depth 0.1 or 0.5 (thousands of tokens before the
     question, 30-60 windows back), on a fresh seed: the exact share per sample."""
+
     def measure(name):
-        return float(passkey.run(memviz.load(ROOT / name), [4096], [0.1, 0.5], n=4, seed=13, progress=False)["correct"].mean())
+        return float(
+            passkey.run(memviz.load(ROOT / name), [4096], [0.1, 0.5], n=4, seed=13, progress=False)["correct"].mean()
+        )
+
     return {name: measure(name) for name in [*LONG_RANGE, "sliding_window"]}
 
 
@@ -183,6 +219,7 @@ def english_reading():
         bits = lm.summary(lm.run(model, "shakespeare", max_tokens=4096))["bits_per_byte"].item()
         key = passkey.run(model, [2048], [0.25, 0.75], n=4, seed=23, progress=False)["correct"].mean()
         return bits, float(key)
+
     return {name: measure(name) for name in ENGLISH}
 
 
@@ -194,7 +231,9 @@ def test_an_english_sample_reads_held_out_english_as_well_as_its_control(name, e
     assert bits <= 2.3 and bits <= 1.05 * control, (bits, control)
 
 
-@pytest.mark.parametrize("name", [n for n in ENGLISH if "sliding_window" not in n and "dense" not in n and "memory_plus" not in n])
+@pytest.mark.parametrize(
+    "name", [n for n in ENGLISH if "sliding_window" not in n and "dense" not in n and "memory_plus" not in n]
+)
 def test_an_english_memory_sample_keeps_a_pass_key_its_control_loses(name, english_reading):
     key, control = english_reading[name][1], english_reading[ENGLISH_CONTROL][1]
     assert key >= control + 0.375 and control <= 0.125, (key, control)
