@@ -421,7 +421,7 @@ def titans_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int |
     "recall loss, with momentum and forgetting; MAC, MAG, MAL or LMM",
     figures=titans_figures,
     quick={"segment_len": 32, "memory": {"variant": "mac"}, "lr": 1e-3},
-    sample="titans_long",
+    sample="titans_english",
 )
 class TitansLM(MemoryLM):
     """Titans: a neural long-term memory trained at test time, joined to attention by `variant`."""
