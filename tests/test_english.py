@@ -223,7 +223,7 @@ def test_training_refuses_the_held_out_plays_and_unknown_backgrounds_before_it_s
         DataConfig(mix={"passkey": 1.0}, passkey_haystacks=["shakespeare"])
     with pytest.raises(ValueError, match="eval.passkey_haystacks: haystack file gras does not exist"):
         EvalConfig(passkey_haystacks=["gras"])
-    with pytest.raises(ValueError, match="eval.passkey_haystacks is a list"):
+    with pytest.raises(ValueError, match="eval.passkey_haystacks must be a list"):
         EvalConfig(passkey_haystacks="grass")
     with pytest.raises(ValueError, match="data.prompt_weight must be a non-negative number"):
         DataConfig(prompt_weight=-1)
