@@ -95,7 +95,11 @@ def choose_input(model, model_path: str) -> tuple[str, tuple[tuple[int, int], ..
         length = c1.number_input("length (tokens)", 100, 200_000, 2048, step=256, key="pk_length")
         depth = c2.slider("needle depth", 0.0, 1.0, 0.5, key="pk_depth")
         seed = c3.number_input("seed", 0, 10_000, 0, key="pk_seed")
-        sample = passkey.seeded_sample(model.tokenizer, int(length), float(depth), int(seed), 0)
+        try:
+            sample = passkey.seeded_sample(model.tokenizer, int(length), float(depth), int(seed), 0)
+        except ValueError as exc:  # a length shorter than the prompt itself: said, not a traceback
+            st.error(str(exc))
+            return None
     elif source == "BABILong sample":
         c1, c2, c3, c4 = st.columns(4)
         task = c1.selectbox("task", babilong.TASKS, key="bl_task")
@@ -107,7 +111,11 @@ def choose_input(model, model_path: str) -> tuple[str, tuple[tuple[int, int], ..
             key="bl_haystack",
             help="the shipped qa1 samples were trained on the procedural one",
         )
-        sample = babilong.seeded_sample(model.tokenizer, task, int(length), int(seed), 0, haystack=background)
+        try:
+            sample = babilong.seeded_sample(model.tokenizer, task, int(length), int(seed), 0, haystack=background)
+        except ValueError as exc:
+            st.error(str(exc))
+            return None
     elif source == "text":
         text = st.text_area("Text", key="text_input", height=150)
         return (text, (), None) if text.strip() else None

@@ -356,6 +356,13 @@ def test_trace_page_says_what_a_long_input_costs_and_the_upload_limit_in_tokens(
     assert "at most 1,000,000 tokens" in label and "MB of English text" in label
 
 
+def test_trace_page_says_when_a_sample_length_cannot_hold_its_prompt(infini_checkpoint):
+    at = open_trace_page(infini_checkpoint)
+    at.number_input(key="pk_length").set_value(100).run()
+    assert not at.exception, at.exception
+    assert "shorter than" in at.error[0].value, [e.value for e in at.error]
+
+
 def test_the_app_takes_its_thread_count_from_memviz_threads(monkeypatch):
     import os
 
