@@ -49,7 +49,7 @@ from transformer_lens.hook_points import HookPoint
 
 from memviz.layers import LocalCache
 from memviz.model import MemoryLM, ModelState, Readout
-from memviz.plots import WIDTH, layer_names, layer_prefix, position_heatmap, timeline
+from memviz.plots import WIDTH, delta_rule_rate_heatmaps, layer_names, timeline
 from memviz.registry import register_family
 from memviz.tokenizer import TOKENIZER_FILE, Tokenizer
 
@@ -214,16 +214,8 @@ def delta_rule(
 
 def rate_and_norm_figures(trace, width: int = WIDTH, start: int = 0, stop: int | None = None) -> dict:
     """The sixth family's views: alpha and beta over tokens and value heads per Gated DeltaNet layer; ||S_t||."""
-    zoom, figs = dict(width=width, start=start, stop=stop), {}
-    for name in layer_names(trace, ALPHA):
-        prefix = layer_prefix(name, ALPHA)
-        layer = prefix.split(".attn")[0]
-        figs[f"{layer} alpha"] = position_heatmap(
-            trace, name, f"{layer}: decay alpha (1 keeps the state)", "head", zmin=0, zmax=1, **zoom
-        )
-        figs[f"{layer} beta"] = position_heatmap(
-            trace, f"{prefix}.hook_beta", f"{layer}: write strength beta", "head", zmin=0, zmax=1, **zoom
-        )
+    zoom = dict(width=width, start=start, stop=stop)
+    figs = delta_rule_rate_heatmaps(trace, **zoom)
     norms = layer_names(trace, STATE_NORM)
     if norms:
         figs["state norm"] = timeline(trace, {n: n for n in norms}, "||S_t|| (mean over heads)", **zoom)

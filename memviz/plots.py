@@ -247,3 +247,38 @@ def memory_share_heatmaps(
             stop=stop,
         )
     return figs
+
+
+def delta_rule_rate_heatmaps(
+    trace: Trace, width: int = WIDTH, start: int = 0, stop: int | None = None
+) -> dict[str, go.Figure]:
+    """A gated delta rule's decay alpha and write strength beta over tokens and heads, per layer
+    (`blocks.{l}.attn.hook_alpha` / `hook_beta`: memviz's Gated DeltaNet and the released hybrids')."""
+    alpha = "blocks.{l}.attn.hook_alpha"
+    figs: dict[str, go.Figure] = {}
+    for name in layer_names(trace, alpha):
+        prefix = layer_prefix(name, alpha)
+        layer = prefix.split(".attn")[0]
+        figs[f"{layer} alpha"] = position_heatmap(
+            trace,
+            name,
+            f"{layer}: decay alpha (1 keeps the state)",
+            "head",
+            zmin=0,
+            zmax=1,
+            width=width,
+            start=start,
+            stop=stop,
+        )
+        figs[f"{layer} beta"] = position_heatmap(
+            trace,
+            f"{prefix}.hook_beta",
+            f"{layer}: write strength beta",
+            "head",
+            zmin=0,
+            zmax=1,
+            width=width,
+            start=start,
+            stop=stop,
+        )
+    return figs

@@ -44,7 +44,7 @@ from families.gated_deltanet.reference import chunked
 from memviz import ConfigError, MemoryLM, register_family
 from memviz.layers import AttentionSpan, LocalAttention, RMSNorm, SwiGLU
 from memviz.model import Block, Readout
-from memviz.plots import WIDTH, layer_names, layer_prefix, memory_share_heatmaps, position_heatmap, timeline
+from memviz.plots import WIDTH, delta_rule_rate_heatmaps, layer_names, memory_share_heatmaps, timeline
 from memviz.registry import check_positive
 from memviz.trace import Trace
 
@@ -121,27 +121,12 @@ class GatedDeltaAttention(LocalAttention):
         return self.W_O(z.flatten(2)), {"local": local_state, "S": S}
 
 
-def rate_heatmaps(trace: Trace, width: int = WIDTH, start: int = 0, stop: int | None = None) -> dict[str, go.Figure]:
-    """alpha and beta over tokens and heads, per layer."""
-    zoom, figs = dict(width=width, start=start, stop=stop), {}
-    for name in layer_names(trace, ALPHA):
-        prefix = layer_prefix(name, ALPHA)
-        layer = prefix.split(".attn")[0]
-        figs[f"{layer} alpha"] = position_heatmap(
-            trace, name, f"{layer}: decay alpha (1 keeps the state)", "head", zmin=0, zmax=1, **zoom
-        )
-        figs[f"{layer} beta"] = position_heatmap(
-            trace, f"{prefix}.hook_beta", f"{layer}: write strength beta", "head", zmin=0, zmax=1, **zoom
-        )
-    return figs
-
-
 def gated_deltanet_figures(
     trace: Trace, width: int = WIDTH, start: int = 0, stop: int | None = None
 ) -> dict[str, go.Figure]:
     """Per layer alpha and beta over tokens and heads; the state's norm; the memory's share of each head's output."""
     zoom = dict(width=width, start=start, stop=stop)
-    figs = rate_heatmaps(trace, **zoom)
+    figs = delta_rule_rate_heatmaps(trace, **zoom)
     figs["state norm"] = timeline(
         trace, {n: n for n in layer_names(trace, STATE_NORM)}, "||S_t|| (mean over heads)", **zoom
     )
