@@ -198,7 +198,7 @@ def main():
     }
     if args.resets:
         report["memory_resets"] = memory_resets(model, args.resets)
-        if getattr(model.options, "write", None) == "slots":
+        if model.cfg.memory.get("write") == "slots":  # LM2's slot-wise writes
             report["slot_writes"] = slot_writes(model, args.resets)
     if args.toy:
         report["toy"] = toy(model, args.toy, fan_in=args.fan_in)

@@ -157,8 +157,7 @@ def by_position(df: pd.DataFrame, per_octave: int = 4) -> pd.DataFrame:
 
 def local_span(model) -> int | None:
     """The span of a model's local attention in tokens (a window or a segment), None where it sees every token."""
-    attention = getattr(getattr(model, "cfg", None), "attention", None) or {}
-    return attention.get("span") if attention.get("kind") in ("window", "segment") else None
+    return None if model.attention is None else model.attention.span
 
 
 def position_curve(

@@ -18,3 +18,17 @@ def test_the_readme_python_blocks_run(tmp_path):
     finally:
         os.chdir(here)
     assert (tmp_path / "trace.npz").is_file()
+
+
+def families_in_readme_table() -> set[str]:
+    """The config names in the README's family table (its second column)."""
+    section = README.read_text(encoding="utf-8").split("\n## Families\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| family ")]
+    return {name for row in rows for name in re.findall(r"`([a-z0-9_]+)`", row.rsplit("|", 2)[-2])}
+
+
+def test_the_readme_family_table_lists_every_registered_family():
+    import memviz
+
+    registered = {family.name for family in memviz.families() if family.from_config}
+    assert families_in_readme_table() == registered
