@@ -83,7 +83,7 @@ class Trace:
         self,
         tokens: np.ndarray,
         arrays: Mapping[str, np.ndarray],
-        vocab: Sequence[str] | None = None,
+        vocab: Sequence[str] | Mapping[int, str] | None = None,
         meta: dict | None = None,
     ) -> None:
         self.tokens = np.asarray(tokens, dtype=np.int32)
@@ -95,7 +95,12 @@ class Trace:
                 raise ValueError(
                     f"trace array {name!r} has shape {arr.shape}, not one row per token of {len(self.tokens)}"
                 )
-        self.vocab = list(vocab) if vocab is not None else None
+        #: token id -> its text: the whole vocabulary, or (as `trace` keeps it) only the ids the trace holds
+        self.vocab = (
+            None
+            if vocab is None
+            else {int(i): v for i, v in (vocab.items() if isinstance(vocab, Mapping) else enumerate(vocab))}
+        )
         self.meta = dict(meta or {})
 
     @property
@@ -221,7 +226,7 @@ class Trace:
                     raise TraceFileError(f"names {missing[:3]} have no array")
                 arrays = {n: data[f"array:{n}"] for n in meta["names"]}
                 tokens = data["tokens"]
-            check_contents(tokens, meta.get("vocab"), meta.get("meta"))
+            vocab = check_contents(tokens, meta.get("vocab"), meta.get("meta"))
         except TraceFileError as exc:
             raise TraceFileError(f"{path}: {exc}") from exc
         except (
@@ -236,7 +241,7 @@ class Trace:
             zlib.error,
         ) as exc:
             raise TraceFileError(f"{path}: not a memviz trace file ({exc})") from exc
-        return cls(tokens, arrays, meta.get("vocab"), meta.get("meta"))
+        return cls(tokens, arrays, vocab, meta.get("meta"))
 
 
 #: the most the JSON of a trace file's meta and vocabulary may take
@@ -279,22 +284,36 @@ def check_declared_arrays(declared: Mapping[str, tuple[tuple[int, ...], np.dtype
             )
 
 
-def check_contents(tokens: np.ndarray, vocab, meta) -> None:
-    """A trace file's tokens inside its vocabulary (below 2**31 without one), and its evidence and answer
-    spans [start, stop) inside the input (ValueError naming the field otherwise)."""
-    if vocab is not None and (not isinstance(vocab, list) or not all(isinstance(v, str) for v in vocab)):
-        raise TraceFileError("its vocab must be a list of token strings")
+def check_contents(tokens: np.ndarray, vocab, meta) -> dict[int, str] | None:
+    """A trace file's tokens inside its vocabulary (below 2**31 without one) and each with its text, and its
+    evidence and answer spans [start, stop) inside the input (ValueError naming the field otherwise); returns the
+    vocabulary as {id: text}. A file's vocab is a list of every token's text, or {id: text} for the ids it holds."""
     if meta is not None and not isinstance(meta, dict):
         raise TraceFileError(f"its meta must be an object, got {type(meta).__name__}")
+    meta = meta or {}
+    if isinstance(vocab, list):
+        vocab = dict(enumerate(vocab))
+    elif isinstance(vocab, dict):
+        if not all(key.isdigit() for key in vocab):
+            raise TraceFileError("its vocab's keys must be token ids")
+        vocab = {int(key): text for key, text in vocab.items()}
+    elif vocab is not None:
+        raise TraceFileError("its vocab must be a list of token strings or an object of them by token id")
+    if vocab is not None and not all(isinstance(text, str) for text in vocab.values()):
+        raise TraceFileError("its vocab must hold token strings")
+    size = meta.get("vocab_size", len(vocab) if vocab is not None else 2**31)
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise TraceFileError(f"its vocab_size must be a positive integer, got {size!r}")
     if len(tokens):
         lo, hi = int(tokens.min()), int(tokens.max())
-        size = len(vocab) if vocab is not None else 2**31
         if lo < 0 or hi >= size:
             raise TraceFileError(
                 f"token ids range over [{lo}, {hi}], outside the "
                 + (f"vocabulary's {size:,} ids" if vocab is not None else "int32 ids a trace holds")
             )
-    meta = meta or {}
+        unnamed = sorted(set(np.unique(tokens).tolist()) - set(vocab)) if vocab is not None else []
+        if unnamed:
+            raise TraceFileError(f"token ids {unnamed[:5]} have no entry in its vocabulary of {len(vocab):,}")
     spans = meta.get("evidence", [])
     answer = meta.get("answer")
     for field_name, span in [
@@ -311,6 +330,7 @@ def check_contents(tokens: np.ndarray, vocab, meta) -> None:
             raise TraceFileError(
                 f"its {field_name} span {str(span)[:60]} is not [start, stop) inside its {len(tokens):,} tokens"
             )
+    return vocab
 
 
 def non_finite_summary(arrays: Mapping[str, np.ndarray], logits_finite: np.ndarray) -> dict[str, dict[str, int]]:
@@ -440,10 +460,12 @@ def trace(
                 progress(end, len(ids))
     arrays = {n: np.concatenate(parts) for n, parts in buffers.items()}
     arrays["loss"] = losses
-    vocab = model.tokenizer.token_strings(range(model.cfg.vocab_size))
+    present = sorted(set(ids))  # the text of the ids the trace holds, not of a whole (250k-token) vocabulary
+    vocab = dict(zip(present, model.tokenizer.token_strings(present)))
     meta = {
         "family": model.family,
         "model": model.cfg.name or model.card.get("name", ""),
+        "vocab_size": model.cfg.vocab_size,
         "reducers": reducers,
         "chunk_len": model.chunk_len if chunk_len is None else chunk_len,
         "evidence": evidence,

@@ -746,7 +746,10 @@ TRACE_FILE_CASES = {
     ),
     "a 0-d array": (dict(**{"array:loss": np.float32(1.0)}), r"array 'loss' declares shape \(\)"),
     "meta a list": (dict(meta_json=np.frombuffer(b"[1, 2]", dtype=np.uint8)), "meta_json is not an object"),
-    "a short vocabulary": (dict(meta=lambda m: m.update(vocab=m["vocab"][:10])), "outside the vocabulary's 10 ids"),
+    "a short vocabulary": (
+        dict(meta=lambda m: m.update(vocab=dict(list(m["vocab"].items())[:2]))),
+        r"token ids \[.*\] have no entry in its vocabulary of 2",
+    ),
 }
 
 

@@ -70,6 +70,18 @@ def test_trace_save_load_round_trip(tmp_path):
         Trace.load(tmp_path / "bad.npz")
 
 
+def test_a_trace_keeps_the_text_of_its_own_tokens_only_and_reads_a_whole_vocabulary_too(tmp_path):
+    """A released model's vocabulary is 250k tokens; a trace holds the strings of the ids it has, and a file
+    written with the whole vocabulary as a list still loads."""
+    model = small_model("sliding_window", window=8)
+    tr = memviz.trace(model, "abba cab")
+    assert sorted(tr.vocab) == sorted(set(tr.tokens.tolist())) and tr.meta["vocab_size"] == model.cfg.vocab_size
+    assert "".join(tr.token_text()) == model.tokenizer.decode(tr.tokens.tolist())
+    whole = model.tokenizer.token_strings(range(model.cfg.vocab_size))
+    again = Trace.load(Trace(tr.tokens, tr.arrays, whole, tr.meta).save(tmp_path / "whole.npz"))
+    assert again.token_text() == tr.token_text() and len(again.vocab) == model.cfg.vocab_size
+
+
 def test_pool_keeps_spikes_and_true_positions():
     values = np.zeros(10_000, dtype=np.float32)
     values[7_777] = 5.0
