@@ -2,6 +2,8 @@
 its kernels and its tests; models call the ops here, never a kernel directly (kernels/dispatch.py)."""
 
 from kernels.dispatch import (
+    InfiniMemory,
+    LinearMemory,
     infini_memory,
     lm2_scan,
     product_key_topk,
@@ -12,6 +14,8 @@ from kernels.dispatch import (
 )
 
 __all__ = [
+    "InfiniMemory",
+    "LinearMemory",
     "infini_memory",
     "lm2_scan",
     "product_key_topk",

@@ -2,12 +2,12 @@
 
 Each op lives in a folder of its own (`kernels/infini`, `lm2`, `titans`, `product_keys`: its
 `reference.py`, the specification; its Triton and compiled CPU kernels; its tests) and is
-called only through the functions here, which take and return plain tensors (tuples of them
-for a state of several parts):
+called only through the functions here, which take and return plain tensors (named tuples of
+them for a state of several parts: `InfiniMemory`, `LinearMemory`):
 
-  infini_memory(q, k, v, (M, z, open_k, open_v), segment_len, rule) -> ((A_mem, ||M||), state)
+  infini_memory(q, k, v, InfiniMemory(M, z, open_k, open_v), segment_len, rule) -> ((A_mem, ||M||), state)
   lm2_scan(q_slot, g_in, W_V, W_f, b_f, bank) -> ((slot attn, read, forget gate, slot norms), bank)
-  titans_linear_memory(q, k, v, rates, (W, S), chunk) -> ((read, surprise, loss, loss after), (W, S))
+  titans_linear_memory(q, k, v, rates, LinearMemory(W, S), chunk) -> ((read, surprise, loss, loss after), state)
   titans_chunk_coefficients(rates) -> the chunk's closed-form scalars   stateless
   titans_chunk_update(factors, coefficients, (params, momentum)) -> ((), (params, momentum))
   product_key_topk(q, keys, k) -> (scores, indices)          stateless
@@ -29,11 +29,11 @@ import os
 import torch
 from torch import Tensor
 
-from kernels.infini.reference import infini_memory_reference, infini_memory_stream
+from kernels.infini.reference import InfiniMemory, infini_memory_reference, infini_memory_stream
 from kernels.lm2.reference import lm2_scan_reference
 from kernels.product_keys.reference import product_key_topk as product_key_topk_reference
 from kernels.product_keys.reference import weighted_bag as weighted_bag_reference
-from kernels.titans.reference import chunk_coefficients, chunk_update, titans_linear_reference
+from kernels.titans.reference import LinearMemory, chunk_coefficients, chunk_update, titans_linear_reference
 
 CHOICES = ("auto", "triton", "native", "reference")
 #: operation -> "module:function" of its Triton kernel, imported on first use (so importing
@@ -150,11 +150,11 @@ def infini_memory(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    initial_state: tuple[Tensor, Tensor, Tensor, Tensor],
+    initial_state: InfiniMemory,
     segment_len: int,
     rule: str,
     impl: str | None = None,
-):
+) -> tuple[tuple[Tensor, Tensor], InfiniMemory]:
     """Infini-attention's compressive memory from any point in a segment (kernels/infini/):
     sigma-mapped q, k [B,H,T,d], v [B,H,T,dv], state (M, z, the open segment's keys and values)."""
     whole_segments = triton_kernel("infini_memory") if use_triton("infini_memory", q, impl) else infini_memory_reference
@@ -166,10 +166,10 @@ def titans_linear_memory(
     k: Tensor,
     v: Tensor,
     rates: Tensor,
-    initial_state: tuple[Tensor, Tensor],
+    initial_state: LinearMemory,
     chunk: int,
     impl: str | None = None,
-):
+) -> tuple[tuple[Tensor, ...], LinearMemory]:
     """Titans' linear memory over whole chunks from weights and momentum (W, S) at a chunk
     boundary (kernels/titans/); the kernel under no_grad only."""
     kernel = (
@@ -178,7 +178,7 @@ def titans_linear_memory(
         else titans_linear_reference
     )
     *outputs, W, S = kernel(q, k, v, rates, *initial_state, chunk)
-    return tuple(outputs), (W, S)
+    return tuple(outputs), LinearMemory(W, S)
 
 
 def titans_chunk_coefficients(rates: Tensor) -> tuple[Tensor, ...]:

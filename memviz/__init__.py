@@ -2,9 +2,11 @@
 
 from memviz.checkpoint import CheckpointError, list_samples, list_user_checkpoints, load, save
 from memviz.config import ConfigError, ModelConfig
+from memviz.layers import LocalCache
 from memviz.model import MemoryLM, ModelBusyError, ModelState, NonFiniteError
 from memviz.models import build_model, families
 from memviz.registry import register_family
+from memviz.state import Memory
 from memviz.tokenizer import BPETokenizer, ByteTokenizer, load_tokenizer
 from memviz.trace import Trace, TraceFileError, trace
 
@@ -13,6 +15,8 @@ __all__ = [
     "ByteTokenizer",
     "CheckpointError",
     "ConfigError",
+    "LocalCache",
+    "Memory",
     "MemoryLM",
     "ModelBusyError",
     "ModelConfig",

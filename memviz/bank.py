@@ -22,12 +22,13 @@ Search:
     chunks and the graph misses different ones for each, so each query also scores exactly the
     graph's best 32 for each of the last `recent_queries` tokens' queries (its own included).
 
-A `ChunkBank` is a value, as model states are: appending returns a new bank and leaves the old
-one as it was. Storage is shared and grows in place (amortised O(1) a token). A bank appends in
-place when no live bank over the storage holds more chunks than it (entries past its own that
-nobody reads any more are overwritten: a saved state continued again and again, as a training
-batch after a fixed prefix, reuses one storage); otherwise (a second continuation while the first
-is alive, an intervention) it first copies what it holds, so no state ever sees another's writes.
+A `ChunkBank` is a value, as model states are (a `memviz.state.StateValue`): appending returns a
+new bank and leaves the old one as it was. Storage is shared and grows in place (amortised O(1) a
+token). A bank appends in place when no live bank over the storage holds more chunks than it
+(entries past its own that nobody reads any more are overwritten: a saved state continued again and
+again, as a training batch after a fixed prefix, reuses one storage); otherwise (a second
+continuation while the first is alive, an intervention) it first copies what it holds, so no state
+ever sees another's writes.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from memviz.state import StateValue
 
 SEARCHES = ("exact", "hnsw")
 EXACT_SCORES = 2**25  # exact search scores at most this many (query, head, chunk) triples at once
@@ -117,7 +120,7 @@ class _Storage:
         self.positions = positions
 
 
-class ChunkBank:
+class ChunkBank(StateValue):
     """The chunks 0..n-1 of a stream, of which the last `capacity` tokens are kept."""
 
     def __init__(
@@ -206,6 +209,7 @@ class ChunkBank:
         return (first[:, None] + torch.arange(self.chunk_size, device=first.device)).flatten()
 
     def tensors(self) -> list[Tensor]:
+        """The kept keys and values."""
         return [self.keys, self.values]
 
     def __len__(self) -> int:

@@ -38,7 +38,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -51,6 +51,7 @@ from memviz.layers import LocalCache
 from memviz.model import MemoryLM, ModelState, Readout
 from memviz.plots import WIDTH, delta_rule_rate_heatmaps, layer_names, timeline
 from memviz.registry import register_family
+from memviz.state import Memory
 from memviz.tokenizer import TOKENIZER_FILE, Tokenizer
 
 CONFIG_FILE = "config.json"
@@ -65,6 +66,14 @@ ALPHA, BETA = "blocks.{l}.attn.hook_alpha", "blocks.{l}.attn.hook_beta"
 STATE_NORM, MEM_OUT = "blocks.{l}.attn.hook_state_norm", "blocks.{l}.attn.hook_mem_out"
 GDN_HOOKS = ("alpha", "beta", "write_key", "write_value", "read_query", "read", "state_norm")
 DEFAULT_SEGMENT = 512
+
+
+class DeltaNetState(NamedTuple):
+    """A released Gated DeltaNet layer's state: the short convolution's last inputs [B, conv_dim, K] (a
+    cache) and the memory S [B, H, d_k, d_v]."""
+
+    conv: Tensor
+    S: Memory[Tensor]
 
 
 class ReleasedCheckpointError(ValueError):
@@ -233,9 +242,9 @@ def rate_and_norm_figures(trace, width: int = WIDTH, start: int = 0, stop: int |
 class ReleasedLM(MemoryLM):
     """A transformers Qwen3.5 / Qwen3-Next causal LM under memviz's model contract (module docstring).
 
-    State: per Gated DeltaNet layer {"conv": LocalCache {"conv": [B, conv_dim, K]}, "S": [B, H, d_k, d_v]},
-    per full-attention layer a LocalCache {"k", "v": [B, H_kv, pos, d_head]} (after RoPE). Reset and
-    patch act on S alone: the convolution's last tokens and the attention caches are kept."""
+    State: per Gated DeltaNet layer a `DeltaNetState` (the convolution's last inputs and S), per
+    full-attention layer a `LocalCache` (k, v [B, H_kv, pos, d_head], after RoPE). Reset and patch act
+    on S alone: the convolution's last tokens and the attention caches are kept."""
 
     memory_hooks = {ALPHA: "none", BETA: "none", STATE_NORM: "none", MEM_OUT: "norm"}
 
@@ -261,17 +270,15 @@ class ReleasedLM(MemoryLM):
             if l in self.linear:
                 g = layer.linear_attn
                 layers.append(
-                    {
-                        "conv": LocalCache(
-                            conv=torch.zeros(batch_size, g.conv_dim, g.conv_kernel_size, device=self.device)
-                        ),
-                        "S": torch.zeros(batch_size, g.num_v_heads, g.head_k_dim, g.head_v_dim, device=self.device),
-                    }
+                    DeltaNetState(
+                        conv=torch.zeros(batch_size, g.conv_dim, g.conv_kernel_size, device=self.device),
+                        S=torch.zeros(batch_size, g.num_v_heads, g.head_k_dim, g.head_v_dim, device=self.device),
+                    )
                 )
             else:
                 a = layer.self_attn
                 empty = torch.zeros(batch_size, self.hf.config.num_key_value_heads, 0, a.head_dim, device=self.device)
-                layers.append(LocalCache(k=empty, v=empty.clone()))
+                layers.append(LocalCache(empty, empty.clone()))
         return ModelState(0, self.in_model_dtype(layers))
 
     def cache_from(self, state: ModelState):
@@ -281,31 +288,26 @@ class ReleasedLM(MemoryLM):
 
         cache = DynamicCache(config=self.hf.config)
         for l, part in enumerate(state.layers):
-            if l not in self.linear:
-                if part["k"].shape[2]:
-                    cache.update(part["k"], part["v"], l)
+            if isinstance(part, LocalCache):
+                if part.k.shape[2]:
+                    cache.update(part.k, part.v, l)
                 continue
-            if part["conv"]["conv"].any():
-                cache.update_conv_state(part["conv"]["conv"].clone(), l)
-            if part["S"].any():
-                cache.update_recurrent_state(part["S"].clone(), l)
+            if part.conv.any():
+                cache.update_conv_state(part.conv.clone(), l)
+            if part.S.any():
+                cache.update_recurrent_state(part.S.clone(), l)
         return cache
 
     def state_from(self, cache, before: ModelState) -> list:
         """`before` with what the cache now holds (a layer the chunk did not reach keeps its part)."""
         layers = []
         for l, part in enumerate(before.layers):
-            if l not in self.linear:
+            if isinstance(part, LocalCache):
                 layer = cache.layers[l]
-                layers.append(LocalCache(k=layer.keys, v=layer.values) if layer.is_initialized else part)
+                layers.append(LocalCache(layer.keys, layer.values) if layer.is_initialized else part)
             else:
                 conv, S = cache.get_conv_state(l), cache.get_recurrent_state(l)
-                layers.append(
-                    {
-                        "conv": LocalCache(conv=part["conv"]["conv"] if conv is None else conv),
-                        "S": part["S"] if S is None else S,
-                    }
-                )
+                layers.append(DeltaNetState(part.conv if conv is None else conv, part.S if S is None else S))
         return layers
 
     # ----- running ------------------------------------------------------------------------
@@ -442,8 +444,8 @@ class ReleasedLM(MemoryLM):
         """Bytes a run over `n_tokens` holds beyond the weights: the full-attention layers' key/value cache
         (it grows with the input), the Gated DeltaNet layers' states (fixed), what a default trace keeps."""
         item, state = torch.finfo(self.dtype).bits // 8, self.init_state(1)
-        kv = sum(2 * p["k"].shape[1] * p["k"].shape[3] for l, p in enumerate(state.layers) if l not in self.linear)
-        memory = sum(state.layers[l]["S"].numel() + state.layers[l]["conv"]["conv"].numel() for l in self.linear)
+        kv = sum(2 * p.k.shape[1] * p.k.shape[3] for p in state.layers if isinstance(p, LocalCache))
+        memory = sum(p.S.numel() + p.conv.numel() for p in state.layers if isinstance(p, DeltaNetState))
         heads = sum(self.decoder_layers[l].linear_attn.num_v_heads for l in self.linear)
         # alpha, beta, ||S_t|| and |mem_out| per head, and the loss, as float32
         return {

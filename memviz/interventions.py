@@ -2,8 +2,9 @@
 
 Each family names its intervention points in the registry (`memviz.registry.Family`). A family
 whose state carries a memory from segment to segment offers two, applied at a segment boundary
-to the memory part of the state (a `LocalCache`, the local attention's key/value cache, is left
-alone): the Infini matrices M and z, LM2's bank, Titans' weights and momentum, LongMem's bank.
+to the fields its state types mark `Memory` (`memviz.state`; caches such as the local attention's
+`LocalCache` are left alone): the Infini matrices M and z, LM2's bank, Titans' weights and
+momentum, LongMem's bank.
 
   * "reset", `ablate_at(model, segment)`: the memory back to its initial value (forget
     everything before the segment);
@@ -25,27 +26,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from memviz.layers import LocalCache
-from memviz.model import ModelState, StateTree
+from memviz.model import ModelState
 from memviz.registry import get_family
+from memviz.state import with_memory_of
 
 Edit = Callable[[ModelState], ModelState]
 
 
-def swap_memory(state: StateTree, donor: StateTree) -> StateTree:
-    """`state` with every part except local key/value caches (`LocalCache`) taken from `donor`."""
-    if isinstance(state, LocalCache):
-        return state
-    if isinstance(state, dict) and isinstance(donor, dict):
-        return {key: swap_memory(value, donor[key]) for key, value in state.items()}
-    if isinstance(state, list) and isinstance(donor, list):
-        return [swap_memory(a, b) for a, b in zip(state, donor)]
-    return donor  # a memory leaf, or a part one side holds as None (Titans' fresh weights)
-
-
 def swap_state(state: ModelState, donor: ModelState) -> ModelState:
     """`state` at its position with the memory (of every layer and the shared state) of `donor`."""
-    return ModelState(state.pos, swap_memory(state.layers, donor.layers), swap_memory(state.shared, donor.shared))
+    return ModelState(state.pos, with_memory_of(state.layers, donor.layers), with_memory_of(state.shared, donor.shared))
 
 
 def segment_length(model) -> int:
@@ -101,10 +91,12 @@ def run_tail(model, tokens: list[int], state: ModelState, keep: int) -> tuple[Te
     """Stream `tokens` on from `state` in the model's chunks (one call over a long input would
     cost the square of its length): the logits of the last `keep` positions [keep, vocab] and
     the state after them."""
-    tail = None
+    tail: Tensor | None = None
     for _, logits, chunk_state in model.stream(tokens, state=state):
         tail = logits[0, -keep:] if tail is None else torch.cat([tail, logits[0]])[-keep:]
         state = chunk_state
+    if tail is None:
+        raise ValueError("no tokens to run")
     return tail, state
 
 
@@ -130,7 +122,11 @@ def reset_rates(model, samples, evidence_name: str) -> dict[str, float]:
     reset at the start of the question's segment, and at the start of the segment where the
     evidence begins (`reset_at_{evidence_name}_segment`, counted right when that is segment 0)."""
     seg = segment_length(model)
-    rates = {"clean": [], "reset_at_question_segment": [], f"reset_at_{evidence_name}_segment": []}
+    rates: dict[str, list[bool]] = {
+        "clean": [],
+        "reset_at_question_segment": [],
+        f"reset_at_{evidence_name}_segment": [],
+    }
     for s in samples:
         question_seg, evidence_seg = (s.n_tokens - 1) // seg, s.evidence[0][0] // seg
         answer = " " + s.answer

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -133,9 +133,15 @@ def segment_pieces(pos: int, length: int, segment_len: int | None) -> list[tuple
     return pieces
 
 
-class LocalCache(dict):
-    """A local attention's key/value cache in a model's state: a dict whose type says it is a
-    cache, not memory, so interventions that reset or patch the memory leave it alone."""
+class LocalCache(NamedTuple):
+    """A local attention's key/value cache in a model's state, [B, H, L, d_head] each for the L cached
+    positions just before the chunk (keys rotated), and with side keys (Titans-MAC's retrieved memory
+    tokens) theirs too. A cache, not memory: no field is `Memory`, so reset and patch keep it."""
+
+    k: Tensor
+    v: Tensor
+    side_k: Tensor | None = None
+    side_v: Tensor | None = None
 
 
 class LocalAttention(nn.Module):
@@ -147,8 +153,7 @@ class LocalAttention(nn.Module):
       * `side` keys/values: a second key/value pair at each position (Titans-MAC's retrieved
         memory tokens), visible under the same mask as the ordinary key at that position.
 
-    State: a `LocalCache` {"k": [B, H, L, d_head] rotated keys, "v": [B, H, L, d_head]} for the
-    L cached positions just before the chunk (plus "ks", "vs" for side keys).
+    State: a `LocalCache`.
     """
 
     def __init__(self, cfg: ModelConfig, span: AttentionSpan, n_persistent: int = 0, side_keys: bool = False) -> None:
@@ -168,8 +173,9 @@ class LocalAttention(nn.Module):
 
     def init_state(self, batch: int, device: torch.device) -> LocalCache:
         empty = torch.zeros(batch, self.n_heads, 0, self.d_head, device=device)
-        names = ("k", "v", "ks", "vs") if self.side_keys else ("k", "v")
-        return LocalCache({name: empty.clone() for name in names})
+        if self.side_keys:
+            return LocalCache(empty, empty.clone(), empty.clone(), empty.clone())
+        return LocalCache(empty, empty.clone())
 
     def heads(self, x: Tensor) -> Tensor:
         return x.view(*x.shape[:-1], self.n_heads, self.d_head)
@@ -185,29 +191,31 @@ class LocalAttention(nn.Module):
         q: Tensor,
         k: Tensor,
         v: Tensor,
-        state: dict[str, Tensor],
+        state: LocalCache,
         pos: int,
         side: tuple[Tensor, Tensor] | None = None,
-    ) -> tuple[Tensor, dict]:
+    ) -> tuple[Tensor, LocalCache]:
         """Local attention of the chunk's queries over cache + chunk keys; returns z [B,T,H,dh]."""
         B, T = q.shape[:2]
         positions = torch.arange(pos, pos + T, device=q.device)
         cos, sin = rotary_cos_sin(positions, self.d_head, self.rope_base)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        keys = torch.cat([state["k"], k.transpose(1, 2)], dim=2)
-        values = torch.cat([state["v"], v.transpose(1, 2)], dim=2)
-        cached = state["k"].shape[2]
+        keys = torch.cat([state.k, k.transpose(1, 2)], dim=2)
+        values = torch.cat([state.v, v.transpose(1, 2)], dim=2)
+        cached = state.k.shape[2]
         k_pos = torch.arange(pos - cached, pos + T, device=q.device)
         keep = self._cache_keep(pos + T, k_pos)
-        new_state = LocalCache(k=keys[:, :, keep:], v=values[:, :, keep:])
+        new_state = LocalCache(keys[:, :, keep:], values[:, :, keep:])
         groups = [(keys, values)]  # key groups that share the positions k_pos (the side keys are a second)
         if self.side_keys:
-            if side is None:
-                raise ValueError("this attention layer was built with side keys; pass side=(k, v)")
-            side_keys = torch.cat([state["ks"], apply_rotary(side[0], cos, sin).transpose(1, 2)], dim=2)
-            side_values = torch.cat([state["vs"], side[1].transpose(1, 2)], dim=2)
+            if side is None or state.side_k is None or state.side_v is None:
+                raise ValueError(
+                    "this attention layer was built with side keys: pass side=(k, v) and its own init_state"
+                )
+            side_keys = torch.cat([state.side_k, apply_rotary(side[0], cos, sin).transpose(1, 2)], dim=2)
+            side_values = torch.cat([state.side_v, side[1].transpose(1, 2)], dim=2)
             groups.append((side_keys, side_values))
-            new_state.update(ks=side_keys[:, :, keep:], vs=side_values[:, :, keep:])
+            new_state = new_state._replace(side_k=side_keys[:, :, keep:], side_v=side_values[:, :, keep:])
         fixed_k = fixed_v = None
         if self.persistent is not None:
             fixed_k = self.heads(self.W_K(self.persistent)).permute(1, 0, 2).expand(B, -1, -1, -1)
@@ -247,7 +255,7 @@ class LocalAttention(nn.Module):
             first = max(first, next_pos - next_pos % self.segment_len)
         return int((k_pos < first).sum())
 
-    def forward(self, x: Tensor, state: dict[str, Tensor], pos: int) -> tuple[Tensor, dict]:
+    def forward(self, x: Tensor, state: LocalCache, pos: int) -> tuple[Tensor, LocalCache]:
         q, k, v = self.project(x)
         z, state = self.attend(q, k, v, state, pos)
         z = self.hook_z(z)

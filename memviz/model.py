@@ -30,10 +30,10 @@ from memviz import heap
 from memviz.config import ConfigError, ModelConfig
 from memviz.layers import AttentionSpan, LocalAttention, RMSNorm, SwiGLU
 from memviz.registry import parse_options
+from memviz.state import Part, State, map_tensors, tensors_of
 from memviz.tokenizer import ByteTokenizer, Tokenizer
 from memviz.trace import generic_hook_name
 
-StateTree = Any  # nested dicts/lists of tensors; a leaf may be a value object (memviz.bank.ChunkBank)
 #: the longest prompt `generate` reads, in tokens (a probe's longest prompt too)
 MAX_PROMPT_TOKENS = 1 << 22
 BACKBONE_FIELDS = (
@@ -72,29 +72,6 @@ def denormals_flushed() -> Iterator[None]:
         yield
     finally:
         torch.set_flush_denormal(was_flushing)
-
-
-def map_tree(fn: Callable[[Tensor], Tensor], tree: StateTree) -> StateTree:
-    if isinstance(tree, Tensor):
-        return fn(tree)
-    if isinstance(tree, dict):  # its type kept: a LocalCache stays one
-        return type(tree)({k: map_tree(fn, v) for k, v in tree.items()})
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(map_tree(fn, v) for v in tree)
-    return tree
-
-
-def tree_tensors(tree: StateTree) -> Iterator[Tensor]:
-    if isinstance(tree, Tensor):
-        yield tree
-    elif hasattr(tree, "tensors"):  # a leaf that holds tensors of its own (LongMem's ChunkBank)
-        yield from tree.tensors()
-    elif isinstance(tree, dict):
-        for v in tree.values():
-            yield from tree_tensors(v)
-    elif isinstance(tree, (list, tuple)):
-        for v in tree:
-            yield from tree_tensors(v)
 
 
 def allocatable_bytes() -> int | None:
@@ -183,14 +160,15 @@ class ModelState:
     """What a model carries from one chunk to the next: the position reached, per layer that
     layer's state (local caches, memory matrices, slot banks, neural-memory weights), and
     `shared`, state that belongs to no one layer (LongMem's bank and its side network's caches).
-    Local attention caches are `memviz.layers.LocalCache`s; everything else is memory."""
+    Each part is typed (`memviz.state`): its `Memory` fields are what reset and patch replace."""
 
     pos: int
-    layers: list[StateTree] = field(default_factory=list)
-    shared: StateTree = None
+    layers: list[State] = field(default_factory=list)
+    shared: State = None
 
     def map(self, fn: Callable[[Tensor], Tensor]) -> ModelState:
-        return ModelState(self.pos, map_tree(fn, self.layers), map_tree(fn, self.shared))
+        """This state with `fn` applied to every tensor it holds (a `StateValue` is kept as it is)."""
+        return ModelState(self.pos, map_tensors(fn, self.layers), map_tensors(fn, self.shared))
 
     def detach(self) -> ModelState:
         return self.map(lambda t: t.detach())
@@ -199,14 +177,14 @@ class ModelState:
         return self.map(lambda t: t.clone())
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in tree_tensors([self.layers, self.shared]))
+        return sum(t.numel() * t.element_size() for t in tensors_of([self.layers, self.shared]))
 
 
 class Block(nn.Module):
     """Pre-norm residual block: x += mixer(norm(x)); x += mlp(norm(x)).
 
-    `attn` is any mixer with `forward(x, state, pos) -> (out, state)` and `init_state`;
-    `mlp` is a stateless `x -> y` module (SwiGLU, or a memory layer).
+    `attn` is any mixer with `forward(x, state, pos) -> (out, state)` and `init_state`, whose
+    state is the block's; `mlp` is a stateless `x -> y` module (SwiGLU, or a memory layer).
     """
 
     def __init__(self, cfg: ModelConfig, attn: nn.Module, mlp: nn.Module) -> None:
@@ -221,15 +199,15 @@ class Block(nn.Module):
         self.hook_mlp_out = HookPoint()
         self.hook_resid_post = HookPoint()
 
-    def init_state(self, batch: int, device: torch.device) -> StateTree:
-        return {"attn": self.attn.init_state(batch, device)}
+    def init_state(self, batch: int, device: torch.device) -> State:
+        return self.attn.init_state(batch, device)
 
-    def forward(self, x: Tensor, state: StateTree, pos: int) -> tuple[Tensor, StateTree]:
+    def forward(self, x: Tensor, state: State, pos: int) -> tuple[Tensor, State]:
         x = self.hook_resid_pre(x)
-        a, attn_state = self.attn(self.ln1(x), state["attn"], pos)
+        a, state = self.attn(self.ln1(x), state, pos)
         x = self.hook_resid_mid(x + self.hook_attn_out(a))
         x = self.hook_resid_post(x + self.hook_mlp_out(self.mlp(self.ln2(x))))
-        return x, {"attn": attn_state}
+        return x, state
 
 
 @dataclass
@@ -353,9 +331,9 @@ class MemoryLM(HookedRootModule):
         `model.to(torch.float64)` or `.to(torch.bfloat16)` runs every family."""
         return ModelState(0, self.in_model_dtype([block.init_state(batch_size, self.device) for block in self.blocks]))
 
-    def in_model_dtype(self, tree: StateTree) -> StateTree:
-        """`tree` with its floating-point tensors cast to the model's dtype."""
-        return map_tree(lambda t: t.to(self.dtype) if t.is_floating_point() else t, tree)
+    def in_model_dtype(self, state: Part) -> Part:
+        """`state` with its floating-point tensors cast to the model's dtype."""
+        return map_tensors(lambda t: t.to(self.dtype) if t.is_floating_point() else t, state)
 
     def as_tokens(self, tokens: str | Tensor | Sequence[int] | Sequence[Sequence[int]]) -> Tensor:
         """Token ids as a [batch, pos] tensor on the model's device; a string goes through the
@@ -405,7 +383,7 @@ class MemoryLM(HookedRootModule):
             outputs.append(ModelState(state.pos + tokens.shape[1], layer_states, shared))
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
-    def run(self, tokens: Tensor, state: ModelState) -> tuple[Tensor, list[StateTree], StateTree]:
+    def run(self, tokens: Tensor, state: ModelState) -> tuple[Tensor, list[State], State]:
         """A chunk's logits, each layer's new state and the new shared state."""
         x, layer_states, shared = self.run_blocks(self.embedded(tokens), tokens, state)
         return self.unembed(self.ln_final(x)), layer_states, shared
@@ -414,7 +392,7 @@ class MemoryLM(HookedRootModule):
         """The residual stream's input: scaled token embeddings (hook_embed)."""
         return self.hook_embed(self.embed(tokens) * self.cfg.embed_scale)
 
-    def run_blocks(self, x: Tensor, tokens: Tensor, state: ModelState) -> tuple[Tensor, list[StateTree], StateTree]:
+    def run_blocks(self, x: Tensor, tokens: Tensor, state: ModelState) -> tuple[Tensor, list[State], State]:
         """The blocks over a chunk: (output, each layer's new state, the new shared state)."""
         new_states = []
         for block, layer_state in zip(self.blocks, state.layers):

@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import scrambled, small_model
 
-from memviz.model import tree_tensors
+from memviz.state import tensors_of
 from memviz.tokenizer import ByteTokenizer, load_tokenizer
 from probes import lm, passkey, texts
 from probes.haystack import make_haystack
@@ -200,7 +200,7 @@ def diverging_titans(**memory):
 def memory_norms(model, ids):
     """The largest entry of any state tensor after each chunk of 64 tokens."""
     return [
-        max(float(t.abs().max()) for t in tree_tensors(state.layers) if t.numel())
+        max(float(t.abs().max()) for t in tensors_of(state.layers) if t.numel())
         for _, _, state in model.stream(ids, chunk_len=64)
     ]
 

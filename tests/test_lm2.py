@@ -22,7 +22,7 @@ def first_layer_run(model, ids):
     _, state = model(ids, return_state=True)
     return (
         cache,
-        state.layers[0]["memory"]["M"][0],
+        state.layers[0].memory.M[0],
         model.blocks[0].memory,
         model.blocks[0].ln1(cache["blocks.0.hook_resid_pre"])[0],
     )
@@ -44,7 +44,7 @@ def test_factored_scan_equals_the_direct_equations_in_float64():
 
 def test_bank_starts_as_identity_rows():
     model = lm2()
-    M = model.init_state(2).layers[0]["memory"]["M"]
+    M = model.init_state(2).layers[0].memory.M
     assert M.shape == (2, SLOTS, model.cfg.d_model)
     torch.testing.assert_close(M[1], torch.eye(SLOTS, model.cfg.d_model))
 
@@ -206,9 +206,9 @@ def test_the_parts_of_all_tokens_add_up_to_the_bank(memory):
     ids = random_ids(64)
     state = model.init_state()
     for layer in state.layers:
-        layer["memory"]["M"].zero_()
+        layer.memory.M.zero_()
     with torch.no_grad():
-        banks = [layer["memory"]["M"][0] for layer in model(ids, state=state, return_state=True)[1].layers]
+        banks = [layer.memory.M[0] for layer in model(ids, state=state, return_state=True)[1].layers]
 
     def last(span):
         return [p.clone() for p in list(model.span_in_bank(ids, span, state))[-1][1]]

@@ -50,7 +50,7 @@ def test_tokens_read_only_earlier_segments_within_the_fifo_bank():
         expected = min(3, min(start, 16) // 4)  # chunks available to read
         assert (positions[t] >= 0).sum(-1).eq(expected).all(), (t, positions[t])
     _, state = model(random_ids(48), return_state=True)
-    bank = state.shared["bank"]
+    bank = state.shared.bank
     assert bank.keys.shape[1] == 16 and bank.positions.tolist() == list(range(32, 48))
 
 
@@ -97,9 +97,9 @@ def test_prefill_runs_the_side_network_only_where_it_reaches_the_end_and_equals_
     reach = 2 * 8 + (6 if search == "hnsw" else 0)  # side_layers x window (and the queries a query reads the finds of)
     assert sum(seen) == min(length, reach)
     if search == "hnsw":
-        assert torch.equal(state.shared["recent"], stream_state.shared["recent"])
-        assert state.shared["recent"].shape[2] == min(6, max(0, length - 8))  # tokens past the first segment search
-    assert state.pos == length and len(state.shared["bank"]) == len(stream_state.shared["bank"])
+        assert torch.equal(state.shared.recent, stream_state.shared.recent)
+        assert state.shared.recent.shape[2] == min(6, max(0, length - 8))  # tokens past the first segment search
+    assert state.pos == length and len(state.shared.bank) == len(stream_state.shared.bank)
 
 
 def test_the_bank_carries_information_past_every_window():
@@ -169,8 +169,8 @@ def test_ablating_the_bank_at_a_segment_empties_it_and_keeps_the_local_caches():
     position, edit = ablate_at(model, 8)  # token 64: the answer (tokens 69-73) would read bank 48-63
     _, state = model(model.tokenizer.encode(prompt)[:position], return_state=True)
     edited = edit(state)
-    assert len(edited.shared["bank"]) == 0 and edited.shared["bank"].positions.numel() == 0
-    assert torch.equal(edited.layers[0]["attn"]["k"], state.layers[0]["attn"]["k"])
+    assert len(edited.shared.bank) == 0 and edited.shared.bank.positions.numel() == 0
+    assert torch.equal(edited.layers[0].k, state.layers[0].k)
     clean = answer_logprob(model, prompt, "12345")["logprob"]
     assert answer_logprob(model, prompt, "12345", [(position, edit)])["logprob"] != pytest.approx(clean, abs=1e-5)
 

@@ -1,10 +1,12 @@
 """A family defined in this file, outside memviz, registers once and gets what a built-in one
-gets: checkpoints, a trace of its hooks, figures from the saved trace, the reset and patch
-interventions on its typed state, and a quick training preset."""
+gets: checkpoints, a trace of its hooks, figures from the saved trace, streaming, the reset and patch
+interventions on its typed state (a NamedTuple that marks its memory; no walker of its own), and a
+quick training preset."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import plotly.graph_objects as go
@@ -14,10 +16,10 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
 import memviz
-from memviz import viz
+from memviz import LocalCache, Memory, viz
 from memviz.config import ModelConfig
 from memviz.interventions import ablate_at, answer_logprob, replace_at
-from memviz.layers import AttentionSpan, LocalAttention, LocalCache, SwiGLU
+from memviz.layers import AttentionSpan, LocalAttention, SwiGLU
 from memviz.model import Block, MemoryLM
 from memviz.plots import WIDTH, layer_names, timeline
 from memviz.registry import check_positive, register_family, unregister_family
@@ -36,6 +38,13 @@ class LeakySumOptions:
         check_positive(decay=self.decay)
 
 
+class LeakySumState(NamedTuple):
+    """The local attention's cache (kept by reset and patch) and the running sum m (memory)."""
+
+    local: LocalCache
+    m: Memory[Tensor]
+
+
 class LeakySumMixer(nn.Module):
     """Window attention plus a leaky running sum m_t = decay m_{t-1} + W_in x_t, read as W_out m_t."""
 
@@ -47,21 +56,20 @@ class LeakySumMixer(nn.Module):
         self.decay = options.decay
         self.hook_memory_norm = HookPoint()  # [batch, pos]
 
-    def init_state(self, batch: int, device: torch.device) -> dict:
-        return {
-            "local": self.local.init_state(batch, device),
-            "m": torch.zeros(batch, self.W_in.out_features, device=device),
-        }
+    def init_state(self, batch: int, device: torch.device) -> LeakySumState:
+        return LeakySumState(
+            self.local.init_state(batch, device), torch.zeros(batch, self.W_in.out_features, device=device)
+        )
 
-    def forward(self, x: Tensor, state: dict, pos: int) -> tuple[Tensor, dict]:
-        a, cache = self.local(x, state["local"], pos)
-        u, m, sums = self.W_in(x), state["m"], []
+    def forward(self, x: Tensor, state: LeakySumState, pos: int) -> tuple[Tensor, LeakySumState]:
+        a, cache = self.local(x, state.local, pos)
+        u, m, sums = self.W_in(x), state.m, []
         for t in range(x.shape[1]):
             m = self.decay * m + u[:, t]
             sums.append(m)
         sums = torch.stack(sums, 1)
         self.hook_memory_norm(sums.norm(dim=-1))
-        return a + self.W_out(sums), {"local": cache, "m": m}
+        return a + self.W_out(sums), LeakySumState(cache, m)
 
 
 def leaky_sum_figures(
@@ -153,9 +161,12 @@ def test_reset_and_patch_touch_the_memory_and_leave_the_cache(family):
     _, state = model(model.tokenizer.encode(prompt)[:24], state=state, return_state=True)
     _, reset = ablate_at(model, 3)
     edited = reset(state)
-    assert isinstance(edited.layers[0]["attn"]["local"], LocalCache)
-    assert torch.equal(edited.layers[0]["attn"]["local"]["k"], state.layers[0]["attn"]["local"]["k"])
-    assert edited.layers[0]["attn"]["m"].abs().max() == 0 and state.layers[0]["attn"]["m"].abs().max() > 0
+    assert isinstance(edited.layers[0], LeakySumState)
+    assert edited.layers[0].local is state.layers[0].local
+    assert edited.layers[0].m.abs().max() == 0 and state.layers[0].m.abs().max() > 0
+    _, patch = replace_at(model, 3, "another text altogether, " * 2)
+    patched = patch(state)
+    assert patched.layers[0].local is state.layers[0].local and not torch.equal(patched.layers[0].m, state.layers[0].m)
 
 
 def test_its_quick_preset_trains(family, tmp_path):

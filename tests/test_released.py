@@ -295,10 +295,10 @@ def test_reset_and_patch_act_on_the_delta_rule_state_only(checkpoint):
     assert position == 16
     for l, (before, after) in enumerate(zip(state.layers, edited.layers)):
         if l in model.cfg.linear_layers:
-            assert after["S"].abs().max() == 0 < before["S"].abs().max()
-            assert after["conv"]["conv"] is before["conv"]["conv"]
+            assert after.S.abs().max() == 0 < before.S.abs().max()
+            assert after.conv is before.conv
         else:
-            assert after["k"] is before["k"] and after["k"].shape[2] == 16
+            assert after.k is before.k and after.k.shape[2] == 16
     prompt, answer = model.tokenizer.decode(ids[:30]), model.tokenizer.decode(ids[30:34])
     clean = interventions.answer_logprob(model, prompt, answer)["logprob"]
     ablated = interventions.answer_logprob(model, prompt, answer, [interventions.ablate_at(model, 1)])["logprob"]
@@ -423,7 +423,7 @@ def test_transformer_lens_bridge_agrees_where_it_has_the_quantity(checkpoint):
         torch.testing.assert_close(
             states.flatten(3).norm(dim=-1), cache["blocks.1.attn.hook_state_norm"], atol=1e-4, rtol=1e-5
         )
-        torch.testing.assert_close(states[:, -1], state.layers[1]["S"], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(states[:, -1], state.layers[1].S, atol=1e-5, rtol=1e-5)
         _, early = model(ids[:, :20], return_state=True)
         bridged = bridge(hidden_states=x[:, 20:], cache=model.cache_from(early))
     assert (bridged - cache["blocks.1.hook_attn_out"][:, 20:]).abs().max() > 0.1
@@ -435,9 +435,9 @@ def test_cost_counts_the_attention_cache_and_the_fixed_state(checkpoint):
     with torch.no_grad():
         _, state = model(ids, return_state=True)
     cost = model.cost(ids.shape[1])
-    assert cost["kv_cache"] == sum(t.numel() * 4 for t in (state.layers[2]["k"], state.layers[2]["v"]))
+    assert cost["kv_cache"] == sum(t.numel() * 4 for t in (state.layers[2].k, state.layers[2].v))
     assert cost["memory_state"] == sum(
-        state.layers[l]["S"].numel() * 4 + state.layers[l]["conv"]["conv"].numel() * 4 for l in model.cfg.linear_layers
+        state.layers[l].S.numel() * 4 + state.layers[l].conv.numel() * 4 for l in model.cfg.linear_layers
     )
     tr = memviz.trace(model, ids[0].tolist())
     assert cost["trace"] == sum(a.nbytes for a in tr.arrays.values())

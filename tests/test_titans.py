@@ -71,11 +71,11 @@ def test_chunked_update_equals_autograd_token_by_token(memory, chunk):
     torch.testing.assert_close(retrieved[0], reads, atol=1e-10, rtol=1e-8)
     torch.testing.assert_close(stats["surprise"][0], surprise, atol=1e-10, rtol=1e-8)
     done = (11 // chunk) * chunk  # the open chunk's tokens wait in the state
-    assert new_state["pending"].shape[1] == 11 - done
+    assert new_state.open_chunk.keys.shape[1] == 11 - done
     if done == 11:
         for name in params:
-            torch.testing.assert_close(new_state["params"][name][0], params[name], atol=1e-10, rtol=1e-8)
-            torch.testing.assert_close(new_state["momentum"][name][0], momentum[name], atol=1e-10, rtol=1e-8)
+            torch.testing.assert_close(new_state.params[name][0], params[name], atol=1e-10, rtol=1e-8)
+            torch.testing.assert_close(new_state.momentum[name][0], momentum[name], atol=1e-10, rtol=1e-8)
 
 
 def test_a_chunk_is_a_mini_batch_step_and_retrieval_does_not_update():
@@ -88,7 +88,7 @@ def test_a_chunk_is_a_mini_batch_step_and_retrieval_does_not_update():
         # every token of the chunk read the initial weights, untouched by the chunk's own writes
         torch.testing.assert_close(retrieved, mem.read(x, {n: p[None] for n, p in mem.init_params().items()}))
         assert (stats["loss_after"] < stats["loss"]).float().mean() > 0.5  # the step fits the chunk
-        assert (mem.read(x, new_state["params"]) - retrieved).abs().max() > 1e-3  # later tokens read the writes
+        assert (mem.read(x, new_state.params) - retrieved).abs().max() > 1e-3  # later tokens read the writes
 
 
 @pytest.mark.parametrize("variant, extra", VARIANTS)

@@ -412,10 +412,10 @@ def test_longmem_batches_continue_one_prefix_of_filler_that_the_frozen_backbone_
     with trainer.model.hooks(fwd_hooks=[hook]):
         for _ in range(3):
             trainer.train_step()
-    prefix_bank = trainer.prefix_states[200].shared["bank"]
+    prefix_bank = trainer.prefix_states[200].shared.bank
     assert all(s is prefix_bank._storage for s in storages)  # each batch appends to the prefix's storage, not a copy
     assert len(read) == 3 and all(((p >= 0) & (p < 200)).any() for p in read)  # and every batch reads the filler
-    written = trainer.model.backbone_prefill(filler).shared["bank"]  # the weights the steps changed do not enter it
+    written = trainer.model.backbone_prefill(filler).shared.bank  # the weights the steps changed do not enter it
     assert torch.equal(prefix_bank.keys, written.keys) and torch.equal(prefix_bank.values, written.values)
     with pytest.raises(ValueError, match="do not fit in model.memory.bank_size"):
         Trainer(

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import plotly.graph_objects as go
@@ -41,7 +42,7 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
 from families.gated_deltanet.reference import chunked
-from memviz import ConfigError, MemoryLM, register_family
+from memviz import ConfigError, LocalCache, Memory, MemoryLM, register_family
 from memviz.layers import AttentionSpan, LocalAttention, RMSNorm, SwiGLU
 from memviz.model import Block, Readout
 from memviz.plots import WIDTH, delta_rule_rate_heatmaps, layer_names, memory_share_heatmaps, timeline
@@ -63,6 +64,13 @@ class GatedDeltaNetOptions:
 
     def __post_init__(self) -> None:
         check_positive(chunk=self.chunk)
+
+
+class GatedDeltaState(NamedTuple):
+    """A layer's state: its local attention's cache and the memory S [B, H, d_k, d_v]."""
+
+    local: LocalCache
+    S: Memory[Tensor]
 
 
 class GatedDeltaAttention(LocalAttention):
@@ -90,16 +98,14 @@ class GatedDeltaAttention(LocalAttention):
             self.W_alpha.bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
             self.mix.fill_(self.options.gate_init)
 
-    def init_state(self, batch: int, device: torch.device) -> dict:
-        return {
-            "local": super().init_state(batch, device),
-            "S": torch.zeros(batch, self.n_heads, self.d_head, self.d_head, device=device),
-        }
+    def init_state(self, batch: int, device: torch.device) -> GatedDeltaState:
+        S = torch.zeros(batch, self.n_heads, self.d_head, self.d_head, device=device)
+        return GatedDeltaState(super().init_state(batch, device), S)
 
-    def forward(self, x: Tensor, state: dict, pos: int) -> tuple[Tensor, dict]:
+    def forward(self, x: Tensor, state: GatedDeltaState, pos: int) -> tuple[Tensor, GatedDeltaState]:
         B, T, _ = x.shape
         q, k, v = self.project(x)
-        local, local_state = self.attend(q, k, v, state["local"], pos)
+        local, local_state = self.attend(q, k, v, state.local, pos)
         qm, km = F.normalize(F.silu(q), dim=-1), self.hook_write_key(F.normalize(F.silu(k), dim=-1))
         vm = self.hook_write_value(F.silu(v))
         alpha = self.hook_alpha(torch.exp(-self.A_log.exp() * F.softplus(self.W_alpha(x))))
@@ -110,7 +116,7 @@ class GatedDeltaAttention(LocalAttention):
             vm.transpose(1, 2),
             alpha.transpose(1, 2),
             beta.transpose(1, 2),
-            state["S"],
+            state.S,
             self.options.chunk,
         )
         self.hook_state_norm(norms.transpose(1, 2))
@@ -118,7 +124,7 @@ class GatedDeltaAttention(LocalAttention):
         local = self.hook_local_out(local)
         gate = self.hook_gate(torch.sigmoid(self.mix).expand(B, T, self.n_heads))
         z = self.hook_z(gate[..., None] * mem + (1 - gate[..., None]) * local)
-        return self.W_O(z.flatten(2)), {"local": local_state, "S": S}
+        return self.W_O(z.flatten(2)), GatedDeltaState(local_state, S)
 
 
 def gated_deltanet_figures(

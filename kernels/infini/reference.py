@@ -15,10 +15,22 @@ the size of the memory each segment reads (the trace's memory norm).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
 EPS = 1e-6
+
+
+class InfiniMemory(NamedTuple):
+    """The op's state: M [B,H,d,dv], z [B,H,d], and the open segment's sigma(K) [B,H,P,d] and V [B,H,P,dv]
+    (P < segment_len tokens that wait for the rest of their segment)."""
+
+    M: Tensor
+    z: Tensor
+    open_k: Tensor
+    open_v: Tensor
 
 
 def memory_retrieve(sq: Tensor, M: Tensor, z: Tensor) -> Tensor:
@@ -57,13 +69,12 @@ def infini_memory_stream(
     sq: Tensor,
     sk: Tensor,
     v: Tensor,
-    state: tuple[Tensor, Tensor, Tensor, Tensor],
+    state: InfiniMemory,
     segment_len: int,
     rule: str,
     whole_segments=infini_memory_reference,
-):
-    """The op at any offset into a segment, as the dispatcher presents it: state (M, z, the
-    open segment's sigma(K) [B,H,P,d] and V [B,H,P,dv], P < segment_len) -> ((A_mem [B,H,T,dv],
+) -> tuple[tuple[Tensor, Tensor], InfiniMemory]:
+    """The op at any offset into a segment, as the dispatcher presents it: state -> ((A_mem [B,H,T,dv],
     ||M||_F each token read [B,H,T]), the state after the input). The open segment is finished
     here; whole segments from its end go to `whole_segments` (the reference or a kernel)."""
     M, z, open_k, open_v = state
@@ -83,4 +94,4 @@ def infini_memory_stream(
         norms.append(segment_norms.repeat_interleave(S, dim=-1)[..., : T - start])
         open_len = (T - start) % S
         open_k, open_v = sk[:, :, T - open_len :], v[:, :, T - open_len :]
-    return (torch.cat(reads, dim=2), torch.cat(norms, dim=2)), (M, z, open_k, open_v)
+    return (torch.cat(reads, dim=2), torch.cat(norms, dim=2)), InfiniMemory(M, z, open_k, open_v)

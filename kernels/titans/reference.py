@@ -11,8 +11,17 @@ surprise against the chunk-start weights and the loss after the chunk's update.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
+
+
+class LinearMemory(NamedTuple):
+    """The linear memory op's state: weights W and momentum S [B,d,d]."""
+
+    W: Tensor
+    S: Tensor
 
 
 def chunk_coefficients(rates: Tensor) -> tuple[Tensor, ...]:

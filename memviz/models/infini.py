@@ -21,13 +21,14 @@ z = 0 and M = 0, so retrieval is defined as zero rather than 0/0. The memory is 
 a segment completes; a partial segment's keys and values wait in the state, so streaming in
 any chunk size gives the one-pass result.
 
-State per layer: M [B,H,d,d], z [B,H,d], the current segment's pre-RoPE keys/values, and
-the local attention's rotated key/value cache.
+State per layer (`InfiniState`): the memory, `kernels.InfiniMemory` (M [B,H,d,d], z [B,H,d], the
+open segment's sigma-mapped pre-RoPE keys and its values), and the local attention's `LocalCache`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import plotly.graph_objects as go
@@ -36,12 +37,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
-from kernels import infini_memory
+from kernels import InfiniMemory, infini_memory
 from memviz.config import ConfigError, ModelConfig
-from memviz.layers import AttentionSpan, LocalAttention, SwiGLU
+from memviz.layers import AttentionSpan, LocalAttention, LocalCache, SwiGLU
 from memviz.model import Block, MemoryLM, Readout
 from memviz.plots import WIDTH, layer_names, memory_share_heatmaps, timeline
 from memviz.registry import check_choice, register_family
+from memviz.state import Memory
 from memviz.trace import Trace
 
 GATE = "blocks.{l}.attn.hook_gate"  # [batch, pos, head]  sigmoid(beta), the same at every token
@@ -57,6 +59,13 @@ class InfiniOptions:
 
     def __post_init__(self) -> None:
         check_choice("update", self.update, ("linear", "delta"))
+
+
+class InfiniState(NamedTuple):
+    """An Infini-attention layer's state: its local attention's cache and its compressive memory."""
+
+    local: LocalCache
+    memory: Memory[InfiniMemory]
 
 
 def feature_map(x: Tensor) -> Tensor:
@@ -77,36 +86,28 @@ class InfiniAttention(LocalAttention):
     def reset_memory_parameters(self) -> None:
         nn.init.constant_(self.beta, self.options.gate_init)
 
-    def init_state(self, batch: int, device: torch.device) -> dict[str, Tensor]:
+    def init_state(self, batch: int, device: torch.device) -> InfiniState:
         H, d = self.n_heads, self.d_head
-        return {
-            "local": super().init_state(batch, device),
-            "M": torch.zeros(batch, H, d, d, device=device),
-            "z": torch.zeros(batch, H, d, device=device),
-            "seg_k": torch.zeros(batch, H, 0, d, device=device),
-            "seg_v": torch.zeros(batch, H, 0, d, device=device),
-        }
+        memory = InfiniMemory(
+            M=torch.zeros(batch, H, d, d, device=device),
+            z=torch.zeros(batch, H, d, device=device),
+            open_k=torch.zeros(batch, H, 0, d, device=device),
+            open_v=torch.zeros(batch, H, 0, d, device=device),
+        )
+        return InfiniState(super().init_state(batch, device), memory)
 
-    def forward(self, x: Tensor, state: dict[str, Tensor], pos: int) -> tuple[Tensor, dict]:
+    def forward(self, x: Tensor, state: InfiniState, pos: int) -> tuple[Tensor, InfiniState]:
         B, T, _ = x.shape
         q, k, v = self.project(x)
-        local, local_state = self.attend(q, k, v, state["local"], pos)
+        local, local_state = self.attend(q, k, v, state.local, pos)
         sq, sk, vh = feature_map(q.transpose(1, 2)), feature_map(k.transpose(1, 2)), v.transpose(1, 2)
-        (mem, norms), (M, z, seg_k, seg_v) = infini_memory(
-            sq,
-            sk,
-            vh,
-            (state["M"], state["z"], state["seg_k"], state["seg_v"]),
-            self.memory_segment_len,
-            self.options.update,
-        )
+        (mem, norms), memory = infini_memory(sq, sk, vh, state.memory, self.memory_segment_len, self.options.update)
         mem = self.hook_mem_out(mem.transpose(1, 2))
         self.hook_mem_norm(norms.transpose(1, 2))
         local = self.hook_local_out(local)
         gate = self.hook_gate(torch.sigmoid(self.beta).expand(B, T, self.n_heads))
         z_out = self.hook_z(gate[..., None] * mem + (1 - gate[..., None]) * local)
-        new_state = {"local": local_state, "M": M, "z": z, "seg_k": seg_k, "seg_v": seg_v}
-        return self.W_O(z_out.flatten(2)), new_state
+        return self.W_O(z_out.flatten(2)), InfiniState(local_state, memory)
 
 
 def gate_heatmap(trace: Trace) -> go.Figure:

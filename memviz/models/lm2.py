@@ -42,14 +42,15 @@ keeps full attention beside the memory), a sliding window, or attention within t
 segment ({"kind": "segment", "span": segment_len}, as in Infini-attention and Titans), so that
 anything further back than the segment reaches a token only through the bank.
 
-State per layer: the bank M [B, N, d] (and, with segment updates, the running per-slot softmax
-sums of the open segment) plus the local attention's key/value cache.
+State per layer (`LM2BlockState`): the memory, an `LM2Bank` (the bank M [B, N, d] and, with segment
+updates, the running per-slot softmax sums of the open segment), and the local attention's `LocalCache`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import plotly.graph_objects as go
@@ -59,10 +60,11 @@ from transformer_lens.hook_points import HookPoint
 
 from kernels import lm2_scan
 from memviz.config import ConfigError, ModelConfig
-from memviz.layers import AttentionSpan, LocalAttention, SwiGLU, segment_pieces
-from memviz.model import Block, MemoryLM, Readout, StateTree
+from memviz.layers import AttentionSpan, LocalAttention, LocalCache, SwiGLU, segment_pieces
+from memviz.model import Block, MemoryLM, Readout
 from memviz.plots import WIDTH, layer_names, layer_prefix, position_heatmap, timeline, with_array
 from memviz.registry import check_choice, check_finite, check_positive, register_family
+from memviz.state import Memory
 from memviz.trace import Trace
 
 SLOT_ATTN = "blocks.{l}.memory.hook_slot_attn"  # [batch, pos, slot]  the read's attention over slots
@@ -91,6 +93,30 @@ class LM2Options:
     @property
     def per_segment(self) -> bool:
         return self.update != "token"
+
+
+class SegmentSums(NamedTuple):
+    """Running softmax sums of an open segment's update, per slot: the largest logit so far [B, N],
+    the normaliser [B, N], and the unnormalised sums of g_forget and of the write [B, N, d]."""
+
+    max: Tensor
+    denom: Tensor
+    f_sum: Tensor
+    w_sum: Tensor
+
+
+class LM2Bank(NamedTuple):
+    """The memory of one block: the bank M [B, N, d] and, with segment updates, the open segment's sums."""
+
+    M: Tensor
+    open_segment: SegmentSums | None = None
+
+
+class LM2BlockState(NamedTuple):
+    """An LM2 block's state: its local attention's cache and its memory."""
+
+    attn: LocalCache
+    memory: Memory[LM2Bank]
 
 
 class LM2Memory(nn.Module):
@@ -123,25 +149,24 @@ class LM2Memory(nn.Module):
         nn.init.constant_(self.W_in.bias, self.options.input_bias)
         nn.init.zeros_(self.W_out.bias)
 
-    def init_state(self, batch: int, device: torch.device) -> StateTree:
+    def init_state(self, batch: int, device: torch.device) -> LM2Bank:
         d = self.W_Q.in_features
         bank = torch.eye(self.options.slots, d, device=device).expand(batch, -1, -1).clone()
         if self.options.update == "token":
-            return {"M": bank}
-        return {"M": bank, **self.empty_segment_sums(bank)}
+            return LM2Bank(bank)
+        return LM2Bank(bank, self.empty_segment_sums(bank))
 
     @staticmethod
-    def empty_segment_sums(M: Tensor) -> StateTree:
-        """Running softmax sums of an open segment's update, per slot: the largest logit so far,
-        the normaliser, and the unnormalised sums of g_forget and of the write."""
-        return {
-            "max": torch.full(M.shape[:2], -torch.inf, device=M.device, dtype=M.dtype),
-            "denom": torch.zeros(M.shape[:2], device=M.device, dtype=M.dtype),
-            "f_sum": torch.zeros_like(M),
-            "w_sum": torch.zeros_like(M),
-        }
+    def empty_segment_sums(M: Tensor) -> SegmentSums:
+        """The sums of a segment no token has reached yet."""
+        return SegmentSums(
+            max=torch.full(M.shape[:2], -torch.inf, device=M.device, dtype=M.dtype),
+            denom=torch.zeros(M.shape[:2], device=M.device, dtype=M.dtype),
+            f_sum=torch.zeros_like(M),
+            w_sum=torch.zeros_like(M),
+        )
 
-    def forward(self, e: Tensor, state: StateTree, pos: int) -> tuple[Tensor, StateTree]:
+    def forward(self, e: Tensor, state: LM2Bank, pos: int) -> tuple[Tensor, LM2Bank]:
         g_in = self.hook_input_gate(torch.sigmoid(self.W_in(e)))
         if self.options.update == "token":
             (attn, read, g_f, norms), M = lm2_scan(
@@ -150,12 +175,12 @@ class LM2Memory(nn.Module):
                 self.W_V.weight.T,
                 self.W_forget.weight.T,
                 self.W_forget.bias,
-                state["M"],
+                state.M,
             )
             banks_mean = None
             if self.options.output_gate == "bank":
-                banks_mean = self.token_bank_means(state["M"], g_in, read, g_f)
-            new_state = {"M": M}
+                banks_mean = self.token_bank_means(state.M, g_in, read, g_f)
+            new_state = LM2Bank(M)
             write_score = torch.zeros_like(attn)
         else:
             attn, read, g_f, norms, banks_mean, write_score, new_state = self.segment_scan(e, g_in, state, pos)
@@ -178,14 +203,13 @@ class LM2Memory(nn.Module):
             D, c = g_f_t * D, g_f_t * c + g_in_t * torch.tanh(read_t)
         return torch.stack(means, 1)
 
-    def segment_scan(self, e: Tensor, g_in: Tensor, state: StateTree, pos: int):
+    def segment_scan(self, e: Tensor, g_in: Tensor, state: LM2Bank, pos: int):
         """update="segment" or "slots": every token of a segment reads the bank of the segment
         start; when the segment completes, M[n] <- sum_t b[n, t] (g_in,t * tanh(content_t) +
         g_forget,t * M[n]), with b uniform and content E_mem ("segment") or b = softmax over
         tokens of the read logits and content E_t W_write ("slots"). The softmax is accumulated online, so a
         segment split across calls gives the same bank."""
-        M = state["M"]
-        sums = {k: state[k] for k in ("max", "denom", "f_sum", "w_sum")}
+        M, sums = state
         q = self.W_Q(e)
         slots = self.options.update == "slots"
         parts: dict[str, list[Tensor]] = {"attn": [], "read": [], "g_f": [], "norms": [], "mean": [], "score": []}
@@ -207,23 +231,23 @@ class LM2Memory(nn.Module):
             parts["score"].append(score)
             sums = self.accumulate(sums, score, g_f, write)
             if (pos + b) % self.segment_len == 0:
-                M = (sums["w_sum"] + sums["f_sum"] * M) / sums["denom"][..., None]
+                M = (sums.w_sum + sums.f_sum * M) / sums.denom[..., None]
                 sums = self.empty_segment_sums(M)
         cat = {k: torch.cat(v, dim=1) for k, v in parts.items()}
-        return cat["attn"], cat["read"], cat["g_f"], cat["norms"], cat["mean"], cat["score"], {"M": M, **sums}
+        return cat["attn"], cat["read"], cat["g_f"], cat["norms"], cat["mean"], cat["score"], LM2Bank(M, sums)
 
     @staticmethod
-    def accumulate(sums: StateTree, logits: Tensor, g_f: Tensor, write: Tensor) -> StateTree:
+    def accumulate(sums: SegmentSums, logits: Tensor, g_f: Tensor, write: Tensor) -> SegmentSums:
         """Add a piece's tokens to the running per-slot softmax sums (logits [B, T, N])."""
-        new_max = torch.maximum(sums["max"], logits.amax(1))
-        rescale = torch.exp(sums["max"] - new_max)  # 0 while the segment is empty
+        new_max = torch.maximum(sums.max, logits.amax(1))
+        rescale = torch.exp(sums.max - new_max)  # 0 while the segment is empty
         w = torch.exp(logits - new_max[:, None])  # [B, T, N]
-        return {
-            "max": new_max,
-            "denom": sums["denom"] * rescale + w.sum(1),
-            "f_sum": sums["f_sum"] * rescale[..., None] + torch.einsum("btn,btd->bnd", w, g_f),
-            "w_sum": sums["w_sum"] * rescale[..., None] + torch.einsum("btn,btd->bnd", w, write),
-        }
+        return SegmentSums(
+            max=new_max,
+            denom=sums.denom * rescale + w.sum(1),
+            f_sum=sums.f_sum * rescale[..., None] + torch.einsum("btn,btd->bnd", w, g_f),
+            w_sum=sums.w_sum * rescale[..., None] + torch.einsum("btn,btd->bnd", w, write),
+        )
 
 
 class LM2Block(Block):
@@ -234,17 +258,17 @@ class LM2Block(Block):
         self.memory = LM2Memory(cfg, options)
         self.hook_mem_out = HookPoint()  # [batch, pos, d_model]
 
-    def init_state(self, batch: int, device: torch.device) -> StateTree:
-        return {**super().init_state(batch, device), "memory": self.memory.init_state(batch, device)}
+    def init_state(self, batch: int, device: torch.device) -> LM2BlockState:
+        return LM2BlockState(self.attn.init_state(batch, device), self.memory.init_state(batch, device))
 
-    def forward(self, x: Tensor, state: StateTree, pos: int) -> tuple[Tensor, StateTree]:
+    def forward(self, x: Tensor, state: LM2BlockState, pos: int) -> tuple[Tensor, LM2BlockState]:
         x = self.hook_resid_pre(x)
         e = self.ln1(x)
-        a, attn_state = self.attn(e, state["attn"], pos)
-        m, memory_state = self.memory(e, state["memory"], pos)
+        a, attn_state = self.attn(e, state.attn, pos)
+        m, memory_state = self.memory(e, state.memory, pos)
         x = self.hook_resid_mid(x + self.hook_attn_out(a) + self.hook_mem_out(m))
         x = self.hook_resid_post(x + self.hook_mlp_out(self.mlp(self.ln2(x))))
-        return x, {"attn": attn_state, "memory": memory_state}
+        return x, LM2BlockState(attn_state, memory_state)
 
 
 def segment_softmax(scores: np.ndarray, segment_len: int) -> np.ndarray:

@@ -25,7 +25,7 @@ backbone's window) and to memory retrieved per token (Section 3.3):
 
 The bank holds earlier segments only: a token retrieves from the bank as it was when its
 segment began, and a segment's keys and values join the bank when the segment completes
-(retrieve before adding). The bank is a `memviz.bank.ChunkBank` in the state: chunk keys are
+(retrieve before adding). The bank is a `memviz.bank.ChunkBank` in the state (`LongMemShared`): chunk keys are
 kept as chunks arrive, and the top-K search is exact (every visible chunk scored: training and
 the default) or faiss HNSW (`search="hnsw"`, approximate, for banks of millions of tokens);
 `bank_size` and `search` hold no weights and can be set when loading. Because the backbone is
@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import plotly.graph_objects as go
@@ -50,8 +51,8 @@ from transformer_lens.hook_points import HookPoint
 from memviz import heap
 from memviz.bank import SEARCHES, ChunkBank
 from memviz.config import ConfigError, ModelConfig
-from memviz.layers import AttentionSpan, LocalAttention, SwiGLU
-from memviz.model import BACKBONE_FIELDS, Block, MemoryLM, ModelState, StateTree
+from memviz.layers import AttentionSpan, LocalAttention, LocalCache, SwiGLU
+from memviz.model import BACKBONE_FIELDS, Block, MemoryLM, ModelState
 from memviz.plots import (
     EVIDENCE_OUTLINE,
     WIDTH,
@@ -62,6 +63,7 @@ from memviz.plots import (
     window_of,
 )
 from memviz.registry import check_choice, check_positive, register_family
+from memviz.state import Memory
 from memviz.trace import Trace
 
 RETRIEVED_POS = "side_blocks.{l}.attn.hook_retrieved_pos"  # [batch, pos, head, topk]  first position of each chunk read
@@ -69,6 +71,25 @@ RETRIEVED_SCORES = "side_blocks.{l}.attn.hook_retrieved_scores"  # [batch, pos, 
 GATE = "side_blocks.{l}.attn.hook_gate"  # [batch, pos, head]  sigmoid(g)
 MEM_OUT = "side_blocks.{l}.attn.hook_mem_out"  # [batch, pos, head, d_head]  A_mem
 LOCAL_OUT = "side_blocks.{l}.attn.hook_local_out"  # [batch, pos, head, d_head]  A_local
+
+
+class OpenSegment(NamedTuple):
+    """The memory layer's un-rotated keys and values [B, P, H, d] of the open segment's tokens so far,
+    which join the bank when the segment completes."""
+
+    keys: Tensor
+    values: Tensor
+
+
+class LongMemShared(NamedTuple):
+    """LongMem's state beside the backbone layers' caches (`ModelState.shared`): the side blocks' caches,
+    and the memory: the bank, the open segment, and what the search of the last tokens found
+    (`ChunkBank.search_in_stream`)."""
+
+    side: list[LocalCache]
+    bank: Memory[ChunkBank]
+    open_segment: Memory[OpenSegment]
+    recent: Memory[Tensor]
 
 
 @dataclass
@@ -166,7 +187,7 @@ class MemoryAugmentedAttention(LocalAttention):
         scores = torch.where(valid, scores, float("nan"))
         return out, positions, scores
 
-    def forward_with_bank(self, x: Tensor, state: StateTree, pos: int, bank: BankView) -> tuple[Tensor, StateTree]:
+    def forward_with_bank(self, x: Tensor, state: LocalCache, pos: int, bank: BankView) -> tuple[Tensor, LocalCache]:
         q, k, v = self.project(x)
         local, new_state = self.attend(q, k, v, state, pos)
         mem, positions, scores = self.memory_attend(q, bank)
@@ -182,15 +203,17 @@ class MemoryAugmentedAttention(LocalAttention):
 class SideBlock(Block):
     """A SideNet block; the augmented one reads the memory bank."""
 
-    def forward(self, x: Tensor, state: StateTree, pos: int, bank: BankView | None = None) -> tuple[Tensor, StateTree]:
+    def forward(
+        self, x: Tensor, state: LocalCache, pos: int, bank: BankView | None = None
+    ) -> tuple[Tensor, LocalCache]:
         x = self.hook_resid_pre(x)
         if isinstance(self.attn, MemoryAugmentedAttention):
-            a, attn_state = self.attn.forward_with_bank(self.ln1(x), state["attn"], pos, bank)
+            a, state = self.attn.forward_with_bank(self.ln1(x), state, pos, bank)
         else:
-            a, attn_state = self.attn(self.ln1(x), state["attn"], pos)
+            a, state = self.attn(self.ln1(x), state, pos)
         x = self.hook_resid_mid(x + self.hook_attn_out(a))
         x = self.hook_resid_post(x + self.hook_mlp_out(self.mlp(self.ln2(x))))
-        return x, {"attn": attn_state}
+        return x, state
 
 
 def retrieval_map(trace: Trace, prefix: str, width: int = WIDTH, start: int = 0, stop: int | None = None) -> go.Figure:
@@ -383,14 +406,13 @@ class LongMemLM(MemoryLM):
         L, S = self.cfg.n_layers, self.options.side_layers
         return [round(l * L / S) for l in range(S + 1)]
 
-    def init_state(self, batch_size: int = 1):
+    def init_state(self, batch_size: int = 1) -> ModelState:
         state = super().init_state(batch_size)  # backbone blocks
         o, cfg = self.options, self.cfg
         empty = torch.zeros(batch_size, 0, cfg.n_heads, cfg.d_head, device=self.device, dtype=self.dtype)
-        state.shared = {
-            "side": self.init_side_state(batch_size),
-            # the bank: cached keys/values of whole earlier segments (memviz.bank.ChunkBank)
-            "bank": ChunkBank.empty(
+        state.shared = LongMemShared(
+            side=self.init_side_state(batch_size),
+            bank=ChunkBank.empty(
                 batch_size,
                 cfg.n_heads,
                 cfg.d_head,
@@ -404,37 +426,32 @@ class LongMemLM(MemoryLM):
                 device=self.device,
                 dtype=self.dtype,
             ),
-            # keys/values of the open segment's tokens seen so far
-            "pending": {"keys": empty, "values": empty.clone()},
-            "recent": self.no_recent_queries(batch_size),
-        }
+            open_segment=OpenSegment(empty, empty.clone()),
+            recent=self.no_recent_queries(batch_size),
+        )
         return state
 
     def no_recent_queries(self, batch_size: int) -> Tensor:
         """What the search of the last tokens found, before any (ChunkBank.search_in_stream)."""
         return torch.zeros(batch_size, self.cfg.n_heads, 0, 0, dtype=torch.long, device=self.device)
 
-    def init_side_state(self, batch_size: int) -> list[StateTree]:
+    def init_side_state(self, batch_size: int) -> list[LocalCache]:
         """The side blocks' empty local caches."""
         return self.in_model_dtype([b.init_state(batch_size, self.device) for b in self.side_blocks])
 
-    def run_blocks(self, x: Tensor, tokens: Tensor, state) -> tuple[Tensor, list[StateTree], StateTree]:
+    def run_blocks(self, x: Tensor, tokens: Tensor, state) -> tuple[Tensor, list[LocalCache], LongMemShared]:
         pos, T = state.pos, x.shape[1]
-        hidden, new_states, bank, pending, open_from = self.run_backbone(x, state)
-        view = BankView(bank, self.query_groups(bank, pos, T), state.shared["recent"])
+        hidden, new_states, bank, open_segment, open_from = self.run_backbone(x, state)
+        view = BankView(bank, self.query_groups(bank, pos, T), state.shared.recent)
         taps, h, side_states = self.taps(), hidden[0], []
-        for l, (block, s) in enumerate(zip(self.side_blocks, state.shared["side"])):
+        for l, (block, s) in enumerate(zip(self.side_blocks, state.shared.side)):
             h, s = block(h, s, pos, view)
             h = h + (hidden[taps[l + 1]] - hidden[taps[l]])
             side_states.append(s)
         bank = bank.trimmed(open_from - self.options.bank_size)
-        return (
-            self.hook_side_out(h),
-            new_states,
-            {"side": side_states, "bank": bank, "pending": pending, "recent": view.recent},
-        )
+        return self.hook_side_out(h), new_states, LongMemShared(side_states, bank, open_segment, view.recent)
 
-    def run_backbone(self, x: Tensor, state) -> tuple[list[Tensor], list[StateTree], ChunkBank, StateTree, int]:
+    def run_backbone(self, x: Tensor, state) -> tuple[list[Tensor], list[LocalCache], ChunkBank, OpenSegment, int]:
         """The frozen backbone over a chunk and what it writes: (hidden states after each layer,
         the layers' new states, the bank with the segments this chunk completes (untrimmed, as
         the chunk's own tokens search it), the open segment's keys/values, its first position)."""
@@ -448,14 +465,14 @@ class LongMemLM(MemoryLM):
             new_states.append(layer_state)
         # the segments this chunk completes join the bank first; each token then searches only
         # the chunks of segments before its own (the bank as it was when its segment began)
-        pending = state.shared["pending"]
-        n_pending = pending["keys"].shape[1]
-        ext_k = torch.cat([pending["keys"], k_mem.detach()], 1)
-        ext_v = torch.cat([pending["values"], v_mem.detach()], 1)
+        held = state.shared.open_segment
+        n_held = held.keys.shape[1]
+        ext_k = torch.cat([held.keys, k_mem.detach()], 1)
+        ext_v = torch.cat([held.values, v_mem.detach()], 1)
         open_from = (pos + T) - (pos + T) % seg  # first position of the open segment
-        n_closed = max(0, open_from - (pos - n_pending))
-        bank = state.shared["bank"].append(ext_k[:, :n_closed], ext_v[:, :n_closed], pos - n_pending)
-        return hidden, new_states, bank, {"keys": ext_k[:, n_closed:], "values": ext_v[:, n_closed:]}, open_from
+        n_closed = max(0, open_from - (pos - n_held))
+        bank = state.shared.bank.append(ext_k[:, :n_closed], ext_v[:, :n_closed], pos - n_held)
+        return hidden, new_states, bank, OpenSegment(ext_k[:, n_closed:], ext_v[:, n_closed:]), open_from
 
     @torch.no_grad()
     def prefill(self, tokens: Tensor | Sequence[int], state: ModelState | None = None) -> tuple[Tensor, ModelState]:
@@ -490,13 +507,13 @@ class LongMemLM(MemoryLM):
         fresh_side = self.init_side_state(tokens.shape[0])
         for start in range(0, tokens.shape[1], self.chunk_len):
             chunk = tokens[:, start : start + self.chunk_len]
-            _, layer_states, bank, pending, open_from = self.run_backbone(self.embedded(chunk), state)
-            shared = {
-                "side": fresh_side,
-                "bank": bank.trimmed(open_from - self.options.bank_size),
-                "pending": pending,
-                "recent": self.no_recent_queries(tokens.shape[0]),
-            }
+            _, layer_states, bank, open_segment, open_from = self.run_backbone(self.embedded(chunk), state)
+            shared = LongMemShared(
+                side=fresh_side,
+                bank=bank.trimmed(open_from - self.options.bank_size),
+                open_segment=open_segment,
+                recent=self.no_recent_queries(tokens.shape[0]),
+            )
             state = ModelState(state.pos + chunk.shape[1], layer_states, shared)
             heap.release_between(start, start + chunk.shape[1])
         return state

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import plotly.graph_objects as go
 import torch
@@ -64,12 +65,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
-from kernels import titans_chunk_coefficients, titans_chunk_update, titans_linear_memory
+from kernels import LinearMemory, titans_chunk_coefficients, titans_chunk_update, titans_linear_memory
 from memviz.config import ConfigError, ModelConfig
-from memviz.layers import AttentionSpan, LocalAttention, RMSNorm, SwiGLU, segment_pieces
-from memviz.model import Block, MemoryLM, Readout, StateTree
+from memviz.layers import AttentionSpan, LocalAttention, LocalCache, RMSNorm, SwiGLU, segment_pieces
+from memviz.model import Block, MemoryLM, Readout
 from memviz.plots import WIDTH, layer_names, layer_prefix, timeline
 from memviz.registry import check_choice, check_positive, register_family
+from memviz.state import Memory
 from memviz.trace import Trace
 
 SURPRISE = "blocks.{l}.memory.hook_surprise"  # [batch, pos]  ||grad l(M; x_t)||
@@ -98,6 +100,31 @@ class TitansOptions:
             raise ValueError(f"memory.eta_max must lie in (0, 1], got {self.eta_max!r}")
         if self.persistent < 0 or self.mlp_hidden < 0:
             raise ValueError("persistent and mlp_hidden must be non-negative")
+
+
+class OpenChunk(NamedTuple):
+    """The tokens of a chunk not yet complete, which its update waits for: keys and values [B, P, d],
+    rates [B, P, 3] = (eta, theta, alpha)."""
+
+    keys: Tensor
+    values: Tensor
+    rates: Tensor
+
+
+class NeuralMemoryState(NamedTuple):
+    """The neural memory's weights (None: a fresh stream's, the learned initial weights), its momentum S
+    (eq. 10), and the open chunk."""
+
+    params: dict[str, Tensor] | None
+    momentum: dict[str, Tensor]
+    open_chunk: OpenChunk
+
+
+class TitansBlockState(NamedTuple):
+    """A Titans block's state: its attention's cache (None under LMM, which has none) and its memory."""
+
+    attn: LocalCache | None
+    memory: Memory[NeuralMemoryState]
 
 
 def memory_forward(params: dict[str, Tensor], k: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
@@ -159,22 +186,22 @@ class NeuralMemory(nn.Module):
             return {"W": self.init_W}
         return {"W1": self.init_W1, "W2": self.init_W2}
 
-    def init_state(self, batch: int, device: torch.device) -> StateTree:
+    def init_state(self, batch: int, device: torch.device) -> NeuralMemoryState:
         """params None: a fresh stream, whose weights are the learned initial ones (`start_params`)."""
-        return {
-            "params": None,
-            "momentum": {
-                n: torch.zeros(batch, *p.shape, device=device, dtype=p.dtype) for n, p in self.init_params().items()
-            },
-            "pending": torch.zeros(batch, 0, 2 * self.d + 3, device=device),  # k, v, rates of an open chunk
+        momentum = {
+            n: torch.zeros(batch, *p.shape, device=device, dtype=p.dtype) for n, p in self.init_params().items()
         }
+        empty = torch.zeros(batch, 0, self.d, device=device)
+        return NeuralMemoryState(
+            None, momentum, OpenChunk(empty, empty.clone(), torch.zeros(batch, 0, 3, device=device))
+        )
 
-    def start_params(self, state: StateTree) -> dict[str, Tensor]:
+    def start_params(self, state: NeuralMemoryState) -> dict[str, Tensor]:
         """The memory's weights; a fresh stream's are the learned initial weights (so they train)."""
-        if state["params"] is None:
-            batch = state["pending"].shape[0]
+        if state.params is None:
+            batch = state.open_chunk.keys.shape[0]
             return {n: p.expand(batch, *p.shape) for n, p in self.init_params().items()}
-        return state["params"]
+        return state.params
 
     def keys_values(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         k = F.normalize(F.silu(self.W_K(x)), dim=-1)
@@ -194,42 +221,44 @@ class NeuralMemory(nn.Module):
         return memory_forward(params, self.query(x))[0]
 
     def step(
-        self, x: Tensor, state: StateTree, pos: int, query: Tensor | None = None
-    ) -> tuple[Tensor, StateTree, dict]:
+        self, x: Tensor, state: NeuralMemoryState, pos: int, query: Tensor | None = None
+    ) -> tuple[Tensor, NeuralMemoryState, dict]:
         """Retrieve M*(q) for every token (q from `query`, default x) with its chunk-start
         weights, and train the memory on x's keys and values chunk by chunk. Fires no hooks:
         returns (retrieved, new state, per-token statistics for `emit`)."""
         k, v, rates = self.keys_values(x)
-        params, momentum = self.start_params(state), state["momentum"]
-        pending = state["pending"]
+        params, momentum, open_chunk = self.start_params(state), state.momentum, state.open_chunk
         query = x if query is None else query
-        if "W" in params and pending.shape[1] == 0:  # linear memory from a chunk boundary: one call
+        if "W" in params and open_chunk.keys.shape[1] == 0:  # linear memory from a chunk boundary: one call
             q = self.query(query)
-            (read, surprise, loss, loss_after), (W, S) = titans_linear_memory(
-                q, k, v, rates, (params["W"], momentum["W"]), self.chunk
+            (read, surprise, loss, loss_after), memory = titans_linear_memory(
+                q, k, v, rates, LinearMemory(params["W"], momentum["W"]), self.chunk
             )
-            open_len = x.shape[1] % self.chunk
-            pending = torch.cat([k, v, rates], dim=-1)[:, x.shape[1] - open_len :]
+            open_from = x.shape[1] - x.shape[1] % self.chunk
+            open_chunk = OpenChunk(k[:, open_from:], v[:, open_from:], rates[:, open_from:])
             stats = {"surprise": surprise, "loss": loss, "loss_after": loss_after, "rates": rates}
-            return read, {"params": {"W": W}, "momentum": {"W": S}, "pending": pending}, stats
+            return read, NeuralMemoryState({"W": memory.W}, {"W": memory.S}, open_chunk), stats
         parts: dict[str, list[Tensor]] = {n: [] for n in ("read", "surprise", "loss", "loss_after")}
         # The pieces come from split, not slicing, so the backward pass concatenates their gradients
         # instead of adding each into a zero tensor of the input's length; the queries need no
         # memory state, so they are projected once for the whole input.
         pieces = segment_pieces(pos, x.shape[1], self.chunk)
         sizes = [b - a for a, b in pieces]
-        written = torch.cat([k, v, rates], dim=-1).split(sizes, dim=1)
+        written = [OpenChunk(*parts) for parts in zip(*(t.split(sizes, dim=1) for t in (k, v, rates)))]
         queries = self.query(query).split(sizes, dim=1)
         # The closed form's scalars depend on the rates alone: one call for every chunk this input
-        # completes (the open chunk's pending tokens start at a chunk boundary).
-        chunk_rates = torch.cat([pending[..., 2 * self.d :], rates], dim=1)
+        # completes (the open chunk starts at a chunk boundary).
+        chunk_rates = torch.cat([open_chunk.rates, rates], dim=1)
         n_chunks = chunk_rates.shape[1] // self.chunk
         chunk_rates = chunk_rates[:, : n_chunks * self.chunk].unflatten(1, (n_chunks, self.chunk))
         coefficients = zip(*(c.unbind(1) for c in titans_chunk_coefficients(chunk_rates)))
         for (a, b), new, q in zip(pieces, written, queries):
             parts["read"].append(memory_forward(params, q)[0])
-            pending = torch.cat([pending, new], dim=1) if pending.shape[1] else new
-            ck, cv, _ = pending.split([self.d, self.d, 3], dim=-1)
+            if open_chunk.keys.shape[1]:
+                open_chunk = OpenChunk(*(torch.cat([held, more], dim=1) for held, more in zip(open_chunk, new)))
+            else:
+                open_chunk = new
+            ck, cv = open_chunk.keys, open_chunk.values
             out, cache = memory_forward(params, ck)
             r = out - cv
             factors = memory_grad_factors(params, ck, r, cache)
@@ -239,12 +268,12 @@ class NeuralMemory(nn.Module):
             parts["surprise"].append(sq[:, -n_new:].sqrt())
             if (pos + b) % self.chunk == 0:
                 _, (params, momentum) = titans_chunk_update(factors, next(coefficients), (params, momentum))
-                pending = pending[:, :0]
+                open_chunk = OpenChunk(*(t[:, :0] for t in open_chunk))
             after, _ = memory_forward(params, ck[:, -n_new:])
             parts["loss_after"].append((after - cv[:, -n_new:]).pow(2).sum(-1))
         stats = {n: torch.cat(v, 1) for n, v in parts.items()}
         stats["rates"] = rates
-        return stats.pop("read"), {"params": params, "momentum": momentum, "pending": pending}, stats
+        return stats.pop("read"), NeuralMemoryState(params, momentum, open_chunk), stats
 
     def emit(self, retrieved: Tensor, stats: dict) -> Tensor:
         """Fire the memory's hooks once for the whole chunk; returns the hooked retrieval."""
@@ -256,7 +285,7 @@ class NeuralMemory(nn.Module):
         self.hook_loss_after(stats["loss_after"])
         return self.hook_retrieved(retrieved)
 
-    def forward(self, x: Tensor, state: StateTree, pos: int) -> tuple[Tensor, StateTree]:
+    def forward(self, x: Tensor, state: NeuralMemoryState, pos: int) -> tuple[Tensor, NeuralMemoryState]:
         retrieved, state, stats = self.step(x, state, pos)
         return self.emit(retrieved, stats), state
 
@@ -277,17 +306,17 @@ class TitansBlock(Block):
         self.memory = NeuralMemory(cfg, options, chunk)
         self.hook_mem_out = HookPoint()  # [batch, pos, d_model]
 
-    def init_state(self, batch: int, device: torch.device) -> StateTree:
-        memory = {"memory": self.memory.init_state(batch, device)}
-        return memory if self.attn is None else {"attn": self.attn.init_state(batch, device), **memory}
+    def init_state(self, batch: int, device: torch.device) -> TitansBlockState:
+        attn = None if self.attn is None else self.attn.init_state(batch, device)
+        return TitansBlockState(attn, self.memory.init_state(batch, device))
 
-    def forward(self, x: Tensor, state: StateTree, pos: int) -> tuple[Tensor, StateTree]:
+    def forward(self, x: Tensor, state: TitansBlockState, pos: int) -> tuple[Tensor, TitansBlockState]:
         x, new_state = self.mix(self.hook_resid_pre(x), state, pos)
         x = self.hook_resid_mid(x)
         x = self.hook_resid_post(x + self.hook_mlp_out(self.mlp(self.ln2(x))))
         return x, new_state
 
-    def mix(self, x: Tensor, state: StateTree, pos: int) -> tuple[Tensor, StateTree]:
+    def mix(self, x: Tensor, state: TitansBlockState, pos: int) -> tuple[Tensor, TitansBlockState]:
         """The residual stream after the memory and attention of this variant, and their state."""
         raise NotImplementedError
 
@@ -305,9 +334,9 @@ class LMMBlock(TitansBlock):
         super().__init__(cfg, options, None, chunk)
         self.W_mem_out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
 
-    def mix(self, x: Tensor, state: StateTree, pos: int) -> tuple[Tensor, StateTree]:
-        m, memory = self.memory(self.ln1(x), state["memory"], pos)
-        return x + self.hook_mem_out(self.W_mem_out(m)), {"memory": memory}
+    def mix(self, x: Tensor, state: TitansBlockState, pos: int) -> tuple[Tensor, TitansBlockState]:
+        m, memory = self.memory(self.ln1(x), state.memory, pos)
+        return x + self.hook_mem_out(self.W_mem_out(m)), TitansBlockState(None, memory)
 
 
 class MALBlock(TitansBlock):
@@ -318,11 +347,11 @@ class MALBlock(TitansBlock):
         self.W_mem_out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.ln_mem = RMSNorm(cfg.d_model, cfg.norm_eps)
 
-    def mix(self, x: Tensor, state: StateTree, pos: int) -> tuple[Tensor, StateTree]:
-        m, memory = self.memory(self.ln_mem(x), state["memory"], pos)
+    def mix(self, x: Tensor, state: TitansBlockState, pos: int) -> tuple[Tensor, TitansBlockState]:
+        m, memory = self.memory(self.ln_mem(x), state.memory, pos)
         x = x + self.hook_mem_out(self.W_mem_out(m))
-        a, attn = self.attn(self.ln1(x), state["attn"], pos)
-        return x + self.hook_attn_out(a), {"attn": attn, "memory": memory}
+        a, attn = self.attn(self.ln1(x), state.attn, pos)
+        return x + self.hook_attn_out(a), TitansBlockState(attn, memory)
 
     def memory_inputs(self, x: Tensor, z: Tensor | None) -> tuple[Tensor, Tensor]:
         e = self.ln_mem(x)
@@ -338,13 +367,13 @@ class MAGBlock(TitansBlock):
         self.norm_mem = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.norm_attn = RMSNorm(cfg.d_model, cfg.norm_eps)
 
-    def mix(self, x: Tensor, state: StateTree, pos: int) -> tuple[Tensor, StateTree]:
+    def mix(self, x: Tensor, state: TitansBlockState, pos: int) -> tuple[Tensor, TitansBlockState]:
         e = self.ln1(x)
-        a, attn = self.attn(e, state["attn"], pos)
-        m, memory = self.memory(e, state["memory"], pos)
+        a, attn = self.attn(e, state.attn, pos)
+        m, memory = self.memory(e, state.memory, pos)
         x = x + self.hook_attn_out(self.W_mem_out(self.norm_attn(a) * torch.sigmoid(self.norm_mem(m))))
         self.hook_mem_out(m)
-        return x, {"attn": attn, "memory": memory}
+        return x, TitansBlockState(attn, memory)
 
 
 class MACBlock(TitansBlock):
@@ -356,15 +385,15 @@ class MACBlock(TitansBlock):
         super().__init__(cfg, options, span, chunk)
         self.norm_mem = RMSNorm(cfg.d_model, cfg.norm_eps)
 
-    def mix(self, x: Tensor, state: StateTree, pos: int) -> tuple[Tensor, StateTree]:
-        new_state: dict = {}
-        return x + self.hook_attn_out(self.memory_as_context(self.ln1(x), state, pos, new_state)), new_state
+    def mix(self, x: Tensor, state: TitansBlockState, pos: int) -> tuple[Tensor, TitansBlockState]:
+        y, new_state = self.memory_as_context(self.ln1(x), state, pos)
+        return x + self.hook_attn_out(y), new_state
 
     def memory_inputs(self, x: Tensor, z: Tensor | None) -> tuple[Tensor, Tensor]:
         """MAC trains the memory on the attention output y = W_O z and reads h with ln1(x)."""
         return self.attn.W_O(z.flatten(2)), self.ln1(x)
 
-    def memory_as_context(self, e: Tensor, state: StateTree, pos: int, new_state: dict) -> Tensor:
+    def memory_as_context(self, e: Tensor, state: TitansBlockState, pos: int) -> tuple[Tensor, TitansBlockState]:
         """MAC, segment by segment: retrieve h with the previous segments' memory, attend over
         [persistent, h, x] within the segment, train the memory on the attention output y, and
         gate y by M*(y). Each segment's h needs the memory trained on the segment before, so the
@@ -374,7 +403,7 @@ class MACBlock(TitansBlock):
         sizes = [b - a for a, b in pieces]  # split, not sliced: see NeuralMemory.step
         q, k, v = (t.split(sizes, dim=1) for t in self.attn.project(e))
         memory_queries = self.memory.query(e).split(sizes, dim=1)
-        attn_state, memory_state = state["attn"], state["memory"]
+        attn_state, memory_state = state
         zs, hs, gate_reads, stats = [], [], [], []
         for (a, _), q_piece, k_piece, v_piece, memory_query in zip(pieces, q, k, v, memory_queries):
             h = memory_forward(self.memory.start_params(memory_state), memory_query)[0]
@@ -385,12 +414,11 @@ class MACBlock(TitansBlock):
             hs.append(h)
             gate_reads.append(read)
             stats.append(piece_stats)
-        new_state["attn"], new_state["memory"] = attn_state, memory_state
         self.hook_mem_out(torch.cat(hs, 1))
         y = self.attn.W_O(self.attn.hook_z(torch.cat(zs, 1)).flatten(2))
         merged = {n: torch.cat([st[n] for st in stats], 1) for n in stats[0]}
         gate_read = self.memory.emit(torch.cat(gate_reads, 1), merged)
-        return y * torch.sigmoid(self.norm_mem(gate_read))
+        return y * torch.sigmoid(self.norm_mem(gate_read)), TitansBlockState(attn_state, memory_state)
 
 
 VARIANT_BLOCKS: dict[str, type[TitansBlock]] = {"lmm": LMMBlock, "mal": MALBlock, "mag": MAGBlock, "mac": MACBlock}
