@@ -298,7 +298,7 @@ class ReleasedLM(MemoryLM):
                 cache.update_recurrent_state(part.S.clone(), l)
         return cache
 
-    def state_from(self, cache, before: ModelState) -> list:
+    def state_from(self, cache, before: ModelState) -> list[LocalCache | DeltaNetState]:
         """`before` with what the cache now holds (a layer the chunk did not reach keeps its part)."""
         layers = []
         for l, part in enumerate(before.layers):
@@ -311,7 +311,7 @@ class ReleasedLM(MemoryLM):
         return layers
 
     # ----- running ------------------------------------------------------------------------
-    def run(self, tokens: Tensor, state: ModelState) -> tuple[Tensor, list, None]:
+    def run(self, tokens: Tensor, state: ModelState) -> tuple[Tensor, list[LocalCache | DeltaNetState], None]:
         cache = self.cache_from(state)
         positions = torch.arange(state.pos, state.pos + tokens.shape[1], device=tokens.device).expand(
             tokens.shape[0], -1

@@ -61,7 +61,7 @@ from transformer_lens.hook_points import HookPoint
 from kernels import lm2_scan
 from memviz.config import ConfigError, ModelConfig
 from memviz.layers import AttentionSpan, LocalAttention, LocalCache, SwiGLU, segment_pieces
-from memviz.model import Block, MemoryLM, Readout
+from memviz.model import Block, MemoryLM, ModelState, Readout
 from memviz.plots import WIDTH, layer_names, layer_prefix, position_heatmap, timeline, with_array
 from memviz.registry import check_choice, check_finite, check_positive, register_family
 from memviz.state import Memory
@@ -354,7 +354,9 @@ class LM2LM(MemoryLM):
                 held[l, start : start + self.cfg.segment_len] = size / peak[l] if peak[l] > 0 else 0.0
         return {f"layer {l}: what is left of the span's write (over its largest)": held[l] for l in range(L)}
 
-    def span_in_bank(self, ids: Tensor, span: tuple[int, int], state=None) -> Iterator[tuple[int, list[Tensor]]]:
+    def span_in_bank(
+        self, ids: Tensor, span: tuple[int, int], state: ModelState | None = None
+    ) -> Iterator[tuple[int, list[Tensor]]]:
         """The span's part of each layer's bank [slots, d] as the input streams a segment at a time
         (update="segment", batch row 0): yields (start, parts) before each segment and after the
         last whole one. Once the gates are known the bank is linear in the writes,
@@ -374,7 +376,9 @@ class LM2LM(MemoryLM):
                 parts[l] = keep * parts[l] + weights.T @ (write * in_span[:, None])
             yield start + self.cfg.segment_len, parts
 
-    def segment_writes(self, ids: Tensor, state=None) -> Iterator[tuple[int, list[tuple[Tensor, Tensor, Tensor]]]]:
+    def segment_writes(
+        self, ids: Tensor, state: ModelState | None = None
+    ) -> Iterator[tuple[int, list[tuple[Tensor, Tensor, Tensor]]]]:
         """Each complete segment's update of every layer's bank (update="segment", batch row 0),
         streaming the input a segment at a time: yields (start, per layer (b [t, slot], A [slot, d],
         write [t, d])), the bank then being M <- A * M + b^T write (`span_in_bank`'s equation)."""

@@ -439,7 +439,9 @@ class LongMemLM(MemoryLM):
         """The side blocks' empty local caches."""
         return self.in_model_dtype([b.init_state(batch_size, self.device) for b in self.side_blocks])
 
-    def run_blocks(self, x: Tensor, tokens: Tensor, state) -> tuple[Tensor, list[LocalCache], LongMemShared]:
+    def run_blocks(
+        self, x: Tensor, tokens: Tensor, state: ModelState
+    ) -> tuple[Tensor, list[LocalCache], LongMemShared]:
         pos, T = state.pos, x.shape[1]
         hidden, new_states, bank, open_segment, open_from = self.run_backbone(x, state)
         view = BankView(bank, self.query_groups(bank, pos, T), state.shared.recent)
@@ -451,7 +453,9 @@ class LongMemLM(MemoryLM):
         bank = bank.trimmed(open_from - self.options.bank_size)
         return self.hook_side_out(h), new_states, LongMemShared(side_states, bank, open_segment, view.recent)
 
-    def run_backbone(self, x: Tensor, state) -> tuple[list[Tensor], list[LocalCache], ChunkBank, OpenSegment, int]:
+    def run_backbone(
+        self, x: Tensor, state: ModelState
+    ) -> tuple[list[Tensor], list[LocalCache], ChunkBank, OpenSegment, int]:
         """The frozen backbone over a chunk and what it writes: (hidden states after each layer,
         the layers' new states, the bank with the segments this chunk completes (untrimmed, as
         the chunk's own tokens search it), the open segment's keys/values, its first position)."""
