@@ -8,7 +8,7 @@ import streamlit as st
 
 from app.common import current_model
 from memviz import interventions, viz
-from memviz.registry import get_family
+from memviz.registry import Intervention, get_family
 from probes import facts, passkey
 
 SWEEP_POINTS = 32  # boundaries a sweep ablates at most: its time stays linear in the prompt's length
@@ -19,9 +19,9 @@ def render() -> None:
     model = current_model()
     if model is None:
         return
-    points = get_family(model.family).interventions
-    if "silence" in points and "facts" in model.card:
-        render_fact_question(model)
+    hooked = [point for point in get_family(model.family).interventions.values() if point.through_hooks]
+    if hooked and "facts" in model.card:
+        render_fact_question(model, hooked[0])
         return
     c1, c2, c3 = st.columns(3)
     length = c1.number_input("pass-key length (tokens)", 100, 20_000, 512, step=128, key="iv_length")
@@ -38,8 +38,8 @@ def render() -> None:
         f"Answer **{sample.answer}** · clean run: greedy **{clean['greedy'].strip()!r}**, "
         f"log p(answer) = **{clean['logprob']:.2f}**"
     )
-    if "silence" in points:
-        silence_memory_layer(model, sample.prompt, answer, clean)
+    if hooked:
+        intervene_through_hooks(model, hooked[0], sample.prompt, answer, clean)
         return
     try:
         seg = interventions.segment_length(model)
@@ -90,9 +90,9 @@ def render() -> None:
         st.plotly_chart(viz.ablation_sweep_figure(rows, sample.evidence), width="stretch", key="iv_sweep_fig")
 
 
-def render_fact_question(model) -> None:
+def render_fact_question(model, point: Intervention) -> None:
     """A memory layer is parametric: ask a fact of the knowledge base the model was trained on
-    (its card's `facts`) and silence a layer's top-k read."""
+    (its card's `facts`) and apply the family's hook intervention (silence a layer's top-k read)."""
     kb = facts.knowledge_base_of(model)
     c1, c2 = st.columns(2)
     person = c1.number_input(f"person (0-{kb.n_entities - 1})", 0, kb.n_entities - 1, 0, key="iv_person")
@@ -105,15 +105,17 @@ def render_fact_question(model) -> None:
         f"Answer **{sample.answer}** · clean run: greedy **{clean['greedy'].strip()!r}**, "
         f"log p(answer) = **{clean['logprob']:.2f}**"
     )
-    silence_memory_layer(model, sample.prompt, answer, clean)
+    intervene_through_hooks(model, point, sample.prompt, answer, clean)
 
 
-def silence_memory_layer(model, prompt: str, answer: str, clean: dict) -> None:
-    layer = st.selectbox("memory layer to silence", model.memory_layers, key="iv_layer")
-    result = interventions.answer_logprob(model, prompt, answer, fwd_hooks=model.silence_hooks(layer))
+def intervene_through_hooks(model, point: Intervention, prompt: str, answer: str, clean: dict) -> None:
+    """The answer with a hook intervention (the registry's `point`) on at a chosen memory layer."""
+    st.caption(point.summary)
+    layer = st.selectbox("memory layer to act on", point.sites(model), key="iv_layer")
+    result = interventions.answer_logprob(model, prompt, answer, fwd_hooks=point.hooks(model, layer))
     st.metric(
-        "log p(answer) with the layer's top-k selection zeroed",
+        f"log p(answer) with layer {layer}'s intervention on",
         f"{result['logprob']:.2f}",
         delta=f"{result['logprob'] - clean['logprob']:.2f}",
     )
-    st.write(f"greedy answer with the layer silenced: **{result['greedy'].strip()!r}**")
+    st.write(f"greedy answer with the intervention: **{result['greedy'].strip()!r}**")

@@ -216,7 +216,7 @@ def cost_line(cost: dict[str, int], n_tokens: int) -> str:
 
 def show_readout(model, path: str, text: str, answer: str | None, evidence, tr: memviz.Trace) -> None:
     """The read-out view, for families whose memory read decomposes exactly over the tokens that wrote it."""
-    if type(model).memory_readout is memviz.MemoryLM.memory_readout:
+    if not get_family(model.family).readout:
         return
     st.subheader("Read-out: what the memory returned, and from which tokens")
     position = st.number_input(

@@ -21,7 +21,11 @@ def describe(family) -> str:
             f"  figures    {family.figures.__module__}.{family.figures.__name__}: "
             f"{' '.join(family.figures.__doc__.split())}"
         )
-    lines += [f"  intervene  {name}: {what}" for name, what in family.interventions.items()]
+    lines += [f"  intervene  {name}: {point.summary}" for name, point in family.interventions.items()]
+    if family.readout:
+        lines.append("  readout    model.memory_readout: a memory read decomposed over the tokens that wrote it")
+    if family.prefix_capacity:
+        lines.append(f"  prefix     data.prefix_tokens, up to model.memory.{family.prefix_capacity} (backbone_prefill)")
     if family.quick is not None:
         lines.append(f"  quick      {json.dumps(family.quick)}")
     if family.sample:

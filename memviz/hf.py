@@ -238,6 +238,7 @@ def rate_and_norm_figures(trace, width: int = WIDTH, start: int = 0, stop: int |
     figures=rate_and_norm_figures,
     from_config=False,
     cost=True,
+    readout=True,
 )
 class ReleasedLM(MemoryLM):
     """A transformers Qwen3.5 / Qwen3-Next causal LM under memviz's model contract (module docstring).

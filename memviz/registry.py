@@ -7,7 +7,9 @@ A family is one unit (one file under `memviz/models/`, or a user's own file): it
   * `figures`: `(trace, zoom) -> {title: figure}`, reading only the trace (its arrays and the
     `figure_settings` the trace kept), so a saved trace plots without the model;
   * `figure_settings`: `model -> dict`, what the figures need that the arrays do not say;
-  * `interventions`: the intervention points, {name: what it does} (see `memviz.interventions`);
+  * `interventions`: the intervention points, {name: `Intervention`}: "reset" and "patch" edit the
+    memory fields of the carried state at a segment boundary (`memviz.interventions`); a point that acts
+    through hooks (a memory layer's "silence") says where it can act and which hooks do it;
   * `quick`: the small model of a quick training run (config fields, and "lr" where the
     family needs another learning rate than the others);
   * `sample`: the sample checkpoint that shows it, a name in sample_checkpoints/ or the folder a
@@ -17,7 +19,13 @@ A family is one unit (one file under `memviz/models/`, or a user's own file): it
     model); False for a family whose models come only from another library's checkpoint folder (a released
     model loaded through transformers), which the Train page, quick presets and config tests leave out;
   * `cost`: whether its models say what a run over n tokens holds before it runs (`model.cost(n_tokens)`,
-    bytes by part), shown by the Trace page.
+    bytes by part), shown by the Trace page;
+  * `readout`: whether `model.memory_readout` decomposes a memory read exactly over the tokens that wrote
+    it (a model may still return None for a setting without such a read, Titans' MLP memory);
+  * `prefix_capacity`: for a memory that frozen weights write (LongMem's bank), the memory option that
+    bounds the tokens it holds ("bank_size"), so training may fill it with `data.prefix_tokens` through
+    `model.backbone_prefill`; None when the family trains the weights that write its memory.
+The app, training and the probes ask these fields what a model can do, never the model's class.
 Nothing here imports a family: `memviz.models` imports the built-in ones, which registers them,
 and an installed package declares its own under the `memviz.families` entry point (a module that
 registers them when imported), loaded the first time a family is looked up or listed.
@@ -36,12 +44,35 @@ from typing import Any, TypeVar
 
 from memviz.config import ConfigError
 
+ROLES = ("memory", "baseline", "control")
+
+
+@dataclass(frozen=True)
+class Intervention:
+    """An intervention point a family offers. One without `sites` edits the carried state's memory at a
+    segment boundary ("reset", "patch": `memviz.interventions`); one with them acts through forward hooks:
+    `sites(model)` lists where (memory-layer indices) and `hooks(model, site)` gives the hooks that do it."""
+
+    summary: str
+    sites: Callable[[Any], list[int]] | None = None
+    hooks: Callable[[Any, int], list] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.sites is None) != (self.hooks is None):
+            raise ValueError("an intervention acting through hooks needs both `sites` and `hooks`")
+
+    @property
+    def through_hooks(self) -> bool:
+        return self.hooks is not None
+
+
 #: what "reset" and "patch" do for a family whose state carries a memory across segments
 STATE_INTERVENTIONS = {
-    "reset": "put the memory back to its initial value at a segment boundary (interventions.ablate_at)",
-    "patch": "put in the memory built from another text up to the same position (interventions.replace_at)",
+    "reset": Intervention("put the memory back to its initial value at a segment boundary (interventions.ablate_at)"),
+    "patch": Intervention(
+        "put in the memory built from another text up to the same position (interventions.replace_at)"
+    ),
 }
-ROLES = ("memory", "baseline", "control")
 
 
 @dataclass(frozen=True)
@@ -54,12 +85,14 @@ class Family:
     hooks: Mapping[str, str]
     figures: Callable[..., dict] | None = None
     figure_settings: Callable[[Any], dict] = lambda model: {}
-    interventions: Mapping[str, str] = field(default_factory=dict)
+    interventions: Mapping[str, Intervention] = field(default_factory=dict)
     quick: Mapping[str, Any] | None = None
     sample: str | None = None
     role: str = "memory"
     from_config: bool = True
     cost: bool = False
+    readout: bool = False
+    prefix_capacity: str | None = None
 
     @property
     def sample_name(self) -> str | None:
@@ -81,21 +114,33 @@ def register_family(
     summary: str,
     figures: Callable[..., dict] | None = None,
     figure_settings: Callable[[Any], dict] | None = None,
-    interventions: Mapping[str, str] | None = None,
+    interventions: Mapping[str, Intervention | str] | None = None,
     quick: Mapping[str, Any] | None = None,
     sample: str | None = None,
     role: str = "memory",
     from_config: bool = True,
     cost: bool = False,
+    readout: bool = False,
+    prefix_capacity: str | None = None,
 ) -> Callable[[M], M]:
     """Class decorator: register a model class as family `name` (module docstring). The hooks
-    are the class's `memory_hooks`; `interventions` defaults to reset and patch of the state."""
+    are the class's `memory_hooks`; `interventions` defaults to reset and patch of the state (a plain
+    string is the summary of a state edit)."""
     if role not in ROLES:
         raise ValueError(f"role must be one of {list(ROLES)}, got {role!r}")
+    points = {
+        point: what if isinstance(what, Intervention) else Intervention(what)
+        for point, what in (STATE_INTERVENTIONS if interventions is None else interventions).items()
+    }
 
     def decorate(cls: M) -> M:
         if name in FAMILIES:
             raise ValueError(f"family {name!r} registered twice")
+        options = getattr(cls, "Options", None)
+        if prefix_capacity is not None and prefix_capacity not in {
+            f.name for f in (dataclasses.fields(options) if dataclasses.is_dataclass(options) else ())
+        }:
+            raise ValueError(f"prefix_capacity {prefix_capacity!r} is not one of family {name!r}'s memory options")
         setattr(cls, "family", name)  # noqa: B010  (the class answers `model.family`; mypy knows no such attribute on M)
         FAMILIES[name] = Family(
             name=name,
@@ -104,12 +149,14 @@ def register_family(
             hooks=dict(getattr(cls, "memory_hooks", {})),
             figures=figures,
             figure_settings=figure_settings or (lambda model: {}),
-            interventions=dict(STATE_INTERVENTIONS if interventions is None else interventions),
+            interventions=points,
             quick=quick,
             sample=sample,
             role=role,
             from_config=from_config,
             cost=cost,
+            readout=readout,
+            prefix_capacity=prefix_capacity,
         )
         return cls
 

@@ -62,3 +62,28 @@ def test_every_family_runs_in_float64_and_bfloat16_by_model_to(family):
         # a product-key top-k may pick another value at a few positions under bf16 rounding
         worst_per_position = worst_per_position.quantile(0.8)
     assert worst_per_position.max() < 0.25 * reference.std()
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_CONFIGS))
+def test_what_a_family_declares_it_can_do_is_what_its_model_does(family):
+    """The registry's capabilities, which the app and training ask, against the model itself: a declared
+    read-out decomposes the read, a declared prefix memory is filled by the backbone alone, a hook
+    intervention's hooks change the logits at each site it names."""
+    import memviz
+    from memviz.registry import get_family
+
+    spec = get_family(family)
+    model = small_model(family, **FAMILY_CONFIGS[family])
+    ids = random_ids(20, seed=3)
+    assert spec.readout == (type(model).memory_readout is not memviz.MemoryLM.memory_readout)
+    assert (spec.prefix_capacity is not None) == hasattr(model, "backbone_prefill")
+    if spec.prefix_capacity is not None:
+        assert getattr(model.options, spec.prefix_capacity) > 0
+    with torch.no_grad():
+        clean = model(ids)
+        for name, point in spec.interventions.items():
+            if point.through_hooks:
+                assert point.sites(model), name
+                for site in point.sites(model):
+                    edited = model.run_with_hooks(ids, fwd_hooks=point.hooks(model, site))
+                    assert not torch.allclose(edited, clean), (name, site)

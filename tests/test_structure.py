@@ -153,6 +153,54 @@ def test_only_a_familys_own_file_names_a_family():
     assert named == []
 
 
+#: memviz's family machinery, where a model's class and attributes may be looked at directly
+FAMILY_MACHINERY = ("memviz/model.py", "memviz/registry.py", "memviz/models/", "memviz/hf.py", "memviz/layers.py")
+
+
+def capability_guesses(source: str) -> list[str]:
+    """Where code asks a model what it can do instead of asking the registry: `hasattr(model…, …)`,
+    `getattr(model…, name, default)`, and a comparison of a class's attribute (`type(model).f is …`)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.args:
+            subject = ast.unparse(node.args[0])
+            guessing = node.func.id == "hasattr" or (node.func.id == "getattr" and len(node.args) == 3)
+            if guessing and "model" in subject:
+                found.append(f"{node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.Compare) and any(
+            isinstance(side, ast.Attribute)
+            and isinstance(side.value, ast.Call)
+            and isinstance(side.value.func, ast.Name)
+            and side.value.func.id == "type"
+            for side in (node.left, *node.comparators)
+        ):
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_the_capability_checker_sees_each_kind_of_guess():
+    planted = (
+        "if hasattr(self.model, 'backbone_prefill'): pass\n"
+        "span = getattr(model.options, 'bank_size', None)\n"
+        "if type(model).memory_readout is MemoryLM.memory_readout: pass\n"
+        "ok = getattr(model.options, declared) and hasattr(values, '__iter__')\n"
+    )
+    assert [line.split(":")[0] for line in capability_guesses(planted)] == ["1", "2", "3"]
+
+
+def test_the_app_training_and_probes_ask_the_registry_what_a_model_can_do():
+    outside = [
+        path
+        for package in ("memviz", "probes", "training", "app", "benchmarks")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if not str(path.relative_to(ROOT)).startswith(FAMILY_MACHINERY)
+    ]
+    guesses = [
+        f"{path.relative_to(ROOT)}:{guess}" for path in outside for guess in capability_guesses(path.read_text())
+    ]
+    assert guesses == [], "declare the capability on the family's registration (memviz.registry.Family) instead"
+
+
 def test_python_m_memviz_families_lists_each_familys_unit():
     out = subprocess.run(
         [sys.executable, "-m", "memviz", "families"], cwd=ROOT, capture_output=True, text=True, timeout=120

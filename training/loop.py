@@ -42,6 +42,7 @@ from memviz.config import ConfigError, ModelConfig
 from memviz.files import atomic_write_bytes, atomic_write_text
 from memviz.model import denormals_flushed
 from memviz.models import build_model
+from memviz.registry import get_family
 from memviz.tokenizer import load_tokenizer
 from training.config import OptimConfig, TrainConfig, TrainingDiverged
 from training.data import TaskSampler, build_tokenizer
@@ -257,17 +258,18 @@ class Trainer:
         longest_prefix = max((n for _, n in self.cfg.data.prefix_tokens), default=0)
         if not longest_prefix:
             return
-        if not hasattr(self.model, "backbone_prefill"):
+        capacity = get_family(self.model.family).prefix_capacity
+        if capacity is None:
             raise ValueError(
                 f"data.prefix_tokens needs a memory that frozen weights write (LongMem's bank); "
                 f"{self.model.family} trains the weights that write its memory"
             )
         room = longest_prefix + max(length for _, length in self.cfg.data.curriculum)
-        if room > self.model.options.bank_size:
+        holds = getattr(self.model.options, capacity)
+        if room > holds:
             raise ValueError(
                 f"data.prefix_tokens ({longest_prefix:,}) and the longest batch ({room - longest_prefix:,} tokens) "
-                f"do not fit in model.memory.bank_size ({self.model.options.bank_size:,}): the prefix would leave "
-                "the bank"
+                f"do not fit in model.memory.{capacity} ({holds:,}): the prefix would leave the memory"
             )
 
     def prefix_state(self, step: int):

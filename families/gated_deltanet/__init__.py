@@ -147,6 +147,7 @@ def gated_deltanet_figures(
     figures=gated_deltanet_figures,
     quick={"attention": {"kind": "window", "span": 32}},
     sample=str(Path(__file__).resolve().parent / "sample_16k"),
+    readout=True,
 )
 class GatedDeltaNetLM(MemoryLM):
     """Transformer whose attention layers carry a gated delta rule memory beside local attention."""

@@ -32,7 +32,7 @@ from memviz.config import ModelConfig
 from memviz.layers import LocalAttention, SwiGLU
 from memviz.model import Block
 from memviz.models.memory_layer import TOPK_INDICES, TOPK_WEIGHTS, memory_layer_figures, silence_hooks
-from memviz.registry import check_positive
+from memviz.registry import Intervention, check_positive
 
 
 @dataclass
@@ -96,7 +96,11 @@ class PeerPKM(nn.Module):
     figures=memory_layer_figures,
     figure_settings=lambda model: {"n_values": model.options.num_keys**2},
     interventions={
-        "silence": "zero the PKM's top-k selection weights, or those of chosen values (model.silence_hooks)"
+        "silence": Intervention(
+            "zero the PKM's top-k selection weights, or those of chosen values (model.silence_hooks)",
+            sites=lambda model: model.memory_layers,
+            hooks=lambda model, layer: model.silence_hooks(layer),
+        )
     },
     quick={
         "attention": {"kind": "window", "span": 32},

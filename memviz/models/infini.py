@@ -147,6 +147,7 @@ def infini_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int |
     figures=infini_figures,
     quick={"segment_len": 32, "memory": {"update": "delta"}},
     sample="infini_english",
+    readout=True,
 )
 class InfiniLM(MemoryLM):
     """Transformer whose attention layers are Infini-attention layers."""

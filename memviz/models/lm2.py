@@ -324,6 +324,7 @@ def lm2_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int | No
     figure_settings=lambda model: {"update": model.options.update, "segment_len": model.cfg.segment_len},
     quick={"attention": {"kind": "window", "span": 32}, "memory": {"slots": 8}},
     sample="lm2",
+    readout=True,
 )
 class LM2LM(MemoryLM):
     """Transformer whose every block has an LM2 memory bank beside its attention."""

@@ -317,6 +317,7 @@ def longmem_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int 
     figures=longmem_figures,
     figure_settings=lambda model: {"chunk_size": model.options.chunk_size},
     sample="longmem",
+    prefix_capacity="bank_size",
 )
 class LongMemLM(MemoryLM):
     """A frozen backbone, its cached key/value bank, and a trainable memory-augmented SideNet."""

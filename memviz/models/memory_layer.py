@@ -36,7 +36,7 @@ from memviz.config import ConfigError, ModelConfig
 from memviz.layers import LocalAttention, SwiGLU
 from memviz.model import Block, MemoryLM
 from memviz.plots import WIDTH, layer_names, outline_evidence, window_of
-from memviz.registry import check_positive, register_family
+from memviz.registry import Intervention, check_positive, register_family
 from memviz.trace import Trace
 
 TOPK_INDICES = "blocks.{l}.mlp.hook_topk_indices"  # [batch, pos, head, topk]  value index i * n_keys + j
@@ -243,7 +243,11 @@ def memory_layer_figures(
     figures=memory_layer_figures,
     figure_settings=lambda model: {"n_values": model.options.n_keys**2},
     interventions={
-        "silence": "zero a memory layer's top-k selection weights, or those of chosen values (model.silence_hooks)"
+        "silence": Intervention(
+            "zero a memory layer's top-k selection weights, or those of chosen values (model.silence_hooks)",
+            sites=lambda model: model.memory_layers,
+            hooks=lambda model, layer: model.silence_hooks(layer),
+        )
     },
     quick={
         "attention": {"kind": "window", "span": 32},

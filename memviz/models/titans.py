@@ -450,6 +450,7 @@ def titans_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int |
     figures=titans_figures,
     quick={"segment_len": 32, "memory": {"variant": "mac"}, "lr": 1e-3},
     sample="titans_english",
+    readout=True,
 )
 class TitansLM(MemoryLM):
     """Titans: a neural long-term memory trained at test time, joined to attention by `variant`."""
