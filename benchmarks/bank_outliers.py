@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         model.run_with_hooks(torch.tensor([filler]), fwd_hooks=[hook], state=state)
         filler_q = queries.pop("q")
     streamed = time.perf_counter() - started
-    held = state.shared["bank"]
+    held = state.shared.bank
     keys, values, first = held.keys, held.values, int(held.positions[0])
     K = model.options.topk_chunks
     needle_lo, needle_hi = sample.evidence[0]

@@ -49,7 +49,7 @@ def recall_at(model, state, ids: list[int]) -> float:
     hook = (f"side_blocks.{model.augmented_layer}.attn.hook_q", lambda q, hook: captured.setdefault("q", q))
     with torch.no_grad():
         model.run_with_hooks(torch.tensor([ids]), fwd_hooks=[hook], state=state)
-    bank = state.shared["bank"]
+    bank = state.shared.bank
     lo, hi = bank.visible_range(state.pos - model.options.bank_size, state.pos)
     K, q, seg = layer.options.topk_chunks, captured["q"], model.cfg.segment_len
     exact = bank.search(q, lo, hi, K, kind="exact")[1]
