@@ -12,6 +12,8 @@ A family is one unit (one file under `memviz/models/`, or a user's own file): it
     through hooks (a memory layer's "silence") says where it can act and which hooks do it;
   * `quick`: the small model of a quick training run (config fields, and "lr" where the
     family needs another learning rate than the others);
+  * `tiny`: the smallest config that builds (config fields beside the tests' shared small sizes), used by
+    the tests' small models of every family; None only for a family not built from a config;
   * `sample`: the sample checkpoint that shows it, a name in sample_checkpoints/ or the folder a
     package ships it in (then listed and loaded under the family's name); `role`: "memory",
     "baseline" or "control";
@@ -87,6 +89,7 @@ class Family:
     figure_settings: Callable[[Any], dict] = lambda model: {}
     interventions: Mapping[str, Intervention] = field(default_factory=dict)
     quick: Mapping[str, Any] | None = None
+    tiny: Mapping[str, Any] | None = None
     sample: str | None = None
     role: str = "memory"
     from_config: bool = True
@@ -116,6 +119,7 @@ def register_family(
     figure_settings: Callable[[Any], dict] | None = None,
     interventions: Mapping[str, Intervention | str] | None = None,
     quick: Mapping[str, Any] | None = None,
+    tiny: Mapping[str, Any] | None = None,
     sample: str | None = None,
     role: str = "memory",
     from_config: bool = True,
@@ -151,6 +155,7 @@ def register_family(
             figure_settings=figure_settings or (lambda model: {}),
             interventions=points,
             quick=quick,
+            tiny=tiny,
             sample=sample,
             role=role,
             from_config=from_config,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # kernels run under the interpreter on CPU
@@ -23,28 +24,10 @@ def restore_torch_threads():
     torch.set_num_threads(2)
 
 
-#: the smallest extra config each family needs to build
-WINDOW = {"attention": {"kind": "window", "span": 8}}
+#: the smallest extra config each family needs to build: its registration's `tiny` (copied, so no test edits the
+#: registry's); installed packages' families included
 FAMILY_CONFIGS = {
-    "transformer": {},
-    "sliding_window": WINDOW,
-    "infini": {"segment_len": 8},
-    "lm2": {**WINDOW, "memory": {"slots": 4}},
-    "titans": {"segment_len": 8, "memory": {"variant": "mac"}},
-    "memory_layer": {**WINDOW, "memory": {"n_keys": 8, "topk": 4, "heads": 2, "d_key": 8, "layers": [1]}},
-    "longmem": {**WINDOW, "segment_len": 8, "memory": {"chunk_size": 4, "topk_chunks": 2, "bank_size": 16}},
-    "gated_deltanet": WINDOW,  # an installed package's family (families/gated_deltanet), found by its entry point
-    # adapters of the peers on PyPI (families/peers)
-    "titans_pytorch": {
-        "segment_len": 8,
-        "memory": {
-            "num_longterm_mem_tokens": 2,
-            "num_persist_mem_tokens": 2,
-            "num_residual_streams": 1,
-            "neural_memory_kwargs": {"heads": 2, "dim_head": 16},
-        },
-    },
-    "product_key_memory": {**WINDOW, "memory": {"layers": [1], "heads": 2, "num_keys": 8, "topk": 4, "dim_head": 16}},
+    family.name: copy.deepcopy(dict(family.tiny)) for family in memviz.families() if family.tiny is not None
 }
 SMALL = dict(d_model=32, n_layers=2, n_heads=2, d_mlp=64, vocab_size=259)
 

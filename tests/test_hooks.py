@@ -33,7 +33,7 @@ def documented_hooks() -> dict[str, set[str]]:
     return table
 
 
-def test_every_family_has_a_build_config_here():
+def test_every_family_built_from_a_config_declares_its_tiny_config():
     assert set(FAMILY_CONFIGS) == {f.name for f in memviz.families() if f.from_config}
 
 

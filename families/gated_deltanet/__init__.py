@@ -146,6 +146,7 @@ def gated_deltanet_figures(
     "delta rule (decay alpha, write strength beta) beside local attention",
     figures=gated_deltanet_figures,
     quick={"attention": {"kind": "window", "span": 32}},
+    tiny={"attention": {"kind": "window", "span": 8}},
     sample=str(Path(__file__).resolve().parent / "sample_16k"),
     readout=True,
 )

@@ -106,6 +106,10 @@ class PeerPKM(nn.Module):
         "attention": {"kind": "window", "span": 32},
         "memory": {"layers": [1], "heads": 2, "num_keys": 16, "topk": 4, "dim_head": 16},
     },
+    tiny={
+        "attention": {"kind": "window", "span": 8},
+        "memory": {"layers": [1], "heads": 2, "num_keys": 8, "topk": 4, "dim_head": 16},
+    },
 )
 class ProductKeyMemoryLM(MemoryLM):
     """A memviz transformer with product-key-memory's `PKM` in place of some FFNs."""

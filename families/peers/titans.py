@@ -179,6 +179,15 @@ class StoreRecorder:
             "neural_memory_kwargs": {"heads": 2, "dim_head": 32},
         },
     },
+    tiny={
+        "segment_len": 8,
+        "memory": {
+            "num_longterm_mem_tokens": 2,
+            "num_persist_mem_tokens": 2,
+            "num_residual_streams": 1,
+            "neural_memory_kwargs": {"heads": 2, "dim_head": 16},
+        },
+    },
 )
 class TitansPytorchLM(MemoryLM):
     """A titans-pytorch `MemoryAsContextTransformer` run as a memviz model (module docstring)."""

@@ -15,6 +15,7 @@ from memviz.registry import register_family
     "transformer",
     summary="full causal attention, no memory (the cache grows with the input)",
     interventions={},
+    tiny={},
     role="baseline",
 )
 class TransformerLM(MemoryLM):
@@ -34,6 +35,7 @@ class TransformerLM(MemoryLM):
     summary="attention over the last `window` tokens, no memory: the control",
     interventions={},
     quick={"attention": {"kind": "window", "span": 32}},
+    tiny={"attention": {"kind": "window", "span": 8}},
     sample="sliding_window_english",
     role="control",
 )

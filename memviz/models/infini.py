@@ -146,6 +146,7 @@ def infini_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int |
     "segment-local attention, mixed by a learned gate",
     figures=infini_figures,
     quick={"segment_len": 32, "memory": {"update": "delta"}},
+    tiny={"segment_len": 8},
     sample="infini_english",
     readout=True,
 )

@@ -316,6 +316,11 @@ def longmem_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int 
     "and read by a memory-augmented side network",
     figures=longmem_figures,
     figure_settings=lambda model: {"chunk_size": model.options.chunk_size},
+    tiny={
+        "attention": {"kind": "window", "span": 8},
+        "segment_len": 8,
+        "memory": {"chunk_size": 4, "topk_chunks": 2, "bank_size": 16},
+    },
     sample="longmem",
     prefix_capacity="bank_size",
 )

@@ -253,6 +253,10 @@ def memory_layer_figures(
         "attention": {"kind": "window", "span": 32},
         "memory": {"n_keys": 16, "topk": 4, "heads": 2, "d_key": 16, "layers": [1]},
     },
+    tiny={
+        "attention": {"kind": "window", "span": 8},
+        "memory": {"n_keys": 8, "topk": 4, "heads": 2, "d_key": 8, "layers": [1]},
+    },
     sample="memory_plus",
 )
 class MemoryLayerLM(MemoryLM):
