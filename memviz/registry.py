@@ -28,19 +28,23 @@ A family is one unit (one file under `memviz/models/`, or a user's own file): it
     bounds the tokens it holds ("bank_size"), so training may fill it with `data.prefix_tokens` through
     `model.backbone_prefill`; None when the family trains the weights that write its memory.
 The app, training and the probes ask these fields what a model can do, never the model's class.
-Nothing here imports a family: `memviz.models` imports the built-in ones, which registers them,
-and an installed package declares its own under the `memviz.families` entry point (a module that
-registers them when imported), loaded the first time a family is looked up or listed.
+Nothing here imports a family by name: `memviz.models` imports every family folder beside it
+(`import_family_folders`), which registers them, and an installed package declares its own under the
+`memviz.families` entry point (a module that registers them when imported, such as this repository's
+`families` package, which imports each folder under it the same way), loaded the first time a family
+is looked up or listed. A new family is a new folder; no list names it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import importlib.metadata
 import math
 import os
+import pkgutil
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -171,6 +175,21 @@ def register_family(
 def unregister_family(name: str) -> None:
     """Forget a family (a test's or a notebook's own, defined again)."""
     FAMILIES.pop(name, None)
+
+
+def import_family_folders(package: str, path: Iterable[str], *, skip_broken: bool = False) -> None:
+    """Import every module and subpackage of `package` (its `__path__`) in name order, so each registers
+    its families; test modules (`test_*`) and private ones (`_*`) are left out. With `skip_broken`, one
+    that fails to import is skipped with a warning naming it (a plug-in folder must not take the others down)."""
+    for found in sorted(pkgutil.iter_modules(path), key=lambda module: module.name):
+        if found.name.startswith(("test_", "_")):
+            continue
+        try:
+            importlib.import_module(f"{package}.{found.name}")
+        except Exception as exc:
+            if not skip_broken:
+                raise
+            warnings.warn(f"memviz: the family folder {package}.{found.name} did not load: {exc}", stacklevel=2)
 
 
 def load_entry_points() -> None:

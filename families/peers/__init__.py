@@ -19,6 +19,7 @@ import importlib.metadata
 from types import ModuleType
 
 from memviz import ConfigError
+from memviz.registry import import_family_folders
 
 #: distribution -> (the version prefix an adapter supports, the pin `memviz[peers]` installs)
 SUPPORTED = {"titans-pytorch": ("0.5.", "0.5.5"), "product-key-memory": ("0.3.", "0.3.0")}
@@ -40,3 +41,6 @@ def require(distribution: str, module: str) -> ModuleType:
     if not version.startswith(prefix):
         raise PeerError(f"the {distribution} adapter supports versions {prefix}x; {version} is installed: {install}")
     return importlib.import_module(module)
+
+
+import_family_folders(__name__, __path__, skip_broken=True)  # the adapters, after what they import from here

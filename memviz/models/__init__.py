@@ -1,4 +1,6 @@
-"""The built-in families; importing this package registers each with `memviz.registry`.
+"""The built-in families, one module or package each beside this file; importing this package imports
+every one of them (found, not listed), which registers each with `memviz.registry`. A new family is a
+new folder here and needs no edit to this file.
 
 A family defined elsewhere (a user's file) registers itself the same way, with
 `memviz.registry.register_family`, and then works everywhere a built-in one does."""
@@ -8,8 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from memviz.config import ConfigError, ModelConfig
-from memviz.models import baselines, infini, lm2, longmem, memory_layer, titans  # noqa: F401  (they register)
-from memviz.registry import get_family
+from memviz.registry import get_family, import_family_folders
 from memviz.registry import registered as families  # noqa: F401  (every family in registration order, installed packages' last)
 
 
@@ -22,3 +23,6 @@ def build_model(cfg: ModelConfig, **kwargs: Any):
             "folder (memviz.load)"
         )
     return family.model(cfg, **kwargs)
+
+
+import_family_folders(__name__, __path__)
