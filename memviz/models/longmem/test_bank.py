@@ -1,13 +1,13 @@
-"""LongMem's bank (memviz.bank): exact search against the exhaustive reference, HNSW recall,
+"""LongMem's bank (bank.py): exact search against the exhaustive reference, HNSW recall,
 states that never see each other's writes, and the bank's options when loading."""
 
 import pytest
 import torch
 
 import memviz
-from memviz.bank import CANDIDATES_PER_QUERY, ChunkBank, blocked_topk
 from memviz.checkpoint import CheckpointError
 from memviz.models.longmem import retrieve_chunks
+from memviz.models.longmem.bank import CANDIDATES_PER_QUERY, ChunkBank, blocked_topk
 from tests.conftest import random_ids, scrambled, small_model
 
 
@@ -26,7 +26,7 @@ def filled_bank(
 @pytest.mark.parametrize("lo_hi", [(0, 40), (8, 33), (20, 21)])
 def test_exact_search_is_the_exhaustive_top_k_over_the_visible_chunks(lo_hi, per_pass, monkeypatch):
     if per_pass:  # queries scored a few at a time, as over a bank of millions of tokens
-        monkeypatch.setattr("memviz.bank.EXACT_SCORES", per_pass)
+        monkeypatch.setattr("memviz.models.longmem.bank.EXACT_SCORES", per_pass)
     bank, keys = filled_bank(40, seed=lo_hi[0])
     lo, hi = lo_hi
     q = torch.randn(1, 5, 2, 8, generator=torch.Generator().manual_seed(9))

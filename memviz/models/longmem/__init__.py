@@ -23,17 +23,18 @@ backbone's window) and to memory retrieved per token (Section 3.3):
                     A_local. With g a free scalar the two are one model, g <-> -g, so no option:
                     read the gate here as the memory's share)
 
-The bank holds earlier segments only: a token retrieves from the bank as it was when its
-segment began, and a segment's keys and values join the bank when the segment completes
-(retrieve before adding). The bank is a `memviz.bank.ChunkBank` in the state (`LongMemShared`): chunk keys are
-kept as chunks arrive, and the top-K search is exact (every visible chunk scored: training and
-the default) or faiss HNSW (`search="hnsw"`, approximate, for banks of millions of tokens);
-`bank_size` and `search` hold no weights and can be set when loading. Because the backbone is
-frozen and runs first, the segments an input chunk completes join the bank before the side
-network runs, and each segment's tokens search only the bank entries before their segment. Memory attention uses
-un-rotated keys and queries (cached tokens have no position relative to the reader); local attention uses RoPE.
-`warm_start` copies a trained baseline into the backbone and initialises side block l
-from backbone block b(l), as the paper initialises the SideNet from the backbone.
+The bank holds earlier segments only: a token retrieves from the bank as it was when its segment
+began, and a segment's keys and values join the bank when the segment completes (retrieve before
+adding). The bank is a `ChunkBank` (bank.py, beside this file) in the state (`LongMemShared`):
+chunk keys are kept as chunks arrive, and the top-K search is exact (every visible chunk scored:
+training and the default) or faiss HNSW (`search="hnsw"`, approximate, for banks of millions of
+tokens); `bank_size` and `search` hold no weights and can be set when loading. Because the
+backbone is frozen and runs first, the segments an input chunk completes join the bank before the
+side network runs, and each segment's tokens search only the bank entries before their segment.
+Memory attention uses un-rotated keys and queries (cached tokens have no position relative to the
+reader); local attention uses RoPE. `warm_start` copies a trained baseline into the backbone and
+initialises side block l from backbone block b(l), as the paper initialises the SideNet from the
+backbone.
 """
 
 from __future__ import annotations
@@ -49,10 +50,10 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
 from memviz import heap
-from memviz.bank import SEARCHES, ChunkBank
 from memviz.config import ConfigError, ModelConfig
 from memviz.layers import AttentionSpan, LocalAttention, LocalCache, SwiGLU
 from memviz.model import BACKBONE_FIELDS, Block, MemoryLM, ModelState
+from memviz.models.longmem.bank import SEARCHES, ChunkBank
 from memviz.plots import (
     EVIDENCE_OUTLINE,
     WIDTH,
@@ -100,7 +101,7 @@ class LongMemOptions:
     chunk_size: int = 4
     topk_chunks: int = 8
     bank_size: int = 4096  # tokens kept (FIFO), a multiple of chunk_size
-    search: str = "exact"  # "exact" top-k over the bank, or "hnsw" (faiss, approximate; memviz.bank)
+    search: str = "exact"  # "exact" top-k over the bank, or "hnsw" (faiss, approximate; bank.py)
     ef_search: int = 128  # hnsw: candidates kept while searching (more: higher recall, slower)
     exact_below: int = 4096  # hnsw: a query that sees at most this many chunks is answered exactly
     outliers: int = 1024  # hnsw: chunks per head farthest from the mean key, always scored exactly (0: none)
@@ -133,7 +134,7 @@ def retrieve_chunks(
     q: Tensor, bank_k: Tensor, chunk_size: int, topk: int, visible: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
     """Token-to-chunk retrieval written out over a whole bank: the reference that
-    `memviz.bank.ChunkBank.search` is tested against. q [B,T,H,d], bank_k [B,M,H,d] (M a multiple of chunk_size)
+    `ChunkBank.search` (bank.py) is tested against. q [B,T,H,d], bank_k [B,M,H,d] (M a multiple of chunk_size)
     -> (scores [B,T,H,K], chunk indices [B,T,H,K]) of the top-K chunks by q . mean(chunk keys),
     best first. `visible` [T, C] bars chunks a token may not read (their score is -inf)."""
     B, M, H, d = bank_k.shape
