@@ -1,7 +1,7 @@
 """The family registry: one `Family` record per memory family, the only place the rest of the
 workbench (tracing, figures, interventions, training presets, the app) learns what a family is.
 
-A family is one unit (one file under `memviz/models/`, or a user's own file): its model class
+A family is one unit (one folder under `memviz/models/` or `families/`, or a user's own file): its model class
 (the math, its options dataclass and its state), decorated with `register_family`, which records
   * `hooks`: the generic hook names traced by default, each with its trace reducer;
   * `figures`: `(trace, zoom) -> {title: figure}`, reading only the trace (its arrays and the
