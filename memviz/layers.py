@@ -147,25 +147,24 @@ class LocalCache(NamedTuple):
 class LocalAttention(nn.Module):
     """Multi-head causal attention with RoPE, an optional window and optional segment locality.
 
-    Two extensions serve the Titans family:
-      * `n_persistent` learned persistent-memory tokens, prepended to every query's context
-        (their keys and values go through W_K, W_V like any token; they carry no position);
-      * `side` keys/values: a second key/value pair at each position (Titans-MAC's retrieved
-        memory tokens), visible under the same mask as the ordinary key at that position.
+    `attend` is built from parts a family's attention can reuse (Titans' adds persistent tokens and
+    side keys, memviz/models/titans/attention.py): `rotation` (the chunk's RoPE tables), `extend` (a
+    cache and the chunk's keys and values joined, and what a later query can still see) and
+    `attend_over` (the chunk's queries over groups of keys that share positions, and fixed keys every
+    query sees).
 
     State: a `LocalCache`.
     """
 
-    def __init__(self, cfg: ModelConfig, span: AttentionSpan, n_persistent: int = 0, side_keys: bool = False) -> None:
+    def __init__(self, cfg: ModelConfig, span: AttentionSpan) -> None:
         super().__init__()
         self.n_heads, self.d_head, self.rope_base = cfg.n_heads, cfg.d_head, cfg.rope_base
-        self.window, self.segment_len, self.side_keys = span.window, span.segment_len, side_keys
+        self.window, self.segment_len = span.window, span.segment_len
         inner = cfg.n_heads * cfg.d_head
         self.W_Q = nn.Linear(cfg.d_model, inner, bias=False)
         self.W_K = nn.Linear(cfg.d_model, inner, bias=False)
         self.W_V = nn.Linear(cfg.d_model, inner, bias=False)
         self.W_O = nn.Linear(inner, cfg.d_model, bias=False)
-        self.persistent = nn.Parameter(torch.randn(n_persistent, cfg.d_model)) if n_persistent else None
         self.hook_q = HookPoint()  # [batch, pos, head, d_head], before rotation
         self.hook_k = HookPoint()
         self.hook_v = HookPoint()
@@ -173,8 +172,6 @@ class LocalAttention(nn.Module):
 
     def init_state(self, batch: int, device: torch.device) -> LocalCache:
         empty = torch.zeros(batch, self.n_heads, 0, self.d_head, device=device)
-        if self.side_keys:
-            return LocalCache(empty, empty.clone(), empty.clone(), empty.clone())
         return LocalCache(empty, empty.clone())
 
     def heads(self, x: Tensor) -> Tensor:
@@ -186,40 +183,42 @@ class LocalAttention(nn.Module):
         v = self.hook_v(self.heads(self.W_V(x)))
         return q, k, v
 
-    def attend(
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, state: LocalCache, pos: int) -> tuple[Tensor, LocalCache]:
+        """Local attention of the chunk's queries over cache + chunk keys; returns z [B,T,H,dh]."""
+        cos, sin = self.rotation(pos, q.shape[1], q.device)
+        keys, values, keep = self.extend(state.k, state.v, k, v, pos, cos, sin)
+        z = self.attend_over(apply_rotary(q, cos, sin), pos, state.k.shape[2], [(keys, values)])
+        return z, LocalCache(keys[:, :, keep:], values[:, :, keep:])
+
+    def rotation(self, pos: int, length: int, device: torch.device) -> tuple[Tensor, Tensor]:
+        """RoPE's cos/sin tables for the chunk's positions pos .. pos + length."""
+        return rotary_cos_sin(torch.arange(pos, pos + length, device=device), self.d_head, self.rope_base)
+
+    def extend(
+        self, cached_k: Tensor, cached_v: Tensor, k: Tensor, v: Tensor, pos: int, cos: Tensor, sin: Tensor
+    ) -> tuple[Tensor, Tensor, int]:
+        """A cache's keys and values [B,H,L,dh] joined with the chunk's k, v [B,T,H,dh] (keys rotated), and
+        the index of the first key a later query can still see."""
+        keys = torch.cat([cached_k, apply_rotary(k, cos, sin).transpose(1, 2)], dim=2)
+        values = torch.cat([cached_v, v.transpose(1, 2)], dim=2)
+        cached = cached_k.shape[2]
+        k_pos = torch.arange(pos - cached, pos + k.shape[1], device=k.device)
+        return keys, values, self._cache_keep(pos + k.shape[1], k_pos)
+
+    def attend_over(
         self,
         q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        state: LocalCache,
         pos: int,
-        side: tuple[Tensor, Tensor] | None = None,
-    ) -> tuple[Tensor, LocalCache]:
-        """Local attention of the chunk's queries over cache + chunk keys; returns z [B,T,H,dh]."""
-        B, T = q.shape[:2]
+        cached: int,
+        groups: list[tuple[Tensor, Tensor]],
+        fixed: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
+        """z [B,T,H,dh] of the chunk's rotated queries q [B,T,H,dh] over key groups, each (keys, values)
+        [B,H,cached+T,dh] at the positions pos - cached .. pos + T under the local mask, and `fixed` keys
+        and values [B,H,F,dh] that every query sees."""
+        T = q.shape[1]
         positions = torch.arange(pos, pos + T, device=q.device)
-        cos, sin = rotary_cos_sin(positions, self.d_head, self.rope_base)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        keys = torch.cat([state.k, k.transpose(1, 2)], dim=2)
-        values = torch.cat([state.v, v.transpose(1, 2)], dim=2)
-        cached = state.k.shape[2]
         k_pos = torch.arange(pos - cached, pos + T, device=q.device)
-        keep = self._cache_keep(pos + T, k_pos)
-        new_state = LocalCache(keys[:, :, keep:], values[:, :, keep:])
-        groups = [(keys, values)]  # key groups that share the positions k_pos (the side keys are a second)
-        if self.side_keys:
-            if side is None or state.side_k is None or state.side_v is None:
-                raise ValueError(
-                    "this attention layer was built with side keys: pass side=(k, v) and its own init_state"
-                )
-            side_keys = torch.cat([state.side_k, apply_rotary(side[0], cos, sin).transpose(1, 2)], dim=2)
-            side_values = torch.cat([state.side_v, side[1].transpose(1, 2)], dim=2)
-            groups.append((side_keys, side_values))
-            new_state = new_state._replace(side_k=side_keys[:, :, keep:], side_v=side_values[:, :, keep:])
-        fixed_k = fixed_v = None
-        if self.persistent is not None:
-            fixed_k = self.heads(self.W_K(self.persistent)).permute(1, 0, 2).expand(B, -1, -1, -1)
-            fixed_v = self.heads(self.W_V(self.persistent)).permute(1, 0, 2).expand(B, -1, -1, -1)
         q = q.transpose(1, 2)
         span = self.window or self.segment_len
         # Blocks of `span` queries, each against the keys it may see: the cache and the block before
@@ -236,15 +235,15 @@ class LocalAttention(nn.Module):
             ks = [piece for k_parts, _ in pieces for piece in k_parts[j : j + 2]]
             vs = [piece for _, v_parts in pieces for piece in v_parts[j : j + 2]]
             masks = [mask] * len(groups)
-            if fixed_k is not None:
-                ks.insert(0, fixed_k)
-                vs.insert(0, fixed_v)
-                masks.insert(0, torch.ones(q_block.shape[2], fixed_k.shape[2], dtype=torch.bool, device=q.device))
+            if fixed is not None:
+                ks.insert(0, fixed[0])
+                vs.insert(0, fixed[1])
+                masks.insert(0, torch.ones(q_block.shape[2], fixed[0].shape[2], dtype=torch.bool, device=q.device))
             parts.append(
                 F.scaled_dot_product_attention(q_block, joined(ks), joined(vs), attn_mask=joined(masks, dim=1))
             )
         z = joined(parts)
-        return z.transpose(1, 2), new_state
+        return z.transpose(1, 2)
 
     def _cache_keep(self, next_pos: int, k_pos: Tensor) -> int:
         """Index of the first key a query at next_pos or later can still see."""

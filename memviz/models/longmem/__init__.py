@@ -493,7 +493,7 @@ class LongMemLM(MemoryLM):
         runs (its caches, the bank and the open segment exactly as a full run leaves them), then the
         whole model over the last `reach` tokens with the side caches starting empty: the side
         outputs are exact from `reach` tokens in, and so are the last logits and the side caches
-        (tests/test_longmem.py compares with a full stream). Hooks on the side network fire only
+        (test_longmem.py, beside this file, compares with a full stream). Hooks on the side network fire only
         for those last tokens. Full-causal attention has no reach: the default path. With HNSW
         search a query also reads what the search found for the `recent_queries` tokens before it,
         so the reach is that much longer."""

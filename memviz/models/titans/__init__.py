@@ -67,8 +67,9 @@ from transformer_lens.hook_points import HookPoint
 
 from kernels import LinearMemory, titans_chunk_coefficients, titans_chunk_update, titans_linear_memory
 from memviz.config import ConfigError, ModelConfig
-from memviz.layers import AttentionSpan, LocalAttention, LocalCache, RMSNorm, SwiGLU, segment_pieces
+from memviz.layers import AttentionSpan, LocalCache, RMSNorm, SwiGLU, segment_pieces
 from memviz.model import Block, MemoryLM, Readout
+from memviz.models.titans.attention import TitansAttention
 from memviz.plots import WIDTH, layer_names, layer_prefix, timeline
 from memviz.registry import check_choice, check_positive, register_family
 from memviz.state import Memory
@@ -300,7 +301,7 @@ class TitansBlock(Block):
         attn = (
             None
             if span is None
-            else LocalAttention(cfg, span, n_persistent=options.persistent, side_keys=self.side_keys)
+            else TitansAttention(cfg, span, n_persistent=options.persistent, side_keys=self.side_keys)
         )
         super().__init__(cfg, attn, SwiGLU(cfg.d_model, cfg.d_mlp))
         self.memory = NeuralMemory(cfg, options, chunk)
