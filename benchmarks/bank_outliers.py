@@ -8,7 +8,7 @@ asks it the question's queries and the queries of 1,000 filler tokens. For each 
   * needle hits: the share of (question token, head) pairs whose top-K holds a chunk of the needle,
     which is what answering needs; the exact search's share is the ceiling.
 `outliers` 0 is the HNSW graph alone; more scores that many chunks per head farthest from the
-mean key exactly as well (memviz.bank).
+mean key exactly as well (memviz.models.longmem.bank).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 def main(argv: list[str] | None = None) -> int:
     import memviz
-    from memviz.bank import ChunkBank
+    from memviz.models.longmem.bank import ChunkBank
     from probes.passkey import QUESTION
     from probes.retention import seeded_sample
 

@@ -388,7 +388,7 @@ def test_every_quick_preset_makes_progress(family, tmp_path):
 
 
 def test_longmem_batches_continue_one_prefix_of_filler_that_the_frozen_backbone_wrote(tmp_path, monkeypatch):
-    from memviz.bank import ChunkBank
+    from memviz.models.longmem.bank import ChunkBank
 
     baseline = Trainer(tiny_config(tmp_path / "base", steps=2), progress=False).run()
     exported = memviz.save(baseline.model, tmp_path / "baseline")

@@ -1,7 +1,7 @@
 """Infini-attention's compressive memory over whole segments (PyTorch reference).
 
 For each (batch, head), segments of S tokens in order, with sigma-mapped queries and keys
-(memviz/models/infini.py has the paper's equations):
+(memviz/models/infini/__init__.py has the paper's equations):
 
   A_mem,s = sigma(Q_s) M_s / (sigma(Q_s) z_s)                          retrieval (eq. 3)
   M_s+1   = M_s + sigma(K_s)^T (V_s - [sigma(K_s) M_s / (sigma(K_s) z_s)])  the bracket only

@@ -1,6 +1,6 @@
 """LM2 memory scan: the token-by-token gated update of the memory bank (PyTorch reference).
 
-With the bank M_t [N, d] read by token t (memviz/models/lm2.py has the paper's equations):
+With the bank M_t [N, d] read by token t (memviz/models/lm2/__init__.py has the paper's equations):
 
   a_t     = softmax(q_t (M_t W_K)^T / sqrt(d))      slot attention          [N]
   E_mem,t = a_t (M_t W_V)                           memory read             [d]

@@ -1,4 +1,4 @@
-"""Titans' neural-memory update over chunks (PyTorch reference; memviz/models/titans.py has the
+"""Titans' neural-memory update over chunks (PyTorch reference; memviz/models/titans/__init__.py has the
 paper's equations and the closed form derived there).
 
 Within a chunk every token's gradient is taken against the chunk-start weights; momentum
@@ -25,7 +25,7 @@ class LinearMemory(NamedTuple):
 
 
 def chunk_coefficients(rates: Tensor) -> tuple[Tensor, ...]:
-    """The scalars of eqs. 10 and 13's closed form over a chunk of b tokens (memviz/models/titans.py)
+    """The scalars of eqs. 10 and 13's closed form over a chunk of b tokens (memviz/models/titans/__init__.py)
     from its rates [..., b, 3] = (eta, theta, alpha), for any leading shape: they depend on the
     rates alone, so a caller may form them for all its chunks at once. Returns (beta_i theta_i,
     w[b,i] theta_i) [..., b], the weights of the two writes, and prod (1 - alpha), sum_t c_t
