@@ -30,7 +30,7 @@ CARD_FIELDS = {"train_command", "train_config", "steps", "wall_time_s", "machine
 def test_the_zoo_ships_a_memory_model_and_its_control():
     assert {
         "infini_long",
-        "lm2",
+        "lm2_english",
         "titans_long",
         "longmem",
         "sliding_window",
@@ -101,7 +101,7 @@ def test_a_sample_trained_in_stages_is_reproduced_by_its_cards_command_alone(nam
 
 #: samples whose memory carries the key (resetting it at the question loses the answer: each
 #: card's passkey_diagnostics)
-LONG_CONTEXT_MEMORY = ("infini_long", "lm2", "titans_long", "longmem")
+LONG_CONTEXT_MEMORY = ("infini_long", "lm2_long", "titans_long", "longmem")
 
 
 @pytest.fixture(scope="module")
