@@ -66,7 +66,7 @@ def main(argv: list[str]) -> int:
     if command == "app":
         os.execv(PYTHON, [str(PYTHON), "-m", "streamlit", "run", "app", *rest])
     if command == "test":
-        return subprocess.call([str(PYTHON), "-m", "pytest", *(rest or ["tests", "kernels", "families"])])
+        return subprocess.call([str(PYTHON), "-m", "pytest", *rest])  # pyproject.toml's testpaths
     return 0
 
 
