@@ -8,7 +8,7 @@ import torch
 
 import memviz
 from app.common import checkpoint_picker, default_sample, load_model
-from memviz.trace import generic_hook_name
+from memviz.model import generic_hook_name
 
 
 def hook_table(model) -> pd.DataFrame:

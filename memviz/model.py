@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -29,10 +30,9 @@ from transformer_lens.hook_points import HookPoint
 from memviz import heap
 from memviz.config import ConfigError, ModelConfig
 from memviz.layers import AttentionSpan, LocalAttention, RMSNorm, SwiGLU
-from memviz.registry import parse_options
+from memviz.options import parse_options
 from memviz.state import Part, State, map_tensors, tensors_of
 from memviz.tokenizer import ByteTokenizer, Tokenizer
-from memviz.trace import generic_hook_name
 
 #: the longest prompt `generate` reads, in tokens (a probe's longest prompt too)
 MAX_PROMPT_TOKENS = 1 << 22
@@ -48,6 +48,12 @@ BACKBONE_FIELDS = (
     "tie_embeddings",
     "embed_scale",
 )  # what a backbone's weights mean
+
+
+def generic_hook_name(name: str) -> str:
+    """blocks.3.attn.hook_q -> blocks.{l}.attn.hook_q (the form `memory_hooks` and the hook table
+    use: a layer's index as {l})."""
+    return re.sub(r"(^|\.)(blocks|side_blocks)\.\d+\.", r"\1\2.{l}.", name)
 
 
 def flushing_subnormals() -> bool:

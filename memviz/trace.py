@@ -13,7 +13,6 @@ default hooks.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -375,11 +374,6 @@ def checked_evidence(evidence, n_tokens: int) -> list[list[int]]:
             )
         spans.append([int(pair[0]), int(pair[1])])
     return spans
-
-
-def generic_hook_name(name: str) -> str:
-    """blocks.3.attn.hook_q -> blocks.{l}.attn.hook_q (the form the hook table documents)."""
-    return re.sub(r"(^|\.)(blocks|side_blocks)\.\d+\.", r"\1\2.{l}.", name)
 
 
 def resolve_names(model, names) -> dict[str, str]:

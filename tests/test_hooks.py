@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import memviz
+from memviz.model import generic_hook_name
 from memviz.registry import FAMILIES
-from memviz.trace import generic_hook_name
 from tests.conftest import FAMILY_CONFIGS, random_ids, scrambled, small_model
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "hooks.md"
