@@ -40,7 +40,7 @@ FILES = {
         from memviz import LocalCache, Memory, MemoryLM, register_family
         from memviz.layers import LocalAttention, SwiGLU
         from memviz.model import Block
-        from memviz.registry import check_positive
+        from memviz.options import check_positive
 
         from .figures import NORM, moving_average_figures
 
@@ -105,7 +105,7 @@ FILES = {
     "figures.py": '''
         """The moving average's views, read from a trace alone."""
 
-        from memviz.plots import WIDTH, layer_names, timeline
+        from memviz.figure_parts import WIDTH, layer_names, timeline
 
         NORM = "blocks.{l}.attn.hook_memory_norm"
 

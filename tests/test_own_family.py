@@ -18,11 +18,12 @@ from transformer_lens.hook_points import HookPoint
 import memviz
 from memviz import LocalCache, Memory, viz
 from memviz.config import ModelConfig
+from memviz.figure_parts import WIDTH, layer_names, timeline
 from memviz.interventions import ablate_at, answer_logprob, replace_at
 from memviz.layers import AttentionSpan, LocalAttention, SwiGLU
 from memviz.model import Block, MemoryLM
-from memviz.plots import WIDTH, layer_names, timeline
-from memviz.registry import check_positive, register_family, unregister_family
+from memviz.options import check_positive
+from memviz.registry import register_family, unregister_family
 from memviz.trace import Trace
 from tests.conftest import SMALL, random_ids, scrambled
 

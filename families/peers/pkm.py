@@ -32,7 +32,8 @@ from memviz.config import ModelConfig
 from memviz.layers import LocalAttention, SwiGLU
 from memviz.model import Block
 from memviz.models.memory_layer import TOPK_INDICES, TOPK_WEIGHTS, memory_layer_figures, silence_hooks
-from memviz.registry import Intervention, check_positive
+from memviz.options import check_positive
+from memviz.registry import Intervention
 
 
 @dataclass

@@ -38,7 +38,7 @@ from memviz import ConfigError, MemoryLM, register_family
 from memviz.config import ModelConfig
 from memviz.model import ModelState
 from memviz.models.titans import LOSS, RATES, SURPRISE, titans_figures
-from memviz.registry import check_positive
+from memviz.options import check_positive
 
 RETRIEVED = "blocks.{l}.memory.hook_retrieved"
 STORE_HOOKS = ("loss", "theta", "eta", "alpha", "surprise")

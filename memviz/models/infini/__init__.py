@@ -39,10 +39,11 @@ from transformer_lens.hook_points import HookPoint
 
 from kernels import InfiniMemory, infini_memory
 from memviz.config import ConfigError, ModelConfig
+from memviz.figure_parts import WIDTH, layer_names, memory_share_heatmaps, timeline
 from memviz.layers import AttentionSpan, LocalAttention, LocalCache, SwiGLU
 from memviz.model import Block, MemoryLM, Readout
-from memviz.plots import WIDTH, layer_names, memory_share_heatmaps, timeline
-from memviz.registry import check_choice, register_family
+from memviz.options import check_choice
+from memviz.registry import register_family
 from memviz.state import Memory
 from memviz.trace import Trace
 

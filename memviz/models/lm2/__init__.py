@@ -60,10 +60,11 @@ from transformer_lens.hook_points import HookPoint
 
 from kernels import lm2_scan
 from memviz.config import ConfigError, ModelConfig
+from memviz.figure_parts import WIDTH, layer_names, layer_prefix, position_heatmap, timeline, with_array
 from memviz.layers import AttentionSpan, LocalAttention, LocalCache, SwiGLU, segment_pieces
 from memviz.model import Block, MemoryLM, ModelState, Readout
-from memviz.plots import WIDTH, layer_names, layer_prefix, position_heatmap, timeline, with_array
-from memviz.registry import check_choice, check_finite, check_positive, register_family
+from memviz.options import check_choice, check_finite, check_positive
+from memviz.registry import register_family
 from memviz.state import Memory
 from memviz.trace import Trace
 

@@ -51,10 +51,7 @@ from transformer_lens.hook_points import HookPoint
 
 from memviz import heap
 from memviz.config import ConfigError, ModelConfig
-from memviz.layers import AttentionSpan, LocalAttention, LocalCache, SwiGLU
-from memviz.model import BACKBONE_FIELDS, Block, MemoryLM, ModelState
-from memviz.models.longmem.bank import SEARCHES, ChunkBank
-from memviz.plots import (
+from memviz.figure_parts import (
     EVIDENCE_OUTLINE,
     WIDTH,
     layer_names,
@@ -63,7 +60,11 @@ from memviz.plots import (
     position_heatmap,
     window_of,
 )
-from memviz.registry import check_choice, check_positive, register_family
+from memviz.layers import AttentionSpan, LocalAttention, LocalCache, SwiGLU
+from memviz.model import BACKBONE_FIELDS, Block, MemoryLM, ModelState
+from memviz.models.longmem.bank import SEARCHES, ChunkBank
+from memviz.options import check_choice, check_positive
+from memviz.registry import register_family
 from memviz.state import Memory
 from memviz.trace import Trace
 

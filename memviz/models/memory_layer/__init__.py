@@ -33,10 +33,11 @@ from transformer_lens.hook_points import HookPoint
 
 from kernels import product_key_topk, weighted_bag
 from memviz.config import ConfigError, ModelConfig
+from memviz.figure_parts import WIDTH, layer_names, outline_evidence, window_of
 from memviz.layers import LocalAttention, SwiGLU
 from memviz.model import Block, MemoryLM
-from memviz.plots import WIDTH, layer_names, outline_evidence, window_of
-from memviz.registry import Intervention, check_positive, register_family
+from memviz.options import check_positive
+from memviz.registry import Intervention, register_family
 from memviz.trace import Trace
 
 TOPK_INDICES = "blocks.{l}.mlp.hook_topk_indices"  # [batch, pos, head, topk]  value index i * n_keys + j

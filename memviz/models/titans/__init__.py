@@ -67,11 +67,12 @@ from transformer_lens.hook_points import HookPoint
 
 from kernels import LinearMemory, titans_chunk_coefficients, titans_chunk_update, titans_linear_memory
 from memviz.config import ConfigError, ModelConfig
+from memviz.figure_parts import WIDTH, layer_names, layer_prefix, timeline
 from memviz.layers import AttentionSpan, LocalCache, RMSNorm, SwiGLU, segment_pieces
 from memviz.model import Block, MemoryLM, Readout
 from memviz.models.titans.attention import TitansAttention
-from memviz.plots import WIDTH, layer_names, layer_prefix, timeline
-from memviz.registry import check_choice, check_positive, register_family
+from memviz.options import check_choice, check_positive
+from memviz.registry import register_family
 from memviz.state import Memory
 from memviz.trace import Trace
 
