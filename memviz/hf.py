@@ -47,9 +47,9 @@ from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
+from memviz.figure_parts import WIDTH, delta_rule_rate_heatmaps, layer_names, timeline
 from memviz.layers import LocalCache
 from memviz.model import MemoryLM, ModelState, Readout
-from memviz.plots import WIDTH, delta_rule_rate_heatmaps, layer_names, timeline
 from memviz.registry import register_family
 from memviz.state import Memory
 from memviz.tokenizer import TOKENIZER_FILE, Tokenizer

@@ -2,7 +2,7 @@
 
 `family_figures(trace)` gives the views of the trace's memory family, keyed by title: each
 family registers its own (`memviz.registry`; the helpers they are built from are in
-`memviz.plots`), and they read only the trace, so a saved trace plots without its model.
+`memviz.figure_parts`), and they read only the trace, so a saved trace plots without its model.
 The figures here serve every family: the evidence in the text, what the memory still holds of
 it, an ablation sweep, training loss. Figures over positions are max-pooled to `width` columns.
 """
@@ -19,8 +19,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from memviz.models import get_family
-from memviz.plots import (
+from memviz.figure_parts import (
     WIDTH,
     answer_loss_note,
     outline_answer,
@@ -30,6 +29,7 @@ from memviz.plots import (
     window_of,
     with_array,
 )
+from memviz.models import get_family
 from memviz.trace import Trace
 
 

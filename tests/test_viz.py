@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import memviz
-from memviz import plots, viz
+from memviz import figure_parts, viz
 from memviz.trace import Trace
 from tests.conftest import FAMILY_CONFIGS, small_model
 
@@ -16,17 +16,17 @@ def test_long_traces_are_pooled_to_screen_width_with_true_positions():
     slots = np.zeros((n, 4), dtype=np.float32)
     slots[150_000, 2] = 1.0
     tr = Trace(np.zeros(n), {"s": surprise, "slots": slots}, meta={"evidence": [[123_450, 123_470]]})
-    fig = plots.timeline(tr, {"s": "surprise"}, "t", width=1000)
+    fig = figure_parts.timeline(tr, {"s": "surprise"}, "t", width=1000)
     line = fig.data[0]
     assert len(line.x) == 1000 and line.x[-1] == 199_800
     assert max(line.y) == 9.0 and line.x[int(np.argmax(line.y))] == 123_400  # the spike survives pooling
     assert fig.layout.shapes and fig.layout.shapes[0].x0 == pytest.approx(123_449.5)
-    heat = plots.position_heatmap(tr, "slots", "h", "slot", width=500)
+    heat = figure_parts.position_heatmap(tr, "slots", "h", "slot", width=500)
     assert np.asarray(heat.data[0].z).shape == (4, 500) and np.nanmax(heat.data[0].z) == 1.0
-    zoom = plots.timeline(tr, {"s": "surprise"}, "t", width=1000, start=123_400, stop=123_500)
+    zoom = figure_parts.timeline(tr, {"s": "surprise"}, "t", width=1000, start=123_400, stop=123_500)
     assert list(zoom.data[0].x) == list(range(123_400, 123_500)) and zoom.data[0].y[56] == 9.0
     with pytest.raises(ValueError, match="empty position range"):
-        plots.timeline(tr, {"s": "s"}, "t", start=5, stop=5)
+        figure_parts.timeline(tr, {"s": "s"}, "t", start=5, stop=5)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILY_CONFIGS))
@@ -104,13 +104,12 @@ def test_training_loss_reads_the_metrics_log(tmp_path):
 
 def test_a_pooled_axis_says_it_is_pooled_and_how():
     tr = Trace(np.arange(10_000) % 256, {"loss": np.linspace(0, 1, 10_000, dtype=np.float32)})
-    pooled = plots.timeline(tr, {"loss": "loss"}, "t", width=1000)
+    pooled = figure_parts.timeline(tr, {"loss": "loss"}, "t", width=1000)
     assert pooled.layout.xaxis.title.text == "token position (pooled: the max over each bin of 10 tokens)"
-    assert plots.timeline(tr, {"loss": "loss"}, "t", width=1000, reduce="mean").layout.xaxis.title.text.startswith(
-        "token position (pooled: the mean"
-    )
+    mean = figure_parts.timeline(tr, {"loss": "loss"}, "t", width=1000, reduce="mean")
+    assert mean.layout.xaxis.title.text.startswith("token position (pooled: the mean")
     assert (
-        plots.timeline(tr, {"loss": "loss"}, "t", width=1000, start=0, stop=500).layout.xaxis.title.text
+        figure_parts.timeline(tr, {"loss": "loss"}, "t", width=1000, start=0, stop=500).layout.xaxis.title.text
         == "token position"
     )
 

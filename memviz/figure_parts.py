@@ -15,7 +15,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from memviz.trace import Trace, generic_hook_name
+from memviz.model import generic_hook_name
+from memviz.trace import Trace
 
 WIDTH = 1500
 
