@@ -102,7 +102,7 @@ def main(names):
 if __name__ == "__main__":
     args = sys.argv[1:]
     if args[:1] == ["--boundary"]:
-        length, names = int(args[1]), args[2:] or ["infini"]
+        length, names = int(args[1]), args[2:] or ["infini_long"]
         print(json.dumps({name: exact_by_boundary(memviz.load(name), length) for name in names}, indent=1))
     else:
-        main(args or ["sliding_window", "infini", "lm2", "titans", "longmem"])
+        main(args or ["sliding_window", "infini_long", "lm2_long", "titans_long", "longmem"])
