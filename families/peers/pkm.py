@@ -31,9 +31,14 @@ from memviz import ConfigError, MemoryLM, register_family
 from memviz.config import ModelConfig
 from memviz.layers import LocalAttention, SwiGLU
 from memviz.model import Block
-from memviz.models.memory_layer import TOPK_INDICES, TOPK_WEIGHTS, memory_layer_figures, silence_hooks
+from memviz.models.memory_layer import (
+    TOPK_INDICES,
+    TOPK_WEIGHTS,
+    memory_layer_figures,
+    silence_hooks,
+    silence_point,
+)
 from memviz.options import check_positive
-from memviz.registry import Intervention
 
 
 @dataclass
@@ -96,13 +101,7 @@ class PeerPKM(nn.Module):
     "memviz transformer: its top-k selections under memviz's memory-layer hook names",
     figures=memory_layer_figures,
     figure_settings=lambda model: {"n_values": model.options.num_keys**2},
-    interventions={
-        "silence": Intervention(
-            "zero the PKM's top-k selection weights, or those of chosen values (model.silence_hooks)",
-            sites=lambda model: model.memory_layers,
-            hooks=lambda model, layer: model.silence_hooks(layer),
-        )
-    },
+    interventions={"silence": silence_point("the PKM's")},
     quick={
         "attention": {"kind": "window", "span": 32},
         "memory": {"layers": [1], "heads": 2, "num_keys": 16, "topk": 4, "dim_head": 16},

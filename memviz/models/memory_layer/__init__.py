@@ -127,6 +127,16 @@ def silence_hooks(layer: int, values=None) -> list:
     return [(TOPK_INDICES.format(l=layer), remember), (TOPK_WEIGHTS.format(l=layer), zero)]
 
 
+def silence_point(whose: str) -> Intervention:
+    """The "silence" intervention point of a model with memory layers (`model.memory_layers`,
+    `model.silence_hooks`); `whose` names the layer in its summary."""
+    return Intervention(
+        f"zero {whose} top-k selection weights, or those of chosen values (model.silence_hooks)",
+        sites=lambda model: model.memory_layers,
+        hooks=lambda model, layer: model.silence_hooks(layer),
+    )
+
+
 def selection_map(trace: Trace, name: str, width: int = WIDTH, start: int = 0, stop: int | None = None) -> go.Figure:
     """A memory layer's selections: x = token, y = selected value index, colour = its weight,
     one marker symbol per head. Long ranges show every `bin`-th token (indices do not pool)."""
@@ -243,13 +253,7 @@ def memory_layer_figures(
     "value table in place of some FFNs; parametric, nothing carried across segments",
     figures=memory_layer_figures,
     figure_settings=lambda model: {"n_values": model.options.n_keys**2},
-    interventions={
-        "silence": Intervention(
-            "zero a memory layer's top-k selection weights, or those of chosen values (model.silence_hooks)",
-            sites=lambda model: model.memory_layers,
-            hooks=lambda model, layer: model.silence_hooks(layer),
-        )
-    },
+    interventions={"silence": silence_point("a memory layer's")},
     quick={
         "attention": {"kind": "window", "span": 32},
         "memory": {"n_keys": 16, "topk": 4, "heads": 2, "d_key": 16, "layers": [1]},
