@@ -52,12 +52,12 @@ class FactoredScan(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, *grads: Tensor):
+    def backward(ctx, *grad_outputs: Tensor | None):
         q_slot, g_in, M0, W_read, *outputs = ctx.saved_tensors
         B, T, d = q_slot.shape
         N, dtype = M0.shape[1], q_slot.dtype
         like = outputs + [outputs[3][:, 0], outputs[4][:, 0]]  # shapes of the seven outputs
-        grads = [torch.zeros_like(x) if g is None else g.to(dtype).contiguous() for g, x in zip(grads, like)]
+        grads = [torch.zeros_like(x) if g is None else g.to(dtype).contiguous() for g, x in zip(grad_outputs, like)]
         results = [
             torch.empty_like(q_slot),
             torch.empty_like(g_in),

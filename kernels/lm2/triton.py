@@ -12,6 +12,8 @@ serves inference and tracing, where the scan is the whole cost.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -85,7 +87,7 @@ def lm2_scan(q_slot: Tensor, g_in: Tensor, M0: Tensor, W_V: Tensor, W_f: Tensor,
     """Same contract as `lm2_scan_reference` (forward only)."""
     B, T, D = q_slot.shape
     N = M0.shape[1]
-    f32 = dict(device=q_slot.device, dtype=torch.float32)
+    f32: dict[str, Any] = dict(device=q_slot.device, dtype=torch.float32)  # torch.empty's keywords
     attn, norms = torch.empty(B, T, N, **f32), torch.empty(B, T, N, **f32)
     read, forget = torch.empty(B, T, D, **f32), torch.empty(B, T, D, **f32)
     M_last = torch.empty(B, N, D, **f32)

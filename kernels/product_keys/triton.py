@@ -315,17 +315,16 @@ class ProductKeyTopk(torch.autograd.Function):
         head = torch.arange(H, device=q.device).view(H, 1) * n  # row offset of head h in a [H*n, half] table
         g = grad_scores.reshape(-1, k).contiguous()
         flat_idx = indices.reshape(-1, H, k)
-        dq, dkeys = [], []
+        dq: list[Tensor] = []
+        dkeys: list[Tensor] = []
         for part, sub in ((0, flat_idx // n), (1, flat_idx % n)):
             table_idx = (sub + head).reshape(-1, k).contiguous()
             table = keys[:, part].reshape(H * n, half).contiguous()
             q_part = q[..., part * half : (part + 1) * half].reshape(-1, half).contiguous()
-            dq.append(weighted_bag(table_idx, g, table).view(*q.shape[:-1], half) if ctx.needs_input_grad[0] else None)
-            dkeys.append(
-                bag_value_grad(table_idx, g, q_part.float(), H * n).view(H, n, half)
-                if ctx.needs_input_grad[1]
-                else None
-            )
+            if ctx.needs_input_grad[0]:
+                dq.append(weighted_bag(table_idx, g, table).view(*q.shape[:-1], half))
+            if ctx.needs_input_grad[1]:
+                dkeys.append(bag_value_grad(table_idx, g, q_part.float(), H * n).view(H, n, half))
         dq_out = torch.cat(dq, dim=-1).to(q.dtype) if ctx.needs_input_grad[0] else None
         dk_out = torch.stack(dkeys, dim=1).to(keys.dtype) if ctx.needs_input_grad[1] else None
         return dq_out, dk_out, None
