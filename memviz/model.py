@@ -19,7 +19,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -186,6 +186,12 @@ class ModelState:
         return sum(t.numel() * t.element_size() for t in tensors_of([self.layers, self.shared]))
 
 
+class Stateful(Protocol):
+    """A block or a block's mixer: builds its part of a fresh `ModelState`."""
+
+    def init_state(self, batch: int, device: torch.device, /) -> State: ...
+
+
 class Block(nn.Module):
     """Pre-norm residual block: x += mixer(norm(x)); x += mlp(norm(x)).
 
@@ -206,7 +212,7 @@ class Block(nn.Module):
         self.hook_resid_post = HookPoint()
 
     def init_state(self, batch: int, device: torch.device) -> State:
-        return self.attn.init_state(batch, device)
+        return cast(Stateful, self.attn).init_state(batch, device)  # nn.Module types attributes as Tensor | Module
 
     def forward(self, x: Tensor, state: State, pos: int) -> tuple[Tensor, State]:
         x = self.hook_resid_pre(x)
@@ -288,6 +294,7 @@ class MemoryLM(HookedRootModule):
 
     def make_block(self, layer: int) -> nn.Module:
         cfg = self.cfg
+        assert self.attention is not None  # default_attention is causal
         return Block(cfg, LocalAttention(cfg, self.attention), SwiGLU(cfg.d_model, cfg.d_mlp))
 
     def reset_parameters(self) -> None:
@@ -305,11 +312,13 @@ class MemoryLM(HookedRootModule):
                 if name.endswith(("W_O", "W_down", "W_mem_out", "W_2")):
                     std *= out_scale
                 nn.init.normal_(module.weight, std=std)
-                if getattr(module, "bias", None) is not None:
-                    nn.init.zeros_(module.bias)
+                bias = getattr(module, "bias", None)
+                if bias is not None:
+                    nn.init.zeros_(bias)
         for module in self.modules():
-            if module is not self and hasattr(module, "reset_memory_parameters"):
-                module.reset_memory_parameters()
+            reset = getattr(module, "reset_memory_parameters", None)
+            if module is not self and reset is not None:
+                reset()
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -335,7 +344,8 @@ class MemoryLM(HookedRootModule):
     def init_state(self, batch_size: int = 1) -> ModelState:
         """A fresh state in the model's dtype (blocks build theirs in the default dtype), so that
         `model.to(torch.float64)` or `.to(torch.bfloat16)` runs every family."""
-        return ModelState(0, self.in_model_dtype([block.init_state(batch_size, self.device) for block in self.blocks]))
+        states = [cast(Stateful, block).init_state(batch_size, self.device) for block in self.blocks]
+        return ModelState(0, self.in_model_dtype(states))
 
     def in_model_dtype(self, state: Part) -> Part:
         """`state` with its floating-point tensors cast to the model's dtype."""
@@ -436,6 +446,7 @@ class MemoryLM(HookedRootModule):
         logits = None
         for _, chunk_logits, chunk_state in self.stream(tokens, state=state):
             logits, state = chunk_logits, chunk_state
+        assert logits is not None and state is not None  # the prompt is not empty: stream yields
         return logits[:, -1:], state
 
     @torch.no_grad()

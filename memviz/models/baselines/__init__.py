@@ -24,6 +24,7 @@ class TransformerLM(MemoryLM):
     is_baseline = True
 
     def check_config(self) -> None:
+        assert self.attention is not None  # default_attention is causal
         if self.attention.kind != "causal":
             raise ConfigError(
                 f"the 'transformer' family is full causal; use 'sliding_window' for {self.attention.kind} attention"

@@ -352,7 +352,9 @@ class ChunkBank(StateValue):
         s = self._storage
         B, T, H, d = q.shape
         self._index_new_chunks(faiss)
-        params = faiss.SearchParametersHNSW(efSearch=max(self.ef_search, k), sel=faiss.IDSelectorRange(lo, hi))
+        assert s.graphs is not None  # built by _index_new_chunks
+        # faiss's stub (__init__.pyi) lacks SearchParametersHNSW, which the module has
+        params = faiss.SearchParametersHNSW(efSearch=max(self.ef_search, k), sel=faiss.IDSelectorRange(lo, hi))  # type: ignore[attr-defined]
         queries = np.concatenate([q.detach().float().cpu().numpy(), np.zeros((B, T, H, 1), np.float32)], -1)
         entries = torch.empty(B, T, H, k, dtype=torch.long)
         for b in range(B):
@@ -375,6 +377,7 @@ class ChunkBank(StateValue):
         s = self._storage
         B, T, H, d = q.shape
         R, C = window.shape[2], window.shape[3]
+        assert s.outliers is not None  # set by _track_outliers
         outliers = s.outliers.to(q.device)  # [B, H, S]
         ids = window.flatten(2)  # [B, H, R * C]
         row = torch.arange(R, device=q.device).repeat_interleave(C) - (R - T)  # the token of each find, -W0..T-1
@@ -427,6 +430,7 @@ class ChunkBank(StateValue):
             s.key_sum, s.rescored_at = s.chunk_keys[:, :, : s.size].sum(2, dtype=torch.float64), s.size
             candidates = torch.arange(s.size, device=device).expand(B, H, -1)
         else:
+            assert s.key_sum is not None  # tracked along with the outliers
             s.key_sum = s.key_sum + s.chunk_keys[:, :, s.tracked : s.size].sum(2, dtype=torch.float64)
             fresh = torch.arange(s.tracked, s.size, device=device).expand(B, H, -1)
             candidates = torch.cat([s.outliers, fresh], -1)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import plotly.graph_objects as go
@@ -295,10 +296,11 @@ class MemoryLayerLM(MemoryLM):
     def value_tables(self) -> list[nn.Parameter]:
         if self.options.shared_values:
             return [self.values]
-        return [self.blocks[layer].mlp.values for layer in self.memory_layers]
+        return [cast(ProductKeyMemory, self.blocks[layer].mlp).values for layer in self.memory_layers]
 
     def make_block(self, layer: int) -> nn.Module:
         cfg, o = self.cfg, self.options
+        assert self.attention is not None  # default_attention is causal
         if layer not in self.memory_layers:
             return Block(cfg, LocalAttention(cfg, self.attention), SwiGLU(cfg.d_model, cfg.d_mlp))
         values = (
