@@ -48,9 +48,9 @@ updates, the running per-slot softmax sums of the open segment), and the local a
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import plotly.graph_objects as go
@@ -65,7 +65,7 @@ from memviz.layers import AttentionSpan, LocalAttention, LocalCache, SwiGLU, seg
 from memviz.model import Block, MemoryLM, ModelState, Readout
 from memviz.options import check_choice, check_finite, check_positive
 from memviz.registry import register_family
-from memviz.state import Memory
+from memviz.state import Memory, State
 from memviz.trace import Trace
 
 SLOT_ATTN = "blocks.{l}.memory.hook_slot_attn"  # [batch, pos, slot]  the read's attention over slots
@@ -211,6 +211,7 @@ class LM2Memory(nn.Module):
         tokens of the read logits and content E_t W_write ("slots"). The softmax is accumulated online, so a
         segment split across calls gives the same bank."""
         M, sums = state
+        assert sums is not None  # a per-segment bank carries its open segment (init_state)
         q = self.W_Q(e)
         slots = self.options.update == "slots"
         parts: dict[str, list[Tensor]] = {"attn": [], "read": [], "g_f": [], "norms": [], "mean": [], "score": []}
@@ -254,6 +255,8 @@ class LM2Memory(nn.Module):
 class LM2Block(Block):
     """x += Attn(norm x) + E_gated(norm x); x += FFN(norm x)."""
 
+    attn: LocalAttention  # set by Block.__init__; declared for its type
+
     def __init__(self, cfg: ModelConfig, options: LM2Options, span: AttentionSpan) -> None:
         super().__init__(cfg, LocalAttention(cfg, span), SwiGLU(cfg.d_model, cfg.d_mlp))
         self.memory = LM2Memory(cfg, options)
@@ -262,7 +265,8 @@ class LM2Block(Block):
     def init_state(self, batch: int, device: torch.device) -> LM2BlockState:
         return LM2BlockState(self.attn.init_state(batch, device), self.memory.init_state(batch, device))
 
-    def forward(self, x: Tensor, state: LM2BlockState, pos: int) -> tuple[Tensor, LM2BlockState]:
+    def forward(self, x: Tensor, state: State, pos: int) -> tuple[Tensor, LM2BlockState]:
+        state = cast(LM2BlockState, state)  # what init_state built: Block's forward takes any State
         x = self.hook_resid_pre(x)
         e = self.ln1(x)
         a, attn_state = self.attn(e, state.attn, pos)
@@ -286,7 +290,8 @@ def segment_softmax(scores: np.ndarray, segment_len: int) -> np.ndarray:
 def lm2_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int | None = None) -> dict[str, go.Figure]:
     """Slot attention per layer (token x slot); the last layer's three gates over tokens, its
     slot norms and, with update='slots', each slot's write weights over its segment's tokens."""
-    zoom, figs = dict(width=width, start=start, stop=stop), {}
+    zoom: dict[str, Any] = dict(width=width, start=start, stop=stop)  # the figure helpers' keywords
+    figs = {}
     reads = layer_names(trace, SLOT_ATTN)
     for name in reads:
         figs[f"{name} slot attention"] = position_heatmap(
@@ -346,6 +351,7 @@ class LM2LM(MemoryLM):
         the forget gates wash it out. None with update="token" (not recorded per segment)."""
         if not self.options.per_segment:
             return None
+        assert self.cfg.segment_len is not None  # check_config: per-segment updates need it
         ids = self.as_tokens(tokens)
         L, T = self.cfg.n_layers, ids.shape[1]
         held = np.zeros((L, T), dtype=np.float32)
@@ -372,6 +378,7 @@ class LM2LM(MemoryLM):
             torch.zeros(self.options.slots, self.cfg.d_model, dtype=self.dtype, device=self.device) for _ in self.blocks
         ]
         yield 0, parts
+        assert self.cfg.segment_len is not None  # segment_writes needs it
         for start, layers in self.segment_writes(ids, state):
             positions = torch.arange(start, start + self.cfg.segment_len, device=self.device)
             in_span = ((positions >= a) & (positions < b)).to(self.dtype)
@@ -386,6 +393,7 @@ class LM2LM(MemoryLM):
         streaming the input a segment at a time: yields (start, per layer (b [t, slot], A [slot, d],
         write [t, d])), the bank then being M <- A * M + b^T write (`span_in_bank`'s equation)."""
         seg = self.cfg.segment_len
+        assert seg is not None  # check_config: per-segment updates need it
         seen: dict[int, dict[str, Tensor]] = {l: {} for l in range(self.cfg.n_layers)}
 
         def keep(name: str):
@@ -401,7 +409,7 @@ class LM2LM(MemoryLM):
         ]
         handles = [
             block.memory.register_forward_pre_hook(lambda module, args, l=l: seen[l].__setitem__("e", args[0][0]))
-            for l, block in enumerate(self.blocks)
+            for l, block in enumerate(cast(Iterable[LM2Block], self.blocks))
         ]
         state = state or self.init_state()
         try:
@@ -409,7 +417,7 @@ class LM2LM(MemoryLM):
                 for start in range(0, ids.shape[1] - seg + 1, seg):
                     _, state = self(ids[:, start : start + seg], state=state, return_state=True)
                     layers = []
-                    for l, block in enumerate(self.blocks):
+                    for l, block in enumerate(cast(Iterable[LM2Block], self.blocks)):
                         x = seen[l]
                         weights = torch.softmax(x["write_score"], dim=0)  # b[n, t], over the segment's tokens
                         content = block.memory.W_write(x["e"]) if self.options.update == "slots" else x["read"]
@@ -438,13 +446,14 @@ class LM2LM(MemoryLM):
         if not 0 <= position < full.shape[1]:
             raise ValueError(f"position must lie in [0, {full.shape[1]}), got {position}")
         seg = self.cfg.segment_len
+        assert seg is not None  # check_config: per-segment updates need it
         ids = full[:, : position // seg * seg]
         segments = [layers for _, layers in self.segment_writes(ids)]
         attn = self.capture(
             full[:, : position + 1], [f"blocks.{l}.memory.hook_slot_attn" for l in range(self.cfg.n_layers)]
         )
         parts, initial = {}, {}
-        for l, block in enumerate(self.blocks):
+        for l, block in enumerate(cast(Iterable[LM2Block], self.blocks)):
             W_V = block.memory.W_V.weight.detach().double()
             slot_attn = attn[f"blocks.{l}.memory.hook_slot_attn"][position]  # [slot]
             decay = torch.ones(self.options.slots, self.cfg.d_model, dtype=torch.float64)  # prod of the later A's
@@ -482,4 +491,5 @@ class LM2LM(MemoryLM):
             raise ConfigError(f"lm2 with update={self.options.update!r} needs config.segment_len")
 
     def make_block(self, layer: int) -> nn.Module:
+        assert self.attention is not None  # default_attention is causal
         return LM2Block(self.cfg, self.options, self.attention)
