@@ -16,6 +16,8 @@ Where the denominator is clamped (nothing stored yet) its gradient is zero, as i
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -180,7 +182,7 @@ class InfiniMemory(torch.autograd.Function):
         if v.shape[-1] != D or M.shape[-2:] != (D, D):
             raise ValueError("the Infini memory kernel needs d_k == d_v")
         n_seg = triton.cdiv(T, segment_len)
-        f32 = dict(device=sq.device, dtype=torch.float32)
+        f32: dict[str, Any] = dict(device=sq.device, dtype=torch.float32)  # torch.empty's keywords
         sq_c, sk_c, v_c = (x.contiguous() for x in (sq, sk, v))
         read = torch.empty(B, H, T, D, **f32)
         m_states = torch.empty(B, H, n_seg, D, D, **f32)
@@ -216,7 +218,7 @@ class InfiniMemory(torch.autograd.Function):
     def backward(ctx, d_read: Tensor, _d_norms, d_M: Tensor, d_z: Tensor):
         sq, sk, v, m_states, z_states = ctx.saved_tensors
         B, H, T, D = sq.shape
-        f32 = dict(device=sq.device, dtype=torch.float32)
+        f32: dict[str, Any] = dict(device=sq.device, dtype=torch.float32)  # torch.empty's keywords
         d_read = torch.zeros(B, H, T, D, **f32) if d_read is None else d_read.float().contiguous()
         d_M = torch.zeros(B, H, D, D, **f32) if d_M is None else d_M.float().contiguous()
         d_z = torch.zeros(B, H, D, **f32) if d_z is None else d_z.float().contiguous()

@@ -16,6 +16,8 @@ launch. Forward only: training takes the reference (autograd through the closed 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -96,7 +98,7 @@ def titans_linear_kernel(
 def titans_linear_memory(q: Tensor, k: Tensor, v: Tensor, rates: Tensor, W: Tensor, S: Tensor, chunk: int):
     """Same contract as `titans_linear_reference` (forward only)."""
     B, T, D = q.shape
-    f32 = dict(device=q.device, dtype=torch.float32)
+    f32: dict[str, Any] = dict(device=q.device, dtype=torch.float32)  # torch.empty's keywords
     read = torch.empty(B, T, D, **f32)
     surprise, loss, loss_after = (torch.empty(B, T, **f32) for _ in range(3))
     W_out, S_out = torch.empty(B, D, D, **f32), torch.empty(B, D, D, **f32)
