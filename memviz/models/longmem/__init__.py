@@ -39,9 +39,9 @@ backbone.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import plotly.graph_objects as go
@@ -65,7 +65,7 @@ from memviz.model import BACKBONE_FIELDS, Block, MemoryLM, ModelState
 from memviz.models.longmem.bank import SEARCHES, ChunkBank
 from memviz.options import check_choice, check_positive
 from memviz.registry import register_family
-from memviz.state import Memory
+from memviz.state import Memory, State
 from memviz.trace import Trace
 
 RETRIEVED_POS = "side_blocks.{l}.attn.hook_retrieved_pos"  # [batch, pos, head, topk]  first position of each chunk read
@@ -205,17 +205,22 @@ class MemoryAugmentedAttention(LocalAttention):
 class SideBlock(Block):
     """A SideNet block; the augmented one reads the memory bank."""
 
-    def forward(
-        self, x: Tensor, state: LocalCache, pos: int, bank: BankView | None = None
-    ) -> tuple[Tensor, LocalCache]:
+    attn: LocalAttention  # set by Block.__init__; declared for its type
+
+    def init_state(self, batch: int, device: torch.device) -> LocalCache:
+        return self.attn.init_state(batch, device)
+
+    def forward(self, x: Tensor, state: State, pos: int, bank: BankView | None = None) -> tuple[Tensor, LocalCache]:
+        cache = cast(LocalCache, state)  # what init_state built: Block's forward takes any State
         x = self.hook_resid_pre(x)
         if isinstance(self.attn, MemoryAugmentedAttention):
-            a, state = self.attn.forward_with_bank(self.ln1(x), state, pos, bank)
+            assert bank is not None  # run_blocks passes the bank to every side block
+            a, cache = self.attn.forward_with_bank(self.ln1(x), cache, pos, bank)
         else:
-            a, state = self.attn(self.ln1(x), state, pos)
+            a, cache = self.attn(self.ln1(x), cache, pos)
         x = self.hook_resid_mid(x + self.hook_attn_out(a))
         x = self.hook_resid_post(x + self.hook_mlp_out(self.mlp(self.ln2(x))))
-        return x, state
+        return x, cache
 
 
 def retrieval_map(trace: Trace, prefix: str, width: int = WIDTH, start: int = 0, stop: int | None = None) -> go.Figure:
@@ -302,7 +307,8 @@ def retrieved_at(trace: Trace, prefix: str, position: int) -> go.Figure:
 def longmem_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int | None = None) -> dict[str, go.Figure]:
     """The augmented side block's retrieval map, the chunks retrieved where the answer is predicted, and its gate
     per head."""
-    zoom, figs = dict(width=width, start=start, stop=stop), {}
+    zoom: dict[str, Any] = dict(width=width, start=start, stop=stop)  # the figure helpers' keywords
+    figs = {}
     for prefix in (layer_prefix(n, RETRIEVED_POS) for n in layer_names(trace, RETRIEVED_POS)):
         figs["retrieval"] = retrieval_map(trace, prefix, **zoom)
         figs["retrieved where the answer is predicted"] = retrieved_at(trace, prefix, trace.read_position)
@@ -349,6 +355,7 @@ class LongMemLM(MemoryLM):
 
     def build(self) -> None:
         cfg, o = self.cfg, self.options
+        assert self.attention is not None  # default_attention is causal
         self.blocks = nn.ModuleList(
             Block(cfg, LocalAttention(cfg, self.attention), SwiGLU(cfg.d_model, cfg.d_mlp)) for _ in range(cfg.n_layers)
         )
@@ -445,16 +452,17 @@ class LongMemLM(MemoryLM):
 
     def init_side_state(self, batch_size: int) -> list[LocalCache]:
         """The side blocks' empty local caches."""
-        return self.in_model_dtype([b.init_state(batch_size, self.device) for b in self.side_blocks])
+        return self.in_model_dtype(
+            [b.init_state(batch_size, self.device) for b in cast(Iterable[SideBlock], self.side_blocks)]
+        )
 
-    def run_blocks(
-        self, x: Tensor, tokens: Tensor, state: ModelState
-    ) -> tuple[Tensor, list[LocalCache], LongMemShared]:
+    def run_blocks(self, x: Tensor, tokens: Tensor, state: ModelState) -> tuple[Tensor, list[State], LongMemShared]:
         pos, T = state.pos, x.shape[1]
+        shared = cast(LongMemShared, state.shared)  # what init_state built
         hidden, new_states, bank, open_segment, open_from = self.run_backbone(x, state)
-        view = BankView(bank, self.query_groups(bank, pos, T), state.shared.recent)
+        view = BankView(bank, self.query_groups(bank, pos, T), shared.recent)
         taps, h, side_states = self.taps(), hidden[0], []
-        for l, (block, s) in enumerate(zip(self.side_blocks, state.shared.side)):
+        for l, (block, s) in enumerate(zip(self.side_blocks, shared.side)):
             h, s = block(h, s, pos, view)
             h = h + (hidden[taps[l + 1]] - hidden[taps[l]])
             side_states.append(s)
@@ -463,27 +471,30 @@ class LongMemLM(MemoryLM):
 
     def run_backbone(
         self, x: Tensor, state: ModelState
-    ) -> tuple[list[Tensor], list[LocalCache], ChunkBank, OpenSegment, int]:
+    ) -> tuple[list[Tensor], list[State], ChunkBank, OpenSegment, int]:
         """The frozen backbone over a chunk and what it writes: (hidden states after each layer,
         the layers' new states, the bank with the segments this chunk completes (untrimmed, as
         the chunk's own tokens search it), the open segment's keys/values, its first position)."""
         pos, T, seg = state.pos, x.shape[1], self.cfg.segment_len
+        assert seg is not None  # check_config: longmem needs it
+        shared = cast(LongMemShared, state.shared)  # what init_state built
         hidden, new_states = [x], []
-        for layer, (block, layer_state) in enumerate(zip(self.blocks, state.layers)):
+        for layer, (block, layer_state) in enumerate(zip(cast(Iterable[Block], self.blocks), state.layers)):
             if layer == self.memory_layer:
-                k_mem, v_mem = block.attn.project(block.ln1(hidden[-1]))[1:]  # un-rotated [B,T,H,d]
+                attn = cast(LocalAttention, block.attn)  # the backbone's blocks attend locally
+                k_mem, v_mem = attn.project(block.ln1(hidden[-1]))[1:]  # un-rotated [B,T,H,d]
             h, layer_state = block(hidden[-1], layer_state, pos)
             hidden.append(h)
             new_states.append(layer_state)
         # the segments this chunk completes join the bank first; each token then searches only
         # the chunks of segments before its own (the bank as it was when its segment began)
-        held = state.shared.open_segment
+        held = shared.open_segment
         n_held = held.keys.shape[1]
         ext_k = torch.cat([held.keys, k_mem.detach()], 1)
         ext_v = torch.cat([held.values, v_mem.detach()], 1)
         open_from = (pos + T) - (pos + T) % seg  # first position of the open segment
         n_closed = max(0, open_from - (pos - n_held))
-        bank = state.shared.bank.append(ext_k[:, :n_closed], ext_v[:, :n_closed], pos - n_held)
+        bank = shared.bank.append(ext_k[:, :n_closed], ext_v[:, :n_closed], pos - n_held)
         return hidden, new_states, bank, OpenSegment(ext_k[:, n_closed:], ext_v[:, n_closed:]), open_from
 
     @torch.no_grad()
@@ -499,6 +510,7 @@ class LongMemLM(MemoryLM):
         search a query also reads what the search found for the `recent_queries` tokens before it,
         so the reach is that much longer."""
         tokens = self.as_tokens(tokens)
+        assert self.attention is not None  # default_attention is causal
         span = self.attention.span
         if span is None:
             return super().prefill(tokens, state)
@@ -534,6 +546,7 @@ class LongMemLM(MemoryLM):
         """(start, stop, lo, hi) per segment of the chunk: its tokens start:stop read bank
         entries [lo, hi), the chunks of whole segments before theirs within bank_size tokens."""
         seg, groups = self.cfg.segment_len, []
+        assert seg is not None  # check_config: longmem needs it
         start = 0
         while start < T:
             segment_start = (pos + start) - (pos + start) % seg
