@@ -197,9 +197,10 @@ class Block(nn.Module):
 
     `attn` is any mixer with `forward(x, state, pos) -> (out, state)` and `init_state`, whose
     state is the block's; `mlp` is a stateless `x -> y` module (SwiGLU, or a memory layer).
+    `attn` is None in a block without attention (Titans' LMM), whose own forward mixes.
     """
 
-    def __init__(self, cfg: ModelConfig, attn: nn.Module, mlp: nn.Module) -> None:
+    def __init__(self, cfg: ModelConfig, attn: nn.Module | None, mlp: nn.Module) -> None:
         super().__init__()
         self.ln1 = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.attn = attn
@@ -216,6 +217,7 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor, state: State, pos: int) -> tuple[Tensor, State]:
         x = self.hook_resid_pre(x)
+        assert self.attn is not None  # a block without attention has its own forward
         a, state = self.attn(self.ln1(x), state, pos)
         x = self.hook_resid_mid(x + self.hook_attn_out(a))
         x = self.hook_resid_post(x + self.hook_mlp_out(self.mlp(self.ln2(x))))

@@ -56,8 +56,9 @@ memory reads and writes the input tokens alone, so its surprise is the input's).
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple, cast
 
 import plotly.graph_objects as go
 import torch
@@ -73,7 +74,7 @@ from memviz.model import Block, MemoryLM, Readout
 from memviz.models.titans.attention import TitansAttention
 from memviz.options import check_choice, check_positive
 from memviz.registry import register_family
-from memviz.state import Memory
+from memviz.state import Memory, State
 from memviz.trace import Trace
 
 SURPRISE = "blocks.{l}.memory.hook_surprise"  # [batch, pos]  ||grad l(M; x_t)||
@@ -267,6 +268,7 @@ class NeuralMemory(nn.Module):
             n_new = b - a
             parts["loss"].append(r[:, -n_new:].pow(2).sum(-1))
             sq = sum(fa.pow(2).sum(-1) * fg.pow(2).sum(-1) for fa, fg in factors.values())
+            assert isinstance(sq, Tensor)  # the memory has weights: the sum is not empty
             parts["surprise"].append(sq[:, -n_new:].sqrt())
             if (pos + b) % self.chunk == 0:
                 _, (params, momentum) = titans_chunk_update(factors, next(coefficients), (params, momentum))
@@ -297,6 +299,7 @@ class TitansBlock(Block):
     for LMM); each variant's class joins them as in Section 4 (module docstring)."""
 
     side_keys = False
+    attn: TitansAttention | None  # set by Block.__init__; declared for its type
 
     def __init__(self, cfg: ModelConfig, options: TitansOptions, span: AttentionSpan | None, chunk: int) -> None:
         attn = (
@@ -312,8 +315,9 @@ class TitansBlock(Block):
         attn = None if self.attn is None else self.attn.init_state(batch, device)
         return TitansBlockState(attn, self.memory.init_state(batch, device))
 
-    def forward(self, x: Tensor, state: TitansBlockState, pos: int) -> tuple[Tensor, TitansBlockState]:
-        x, new_state = self.mix(self.hook_resid_pre(x), state, pos)
+    def forward(self, x: Tensor, state: State, pos: int) -> tuple[Tensor, TitansBlockState]:
+        # what init_state built: Block's forward takes any State
+        x, new_state = self.mix(self.hook_resid_pre(x), cast(TitansBlockState, state), pos)
         x = self.hook_resid_mid(x)
         x = self.hook_resid_post(x + self.hook_mlp_out(self.mlp(self.ln2(x))))
         return x, new_state
@@ -352,6 +356,7 @@ class MALBlock(TitansBlock):
     def mix(self, x: Tensor, state: TitansBlockState, pos: int) -> tuple[Tensor, TitansBlockState]:
         m, memory = self.memory(self.ln_mem(x), state.memory, pos)
         x = x + self.hook_mem_out(self.W_mem_out(m))
+        assert self.attn is not None  # MAL attends (check_config)
         a, attn = self.attn(self.ln1(x), state.attn, pos)
         return x + self.hook_attn_out(a), TitansBlockState(attn, memory)
 
@@ -371,6 +376,7 @@ class MAGBlock(TitansBlock):
 
     def mix(self, x: Tensor, state: TitansBlockState, pos: int) -> tuple[Tensor, TitansBlockState]:
         e = self.ln1(x)
+        assert self.attn is not None  # MAG attends (check_config)
         a, attn = self.attn(e, state.attn, pos)
         m, memory = self.memory(e, state.memory, pos)
         x = x + self.hook_attn_out(self.W_mem_out(self.norm_attn(a) * torch.sigmoid(self.norm_mem(m))))
@@ -393,6 +399,7 @@ class MACBlock(TitansBlock):
 
     def memory_inputs(self, x: Tensor, z: Tensor | None) -> tuple[Tensor, Tensor]:
         """MAC trains the memory on the attention output y = W_O z and reads h with ln1(x)."""
+        assert self.attn is not None and z is not None  # MAC attends, and its hook_z is passed
         return self.attn.W_O(z.flatten(2)), self.ln1(x)
 
     def memory_as_context(self, e: Tensor, state: TitansBlockState, pos: int) -> tuple[Tensor, TitansBlockState]:
@@ -401,11 +408,13 @@ class MACBlock(TitansBlock):
         gate y by M*(y). Each segment's h needs the memory trained on the segment before, so the
         loop is sequential; hooks fire once afterwards (hook_z and the memory statistics are
         observed there: editing them changes the block output, not what the memory stored)."""
+        assert self.attn is not None  # MAC attends (check_config)
         pieces = segment_pieces(pos, e.shape[1], self.memory.chunk)
         sizes = [b - a for a, b in pieces]  # split, not sliced: see NeuralMemory.step
         q, k, v = (t.split(sizes, dim=1) for t in self.attn.project(e))
         memory_queries = self.memory.query(e).split(sizes, dim=1)
         attn_state, memory_state = state
+        assert attn_state is not None  # the cache of MAC's attention
         zs, hs, gate_reads, stats = [], [], [], []
         for (a, _), q_piece, k_piece, v_piece, memory_query in zip(pieces, q, k, v, memory_queries):
             h = memory_forward(self.memory.start_params(memory_state), memory_query)[0]
@@ -428,7 +437,8 @@ VARIANT_BLOCKS: dict[str, type[TitansBlock]] = {"lmm": LMMBlock, "mal": MALBlock
 
 def titans_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int | None = None) -> dict[str, go.Figure]:
     """Per memory layer: surprise and the memory's loss over tokens, with eta / theta / alpha beneath."""
-    zoom, figs = dict(width=width, start=start, stop=stop), {}
+    zoom: dict[str, Any] = dict(width=width, start=start, stop=stop)  # the figure helpers' keywords
+    figs = {}
     for prefix in (layer_prefix(n, SURPRISE) for n in layer_names(trace, SURPRISE)):
         figs[f"{prefix} surprise"] = timeline(
             trace,
@@ -489,6 +499,7 @@ class TitansLM(MemoryLM):
     def make_block(self, layer: int) -> nn.Module:
         o = self.options
         chunk = self.cfg.segment_len if o.variant == "mac" else o.chunk or 16
+        assert chunk is not None  # check_config: 'mac' needs segment_len
         return VARIANT_BLOCKS[o.variant](self.cfg, o, self.attention, chunk)
 
     def memory_step_bytes(self, batch: int, length: int) -> int:
@@ -496,7 +507,7 @@ class TitansLM(MemoryLM):
         training step keeps each chunk's, with the update between them and their gradients, for the backward: about
         8 copies of the memory's weights a chunk, a layer and a sequence (fitted to the peak memory of steps at
         16,384 tokens, linear and MLP memory), far more than the activations when the chunk is short."""
-        memory = self.blocks[0].memory
+        memory = cast(TitansBlock, self.blocks[0]).memory
         weights = memory.d * memory.d if self.options.memory == "linear" else 2 * memory.d * memory.hidden
         chunks = -(-length // memory.chunk)
         return self.cfg.n_layers * batch * chunks * 8 * weights * self.dtype.itemsize
@@ -523,7 +534,7 @@ class TitansLM(MemoryLM):
         )
         direction = torch.randn(self.cfg.d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
         parts, initial = {}, {}
-        for layer, block in enumerate(model.blocks):
+        for layer, block in enumerate(cast(Iterable[TitansBlock], model.blocks)):
             memory, name = block.memory, f"blocks.{layer}"
             written_at = position // memory.chunk * memory.chunk  # the complete chunks before the read's
             with torch.no_grad():
