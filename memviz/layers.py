@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
+from typing_extensions import TypeVar  # typing's takes a default from Python 3.13
 
 from memviz.config import ConfigError, ModelConfig
 
@@ -144,7 +145,11 @@ class LocalCache(NamedTuple):
     side_v: Tensor | None = None
 
 
-class LocalAttention(nn.Module):
+#: A local attention's state: its `LocalCache`, or what a subclass keeps beside it (`LocalAttention`)
+StateT = TypeVar("StateT", default=LocalCache)
+
+
+class LocalAttention(nn.Module, Generic[StateT]):
     """Multi-head causal attention with RoPE, an optional window and optional segment locality.
 
     `attend` is built from parts a family's attention can reuse (Titans' adds persistent tokens and
@@ -153,7 +158,9 @@ class LocalAttention(nn.Module):
     `attend_over` (the chunk's queries over groups of keys that share positions, and fixed keys every
     query sees).
 
-    State: a `LocalCache`.
+    State: a `LocalCache` (`empty_cache`). A subclass that keeps more beside it (Infini-attention's
+    memory) is a `LocalAttention[ItsState]` and overrides `init_state` and `forward`; `attend` keeps
+    taking the cache.
     """
 
     def __init__(self, cfg: ModelConfig, span: AttentionSpan) -> None:
@@ -170,9 +177,13 @@ class LocalAttention(nn.Module):
         self.hook_v = HookPoint()
         self.hook_z = HookPoint()  # [batch, pos, head, d_head], attention output per head
 
-    def init_state(self, batch: int, device: torch.device) -> LocalCache:
+    def empty_cache(self, batch: int, device: torch.device) -> LocalCache:
         empty = torch.zeros(batch, self.n_heads, 0, self.d_head, device=device)
         return LocalCache(empty, empty.clone())
+
+    def init_state(self, batch: int, device: torch.device) -> StateT:
+        # StateT is LocalCache here: a subclass with a state of its own overrides init_state and forward
+        return cast(StateT, self.empty_cache(batch, device))
 
     def heads(self, x: Tensor) -> Tensor:
         return x.view(*x.shape[:-1], self.n_heads, self.d_head)
@@ -254,8 +265,8 @@ class LocalAttention(nn.Module):
             first = max(first, next_pos - next_pos % self.segment_len)
         return int((k_pos < first).sum())
 
-    def forward(self, x: Tensor, state: LocalCache, pos: int) -> tuple[Tensor, LocalCache]:
+    def forward(self, x: Tensor, state: StateT, pos: int) -> tuple[Tensor, StateT]:
         q, k, v = self.project(x)
-        z, state = self.attend(q, k, v, state, pos)
+        z, cache = self.attend(q, k, v, cast(LocalCache, state), pos)  # StateT is LocalCache (init_state)
         z = self.hook_z(z)
-        return self.W_O(z.flatten(2)), state
+        return self.W_O(z.flatten(2)), cast(StateT, cache)

@@ -28,7 +28,7 @@ open segment's sigma-mapped pre-RoPE keys and its values), and the local attenti
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple, TypedDict
 
 import numpy as np
 import plotly.graph_objects as go
@@ -69,12 +69,23 @@ class InfiniState(NamedTuple):
     memory: Memory[InfiniMemory]
 
 
+class SpanSums(TypedDict):
+    """`InfiniLM.needle_hold`'s running sums for one layer: the written normaliser z [H, d], its part n
+    the span's keys wrote, the open segment's parts pz and pn, and the tokens seen."""
+
+    z: Tensor
+    n: Tensor
+    pz: Tensor
+    pn: Tensor
+    seen: int
+
+
 def feature_map(x: Tensor) -> Tensor:
     """sigma(x) = ELU(x) + 1 > 0."""
     return F.elu(x) + 1.0
 
 
-class InfiniAttention(LocalAttention):
+class InfiniAttention(LocalAttention[InfiniState]):
     def __init__(self, cfg: ModelConfig, options: InfiniOptions, span: AttentionSpan) -> None:
         super().__init__(cfg, span)
         self.options, self.memory_segment_len = options, cfg.segment_len
@@ -95,9 +106,10 @@ class InfiniAttention(LocalAttention):
             open_k=torch.zeros(batch, H, 0, d, device=device),
             open_v=torch.zeros(batch, H, 0, d, device=device),
         )
-        return InfiniState(super().init_state(batch, device), memory)
+        return InfiniState(self.empty_cache(batch, device), memory)
 
     def forward(self, x: Tensor, state: InfiniState, pos: int) -> tuple[Tensor, InfiniState]:
+        assert self.memory_segment_len is not None  # InfiniLM.check_config: the family needs config.segment_len
         B, T, _ = x.shape
         q, k, v = self.project(x)
         local, local_state = self.attend(q, k, v, state.local, pos)
@@ -133,7 +145,7 @@ def gate_heatmap(trace: Trace) -> go.Figure:
 
 def infini_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int | None = None) -> dict[str, go.Figure]:
     """The gate per layer x head, each layer's memory share per token and head, and ||M||."""
-    zoom = dict(width=width, start=start, stop=stop)
+    zoom: dict[str, Any] = dict(width=width, start=start, stop=stop)  # the figure helpers' keywords
     figs = {"gates": gate_heatmap(trace), **memory_share_heatmaps(trace, GATE, **zoom)}
     figs["memory norm"] = timeline(
         trace, {n: n for n in layer_names(trace, MEM_NORM)}, "||M|| of the memory each token reads", **zoom
@@ -163,6 +175,7 @@ class InfiniLM(MemoryLM):
     def check_config(self) -> None:
         if self.cfg.segment_len is None:
             raise ConfigError("the 'infini' family needs config.segment_len")
+        assert self.attention is not None  # default_attention is a segment when segment_len is set
         if self.attention.kind == "causal":
             raise ConfigError(
                 "Infini-attention's local attention is bounded: 'segment' (the paper) or 'window', not 'causal'"
@@ -170,6 +183,7 @@ class InfiniLM(MemoryLM):
 
     def make_block(self, layer: int) -> nn.Module:
         cfg = self.cfg
+        assert self.attention is not None  # check_config: a segment or a window
         return Block(cfg, InfiniAttention(cfg, self.options, self.attention), SwiGLU(cfg.d_model, cfg.d_mlp))
 
     def memory_readout(self, tokens, position: int) -> Readout:
@@ -186,6 +200,7 @@ class InfiniLM(MemoryLM):
         names = [f"blocks.{l}.attn.hook_{w}" for l in range(self.cfg.n_layers) for w in ("q", "k", "v")]
         seen = self.capture(ids, names)
         S = self.cfg.segment_len
+        assert S is not None  # check_config: the family needs it
         written = position // S * S  # the tokens of the complete segments before the read's
         parts = {}
         for layer in range(self.cfg.n_layers):
@@ -216,9 +231,10 @@ class InfiniLM(MemoryLM):
         ids = self.as_tokens(tokens)
         a, b = span
         S, H, d, L, T = self.cfg.segment_len, self.cfg.n_heads, self.cfg.d_head, self.cfg.n_layers, ids.shape[1]
+        assert S is not None  # check_config: the family needs it
         shares = np.zeros((L, T), dtype=np.float32)
         # per layer: written normaliser z, its span part n, the open segment's parts, tokens seen
-        sums = [
+        sums: list[SpanSums] = [
             {
                 "z": torch.zeros(H, d),
                 "n": torch.zeros(H, d),
