@@ -34,11 +34,11 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias, cast
 
 import numpy as np
 import torch
@@ -51,8 +51,26 @@ from memviz.figure_parts import WIDTH, delta_rule_rate_heatmaps, layer_names, ti
 from memviz.layers import LocalCache
 from memviz.model import MemoryLM, ModelState, Readout
 from memviz.registry import register_family
-from memviz.state import Memory
+from memviz.state import Memory, State
 from memviz.tokenizer import TOKENIZER_FILE, Tokenizer
+
+if TYPE_CHECKING:  # transformers' classes memviz reads (imported where a checkpoint is loaded)
+    from transformers.models.qwen3_5.modeling_qwen3_5 import (
+        Qwen3_5Attention,
+        Qwen3_5DecoderLayer,
+        Qwen3_5ForCausalLM,
+        Qwen3_5GatedDeltaNet,
+    )
+    from transformers.models.qwen3_next.modeling_qwen3_next import (
+        Qwen3NextAttention,
+        Qwen3NextDecoderLayer,
+        Qwen3NextForCausalLM,
+        Qwen3NextGatedDeltaNet,
+    )
+
+    CausalLM: TypeAlias = Qwen3_5ForCausalLM | Qwen3NextForCausalLM
+    DecoderLayer: TypeAlias = Qwen3_5DecoderLayer | Qwen3NextDecoderLayer
+    GatedDeltaNet: TypeAlias = Qwen3_5GatedDeltaNet | Qwen3NextGatedDeltaNet
 
 CONFIG_FILE = "config.json"
 
@@ -146,6 +164,16 @@ class ReleasedConfig:
 class GDNHooks(nn.Module):
     """The HookPoints of one Gated DeltaNet layer (module docstring)."""
 
+    # set by __init__; declared for their type
+    hook_alpha: HookPoint
+    hook_beta: HookPoint
+    hook_write_key: HookPoint
+    hook_write_value: HookPoint
+    hook_read_query: HookPoint
+    hook_read: HookPoint
+    hook_state_norm: HookPoint
+    hook_mem_out: HookPoint
+
     def __init__(self) -> None:
         super().__init__()
         for name in (*GDN_HOOKS, "mem_out"):
@@ -153,6 +181,12 @@ class GDNHooks(nn.Module):
 
 
 class AttentionHooks(nn.Module):
+    # set by __init__; declared for their type
+    hook_q: HookPoint
+    hook_k: HookPoint
+    hook_v: HookPoint
+    hook_z: HookPoint
+
     def __init__(self) -> None:
         super().__init__()
         for name in ("q", "k", "v", "z"):
@@ -160,6 +194,13 @@ class AttentionHooks(nn.Module):
 
 
 class LayerHooks(nn.Module):
+    # set by __init__; declared for their type
+    attn: GDNHooks | AttentionHooks
+    hook_resid_pre: HookPoint
+    hook_attn_out: HookPoint
+    hook_mlp_out: HookPoint
+    hook_resid_post: HookPoint
+
     def __init__(self, linear: bool) -> None:
         super().__init__()
         self.attn = GDNHooks() if linear else AttentionHooks()
@@ -223,7 +264,7 @@ def delta_rule(
 
 def rate_and_norm_figures(trace, width: int = WIDTH, start: int = 0, stop: int | None = None) -> dict:
     """The sixth family's views: alpha and beta over tokens and value heads per Gated DeltaNet layer; ||S_t||."""
-    zoom = dict(width=width, start=start, stop=stop)
+    zoom: dict[str, Any] = dict(width=width, start=start, stop=stop)  # the figure helpers' keywords
     figs = delta_rule_rate_heatmaps(trace, **zoom)
     norms = layer_names(trace, STATE_NORM)
     if norms:
@@ -248,10 +289,9 @@ class ReleasedLM(MemoryLM):
     on S alone: the convolution's last tokens and the attention caches are kept."""
 
     memory_hooks = {ALPHA: "none", BETA: "none", STATE_NORM: "none", MEM_OUT: "norm"}
+    cfg: ReleasedConfig  # type: ignore[assignment]  # not a ModelConfig: MemoryLM's methods it keeps read fields both have
 
-    def __init__(
-        self, hf_model: nn.Module, tokenizer: Tokenizer, cfg: ReleasedConfig, card: dict | None = None
-    ) -> None:
+    def __init__(self, hf_model: CausalLM, tokenizer: Tokenizer, cfg: ReleasedConfig, card: dict | None = None) -> None:
         HookedRootModule.__init__(self)
         self.hf = hf_model
         self.cfg, self._tokenizer, self.card = cfg, tokenizer, dict(card or {})
@@ -261,12 +301,12 @@ class ReleasedLM(MemoryLM):
         self.setup()
 
     @property
-    def decoder_layers(self) -> nn.ModuleList:
+    def decoder_layers(self) -> Sequence[DecoderLayer]:
         return self.hf.model.layers
 
     # ----- state --------------------------------------------------------------------------
     def init_state(self, batch_size: int = 1) -> ModelState:
-        layers = []
+        layers: list[State] = []
         for l, layer in enumerate(self.decoder_layers):
             if l in self.linear:
                 g = layer.linear_attn
@@ -293,26 +333,28 @@ class ReleasedLM(MemoryLM):
                 if part.k.shape[2]:
                     cache.update(part.k, part.v, l)
                 continue
+            part = cast(DeltaNetState, part)  # what init_state builds for a Gated DeltaNet layer
             if part.conv.any():
                 cache.update_conv_state(part.conv.clone(), l)
             if part.S.any():
                 cache.update_recurrent_state(part.S.clone(), l)
         return cache
 
-    def state_from(self, cache, before: ModelState) -> list[LocalCache | DeltaNetState]:
+    def state_from(self, cache, before: ModelState) -> list[State]:
         """`before` with what the cache now holds (a layer the chunk did not reach keeps its part)."""
-        layers = []
+        layers: list[State] = []
         for l, part in enumerate(before.layers):
             if isinstance(part, LocalCache):
                 layer = cache.layers[l]
                 layers.append(LocalCache(layer.keys, layer.values) if layer.is_initialized else part)
             else:
+                part = cast(DeltaNetState, part)  # what init_state builds for a Gated DeltaNet layer
                 conv, S = cache.get_conv_state(l), cache.get_recurrent_state(l)
                 layers.append(DeltaNetState(part.conv if conv is None else conv, part.S if S is None else S))
         return layers
 
     # ----- running ------------------------------------------------------------------------
-    def run(self, tokens: Tensor, state: ModelState) -> tuple[Tensor, list[LocalCache | DeltaNetState], None]:
+    def run(self, tokens: Tensor, state: ModelState) -> tuple[Tensor, list[State], None]:
         cache = self.cache_from(state)
         positions = torch.arange(state.pos, state.pos + tokens.shape[1], device=tokens.device).expand(
             tokens.shape[0], -1
@@ -329,7 +371,7 @@ class ReleasedLM(MemoryLM):
         def add(module: nn.Module, kind: str, fn, **kwargs) -> None:
             handles.append(getattr(module, f"register_forward_{kind}")(fn, **kwargs))
 
-        for l, (layer, points) in enumerate(zip(self.decoder_layers, self.blocks)):
+        for l, (layer, points) in enumerate(zip(self.decoder_layers, cast(Iterable[LayerHooks], self.blocks))):
             mixer = layer.linear_attn if l in self.linear else layer.self_attn
             if hooked(points.hook_resid_pre):
                 add(layer, "pre_hook", lambda m, args, p=points.hook_resid_pre: (p(args[0]), *args[1:]))
@@ -345,16 +387,16 @@ class ReleasedLM(MemoryLM):
                     ),
                 )
             if l in self.linear:
-                self.watch_gdn(mixer, points.attn, add)
+                self.watch_gdn(layer.linear_attn, cast(GDNHooks, points.attn), add)
             else:
-                self.watch_attention(mixer, points.attn, add)
+                self.watch_attention(layer.self_attn, cast(AttentionHooks, points.attn), add)
         try:
             yield
         finally:
             for handle in handles:
                 handle.remove()
 
-    def watch_attention(self, attn: nn.Module, points: AttentionHooks, add) -> None:
+    def watch_attention(self, attn: Qwen3_5Attention | Qwen3NextAttention, points: AttentionHooks, add) -> None:
         def heads(point: HookPoint):
             return lambda m, args, out: point(out.reshape(*out.shape[:2], -1, attn.head_dim)).reshape(out.shape)
 
@@ -364,7 +406,7 @@ class ReleasedLM(MemoryLM):
         if hooked(points.hook_z):
             add(attn.o_proj, "pre_hook", lambda m, args: (heads(points.hook_z)(m, (), args[0]), *args[1:]))
 
-    def watch_gdn(self, gdn: nn.Module, points: GDNHooks, add) -> None:
+    def watch_gdn(self, gdn: GatedDeltaNet, points: GDNHooks, add) -> None:
         derived = any(hooked(getattr(points, f"hook_{n}")) for n in GDN_HOOKS)
         if not derived and not hooked(points.hook_mem_out):
             return
@@ -403,14 +445,15 @@ class ReleasedLM(MemoryLM):
                 add(getattr(gdn, name), "hook", keep(name))
         add(gdn, "hook", lambda m, args, out: self.recompute(gdn, points, seen))
 
-    def projections(self, gdn: nn.Module, seen: dict) -> tuple[Tensor, Tensor, Tensor]:
+    def projections(self, gdn: GatedDeltaNet, seen: dict) -> tuple[Tensor, Tensor, Tensor]:
         """(the convolution's input [B, T, conv_dim] in q, k, v order, b, a) from the layer's own projections."""
         if "in_proj_qkvz" in seen:  # Qwen3-Next interleaves q, k, v, z per key head; its own method splits them
-            q, k, v, _, b, a = gdn.fix_query_key_value_ordering(seen["in_proj_qkvz"], seen["in_proj_ba"])
+            qwen3_next = cast("Qwen3NextGatedDeltaNet", gdn)  # the layer with in_proj_qkvz
+            q, k, v, _, b, a = qwen3_next.fix_query_key_value_ordering(seen["in_proj_qkvz"], seen["in_proj_ba"])
             return torch.cat([t.flatten(2) for t in (q, k, v)], -1), b, a
         return seen["in_proj_qkv"], seen["in_proj_b"], seen["in_proj_a"]
 
-    def recompute(self, gdn: nn.Module, points: GDNHooks, seen: dict) -> None:
+    def recompute(self, gdn: GatedDeltaNet, points: GDNHooks, seen: dict) -> None:
         """The Gated DeltaNet quantities of the call, from its projections and starting cache (module docstring)."""
         work = torch.promote_types(seen["dtype"], torch.float32)  # no triangular solve in half precision
         mixed, b, a = (t.to(work) for t in self.projections(gdn, seen))
@@ -432,12 +475,17 @@ class ReleasedLM(MemoryLM):
         beta = points.hook_beta(b.sigmoid())
         if read or hooked(points.hook_state_norm):
             S = seen["S"] if seen["S"] is not None else k.new_zeros(B, gdn.num_v_heads, gdn.head_k_dim, gdn.head_v_dim)
+            k_t, v_t, log_alpha_t, beta_t = (t.transpose(1, 2) for t in (k, v, log_alpha, beta))
             o, norms, _ = delta_rule(
-                q.transpose(1, 2) if read else None,
-                *(t.transpose(1, 2) for t in (k, v, log_alpha, beta)),
+                q.transpose(1, 2) if read and q is not None else None,  # q is computed for a read
+                k_t,
+                v_t,
+                log_alpha_t,
+                beta_t,
                 S.to(k.dtype),
             )
             if read:
+                assert o is not None  # delta_rule reads with the q it was given
                 points.hook_read(o.transpose(1, 2))
             points.hook_state_norm(norms.transpose(1, 2))
 
@@ -496,7 +544,7 @@ class ReleasedLM(MemoryLM):
             captured[(int(hook.name.split(".")[1]), hook.name.split("hook_")[1])] = value[0].double()
 
         hooks = [(n, keep) for l in sorted(self.linear) for n in self.gdn_names(l, names)]
-        parts = {l: None for l in self.linear}
+        parts: dict[int, Tensor | None] = {l: None for l in self.linear}
         norms: dict[int, list[Tensor]] = {l: [] for l in self.linear}
         with self.evaluating(), self.hooks(fwd_hooks=hooks):
             for start, logits, _ in self.stream(tokens):
@@ -505,13 +553,15 @@ class ReleasedLM(MemoryLM):
                 for l in sorted(self.linear):
                     k, v = captured[(l, "write_key")], captured[(l, "write_value")] * in_span
                     alpha, beta = captured[(l, "alpha")], captured[(l, "beta")]
+                    part = parts[l]
                     S = (
-                        parts[l]
-                        if parts[l] is not None
+                        part
+                        if part is not None
                         else torch.zeros(1, k.shape[1], k.shape[2], v.shape[2], dtype=torch.float64)
                     )
                     log_alpha = alpha.clamp_min(1e-300).log()  # an alpha that underflowed to 0 forgets, not NaN
-                    _, n, parts[l] = delta_rule(None, *(t.transpose(0, 1)[None] for t in (k, v, log_alpha, beta)), S)
+                    k_t, v_t, log_alpha_t, beta_t = (t.transpose(0, 1)[None] for t in (k, v, log_alpha, beta))
+                    _, n, parts[l] = delta_rule(None, k_t, v_t, log_alpha_t, beta_t, S)
                     norms[l].append(n[0].amax(0))
         hold = {}
         for l in sorted(self.linear):
@@ -645,11 +695,12 @@ def load(directory: str | Path, device: str | torch.device = "cpu", **overrides:
 
 
 def from_transformers(
-    hf: nn.Module, backend, name: str = "", segment_len: int = DEFAULT_SEGMENT, card: dict | None = None
+    hf: CausalLM, backend, name: str = "", segment_len: int = DEFAULT_SEGMENT, card: dict | None = None
 ) -> ReleasedLM:
     """A loaded transformers Qwen3_5ForCausalLM / Qwen3NextForCausalLM and its `tokenizers.Tokenizer`
     as a memviz model, in eval mode."""
     config = hf.config
+    assert config.layer_types is not None  # the Qwen3.5 / Qwen3-Next configs fill it
     linear = [l for l, kind in enumerate(config.layer_types) if kind == "linear_attention"]
     cfg = ReleasedConfig(
         model_type=config.model_type,
