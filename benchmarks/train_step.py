@@ -2,7 +2,7 @@
 
     python benchmarks/train_step.py titans infini_long memory_plus --against bf7cf35 [--threads 1] [--rounds 3]
     python benchmarks/train_step.py \\
-        families/gated_deltanet/gated_deltanet_16k.train.json:families/gated_deltanet/sample_16k --against ...
+        families/gated_deltanet/gated_deltanet_32k.train.json:families/gated_deltanet/sample_32k --against ...
 
 For each recipe (sample_checkpoints/NAME.train.json, or a recipe file and the sample it trained as
 RECIPE:SAMPLE, e.g. a family's outside memviz) it times steps of the recipe's longest

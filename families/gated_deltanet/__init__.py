@@ -147,7 +147,7 @@ def gated_deltanet_figures(
     figures=gated_deltanet_figures,
     quick={"attention": {"kind": "window", "span": 32}},
     tiny={"attention": {"kind": "window", "span": 8}},
-    sample=str(Path(__file__).resolve().parent / "sample_16k"),
+    sample=str(Path(__file__).resolve().parent / "sample_32k"),
     readout=True,
 )
 class GatedDeltaNetLM(MemoryLM):

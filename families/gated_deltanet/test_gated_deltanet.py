@@ -169,7 +169,7 @@ def test_its_sample_keeps_a_pass_key_past_its_window():
     """The family's registered sample (`memviz.load("gated_deltanet")`), on a fresh seed, against the control."""
     from probes import passkey
 
-    assert memviz.checkpoint.resolve("gated_deltanet") == FOLDER / "sample_16k"
+    assert memviz.checkpoint.resolve("gated_deltanet") == FOLDER / "sample_32k"
     model, control = memviz.load("gated_deltanet"), memviz.load("sliding_window")
     ours = passkey.run(model, [512], [0.1, 0.5], n=5, seed=13, progress=False)["correct"].mean()
     theirs = passkey.run(control, [512], [0.1, 0.5], n=5, seed=13, progress=False)["correct"].mean()
@@ -177,10 +177,10 @@ def test_its_sample_keeps_a_pass_key_past_its_window():
     assert np.isfinite(ours)
 
 
-@pytest.mark.parametrize("sample,background", [("sample_qa1", "procedural"), ("sample_qa1_text", "shakespeare")])
+@pytest.mark.parametrize("sample,background", [("sample_qa1_text", "shakespeare")])
 def test_its_qa1_samples_answer_where_the_control_cannot(sample, background):
-    """Each qa1 sample on fresh stories (seed 13) in the background it was trained on, against the
-    control it started from, at 1k tokens."""
+    """Each shipped qa1 sample on fresh stories (seed 13) in the background it was trained on, against the
+    control its first stage started from, at 1k tokens."""
     from probes import babilong
 
     model, control = memviz.load(FOLDER / sample), memviz.load("sliding_window_qa1")
@@ -231,7 +231,8 @@ def test_its_later_samples_are_reproduced_by_their_cards_from_a_shipped_sample(s
     assert card["train_config"]["model"]["memory"] == config["model"]["memory"]
     assert {k: card["train_config"]["optim"][k] for k in config["optim"]} == config["optim"]
     assert {k: card["train_config"]["data"][k] for k in config["data"]} == config["data"]
-    assert memviz.load(FOLDER / sample).family == "gated_deltanet"
+    if "retired" not in card:
+        assert memviz.load(FOLDER / sample).family == "gated_deltanet"
 
 
 def test_the_read_out_parts_sum_to_the_state_read():
