@@ -252,7 +252,7 @@ def test_intervene_page_ablates_replaces_and_sweeps(infini_checkpoint):
 def test_intervene_page_silences_memory_plus_on_a_fact_it_learnt():
     """The shipped Memory+ sample on a question from its knowledge base: it answers, and with
     its memory layer's top-k zeroed it does not."""
-    at = page("intervene_page", str(ROOT / "sample_checkpoints" / "memory_plus"))
+    at = page("intervene_page", str(ROOT / "sample_checkpoints" / "memory_plus_english"))
     at.run()
     assert not at.exception, at.exception
     assert "Question: Where does" in at.code[0].value
@@ -379,7 +379,7 @@ def test_the_app_takes_its_thread_count_from_memviz_threads(monkeypatch):
 
 
 def test_trace_page_offers_a_facts_model_its_own_questions():
-    at = open_trace_page("memory_plus")
+    at = open_trace_page("memory_plus_english")
     assert at.radio(key="source").value == "fact question"
     assert "from the knowledge base" in at.caption[0].value and "model says" in at.caption[0].value
     assert any("the values token" in t for t in chart_titles(at))  # what the question read from the memory layer

@@ -34,8 +34,11 @@ def test_the_zoo_ships_a_memory_model_and_its_control():
         "titans_long",
         "longmem",
         "sliding_window",
-        "memory_plus",
+        "memory_plus_english",
+        "memory_plus_shared",
         "dense",
+        "dense_english",
+        "gated_deltanet_english_16k",
         "longmem_qa1",
         "infini_qa1",
         "titans_qa1",
@@ -159,25 +162,33 @@ def test_lm2_beats_its_backbone_on_qa1():
     assert lm2 >= control + 0.1, (lm2, control)
 
 
-@pytest.mark.parametrize("name", ["memory_plus", "memory_plus_shared"])
-def test_memory_plus_recalls_twice_the_facts_of_a_dense_model_of_the_same_compute(name):
-    """100 facts of the 2000 people both were trained on, on a fresh probe seed. Memory+ keeps
-    them in its value table: with any memory layer's top-k weights zeroed, recall collapses.
-    memory_plus_shared has two memory layers reading one value pool (the paper's sharing)."""
+def facts_recall(model, hooks=()) -> float:
+    """Recall of 100 facts of the 2000 people the model learnt, on a fresh probe seed."""
+    with model.hooks(fwd_hooks=list(hooks)):
+        return float(facts.run(model, n=100, seed=9, progress=False)["correct"].mean())
 
-    def recall(model, hooks=()):
-        with model.hooks(fwd_hooks=list(hooks)):
-            return float(facts.run(model, n=100, seed=9, progress=False)["correct"].mean())
 
-    memory_plus, dense = memviz.load(ROOT / name), memviz.load(ROOT / "dense")
-    with_memory, dense_recall = recall(memory_plus), recall(dense)
+def test_memory_plus_recalls_twice_the_facts_of_a_dense_model_of_the_same_compute():
+    """Memory+ keeps the facts in its value table: with either memory layer's top-k weights zeroed,
+    recall collapses. memory_plus_shared has two memory layers reading one value pool (the paper's
+    sharing); the dense model was trained alike on the same tokens (the retired memory_plus, one layer,
+    recalled 96.5% against it)."""
+    memory_plus, dense = memviz.load(ROOT / "memory_plus_shared"), memviz.load(ROOT / "dense")
+    with_memory, dense_recall = facts_recall(memory_plus), facts_recall(dense)
     assert with_memory >= 0.8 and with_memory >= 2 * dense_recall, (with_memory, dense_recall)
     for layer in memory_plus.memory_layers:
-        silenced = recall(memory_plus, memory_plus.silence_hooks(layer))
+        silenced = facts_recall(memory_plus, memory_plus.silence_hooks(layer))
         assert silenced <= 0.1, (layer, silenced)
-    if name == "memory_plus_shared":
-        assert memory_plus.memory_layers == [0, 1]
-        assert all(memory_plus.blocks[layer].mlp.values is memory_plus.values for layer in (0, 1))
+    assert memory_plus.memory_layers == [0, 1]
+    assert all(memory_plus.blocks[layer].mlp.values is memory_plus.values for layer in (0, 1))
+
+
+def test_memory_plus_english_reads_english_and_recalls_its_facts_mostly_from_its_values():
+    """The English memory-layer sample recalls its facts (the issue's bar: 90%); zeroing its top-k
+    weights takes most of them away (the 4-layer backbone keeps a fifth, docs/samples.md)."""
+    model = memviz.load(ROOT / "memory_plus_english")
+    assert facts_recall(model) >= 0.9
+    assert facts_recall(model, model.silence_hooks(1)) <= 0.4
 
 
 #: samples trained to keep a pass key far past the first stages' lengths (docs/long_context.md)
@@ -203,7 +214,7 @@ def test_a_long_range_sample_keeps_the_key_at_4k_where_the_control_cannot(name, 
 
 
 #: the English samples: memory samples beside the controls trained on the same data (docs/samples.md)
-ENGLISH = sorted(n for n in SAMPLES if n.endswith("_english"))
+ENGLISH = sorted(n for n in SAMPLES if "_english" in n)  # gated_deltanet_english_16k: a later stage of one
 ENGLISH_CONTROL = "sliding_window_english"
 
 

@@ -16,6 +16,7 @@ from memviz.registry import register_family
     summary="full causal attention, no memory (the cache grows with the input)",
     interventions={},
     tiny={},
+    sample="dense_english",
     role="baseline",
 )
 class TransformerLM(MemoryLM):

@@ -263,7 +263,7 @@ def memory_layer_figures(
         "attention": {"kind": "window", "span": 8},
         "memory": {"n_keys": 8, "topk": 4, "heads": 2, "d_key": 8, "layers": [1]},
     },
-    sample="memory_plus",
+    sample="memory_plus_english",
 )
 class MemoryLayerLM(MemoryLM):
     """Transformer (sliding-window or full attention) with memory layers in place of some FFNs."""
