@@ -260,26 +260,11 @@ def delta_rule_rate_heatmaps(
     for name in layer_names(trace, alpha):
         prefix = layer_prefix(name, alpha)
         layer = prefix.split(".attn")[0]
-        figs[f"{layer} alpha"] = position_heatmap(
-            trace,
-            name,
-            f"{layer}: decay alpha (1 keeps the state)",
-            "head",
-            zmin=0,
-            zmax=1,
-            width=width,
-            start=start,
-            stop=stop,
-        )
-        figs[f"{layer} beta"] = position_heatmap(
-            trace,
-            f"{prefix}.hook_beta",
-            f"{layer}: write strength beta",
-            "head",
-            zmin=0,
-            zmax=1,
-            width=width,
-            start=start,
-            stop=stop,
-        )
+        for key, hook, title in (
+            ("alpha", name, "decay alpha (1 keeps the state)"),
+            ("beta", f"{prefix}.hook_beta", "write strength beta"),
+        ):
+            figs[f"{layer} {key}"] = position_heatmap(
+                trace, hook, f"{layer}: {title}", "head", zmin=0, zmax=1, width=width, start=start, stop=stop
+            )
     return figs
