@@ -436,6 +436,7 @@ class MemoryLM(HookedRootModule):
             state = state.detach()
             heap.release_between(start, start + chunk_len)
             yield start, logits, state
+            del logits  # so that the next chunk's forward does not hold this chunk's [chunk, vocab] logits
 
     @torch.no_grad()
     def prefill(self, tokens: Sequence[int] | Tensor, state: ModelState | None = None) -> tuple[Tensor, ModelState]:

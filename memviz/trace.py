@@ -57,6 +57,26 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
     return t.to(torch.int64).numpy().astype(np.int32 if t.abs().max() < 2**31 else np.int64)
 
 
+def finite_rows(logits: torch.Tensor) -> torch.Tensor:
+    """Whether each row of [positions, vocab] is all finite. A row's sum is finite exactly when its
+    entries are, unless finite entries overflow it; only then is each entry checked (an entry-wise
+    isfinite over a large vocabulary is many times slower than a sum)."""
+    finite = torch.isfinite(logits.sum(-1))
+    if not finite.all():
+        finite = torch.isfinite(logits).all(-1)
+    return finite
+
+
+def next_token_losses(logits: torch.Tensor, targets: torch.Tensor, rows: int = 16) -> torch.Tensor:
+    """-log softmax(logits)[target] per position ([positions, vocab], [positions]) in float32, a few rows
+    at a time so that no [positions, vocab] copy is made."""
+    losses = [
+        -F.log_softmax(part.float(), dim=-1).gather(1, want[:, None])[:, 0]
+        for part, want in zip(logits.split(rows), targets.split(rows))
+    ]
+    return torch.cat(losses) if losses else logits.new_zeros(0, dtype=torch.float32)
+
+
 def first_non_finite(values: np.ndarray) -> int | None:
     """The first position [pos, ...] where any entry is NaN or infinite; None where all are finite (or integer)."""
     if not np.issubdtype(values.dtype, np.floating) or len(values) == 0:
@@ -446,10 +466,10 @@ def trace(
     with model.evaluating(), model.hooks(fwd_hooks=[(n, capture) for n in reducers]):
         for start, logits, _ in model.stream(all_ids, chunk_len):
             end = start + logits.shape[1]
-            logits_finite[start:end] = torch.isfinite(logits[0]).all(-1).cpu().numpy()
+            logits_finite[start:end] = finite_rows(logits[0]).cpu().numpy()
             targets = all_ids[start + 1 : end + 1].to(logits.device)
-            logp = F.log_softmax(logits[0, : len(targets)].float(), dim=-1)
-            losses[start : start + len(targets)] = (-logp.gather(1, targets[:, None])[:, 0]).cpu().numpy()
+            losses[start : start + len(targets)] = next_token_losses(logits[0, : len(targets)], targets).cpu().numpy()
+            del logits  # the next chunk's forward should not hold two chunks of [chunk, vocab] logits
             if progress is not None:
                 progress(end, len(ids))
     arrays = {n: np.concatenate(parts) for n, parts in buffers.items()}

@@ -29,6 +29,22 @@ def test_trace_records_hooks_over_the_whole_input_and_matches_one_pass():
     assert np.isnan(tr["loss"][-1])
 
 
+def test_losses_and_finiteness_a_few_rows_at_a_time_equal_the_whole_matrix_at_once():
+    from memviz.trace import finite_rows, next_token_losses
+
+    g = torch.Generator().manual_seed(int(np.random.SeedSequence().entropy % 2**31))
+    logits = torch.randn(37, 1000, generator=g) * 5
+    targets = torch.randint(0, 1000, (37,), generator=g)
+    whole = -torch.log_softmax(logits, -1).gather(1, targets[:, None])[:, 0]
+    assert torch.equal(next_token_losses(logits, targets), whole)  # rows are independent: bit for bit
+    assert next_token_losses(logits[:0], targets[:0]).shape == (0,)
+    for row, value in ((3, float("nan")), (8, float("inf")), (20, -float("inf"))):
+        logits[row, row * 7] = value
+    logits[30, :2] = 3e38  # finite entries whose sum overflows: finite, found by the entry-wise check
+    assert torch.equal(finite_rows(logits), torch.isfinite(logits).all(-1))
+    assert finite_rows(logits)[30] and not finite_rows(logits)[[3, 8, 20]].any()
+
+
 def test_an_appended_answer_is_teacher_forced_and_its_loss_marked(tmp_path):
     """trace(..., answer=) appends the answer's tokens: its span is kept (and saved), the loss at
     the positions predicting it is the model's own, read_position is the token before it, and
