@@ -11,6 +11,7 @@ boundaries themselves, so feeding an input in one call or in chunks gives the sa
 
 from __future__ import annotations
 
+import copy
 import math
 import numbers
 import re
@@ -19,7 +20,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from typing import Any, ClassVar, NamedTuple, Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +55,29 @@ def generic_hook_name(name: str) -> str:
     """blocks.3.attn.hook_q -> blocks.{l}.attn.hook_q (the form `memory_hooks` and the hook table
     use: a layer's index as {l})."""
     return re.sub(r"(^|\.)(blocks|side_blocks)\.\d+\.", r"\1\2.{l}.", name)
+
+
+class HookDoc(NamedTuple):
+    """A hook's entry in the hook table (docs/hooks.md, `python -m memviz hooks`)."""
+
+    shape: str
+    what: str
+
+
+#: the hooks of every model built from `Block`s (the hook table's shared rows)
+BLOCK_HOOK_DOCS: dict[str, HookDoc] = {
+    "hook_embed": HookDoc("[batch, pos, d_model]", "token embeddings"),
+    "blocks.{l}.hook_resid_pre": HookDoc("[batch, pos, d_model]", "residual stream entering block `l`"),
+    "blocks.{l}.hook_attn_out": HookDoc("[batch, pos, d_model]", "output of the block's attention (or memory mixer)"),
+    "blocks.{l}.hook_resid_mid": HookDoc("[batch, pos, d_model]", "residual stream after the attention"),
+    "blocks.{l}.hook_mlp_out": HookDoc("[batch, pos, d_model]", "output of the FFN"),
+    "blocks.{l}.hook_resid_post": HookDoc("[batch, pos, d_model]", "residual stream leaving block `l`"),
+    "blocks.{l}.mlp.hook_post": HookDoc("[batch, pos, d_mlp]", "SwiGLU hidden activation `silu(W_gate x) * W_up x`"),
+    "blocks.{l}.attn.hook_q": HookDoc("[batch, pos, head, d_head]", "queries, before rotary embedding"),
+    "blocks.{l}.attn.hook_k": HookDoc("[batch, pos, head, d_head]", "keys, before rotary embedding"),
+    "blocks.{l}.attn.hook_v": HookDoc("[batch, pos, head, d_head]", "values"),
+    "blocks.{l}.attn.hook_z": HookDoc("[batch, pos, head, d_head]", "attention output per head, before `W_O`"),
+}
 
 
 def flushing_subnormals() -> bool:
@@ -244,10 +268,13 @@ class MemoryLM(HookedRootModule):
     #: generic hook names (layer index as {l}) that `memviz.trace` records by default, each
     #: with the reduction applied over its trailing axis while tracing ('none', 'mean', 'norm')
     memory_hooks: dict[str, str] = {}
+    #: every hook the family's default model has (generic names), each with its shape and meaning: the hook
+    #: table is made from these, and the tests check them against the model's `hook_dict`
+    hook_docs: ClassVar[dict[str, HookDoc]] = BLOCK_HOOK_DOCS
 
     def __init__(self, cfg: ModelConfig, tokenizer: Tokenizer | None = None, card: dict | None = None) -> None:
         super().__init__()
-        self.cfg = cfg
+        self.cfg = cfg = copy.deepcopy(cfg)  # completed below (options, attention); the caller's stays as given
         cfg.memory = self.upgrade_options(cfg)
         self.options = parse_options(self.Options, self.family, cfg.memory)
         spec = cfg.attention if cfg.attention is not None else self.default_attention()

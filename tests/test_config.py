@@ -1,7 +1,10 @@
+import copy
+
 import pytest
 import torch
 
 from memviz import ConfigError, ModelConfig, build_model
+from tests.conftest import FAMILY_CONFIGS, SMALL
 
 
 def test_config_round_trips_through_json():
@@ -69,3 +72,12 @@ def test_fan_in_init_and_embed_scale(family, window):
     torch.manual_seed(0)
     gpt2 = build_model(cfg.replace(init="gpt2", embed_scale=1.0))
     assert abs(gpt2.blocks[0].attn.W_Q.weight.std().item() - 0.02) < 0.002
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_CONFIGS))
+def test_building_a_model_leaves_the_callers_config_as_given(family):
+    cfg = ModelConfig(family=family, **{**SMALL, **copy.deepcopy(FAMILY_CONFIGS[family])})
+    before = cfg.to_dict()
+    model = build_model(cfg)
+    assert cfg.to_dict() == before and model.cfg is not cfg
+    assert build_model(ModelConfig.from_dict(model.cfg.to_dict())).cfg.to_dict() == model.cfg.to_dict()
