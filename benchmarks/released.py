@@ -82,7 +82,7 @@ def build(shape: dict, name: str):
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
-    from memviz import hf
+    from memviz.models import released
 
     torch.manual_seed(0)
     model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**shape)).eval()
@@ -94,7 +94,7 @@ def build(shape: dict, name: str):
             vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
         ),
     )
-    return hf.from_transformers(model, backend, name=name)
+    return released.from_transformers(model, backend, name=name)
 
 
 def status(field: str) -> int:

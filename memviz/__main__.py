@@ -1,13 +1,16 @@
 """`python -m memviz families`: the family registry, each family with its hooks, figures,
-intervention points, quick preset and sample checkpoint."""
+intervention points, quick preset and sample checkpoint. `python -m memviz hooks`: the hook table of
+docs/hooks.md, made from the families' `hook_docs`."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 
 from memviz.models import families
+from memviz.registry import Family
 
 
 def describe(family) -> str:
@@ -33,10 +36,33 @@ def describe(family) -> str:
     return "\n".join(lines)
 
 
+def hook_table(listed: Sequence[Family]) -> str:
+    """The markdown table of every hook the families declare: one row a (hook, shape, meaning), with the
+    families that have it ("all", or "all except ..." when at most three lack it)."""
+    names = [f.name for f in listed if f.hook_docs]
+    rows: dict[tuple[str, str, str], list[str]] = {}
+    for family in listed:
+        for hook, doc in family.hook_docs.items():
+            rows.setdefault((hook, doc.shape, doc.what), []).append(family.name)
+    lines = ["| hook | families | shape | what it is |", "|---|---|---|---|"]
+    for (hook, shape, what), having in rows.items():
+        lacking = [n for n in names if n not in having]
+        who = ", ".join(having) if len(lacking) > 3 else "all" + (" except " + ", ".join(lacking) if lacking else "")
+        lines.append(f"| `{hook}` | {who} | `{shape}` | {what} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m memviz", description="memviz on the command line")
-    parser.add_argument("command", choices=["families"], help="families: list the registered families")
-    parser.parse_args(argv)
+    parser.add_argument(
+        "command",
+        choices=["families", "hooks"],
+        help="families: list the registered families; hooks: the hook table (docs/hooks.md)",
+    )
+    args = parser.parse_args(argv)
+    if args.command == "hooks":
+        print(hook_table(families()), end="")
+        return 0
     print("\n\n".join(describe(f) for f in families()))
     return 0
 

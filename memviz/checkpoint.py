@@ -148,12 +148,12 @@ def load(path: str | Path, device: str | torch.device = "cpu", **overrides: Any)
     search: `load("longmem", bank_size=2**20, search="hnsw")`. An option the family does not
     know, a bad value, or one that changes the weights' shapes raises `CheckpointError`."""
     directory = resolve(path)
-    if is_hf_folder(directory):  # a released model's Hugging Face checkpoint, read by memviz.hf
-        from memviz import hf  # imported here: it registers its family when imported
+    if is_hf_folder(directory):  # a released model's Hugging Face checkpoint, read by memviz.models.released
+        from memviz.models import released
 
         try:
-            return hf.load(directory, device, **overrides)
-        except hf.ReleasedCheckpointError as exc:
+            return released.load(directory, device, **overrides)
+        except released.ReleasedCheckpointError as exc:
             raise CheckpointError(str(exc)) from exc
     if not directory.is_dir():
         samples = ", ".join(list_samples()) or "none"

@@ -4,6 +4,8 @@ workbench (tracing, figures, interventions, training presets, the app) learns wh
 A family is one unit (one folder under `memviz/models/` or `families/`, or a user's own file): its model class
 (the math, its options dataclass and its state), decorated with `register_family`, which records
   * `hooks`: the generic hook names traced by default, each with its trace reducer;
+  * `hook_docs`: every hook of the family's default model, each with its shape and meaning (the class's
+    `hook_docs`; `python -m memviz hooks` makes docs/hooks.md's table from them);
   * `figures`: `(trace, zoom) -> {title: figure}`, reading only the trace (its arrays and the
     `figure_settings` the trace kept), so a saved trace plots without the model;
   * `figure_settings`: `model -> dict`, what the figures need that the arrays do not say;
@@ -88,6 +90,7 @@ class Family:
     model: type
     summary: str
     hooks: Mapping[str, str]
+    hook_docs: Mapping[str, Any] = field(default_factory=dict)
     figures: Callable[..., dict] | None = None
     figure_settings: Callable[[Any], dict] = lambda model: {}
     interventions: Mapping[str, Intervention] = field(default_factory=dict)
@@ -154,6 +157,7 @@ def register_family(
             model=cls,
             summary=summary,
             hooks=dict(getattr(cls, "memory_hooks", {})),
+            hook_docs=dict(getattr(cls, "hook_docs", {})),
             figures=figures,
             figure_settings=figure_settings or (lambda model: {}),
             interventions=points,

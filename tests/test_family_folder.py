@@ -14,14 +14,17 @@ import torch
 
 import memviz
 from memviz import viz
+from memviz.__main__ import hook_table
 from memviz.config import ModelConfig
 from memviz.interventions import ablate_at, answer_logprob, replace_at
+from memviz.model import generic_hook_name
 from memviz.registry import get_family, unregister_family
 from memviz.trace import Trace
 from tests.conftest import SMALL, random_ids, scrambled
 
 PACKAGE = "moving_average_family_test"
 NAME = "moving_average_test"
+NORM = "blocks.{l}.attn.hook_memory_norm"
 
 #: the folder's files, as a user would write them
 FILES = {
@@ -39,7 +42,7 @@ FILES = {
 
         from memviz import LocalCache, Memory, MemoryLM, register_family
         from memviz.layers import LocalAttention, SwiGLU
-        from memviz.model import Block
+        from memviz.model import Block, HookDoc
         from memviz.options import check_positive
 
         from .figures import NORM, moving_average_figures
@@ -94,6 +97,10 @@ FILES = {
         class MovingAverageLM(MemoryLM):
             Options = MovingAverageOptions
             memory_hooks = {NORM: "none"}
+            hook_docs = {  # the shared block's hooks, with its attention's under attn.local
+                **{name.replace(".attn.", ".attn.local."): doc for name, doc in MemoryLM.hook_docs.items()},
+                NORM: HookDoc("[batch, pos]", "||m_t||, the moving average after the token"),
+            }
 
             def check_config(self) -> None:
                 pass
@@ -145,6 +152,11 @@ def tiny_model(family, **memory) -> memviz.MemoryLM:
 def test_the_folder_registers_with_its_tiny_config(family):
     assert family.tiny == {"attention": {"kind": "window", "span": 8}}
     assert NAME in [f.name for f in memviz.families()]
+
+
+def test_its_declared_hooks_are_its_models_and_rows_of_the_hook_table(family):
+    assert {generic_hook_name(name) for name in tiny_model(family).hook_dict} == set(family.hook_docs)
+    assert f"| `{NORM}` | {NAME} | `[batch, pos]` | ||m_t||" in hook_table(memviz.families())
 
 
 def test_it_builds_and_streams_like_one_pass(family):

@@ -1,4 +1,4 @@
-"""Released hybrids (memviz.hf) on tiny random Qwen3.5 and Qwen3-Next checkpoints made here with
+"""Released hybrids (memviz.models.released) on tiny random Qwen3.5 and Qwen3-Next checkpoints made here with
 transformers itself: loading, logits, the Gated DeltaNet quantities against a float64 recomputation
 from the weights, streaming, read-out, interventions, the rest of memviz on them, and bad folders."""
 
@@ -469,8 +469,15 @@ def test_a_bfloat16_model_traces_with_its_quantities_in_float32(checkpoint):
         np.testing.assert_allclose(b[name], a[name], atol=0.05 * np.abs(a[name]).max())
 
 
+def test_the_family_declares_exactly_the_hooks_its_models_have(checkpoint):
+    from memviz.model import generic_hook_name
+    from memviz.registry import get_family
+
+    declared = set(get_family("hf_gated_deltanet").hook_docs)
+    assert {generic_hook_name(name) for name in memviz.load(checkpoint).hook_dict} == declared
+
+
 def test_the_released_family_declares_it_is_not_built_from_a_config():
-    import memviz.hf  # noqa: F401  (registers the family)
     from memviz.registry import get_family
     from training import quick_families
 

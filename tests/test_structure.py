@@ -154,7 +154,7 @@ def test_only_a_familys_own_file_names_a_family():
 
 
 #: memviz's family machinery, where a model's class and attributes may be looked at directly
-FAMILY_MACHINERY = ("memviz/model.py", "memviz/registry.py", "memviz/models/", "memviz/hf.py", "memviz/layers.py")
+FAMILY_MACHINERY = ("memviz/model.py", "memviz/registry.py", "memviz/models/", "memviz/layers.py")
 
 
 def capability_guesses(source: str) -> list[str]:

@@ -30,7 +30,7 @@ from families.peers.titans import load_peer_weights
 from memviz import ConfigError, MemoryLM, register_family
 from memviz.config import ModelConfig
 from memviz.layers import LocalAttention, SwiGLU
-from memviz.model import Block
+from memviz.model import Block, HookDoc
 from memviz.models.memory_layer import (
     TOPK_INDICES,
     TOPK_WEIGHTS,
@@ -116,6 +116,18 @@ class ProductKeyMemoryLM(MemoryLM):
 
     Options = PKMOptions
     memory_hooks = {TOPK_INDICES: "none", TOPK_WEIGHTS: "none"}
+    hook_docs = {
+        **MemoryLM.hook_docs,
+        "blocks.{l}.mlp.hook_topk_indices": HookDoc(
+            "[batch, pos, head, topk]", "the peer PKM's selected value indices `i * num_keys + j`; only in PKM blocks"
+        ),
+        "blocks.{l}.mlp.hook_topk_weights": HookDoc(
+            "[batch, pos, head, topk]",
+            "their weights (softmax, or ReLU with `non_competitive_gates`); what a hook returns is what the peer's "
+            "bag reads",
+        ),
+        "blocks.{l}.mlp.hook_read": HookDoc("[batch, pos, d_model]", "the PKM's output"),
+    }
 
     def default_attention(self) -> dict | None:
         return {"kind": "window", "span": 64}

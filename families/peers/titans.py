@@ -36,7 +36,7 @@ from transformer_lens.hook_points import HookPoint
 from families.peers import PeerError, require
 from memviz import ConfigError, MemoryLM, register_family
 from memviz.config import ModelConfig
-from memviz.model import ModelState
+from memviz.model import HookDoc, ModelState
 from memviz.models.titans import LOSS, RATES, SURPRISE, titans_figures
 from memviz.options import check_positive
 
@@ -194,6 +194,22 @@ class TitansPytorchLM(MemoryLM):
 
     Options = MACOptions
     memory_hooks = {SURPRISE: "none", LOSS: "none", **{name: "none" for name in RATES.values()}}
+    hook_docs = {
+        "blocks.{l}.memory.hook_loss": HookDoc(
+            "[batch, pos, head]",
+            "the peer memory's loss `||M_0(k_t) - v_t||^2 / d` at the weights it starts the pass with (NaN in an "
+            "unfinished last chunk)",
+        ),
+        "blocks.{l}.memory.hook_theta": HookDoc("[batch, pos, head]", "the peer's step size `theta_t`"),
+        "blocks.{l}.memory.hook_eta": HookDoc("[batch, pos, head]", "the peer's momentum decay (one value a chunk)"),
+        "blocks.{l}.memory.hook_alpha": HookDoc("[batch, pos, head]", "the peer's forgetting gate (one value a chunk)"),
+        "blocks.{l}.memory.hook_surprise": HookDoc(
+            "[batch, pos, head]", "the chunk's momentary surprise `||sum_t theta_t grad l_t||` (one value a chunk)"
+        ),
+        "blocks.{l}.memory.hook_retrieved": HookDoc(
+            "[batch, pos, d_model]", "what the peer's memory returns to the residual stream"
+        ),
+    }
 
     def default_attention(self) -> dict | None:
         return {"kind": "segment", "span": self.cfg.segment_len} if self.cfg.segment_len else None

@@ -41,7 +41,7 @@ from kernels import InfiniMemory, infini_memory
 from memviz.config import ConfigError, ModelConfig
 from memviz.figure_parts import WIDTH, layer_names, memory_share_heatmaps, timeline
 from memviz.layers import AttentionSpan, LocalAttention, LocalCache, SwiGLU
-from memviz.model import Block, MemoryLM, Readout
+from memviz.model import Block, HookDoc, MemoryLM, Readout
 from memviz.options import check_choice
 from memviz.registry import register_family
 from memviz.state import Memory
@@ -168,6 +168,23 @@ class InfiniLM(MemoryLM):
 
     Options = InfiniOptions
     memory_hooks = {GATE: "none", MEM_OUT: "norm", LOCAL_OUT: "norm", MEM_NORM: "none"}
+    hook_docs = {
+        **MemoryLM.hook_docs,
+        "blocks.{l}.attn.hook_gate": HookDoc(
+            "[batch, pos, head]", "`sigmoid(beta)` per head: the share of the memory read in the head's output (eq. 6)"
+        ),
+        "blocks.{l}.attn.hook_mem_out": HookDoc(
+            "[batch, pos, head, d_head]",
+            "`A_mem`, what the token reads from the compressive memory of earlier segments (eq. 3)",
+        ),
+        "blocks.{l}.attn.hook_local_out": HookDoc(
+            "[batch, pos, head, d_head]",
+            "`A_dot`, the local attention (`attention`: within the token's own segment by default, or a window)",
+        ),
+        "blocks.{l}.attn.hook_mem_norm": HookDoc(
+            "[batch, pos, head]", "Frobenius norm of the memory `M` the token reads (constant within a segment)"
+        ),
+    }
 
     def default_attention(self) -> dict | None:
         return {"kind": "segment", "span": self.cfg.segment_len} if self.cfg.segment_len else None

@@ -62,7 +62,7 @@ from kernels import lm2_scan
 from memviz.config import ConfigError, ModelConfig
 from memviz.figure_parts import WIDTH, layer_names, layer_prefix, position_heatmap, timeline, with_array
 from memviz.layers import AttentionSpan, LocalAttention, LocalCache, SwiGLU, segment_pieces
-from memviz.model import Block, MemoryLM, ModelState, Readout
+from memviz.model import Block, HookDoc, MemoryLM, ModelState, Readout
 from memviz.options import check_choice, check_finite, check_positive
 from memviz.registry import register_family
 from memviz.state import Memory, State
@@ -342,6 +342,29 @@ class LM2LM(MemoryLM):
         **{name: "mean" for name in GATES.values()},
         SLOT_NORM: "none",
         WRITE_SCORE: "none",
+    }
+    hook_docs = {
+        **MemoryLM.hook_docs,
+        "blocks.{l}.hook_mem_out": HookDoc(
+            "[batch, pos, d_model]", "what the memory adds to the residual stream beside attention (`E_gated`)"
+        ),
+        "blocks.{l}.memory.hook_slot_attn": HookDoc(
+            "[batch, pos, slot]", "slot attention `softmax(Q K^T / sqrt(d))` of each token over the bank"
+        ),
+        "blocks.{l}.memory.hook_read": HookDoc("[batch, pos, d_model]", "`E_mem`, the memory read"),
+        "blocks.{l}.memory.hook_input_gate": HookDoc("[batch, pos, d_model]", "`g_in = sigmoid(E_t W_in)`"),
+        "blocks.{l}.memory.hook_forget_gate": HookDoc("[batch, pos, d_model]", "`g_forget = sigmoid(E_mem W_forget)`"),
+        "blocks.{l}.memory.hook_output_gate": HookDoc("[batch, pos, d_model]", "`g_out = sigmoid(E_mem W_out)`"),
+        "blocks.{l}.memory.hook_slot_norm": HookDoc(
+            "[batch, pos, slot]", "norm of each slot of the bank the token reads"
+        ),
+        "blocks.{l}.memory.hook_write_score": HookDoc(
+            "[batch, pos, slot]",
+            "logit of the token's weight in each slot's write: with `update` `slots`, slot n's weights over a "
+            "segment are the softmax of these over its tokens (`memviz.viz.segment_softmax`); 0 where every slot "
+            "receives the same write. Observed after the update, so editing it changes nothing",
+        ),
+        "blocks.{l}.memory.hook_out": HookDoc("[batch, pos, d_model]", "`E_gated = g_out * E_mem`"),
     }
 
     def needle_hold(self, tokens, span: tuple[int, int]) -> dict[str, np.ndarray] | None:

@@ -61,7 +61,7 @@ from memviz.figure_parts import (
     window_of,
 )
 from memviz.layers import AttentionSpan, LocalAttention, LocalCache, SwiGLU
-from memviz.model import BACKBONE_FIELDS, Block, MemoryLM, ModelState
+from memviz.model import BACKBONE_FIELDS, Block, HookDoc, MemoryLM, ModelState
 from memviz.models.longmem.bank import SEARCHES, ChunkBank
 from memviz.options import check_choice, check_positive
 from memviz.registry import register_family
@@ -337,6 +337,43 @@ class LongMemLM(MemoryLM):
 
     Options = LongMemOptions
     memory_hooks = {RETRIEVED_POS: "none", RETRIEVED_SCORES: "none", GATE: "none", MEM_OUT: "norm", LOCAL_OUT: "norm"}
+    hook_docs = {
+        **MemoryLM.hook_docs,
+        "hook_side_out": HookDoc(
+            "[batch, pos, d_model]", "the SideNet's output stream, before the final norm and the frozen unembedding"
+        ),
+        "side_blocks.{l}.hook_resid_pre": HookDoc(
+            "[batch, pos, d_model]",
+            "SideNet residual stream entering side block `l` (the backbone's blocks keep `blocks.{l}.*`)",
+        ),
+        "side_blocks.{l}.hook_attn_out": HookDoc("[batch, pos, d_model]", "side block attention output"),
+        "side_blocks.{l}.hook_resid_mid": HookDoc("[batch, pos, d_model]", "side residual after attention"),
+        "side_blocks.{l}.hook_mlp_out": HookDoc("[batch, pos, d_model]", "side block FFN output"),
+        "side_blocks.{l}.hook_resid_post": HookDoc(
+            "[batch, pos, d_model]", "side block output, before the cross-network residual is added"
+        ),
+        "side_blocks.{l}.mlp.hook_post": HookDoc("[batch, pos, d_mlp]", "side block SwiGLU hidden activation"),
+        "side_blocks.{l}.attn.hook_q": HookDoc("[batch, pos, head, d_head]", "side block queries (un-rotated)"),
+        "side_blocks.{l}.attn.hook_k": HookDoc("[batch, pos, head, d_head]", "side block keys (un-rotated)"),
+        "side_blocks.{l}.attn.hook_v": HookDoc("[batch, pos, head, d_head]", "side block values"),
+        "side_blocks.{l}.attn.hook_z": HookDoc(
+            "[batch, pos, head, d_head]", "side block attention output per head (gated mix in the augmented block)"
+        ),
+        "side_blocks.{l}.attn.hook_retrieved_pos": HookDoc(
+            "[batch, pos, head, topk_chunks]",
+            "first token position of each retrieved chunk (-1: none); augmented block only",
+        ),
+        "side_blocks.{l}.attn.hook_retrieved_scores": HookDoc(
+            "[batch, pos, head, topk_chunks]", "`q . chunk_key` of each retrieved chunk (NaN: none)"
+        ),
+        "side_blocks.{l}.attn.hook_gate": HookDoc(
+            "[batch, pos, head]", "`sigmoid(g)`: the share of memory attention per head"
+        ),
+        "side_blocks.{l}.attn.hook_mem_out": HookDoc(
+            "[batch, pos, head, d_head]", "attention over the retrieved chunks"
+        ),
+        "side_blocks.{l}.attn.hook_local_out": HookDoc("[batch, pos, head, d_head]", "local (windowed) attention"),
+    }
 
     def check_config(self) -> None:
         o, cfg = self.options, self.cfg

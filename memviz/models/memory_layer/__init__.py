@@ -36,7 +36,7 @@ from kernels import product_key_topk, weighted_bag
 from memviz.config import ConfigError, ModelConfig
 from memviz.figure_parts import WIDTH, layer_names, outline_evidence, window_of
 from memviz.layers import LocalAttention, SwiGLU
-from memviz.model import Block, MemoryLM
+from memviz.model import Block, HookDoc, MemoryLM
 from memviz.options import check_positive
 from memviz.registry import Intervention, register_family
 from memviz.trace import Trace
@@ -270,6 +270,22 @@ class MemoryLayerLM(MemoryLM):
 
     Options = MemoryLayerOptions
     memory_hooks = {TOPK_INDICES: "none", TOPK_WEIGHTS: "none"}
+    hook_docs = {
+        **MemoryLM.hook_docs,
+        "blocks.{l}.mlp.hook_query": HookDoc(
+            "[batch, pos, head, d_key]",
+            "product-key query (each half unit-norm with `qk_norm`); only in memory-layer blocks",
+        ),
+        "blocks.{l}.mlp.hook_topk_indices": HookDoc(
+            "[batch, pos, head, topk]", "selected value indices `i * n_keys + j`, best first"
+        ),
+        "blocks.{l}.mlp.hook_topk_weights": HookDoc(
+            "[batch, pos, head, topk]", "softmax weights of the selected values"
+        ),
+        "blocks.{l}.mlp.hook_read": HookDoc(
+            "[batch, pos, d_model]", "the weighted sum of value rows `y`, before the swilu gate"
+        ),
+    }
 
     def silence_hooks(self, layer: int, values=None) -> list:
         """The "silence" intervention at memory layer `layer` (module function `silence_hooks`)."""

@@ -70,7 +70,7 @@ from kernels import LinearMemory, titans_chunk_coefficients, titans_chunk_update
 from memviz.config import ConfigError, ModelConfig
 from memviz.figure_parts import WIDTH, layer_names, layer_prefix, timeline
 from memviz.layers import AttentionSpan, LocalCache, RMSNorm, SwiGLU, segment_pieces
-from memviz.model import Block, MemoryLM, Readout
+from memviz.model import Block, HookDoc, MemoryLM, Readout
 from memviz.models.titans.attention import TitansAttention
 from memviz.options import check_choice, check_positive
 from memviz.registry import register_family
@@ -470,6 +470,28 @@ class TitansLM(MemoryLM):
 
     Options = TitansOptions
     memory_hooks = {SURPRISE: "none", LOSS: "none", LOSS_AFTER: "none", **{name: "none" for name in RATES.values()}}
+    hook_docs = {
+        **MemoryLM.hook_docs,
+        "blocks.{l}.hook_mem_out": HookDoc(
+            "[batch, pos, d_model]",
+            "the memory's contribution: `W_O M*(q)` for lmm/mal (what is added to the residual), `M*(q)` before the "
+            "gate for mag, the retrieved context tokens `h` for mac",
+        ),
+        "blocks.{l}.memory.hook_surprise": HookDoc(
+            "[batch, pos]", "surprise: the norm of the gradient of `||M(k_t) - v_t||^2` at the chunk-start weights"
+        ),
+        "blocks.{l}.memory.hook_loss": HookDoc(
+            "[batch, pos]", "the memory's loss `||M(k_t) - v_t||^2` before the chunk's update"
+        ),
+        "blocks.{l}.memory.hook_loss_after": HookDoc("[batch, pos]", "the same loss after the chunk's update"),
+        "blocks.{l}.memory.hook_eta": HookDoc("[batch, pos]", "momentum decay `eta_t` (surprise carried over)"),
+        "blocks.{l}.memory.hook_theta": HookDoc("[batch, pos]", "inner step size `theta_t`"),
+        "blocks.{l}.memory.hook_alpha": HookDoc("[batch, pos]", "forgetting `alpha_t` (weight decay of the memory)"),
+        "blocks.{l}.memory.hook_retrieved": HookDoc(
+            "[batch, pos, d_model]",
+            "`M*(q_t)`, read with the chunk-start weights (for mac: the read of the attention output that gates it)",
+        ),
+    }
 
     def default_attention(self) -> dict | None:
         if self.options.variant == "mac" and self.cfg.segment_len:

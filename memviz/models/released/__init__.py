@@ -49,7 +49,7 @@ from transformer_lens.hook_points import HookPoint
 
 from memviz.figure_parts import WIDTH, delta_rule_rate_heatmaps, layer_names, timeline
 from memviz.layers import LocalCache
-from memviz.model import MemoryLM, ModelState, Readout
+from memviz.model import HookDoc, MemoryLM, ModelState, Readout
 from memviz.registry import register_family
 from memviz.state import Memory, State
 from memviz.tokenizer import TOKENIZER_FILE, Tokenizer
@@ -289,6 +289,54 @@ class ReleasedLM(MemoryLM):
     on S alone: the convolution's last tokens and the attention caches are kept."""
 
     memory_hooks = {ALPHA: "none", BETA: "none", STATE_NORM: "none", MEM_OUT: "norm"}
+    hook_docs = {
+        "blocks.{l}.hook_resid_pre": HookDoc("[batch, pos, d_model]", "residual stream entering block `l`"),
+        "blocks.{l}.hook_attn_out": HookDoc(
+            "[batch, pos, d_model]", "output of the block's attention (or memory mixer)"
+        ),
+        "blocks.{l}.hook_mlp_out": HookDoc("[batch, pos, d_model]", "output of the FFN"),
+        "blocks.{l}.hook_resid_post": HookDoc("[batch, pos, d_model]", "residual stream leaving block `l`"),
+        "blocks.{l}.attn.hook_q": HookDoc(
+            "[batch, pos, head, d_head]", "full-attention layers: queries after `q_norm`, before RoPE"
+        ),
+        "blocks.{l}.attn.hook_k": HookDoc(
+            "[batch, pos, head, d_head]", "full-attention layers: keys after `k_norm`, before RoPE"
+        ),
+        "blocks.{l}.attn.hook_v": HookDoc("[batch, pos, head, d_head]", "full-attention layers: values"),
+        "blocks.{l}.attn.hook_z": HookDoc(
+            "[batch, pos, head, d_head]",
+            "full-attention layers: output per head after the output gate, before `o_proj`",
+        ),
+        "blocks.{l}.attn.hook_alpha": HookDoc(
+            "[batch, pos, head]",
+            "Gated DeltaNet layers: decay `alpha_t = exp(-exp(A_log) softplus(x w_a + dt_bias))` per value head "
+            "(read-only)",
+        ),
+        "blocks.{l}.attn.hook_beta": HookDoc(
+            "[batch, pos, head]", "Gated DeltaNet layers: write strength `beta_t = sigmoid(x w_b)` (read-only)"
+        ),
+        "blocks.{l}.attn.hook_write_key": HookDoc(
+            "[batch, pos, head, d_k]",
+            "Gated DeltaNet layers: `k_t`, unit-norm after the short convolution, repeated to the value heads "
+            "(read-only)",
+        ),
+        "blocks.{l}.attn.hook_write_value": HookDoc(
+            "[batch, pos, head, d_v]", "Gated DeltaNet layers: `v_t` after the short convolution (read-only)"
+        ),
+        "blocks.{l}.attn.hook_read_query": HookDoc(
+            "[batch, pos, head, d_k]", "Gated DeltaNet layers: `q_t`, unit-norm and scaled by `d_k^-1/2` (read-only)"
+        ),
+        "blocks.{l}.attn.hook_read": HookDoc(
+            "[batch, pos, head, d_v]", "Gated DeltaNet layers: the read `o_t = S_t^T q_t` (read-only)"
+        ),
+        "blocks.{l}.attn.hook_state_norm": HookDoc(
+            "[batch, pos, head]", "Gated DeltaNet layers: `||S_t||_F`, the state after the token's write (read-only)"
+        ),
+        "blocks.{l}.attn.hook_mem_out": HookDoc(
+            "[batch, pos, head, d_v]",
+            "Gated DeltaNet layers: `RMSNormGated(o_t, z_t)`, the layer's own value (what a hook returns replaces it)",
+        ),
+    }
     cfg: ReleasedConfig  # type: ignore[assignment]  # not a ModelConfig: MemoryLM's methods it keeps read fields both have
 
     def __init__(self, hf_model: CausalLM, tokenizer: Tokenizer, cfg: ReleasedConfig, card: dict | None = None) -> None:
