@@ -240,7 +240,8 @@ def delta_rule(
     gamma, to_end = G.exp(), (G[..., -1:] - G).exp()
     KK = K @ K.transpose(-1, -2)
     system = torch.eye(C, dtype=k.dtype, device=k.device) + Bt[..., :, None] * R.tril(-1) * KK
-    W = torch.linalg.solve_triangular(system, Bt[..., None] * torch.cat([V, gamma[..., None] * K], -1), upper=False)
+    rhs = Bt[..., None] * torch.cat([V, gamma[..., None] * K], -1)
+    W = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)  # its diagonal is exactly 1
     WV, WK = W.split([V.shape[-1], K.shape[-1]], -1)
     if q is not None:
         Q = F.pad(q, (0, 0, 0, pad)).unflatten(2, (-1, C))
