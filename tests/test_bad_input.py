@@ -249,7 +249,7 @@ def test_the_command_lines_exit_2_with_one_line(case, tmp_path):
         "evaluate": (["-m", "training.evaluate", str(tmp_path / "nowhere")], "nowhere"),
         "probes": (["-m", "probes", "passkey", str(tmp_path / "nowhere"), "--lengths", "512"], "nowhere"),
         "probes threads": (
-            ["-m", "probes", "passkey", "infini_english", "--lengths", "512", "--threads", "0"],
+            ["-m", "probes", "passkey", "infini_english_16k", "--lengths", "512", "--threads", "0"],
             "--threads",
         ),
     }[case]

@@ -44,7 +44,7 @@ def test_the_zoo_ships_a_memory_model_and_its_control():
         "titans_qa1",
         "lm2_qa1",
         "sliding_window_qa1",
-        "infini_english",
+        "infini_english_16k",
         "sliding_window_english",
     } <= set(SAMPLES)
 

@@ -160,7 +160,7 @@ def infini_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int |
     figures=infini_figures,
     quick={"segment_len": 32, "memory": {"update": "delta"}},
     tiny={"segment_len": 8},
-    sample="infini_english",
+    sample="infini_english_16k",
     readout=True,
 )
 class InfiniLM(MemoryLM):

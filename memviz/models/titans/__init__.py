@@ -462,7 +462,7 @@ def titans_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int |
     figures=titans_figures,
     quick={"segment_len": 32, "memory": {"variant": "mac"}, "lr": 1e-3},
     tiny={"segment_len": 8, "memory": {"variant": "mac"}},
-    sample="titans_english",
+    sample="titans_english_16k",
     readout=True,
 )
 class TitansLM(MemoryLM):
