@@ -157,27 +157,21 @@ class GatedDeltaNetLM(MemoryLM):
     memory_hooks = {ALPHA: "none", BETA: "none", STATE_NORM: "none", GATE: "none", MEM_OUT: "norm", LOCAL_OUT: "norm"}
     hook_docs = {
         **MemoryLM.hook_docs,
-        "blocks.{l}.attn.hook_alpha": HookDoc(
+        ALPHA: HookDoc(
             "[batch, pos, head]",
             "decay `alpha_t = exp(-exp(A) softplus(x w_a + b))`: the share of the state a token keeps",
         ),
-        "blocks.{l}.attn.hook_beta": HookDoc("[batch, pos, head]", "write strength `beta_t = sigmoid(x w_b)`"),
-        "blocks.{l}.attn.hook_state_norm": HookDoc(
-            "[batch, pos, head]", "`||S_t||_F`, the state after the token's write"
-        ),
+        BETA: HookDoc("[batch, pos, head]", "write strength `beta_t = sigmoid(x w_b)`"),
+        STATE_NORM: HookDoc("[batch, pos, head]", "`||S_t||_F`, the state after the token's write"),
         "blocks.{l}.attn.hook_write_key": HookDoc(
             "[batch, pos, head, d_head]", "`k_t = l2norm(silu(x W_K))`, where the token writes"
         ),
         "blocks.{l}.attn.hook_write_value": HookDoc(
             "[batch, pos, head, d_head]", "`v_t = silu(x W_V)`, what it writes"
         ),
-        "blocks.{l}.attn.hook_mem_out": HookDoc(
-            "[batch, pos, head, d_head]", "the memory read `RMSNorm(S_t^T q_t) * silu(x W_g)`"
-        ),
-        "blocks.{l}.attn.hook_local_out": HookDoc("[batch, pos, head, d_head]", "the local attention beside it"),
-        "blocks.{l}.attn.hook_gate": HookDoc(
-            "[batch, pos, head]", "the memory's share of the mix per head, `sigmoid(m)`"
-        ),
+        MEM_OUT: HookDoc("[batch, pos, head, d_head]", "the memory read `RMSNorm(S_t^T q_t) * silu(x W_g)`"),
+        LOCAL_OUT: HookDoc("[batch, pos, head, d_head]", "the local attention beside it"),
+        GATE: HookDoc("[batch, pos, head]", "the memory's share of the mix per head, `sigmoid(m)`"),
     }
 
     def default_attention(self) -> None:

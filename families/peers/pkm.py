@@ -118,10 +118,10 @@ class ProductKeyMemoryLM(MemoryLM):
     memory_hooks = {TOPK_INDICES: "none", TOPK_WEIGHTS: "none"}
     hook_docs = {
         **MemoryLM.hook_docs,
-        "blocks.{l}.mlp.hook_topk_indices": HookDoc(
+        TOPK_INDICES: HookDoc(
             "[batch, pos, head, topk]", "the peer PKM's selected value indices `i * num_keys + j`; only in PKM blocks"
         ),
-        "blocks.{l}.mlp.hook_topk_weights": HookDoc(
+        TOPK_WEIGHTS: HookDoc(
             "[batch, pos, head, topk]",
             "their weights (softmax, or ReLU with `non_competitive_gates`); what a hook returns is what the peer's "
             "bag reads",

@@ -195,20 +195,18 @@ class TitansPytorchLM(MemoryLM):
     Options = MACOptions
     memory_hooks = {SURPRISE: "none", LOSS: "none", **{name: "none" for name in RATES.values()}}
     hook_docs = {
-        "blocks.{l}.memory.hook_loss": HookDoc(
+        LOSS: HookDoc(
             "[batch, pos, head]",
             "the peer memory's loss `||M_0(k_t) - v_t||^2 / d` at the weights it starts the pass with (NaN in an "
             "unfinished last chunk)",
         ),
-        "blocks.{l}.memory.hook_theta": HookDoc("[batch, pos, head]", "the peer's step size `theta_t`"),
-        "blocks.{l}.memory.hook_eta": HookDoc("[batch, pos, head]", "the peer's momentum decay (one value a chunk)"),
-        "blocks.{l}.memory.hook_alpha": HookDoc("[batch, pos, head]", "the peer's forgetting gate (one value a chunk)"),
-        "blocks.{l}.memory.hook_surprise": HookDoc(
+        RATES["theta"]: HookDoc("[batch, pos, head]", "the peer's step size `theta_t`"),
+        RATES["eta"]: HookDoc("[batch, pos, head]", "the peer's momentum decay (one value a chunk)"),
+        RATES["alpha"]: HookDoc("[batch, pos, head]", "the peer's forgetting gate (one value a chunk)"),
+        SURPRISE: HookDoc(
             "[batch, pos, head]", "the chunk's momentary surprise `||sum_t theta_t grad l_t||` (one value a chunk)"
         ),
-        "blocks.{l}.memory.hook_retrieved": HookDoc(
-            "[batch, pos, d_model]", "what the peer's memory returns to the residual stream"
-        ),
+        RETRIEVED: HookDoc("[batch, pos, d_model]", "what the peer's memory returns to the residual stream"),
     }
 
     def default_attention(self) -> dict | None:

@@ -170,18 +170,18 @@ class InfiniLM(MemoryLM):
     memory_hooks = {GATE: "none", MEM_OUT: "norm", LOCAL_OUT: "norm", MEM_NORM: "none"}
     hook_docs = {
         **MemoryLM.hook_docs,
-        "blocks.{l}.attn.hook_gate": HookDoc(
+        GATE: HookDoc(
             "[batch, pos, head]", "`sigmoid(beta)` per head: the share of the memory read in the head's output (eq. 6)"
         ),
-        "blocks.{l}.attn.hook_mem_out": HookDoc(
+        MEM_OUT: HookDoc(
             "[batch, pos, head, d_head]",
             "`A_mem`, what the token reads from the compressive memory of earlier segments (eq. 3)",
         ),
-        "blocks.{l}.attn.hook_local_out": HookDoc(
+        LOCAL_OUT: HookDoc(
             "[batch, pos, head, d_head]",
             "`A_dot`, the local attention (`attention`: within the token's own segment by default, or a window)",
         ),
-        "blocks.{l}.attn.hook_mem_norm": HookDoc(
+        MEM_NORM: HookDoc(
             "[batch, pos, head]", "Frobenius norm of the memory `M` the token reads (constant within a segment)"
         ),
     }

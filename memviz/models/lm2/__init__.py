@@ -348,17 +348,15 @@ class LM2LM(MemoryLM):
         "blocks.{l}.hook_mem_out": HookDoc(
             "[batch, pos, d_model]", "what the memory adds to the residual stream beside attention (`E_gated`)"
         ),
-        "blocks.{l}.memory.hook_slot_attn": HookDoc(
+        SLOT_ATTN: HookDoc(
             "[batch, pos, slot]", "slot attention `softmax(Q K^T / sqrt(d))` of each token over the bank"
         ),
         "blocks.{l}.memory.hook_read": HookDoc("[batch, pos, d_model]", "`E_mem`, the memory read"),
-        "blocks.{l}.memory.hook_input_gate": HookDoc("[batch, pos, d_model]", "`g_in = sigmoid(E_t W_in)`"),
-        "blocks.{l}.memory.hook_forget_gate": HookDoc("[batch, pos, d_model]", "`g_forget = sigmoid(E_mem W_forget)`"),
-        "blocks.{l}.memory.hook_output_gate": HookDoc("[batch, pos, d_model]", "`g_out = sigmoid(E_mem W_out)`"),
-        "blocks.{l}.memory.hook_slot_norm": HookDoc(
-            "[batch, pos, slot]", "norm of each slot of the bank the token reads"
-        ),
-        "blocks.{l}.memory.hook_write_score": HookDoc(
+        GATES["input"]: HookDoc("[batch, pos, d_model]", "`g_in = sigmoid(E_t W_in)`"),
+        GATES["forget"]: HookDoc("[batch, pos, d_model]", "`g_forget = sigmoid(E_mem W_forget)`"),
+        GATES["output"]: HookDoc("[batch, pos, d_model]", "`g_out = sigmoid(E_mem W_out)`"),
+        SLOT_NORM: HookDoc("[batch, pos, slot]", "norm of each slot of the bank the token reads"),
+        WRITE_SCORE: HookDoc(
             "[batch, pos, slot]",
             "logit of the token's weight in each slot's write: with `update` `slots`, slot n's weights over a "
             "segment are the softmax of these over its tokens (`memviz.viz.segment_softmax`); 0 where every slot "

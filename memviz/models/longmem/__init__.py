@@ -359,20 +359,16 @@ class LongMemLM(MemoryLM):
         "side_blocks.{l}.attn.hook_z": HookDoc(
             "[batch, pos, head, d_head]", "side block attention output per head (gated mix in the augmented block)"
         ),
-        "side_blocks.{l}.attn.hook_retrieved_pos": HookDoc(
+        RETRIEVED_POS: HookDoc(
             "[batch, pos, head, topk_chunks]",
             "first token position of each retrieved chunk (-1: none); augmented block only",
         ),
-        "side_blocks.{l}.attn.hook_retrieved_scores": HookDoc(
+        RETRIEVED_SCORES: HookDoc(
             "[batch, pos, head, topk_chunks]", "`q . chunk_key` of each retrieved chunk (NaN: none)"
         ),
-        "side_blocks.{l}.attn.hook_gate": HookDoc(
-            "[batch, pos, head]", "`sigmoid(g)`: the share of memory attention per head"
-        ),
-        "side_blocks.{l}.attn.hook_mem_out": HookDoc(
-            "[batch, pos, head, d_head]", "attention over the retrieved chunks"
-        ),
-        "side_blocks.{l}.attn.hook_local_out": HookDoc("[batch, pos, head, d_head]", "local (windowed) attention"),
+        GATE: HookDoc("[batch, pos, head]", "`sigmoid(g)`: the share of memory attention per head"),
+        MEM_OUT: HookDoc("[batch, pos, head, d_head]", "attention over the retrieved chunks"),
+        LOCAL_OUT: HookDoc("[batch, pos, head, d_head]", "local (windowed) attention"),
     }
 
     def check_config(self) -> None:

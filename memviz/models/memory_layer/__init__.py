@@ -276,12 +276,8 @@ class MemoryLayerLM(MemoryLM):
             "[batch, pos, head, d_key]",
             "product-key query (each half unit-norm with `qk_norm`); only in memory-layer blocks",
         ),
-        "blocks.{l}.mlp.hook_topk_indices": HookDoc(
-            "[batch, pos, head, topk]", "selected value indices `i * n_keys + j`, best first"
-        ),
-        "blocks.{l}.mlp.hook_topk_weights": HookDoc(
-            "[batch, pos, head, topk]", "softmax weights of the selected values"
-        ),
+        TOPK_INDICES: HookDoc("[batch, pos, head, topk]", "selected value indices `i * n_keys + j`, best first"),
+        TOPK_WEIGHTS: HookDoc("[batch, pos, head, topk]", "softmax weights of the selected values"),
         "blocks.{l}.mlp.hook_read": HookDoc(
             "[batch, pos, d_model]", "the weighted sum of value rows `y`, before the swilu gate"
         ),

@@ -49,7 +49,7 @@ from transformer_lens.hook_points import HookPoint
 
 from memviz.figure_parts import WIDTH, delta_rule_rate_heatmaps, layer_names, timeline
 from memviz.layers import LocalCache
-from memviz.model import HookDoc, MemoryLM, ModelState, Readout
+from memviz.model import BLOCK_HOOK_DOCS, HookDoc, MemoryLM, ModelState, Readout
 from memviz.registry import register_family
 from memviz.state import Memory, State
 from memviz.tokenizer import TOKENIZER_FILE, Tokenizer
@@ -291,12 +291,10 @@ class ReleasedLM(MemoryLM):
 
     memory_hooks = {ALPHA: "none", BETA: "none", STATE_NORM: "none", MEM_OUT: "norm"}
     hook_docs = {
-        "blocks.{l}.hook_resid_pre": HookDoc("[batch, pos, d_model]", "residual stream entering block `l`"),
-        "blocks.{l}.hook_attn_out": HookDoc(
-            "[batch, pos, d_model]", "output of the block's attention (or memory mixer)"
-        ),
-        "blocks.{l}.hook_mlp_out": HookDoc("[batch, pos, d_model]", "output of the FFN"),
-        "blocks.{l}.hook_resid_post": HookDoc("[batch, pos, d_model]", "residual stream leaving block `l`"),
+        **{  # the decoder layer's residual hooks (LayerHooks), as memviz's own blocks have them
+            f"blocks.{{l}}.hook_{name}": BLOCK_HOOK_DOCS[f"blocks.{{l}}.hook_{name}"]
+            for name in ("resid_pre", "attn_out", "mlp_out", "resid_post")
+        },
         "blocks.{l}.attn.hook_q": HookDoc(
             "[batch, pos, head, d_head]", "full-attention layers: queries after `q_norm`, before RoPE"
         ),
@@ -308,12 +306,12 @@ class ReleasedLM(MemoryLM):
             "[batch, pos, head, d_head]",
             "full-attention layers: output per head after the output gate, before `o_proj`",
         ),
-        "blocks.{l}.attn.hook_alpha": HookDoc(
+        ALPHA: HookDoc(
             "[batch, pos, head]",
             "Gated DeltaNet layers: decay `alpha_t = exp(-exp(A_log) softplus(x w_a + dt_bias))` per value head "
             "(read-only)",
         ),
-        "blocks.{l}.attn.hook_beta": HookDoc(
+        BETA: HookDoc(
             "[batch, pos, head]", "Gated DeltaNet layers: write strength `beta_t = sigmoid(x w_b)` (read-only)"
         ),
         "blocks.{l}.attn.hook_write_key": HookDoc(
@@ -330,10 +328,10 @@ class ReleasedLM(MemoryLM):
         "blocks.{l}.attn.hook_read": HookDoc(
             "[batch, pos, head, d_v]", "Gated DeltaNet layers: the read `o_t = S_t^T q_t` (read-only)"
         ),
-        "blocks.{l}.attn.hook_state_norm": HookDoc(
+        STATE_NORM: HookDoc(
             "[batch, pos, head]", "Gated DeltaNet layers: `||S_t||_F`, the state after the token's write (read-only)"
         ),
-        "blocks.{l}.attn.hook_mem_out": HookDoc(
+        MEM_OUT: HookDoc(
             "[batch, pos, head, d_v]",
             "Gated DeltaNet layers: `RMSNormGated(o_t, z_t)`, the layer's own value (what a hook returns replaces it)",
         ),

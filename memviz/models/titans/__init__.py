@@ -477,16 +477,14 @@ class TitansLM(MemoryLM):
             "the memory's contribution: `W_O M*(q)` for lmm/mal (what is added to the residual), `M*(q)` before the "
             "gate for mag, the retrieved context tokens `h` for mac",
         ),
-        "blocks.{l}.memory.hook_surprise": HookDoc(
+        SURPRISE: HookDoc(
             "[batch, pos]", "surprise: the norm of the gradient of `||M(k_t) - v_t||^2` at the chunk-start weights"
         ),
-        "blocks.{l}.memory.hook_loss": HookDoc(
-            "[batch, pos]", "the memory's loss `||M(k_t) - v_t||^2` before the chunk's update"
-        ),
-        "blocks.{l}.memory.hook_loss_after": HookDoc("[batch, pos]", "the same loss after the chunk's update"),
-        "blocks.{l}.memory.hook_eta": HookDoc("[batch, pos]", "momentum decay `eta_t` (surprise carried over)"),
-        "blocks.{l}.memory.hook_theta": HookDoc("[batch, pos]", "inner step size `theta_t`"),
-        "blocks.{l}.memory.hook_alpha": HookDoc("[batch, pos]", "forgetting `alpha_t` (weight decay of the memory)"),
+        LOSS: HookDoc("[batch, pos]", "the memory's loss `||M(k_t) - v_t||^2` before the chunk's update"),
+        LOSS_AFTER: HookDoc("[batch, pos]", "the same loss after the chunk's update"),
+        RATES["eta"]: HookDoc("[batch, pos]", "momentum decay `eta_t` (surprise carried over)"),
+        RATES["theta"]: HookDoc("[batch, pos]", "inner step size `theta_t`"),
+        RATES["alpha"]: HookDoc("[batch, pos]", "forgetting `alpha_t` (weight decay of the memory)"),
         "blocks.{l}.memory.hook_retrieved": HookDoc(
             "[batch, pos, d_model]",
             "`M*(q_t)`, read with the chunk-start weights (for mac: the read of the attention output that gates it)",
