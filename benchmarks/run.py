@@ -377,7 +377,7 @@ def peers(quick: bool) -> list[dict]:
 
 
 STREAM_SCRIPT = """
-import json, resource, sys, time
+import json, sys, time
 sys.path.insert(0, {root!r})
 import memviz
 from probes import passkey
@@ -386,7 +386,8 @@ sample = passkey.seeded_sample(model.tokenizer, {length}, 0.5, 0, 0)
 start = time.perf_counter()
 tr = memviz.trace(model, sample.prompt)
 seconds = time.perf_counter() - start
-peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+with open("/proc/self/status") as fh:  # this process's own peak: ru_maxrss starts from the forking parent's
+    peak_rss_mb = next(int(line.split()[1]) for line in fh if line.startswith("VmHWM")) / 1024
 print(json.dumps({{"tokens": len(tr), "seconds": seconds, "peak_rss_mb": peak_rss_mb}}))
 """
 

@@ -627,11 +627,50 @@ class MemoryLM(HookedRootModule):
         kept = self.cfg.n_layers * batch * self.cfg.n_heads * length * keys * 2 * self.dtype.itemsize
         return kept + length * keys * 9  # int64 differences and the boolean mask, one layer at a time
 
-    def memory_step_bytes(self, batch: int, length: int) -> int:
-        """About the bytes the family's memory takes in a training step over `batch` x `length` tokens in one call,
-        beside the attention's scores; a family whose memory grows faster than its activations overrides this, and
-        training refuses a curriculum whose step would not fit (0 here: nothing beyond the activations)."""
-        return 0
+    def activation_bytes(self, batch: int, length: int) -> int:
+        """About the bytes a training step's activations take over `batch` x `length` tokens, the family's memory
+        among them: what autograd saves for the backward a token, read from this model's own graph (the loss of one
+        sequence at two short lengths, each tensor's storage counted once), twice over for the gradients the
+        backward makes of them. Linear in the length: causal attention's quadratic scores are
+        `attention_score_bytes`."""
+        unit = max(64, self.cfg.segment_len or 0)  # whole segments, so a segment's memory update is in both
+        per_token = (self.saved_bytes(8 * unit) - self.saved_bytes(4 * unit)) / (4 * unit)
+        return int(2 * per_token * batch * length)
+
+    def saved_bytes(self, length: int) -> int:
+        """The bytes autograd keeps for the backward of the next-token loss of one sequence of `length` tokens:
+        counted as they are saved, or, in a model whose forward runs torch.func transforms (which refuse
+        saved-tensor hooks), read from the finished graph's nodes."""
+        storages: dict[int, int] = {}
+
+        def count(saved: Any) -> Any:
+            if isinstance(saved, Tensor):
+                storages[saved.untyped_storage().data_ptr()] = saved.untyped_storage().nbytes()
+            elif isinstance(saved, tuple | list):
+                for item in saved:
+                    count(item)
+            return saved
+
+        tokens = torch.zeros(1, length, dtype=torch.long, device=self.device)
+        with torch.enable_grad():
+            try:
+                with torch.autograd.graph.saved_tensors_hooks(count, lambda saved: saved):
+                    self(tokens, return_type="loss")  # the graph is freed on return
+            except RuntimeError as exc:
+                if "saved tensor hooks" not in str(exc):
+                    raise
+                storages.clear()
+                nodes, seen = [self(tokens, return_type="loss").grad_fn], set()
+                while nodes:
+                    node = nodes.pop()
+                    if node is None or node in seen:
+                        continue
+                    seen.add(node)
+                    for name in dir(node):
+                        if name.startswith("_saved_") or name == "saved_tensors":
+                            count(getattr(node, name))
+                    nodes.extend(following for following, _ in node.next_functions)
+        return sum(storages.values())
 
     def num_parameters(self, trainable_only: bool = False) -> int:
         seen, total = set(), 0

@@ -57,3 +57,12 @@ def scrambled(model: memviz.MemoryLM, std: float = 0.3, seed: int = 1) -> memviz
 
 def random_ids(n: int, vocab: int = 256, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+# A subprocess's own peak RSS in KiB, for scripts that measure memory: ru_maxrss would start from the forking
+# parent's (pytest's) size, carried across exec, and hide a child's growth below it.
+HIGH_WATER_KB = """
+def high_water_kb():
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("VmHWM"))
+"""

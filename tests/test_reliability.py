@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -17,7 +19,7 @@ import torch
 
 import memviz
 from memviz.model import ModelBusyError
-from tests.conftest import small_model
+from tests.conftest import HIGH_WATER_KB, small_model
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -372,7 +374,9 @@ def test_a_trace_that_stays_finite_records_nothing_and_its_figures_say_nothing_o
 # ----- limits checked before the work, within 200 MB of peak memory --------------------------------
 BPE_TOKENIZER = ROOT / "sample_checkpoints" / "memory_plus_shared" / "tokenizer.json"
 
-PEAK_SCRIPT = """
+PEAK_SCRIPT = (
+    HIGH_WATER_KB
+    + """
 import json, resource, sys
 import torch
 import memviz
@@ -399,15 +403,16 @@ else:
     from probes import passkey
     m = model()
     call = lambda: passkey.run(m, [100_000_000], [0.5], n=1, progress=False)
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+before = high_water_kb()
 try:
     call()
     error = None
 except ValueError as exc:
     error = str(exc)
-after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+after = high_water_kb()
 print(json.dumps({"error": error, "growth_mb": (after - before) / 1024}))
 """
+)
 
 
 def refused_within_memory(*args) -> str:
@@ -799,8 +804,8 @@ def test_full_attention_over_200k_tokens_is_refused_by_what_its_scores_cost(tmp_
     with pytest.raises(
         ValueError,
         match=r"data.curriculum's longest length 200,000 x optim.batch_size 1: a step of "
-        r"this transformer model takes about [\d,.]+ GiB for its causal attention's "
-        r"scores and its memory, over this cpu's",
+        r"this transformer model takes about [\d,.]+ GiB for its activations, its memory among them, and its "
+        r"causal attention's scores, over this cpu's",
     ):
         Trainer(config, progress=False)
     assert not (tmp_path / "run").exists()
@@ -836,13 +841,13 @@ def test_generate_refuses_a_prompt_over_its_limit_before_tokenizing_it(monkeypat
         small_model("sliding_window", window=8).generate("\N{GRINNING FACE}" * 100)
 
 
-def test_a_family_that_says_what_its_memory_costs_is_refused_by_it(tmp_path, monkeypatch):
+def test_a_step_whose_activations_do_not_fit_is_refused_by_them(tmp_path, monkeypatch):
     from memviz.model import MemoryLM
     from training import Trainer
 
-    monkeypatch.setattr(MemoryLM, "memory_step_bytes", lambda self, batch, length: batch * length * 2**40)
+    monkeypatch.setattr(MemoryLM, "saved_bytes", lambda self, length: length * 2**40)
     with pytest.raises(
-        ValueError, match=r"a step of this sliding_window model takes about [\d,.]+ GiB for its window attention's"
+        ValueError, match=r"a step of this sliding_window model takes about [\d,.]+ GiB for its activations, its memory"
     ):
         Trainer(tiny_run(tmp_path / "run"), progress=False)
 
@@ -853,20 +858,23 @@ def test_trace_token_ids_that_are_not_whole_numbers_are_named(ids):
         memviz.trace(small_model("sliding_window", window=8), ids)
 
 
-ALLOCATION_SCRIPT = """
+ALLOCATION_SCRIPT = (
+    HIGH_WATER_KB
+    + """
 import json, resource, sys
 import memviz
 with open("/proc/self/statm") as fh:
     used = int(fh.read().split()[0]) * resource.getpagesize()
 resource.setrlimit(resource.RLIMIT_AS, (used + 3 * 2**30, resource.RLIM_INFINITY))  # 3 GiB more than it holds now
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+before = high_water_kb()
 try:
     memviz.load(sys.argv[1])
     error = None
 except memviz.CheckpointError as exc:
     error = str(exc)
-print(json.dumps({"error": error, "growth_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024}))
+print(json.dumps({"error": error, "growth_mb": (high_water_kb() - before) / 1024}))
 """
+)
 
 
 def test_a_checkpoint_config_too_big_to_allocate_is_refused_before_any_weight(tmp_path):
@@ -924,6 +932,50 @@ def test_a_card_over_its_size_cap_or_not_a_file_is_refused_naming_it(tmp_path, m
         memviz.load(folder)
 
 
+STEP_PEAK_SCRIPT = (
+    HIGH_WATER_KB
+    + """
+import json, sys
+import torch
+import memviz
+torch.set_num_threads(1)
+
+model = memviz.build_model(memviz.ModelConfig.from_dict(json.loads(sys.argv[1]))).train()
+length = int(sys.argv[2])
+predicted = model.activation_bytes(1, length) + model.attention_score_bytes(1, length)
+tokens = torch.randint(0, model.cfg.vocab_size, (1, length))
+before = high_water_kb() * 1024
+model(tokens, return_type="loss").backward()
+grown = high_water_kb() * 1024 - before
+print(json.dumps({"predicted": predicted, "grown": grown}))
+"""
+)
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        {"family": "titans", "memory": {"variant": "mac"}, "segment_len": 64},
+        {"family": "titans", "memory": {"variant": "lmm", "chunk": 16}, "window": None},
+        {"family": "gated_deltanet", "attention": {"kind": "window", "span": 64}, "memory": {"chunk": 32}},
+        {"family": "sliding_window", "window": 64},
+    ],
+    ids=["titans-mac", "titans-lmm", "gated_deltanet", "sliding_window"],
+)
+def test_a_training_steps_predicted_memory_covers_its_measured_peak(model):
+    """The step cost read from the model's graph at 256 and 512 tokens, against a real step's peak at 4,096."""
+    config = {"d_model": 128, "n_layers": 4, "n_heads": 4, "vocab_size": 4096, **model}
+    run = subprocess.run(
+        [sys.executable, "-c", STEP_PEAK_SCRIPT, json.dumps(config), "4096"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["grown"] <= result["predicted"] <= 3 * result["grown"], result
+
+
 # ----- a family's memory counted in the training step's cost ----------------------------------------
 def test_titans_at_the_token_cap_is_refused_for_its_memory_before_the_work(tmp_path, monkeypatch):
     import training.loop
@@ -941,7 +993,7 @@ def test_titans_at_the_token_cap_is_refused_for_its_memory_before_the_work(tmp_p
     }
     config = tiny_run(tmp_path / "run", model=model, data={"curriculum": [[0, 131072]]})
     titans = memviz.build_model(memviz.ModelConfig.from_dict({**model, "vocab_size": 259}))
-    assert titans.memory_step_bytes(2, 131072) > 16 * 2**30 > titans.attention_score_bytes(2, 131072)
+    assert titans.activation_bytes(2, 131072) > 16 * 2**30 > titans.attention_score_bytes(2, 131072)
     with pytest.raises(
         ValueError, match=r"data.curriculum's longest length 131,072 x optim.batch_size 2: a step of this titans"
     ):

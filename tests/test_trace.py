@@ -9,7 +9,7 @@ import torch
 
 import memviz
 from memviz.trace import Trace
-from tests.conftest import scrambled, small_model
+from tests.conftest import HIGH_WATER_KB, scrambled, small_model
 
 
 def test_trace_records_hooks_over_the_whole_input_and_matches_one_pass():
@@ -143,9 +143,9 @@ def test_a_trace_file_that_would_unpack_too_far_is_refused_unread(tmp_path, monk
         memviz.Trace.load(truncated)
 
 
-PEAK_SCRIPT = textwrap.dedent(
+PEAK_SCRIPT = HIGH_WATER_KB + textwrap.dedent(
     """
-    import json, resource, sys
+    import json, sys
     import torch
     sys.path.insert(0, {root!r})
     import memviz
@@ -155,9 +155,9 @@ PEAK_SCRIPT = textwrap.dedent(
                                             d_mlp=64, window=64)).eval()
     names = {{"blocks.1.attn.hook_z": "norm"}}
     memviz.trace(model, list(range(200)) * 10, names=names, chunk_len=256)  # warm up at 2k tokens
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = high_water_kb()
     tr = memviz.trace(model, list(range(200)) * 100, names=names, chunk_len=256)  # 20k tokens
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    after = high_water_kb()
     print(json.dumps({{"tokens": len(tr), "growth_kb": after - before}}))
     """
 )

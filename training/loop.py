@@ -234,12 +234,13 @@ class Trainer:
         return model.to(self.device).train()
 
     def check_step_memory(self) -> None:
-        """Refuse, before the first step, a curriculum whose longest batch the model's attention cannot hold in this
-        machine's memory (`MemoryLM.attention_score_bytes`; the token cap alone does not see that causal attention
+        """Refuse, before the first step, a curriculum whose longest batch this machine's memory cannot hold: the
+        model's activations, its memory among them, read from its own graph (`MemoryLM.activation_bytes`), and its
+        attention's scores (`MemoryLM.attention_score_bytes`: the token cap alone does not see that causal attention
         is quadratic in the length)."""
         longest = max(length for _, length in self.cfg.data.curriculum)
         batch = self.cfg.optim.batch_size
-        need = self.model.attention_score_bytes(batch, longest) + self.model.memory_step_bytes(batch, longest)
+        need = self.model.attention_score_bytes(batch, longest) + self.model.activation_bytes(batch, longest)
         have = (
             torch.cuda.get_device_properties(self.device).total_memory
             if self.device.type == "cuda"
@@ -249,9 +250,9 @@ class Trainer:
             attention = self.model.attention.kind if self.model.attention is not None else "no"
             raise ValueError(
                 f"data.curriculum's longest length {longest:,} x optim.batch_size {batch}: a step of this "
-                f"{self.model.family} model takes about {need / 2**30:,.1f} GiB for its {attention} "
-                f"attention's scores and its memory, over this {self.device.type}'s {have / 2**30:,.1f} GiB "
-                "(shorten the curriculum, lower the batch, or attend over a window)"
+                f"{self.model.family} model takes about {need / 2**30:,.1f} GiB for its activations, its memory "
+                f"among them, and its {attention} attention's scores, over this {self.device.type}'s "
+                f"{have / 2**30:,.1f} GiB (shorten the curriculum, lower the batch, or attend over a window)"
             )
 
     def check_prefix(self) -> None:

@@ -522,16 +522,6 @@ class TitansLM(MemoryLM):
         assert chunk is not None  # check_config: 'mac' needs segment_len
         return VARIANT_BLOCKS[o.variant](self.cfg, o, self.attention, chunk)
 
-    def memory_step_bytes(self, batch: int, length: int) -> int:
-        """The chunked update makes the memory's weights and momentum anew at every chunk (eqs. 10, 13), and a
-        training step keeps each chunk's, with the update between them and their gradients, for the backward: about
-        8 copies of the memory's weights a chunk, a layer and a sequence (fitted to the peak memory of steps at
-        16,384 tokens, linear and MLP memory), far more than the activations when the chunk is short."""
-        memory = cast(TitansBlock, self.blocks[0]).memory
-        weights = memory.d * memory.d if self.options.memory == "linear" else 2 * memory.d * memory.hidden
-        chunks = -(-length // memory.chunk)
-        return self.cfg.n_layers * batch * chunks * 8 * weights * self.dtype.itemsize
-
     def memory_readout(self, tokens, position: int) -> Readout | None:
         """The memory's read at `position` (MAC: the context h_t = M*(q_t) with the segment-start
         weights; the other variants: M*(q_t), hook_retrieved) as a sum over the tokens of the
