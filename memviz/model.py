@@ -615,27 +615,24 @@ class MemoryLM(HookedRootModule):
             if generic_hook_name(name) in self.memory_hooks
         }
 
-    def attention_score_bytes(self, batch: int, length: int) -> int:
-        """About the bytes the local attention's scores take in a training step over `batch` x `length` tokens in one
-        call: a forward keeps batch x heads x queries x keys probabilities a layer for the backward, with the scores
-        before them (quadratic in the length for causal attention, linear for a window or a segment), and builds a
-        position mask and differences of queries x keys. A family's own memory costs more beside it."""
-        if self.attention is None:
-            return 0
-        span = self.attention.span
-        keys = length if span is None or length <= 2 * span else 2 * span  # LocalAttention's query blocks
-        kept = self.cfg.n_layers * batch * self.cfg.n_heads * length * keys * 2 * self.dtype.itemsize
-        return kept + length * keys * 9  # int64 differences and the boolean mask, one layer at a time
-
-    def activation_bytes(self, batch: int, length: int) -> int:
-        """About the bytes a training step's activations take over `batch` x `length` tokens, the family's memory
-        among them: what autograd saves for the backward a token, read from this model's own graph (the loss of one
-        sequence at two short lengths, each tensor's storage counted once), twice over for the gradients the
-        backward makes of them. Linear in the length: causal attention's quadratic scores are
-        `attention_score_bytes`."""
-        unit = max(64, self.cfg.segment_len or 0)  # whole segments, so a segment's memory update is in both
-        per_token = (self.saved_bytes(8 * unit) - self.saved_bytes(4 * unit)) / (4 * unit)
-        return int(2 * per_token * batch * length)
+    def step_bytes(self, batch: int, length: int) -> int:
+        """About the bytes a training step over `batch` x `length` tokens takes: what autograd saves for the
+        backward, read from this model's own graph (the family's memory among it) at three short lengths and
+        fitted as a + b L + c L^2 per sequence (c is causal attention's quadratic part: its masks and any scores
+        kept), twice over for the gradients the backward makes of them, and the local attention's position mask
+        (int64 differences and booleans, queries x keys) built one layer at a time."""
+        unit = max(64, self.cfg.segment_len or 0)  # whole segments, so a segment's memory update is in each
+        short, middle, long = (self.saved_bytes(n * unit) for n in (4, 8, 16))
+        slope_low, slope_high = (middle - short) / (4 * unit), (long - middle) / (8 * unit)
+        quadratic = max(0.0, (slope_high - slope_low) / (12 * unit))  # slopes at 6 and 12 units, per token
+        linear = slope_low - quadratic * 12 * unit
+        saved = batch * (linear * length + quadratic * length**2)
+        mask = 0
+        if self.attention is not None:
+            span = self.attention.span
+            keys = length if span is None or length <= 2 * span else 2 * span  # LocalAttention's query blocks
+            mask = length * keys * 9
+        return int(2 * saved + mask)
 
     def saved_bytes(self, length: int) -> int:
         """The bytes autograd keeps for the backward of the next-token loss of one sequence of `length` tokens:

@@ -234,13 +234,12 @@ class Trainer:
         return model.to(self.device).train()
 
     def check_step_memory(self) -> None:
-        """Refuse, before the first step, a curriculum whose longest batch this machine's memory cannot hold: the
-        model's activations, its memory among them, read from its own graph (`MemoryLM.activation_bytes`), and its
-        attention's scores (`MemoryLM.attention_score_bytes`: the token cap alone does not see that causal attention
-        is quadratic in the length)."""
+        """Refuse, before the first step, a curriculum whose longest batch this machine's memory cannot hold
+        (`MemoryLM.step_bytes`, read from the model's own graph: the token cap alone does not see that causal
+        attention is quadratic in the length, or what a family's memory keeps)."""
         longest = max(length for _, length in self.cfg.data.curriculum)
         batch = self.cfg.optim.batch_size
-        need = self.model.attention_score_bytes(batch, longest) + self.model.activation_bytes(batch, longest)
+        need = self.model.step_bytes(batch, longest)
         have = (
             torch.cuda.get_device_properties(self.device).total_memory
             if self.device.type == "cuda"
@@ -251,7 +250,7 @@ class Trainer:
             raise ValueError(
                 f"data.curriculum's longest length {longest:,} x optim.batch_size {batch}: a step of this "
                 f"{self.model.family} model takes about {need / 2**30:,.1f} GiB for its activations, its memory "
-                f"among them, and its {attention} attention's scores, over this {self.device.type}'s "
+                f"and its {attention} attention among them, over this {self.device.type}'s "
                 f"{have / 2**30:,.1f} GiB (shorten the curriculum, lower the batch, or attend over a window)"
             )
 
