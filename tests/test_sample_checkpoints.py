@@ -30,7 +30,7 @@ CARD_FIELDS = {"train_command", "train_config", "steps", "wall_time_s", "machine
 def test_the_zoo_ships_a_memory_model_and_its_control():
     assert {
         "infini_long",
-        "lm2_english",
+        "lm2_english_16k",
         "titans_long",
         "longmem",
         "sliding_window",

@@ -330,7 +330,7 @@ def lm2_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int | No
     figure_settings=lambda model: {"update": model.options.update, "segment_len": model.cfg.segment_len},
     quick={"attention": {"kind": "window", "span": 32}, "memory": {"slots": 8}},
     tiny={"attention": {"kind": "window", "span": 8}, "memory": {"slots": 4}},
-    sample="lm2_english",
+    sample="lm2_english_16k",
     readout=True,
 )
 class LM2LM(MemoryLM):
