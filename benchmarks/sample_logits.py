@@ -53,18 +53,18 @@ def main() -> None:
         print(f"{len(now)} samples' logits written to {args.save}")
         return
     before = torch.load(args.compare)
-    differ = 0
+    common, differ = sorted(set(before) & set(now)), 0
     for name in sorted(set(before) | set(now)):
-        if name not in now or name not in before:
+        if name not in common:
             print(f"{name}: only {'before' if name in before else 'now'}")
-            differ += 1
             continue
         same = torch.equal(before[name], now[name])
         gap = (before[name] - now[name]).abs().max().item()
         print(f"{name}: {'bit-identical' if same else f'differs, max |diff| {gap:.3g}'}")
         differ += not same
-    print(f"{len(now) - differ} of {len(set(before) | set(now))} samples bit-identical")
-    sys.exit(1 if differ else 0)
+    only = len(set(before) ^ set(now))
+    print(f"{len(common) - differ} of the {len(common)} samples in both runs bit-identical; {only} in one run only")
+    sys.exit(1 if differ or only else 0)
 
 
 if __name__ == "__main__":
