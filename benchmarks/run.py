@@ -380,14 +380,14 @@ STREAM_SCRIPT = """
 import json, sys, time
 sys.path.insert(0, {root!r})
 import memviz
+from benchmarks.released import status
 from probes import passkey
 model = memviz.load({checkpoint!r})
 sample = passkey.seeded_sample(model.tokenizer, {length}, 0.5, 0, 0)
 start = time.perf_counter()
 tr = memviz.trace(model, sample.prompt)
 seconds = time.perf_counter() - start
-with open("/proc/self/status") as fh:  # this process's own peak: ru_maxrss starts from the forking parent's
-    peak_rss_mb = next(int(line.split()[1]) for line in fh if line.startswith("VmHWM")) / 1024
+peak_rss_mb = status("VmHWM") / 2**20  # this process's own peak: ru_maxrss starts from the forking parent's
 print(json.dumps({{"tokens": len(tr), "seconds": seconds, "peak_rss_mb": peak_rss_mb}}))
 """
 

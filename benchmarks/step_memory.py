@@ -23,20 +23,14 @@ import json, sys
 import torch
 sys.path.insert(0, {root!r})
 import memviz
+from benchmarks.released import status  # VmHWM: this process's own peak (ru_maxrss starts from the parent's)
 torch.set_num_threads(1)
-
-
-def high_water():  # this process's own peak RSS (ru_maxrss starts from the forking parent's)
-    with open("/proc/self/status") as fh:
-        return next(int(line.split()[1]) for line in fh if line.startswith("VmHWM")) * 1024
-
-
 model = memviz.load({folder!r}).train()
 predicted = model.step_bytes(1, {length})
 tokens = torch.randint(0, model.cfg.vocab_size, (1, {length}), generator=torch.Generator().manual_seed(0))
-before = high_water()
+before = status("VmHWM")
 model(tokens, return_type="loss").backward()
-print(json.dumps({{"predicted": predicted, "grown": high_water() - before}}))
+print(json.dumps({{"predicted": predicted, "grown": status("VmHWM") - before}}))
 """
 
 
