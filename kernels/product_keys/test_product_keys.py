@@ -30,9 +30,11 @@ def test_product_key_topk_matches_the_reference_with_gradients(seed, shape, impl
     exact = s1.gather(-1, indices // n) + s2.gather(-1, indices % n)
     close(exact, ref_scores, seed, "scores of the returned indices")
     assert indices.unique(dim=-1).shape == indices.shape and bool((indices >= 0).all() and (indices < n * n).all())
+    # gradients through the kernel's own selection: near-ties (within float32) may swap two ranks, and
+    # the upstream gradient follows the index, not the rank
     grad = torch.randn_like(scores)
     scores.backward(grad)
-    ref_scores.backward(grad.double())
+    exact.backward(grad.double())
     close(q32.grad, q64.grad, seed, "dq")
     close(k32.grad, k64.grad, seed, "dkeys")
 
