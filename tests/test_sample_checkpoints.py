@@ -39,7 +39,7 @@ def test_the_zoo_ships_a_memory_model_and_its_control():
         "dense",
         "dense_english",
         "gated_deltanet_english_16k",
-        "longmem_qa1",
+        "longmem_english",
         "infini_qa1",
         "titans_qa1",
         "lm2_qa1",

@@ -35,6 +35,11 @@ Memory attention uses un-rotated keys and queries (cached tokens have no positio
 reader); local attention uses RoPE. `warm_start` copies a trained baseline into the backbone and
 initialises side block l from backbone block b(l), as the paper initialises the SideNet from the
 backbone.
+
+Which layer to cache matters: the bank hands the reader a past token only if that layer's keys mark what
+follows what and its values carry the token, as a copying head's do. A backbone that copies a pass key in view
+does so in particular heads of one layer (`benchmarks/copy_heads.py` finds them); caching that layer is what
+let a side network learn to read the bank on English (docs/samples.md).
 """
 
 from __future__ import annotations
@@ -97,7 +102,7 @@ class LongMemShared(NamedTuple):
 @dataclass
 class LongMemOptions:
     side_layers: int = 2
-    memory_layer: int = -1  # backbone layer whose keys/values are cached; -1 = n_layers // 2
+    memory_layer: int = -1  # backbone layer whose keys/values are cached (its copying heads'); -1 = n_layers // 2
     augmented_layer: int = -1  # side block with memory attention; -1 = side_layers // 2
     chunk_size: int = 4
     topk_chunks: int = 8
@@ -329,7 +334,7 @@ def longmem_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int 
         "segment_len": 8,
         "memory": {"chunk_size": 4, "topk_chunks": 2, "bank_size": 16},
     },
-    sample="longmem",
+    sample="longmem_english",
     prefix_capacity="bank_size",
 )
 class LongMemLM(MemoryLM):
