@@ -110,7 +110,7 @@ def run(checkpoint: str, n_tokens: int, threads: int, chunk_size: int | None = N
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint", nargs="?", default="longmem")
+    parser.add_argument("checkpoint", nargs="?", default="longmem_long")
     parser.add_argument("--tokens", type=int, default=2**20)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--chunk-size", type=int, help="tokens a bank chunk (default: the checkpoint's config)")

@@ -5,7 +5,7 @@
     start of the question's segment (the question can no longer read what memory stored), and,
     as a control, when it is reset at the start of the needle's segment (memory keeps the needle,
     loses only the text before it);
-  * LongMem: how often its retrieval holds the needle's chunk at the question;
+  * LongMem: how often its retrieval holds the needle's chunk where the key's first digit is predicted;
   * `--boundary LENGTH` (segmented models): the exact rate split by whether every token of the
     key is predicted inside the question's segment, or some from the next segment, which sees
     the question only through memory.
@@ -46,15 +46,25 @@ def memory_resets(model, length, n=15):
     return reset_rates(model, samples, "needle")
 
 
+def up_to_first_digit(tokenizer, sample) -> list[int]:
+    """The prompt and the reply's tokens before the key's first digit: its last position predicts that digit
+    (the tokenizers here write the reply's leading space as a token of its own)."""
+    ids = tokenizer.encode(sample.prompt + sample.reply)
+    n = len(tokenizer.encode(sample.prompt))
+    while n < len(ids) and not any(c.isdigit() for c in tokenizer.decode([ids[n]])):
+        n += 1
+    return ids[:n]
+
+
 def needle_held_at_question(model, lengths, n=15):
-    """`model.needle_hold` of the needle at the question's last token, the mean over samples per
+    """`model.needle_hold` of the needle where the key's first digit is predicted, the mean over samples per
     length (None for a family that defines none)."""
     held = {}
     for length in lengths:
         rows = []
         for i in range(n):
             s = passkey.seeded_sample(model.tokenizer, length, DEPTHS[i % 3], SEED, i)
-            hold = model.needle_hold(model.tokenizer.encode(s.prompt), tuple(s.evidence[0]))
+            hold = model.needle_hold(up_to_first_digit(model.tokenizer, s), tuple(s.evidence[0]))
             if hold is None:
                 return None
             rows.append({label: float(values[-1]) for label, values in hold.items()})
@@ -105,4 +115,4 @@ if __name__ == "__main__":
         length, names = int(args[1]), args[2:] or ["infini_long"]
         print(json.dumps({name: exact_by_boundary(memviz.load(name), length) for name in names}, indent=1))
     else:
-        main(args or ["sliding_window", "infini_long", "lm2_long", "titans_long", "longmem"])
+        main(args or ["sliding_window", "infini_long", "lm2_long", "titans_long", "longmem_english"])

@@ -398,7 +398,7 @@ def streaming(quick: bool) -> list[dict]:
     samples = memviz.list_samples()
     if not samples:
         return [{"note": "no sample checkpoint to stream through"}]
-    checkpoint = next(s for s in ("longmem", "sliding_window", *samples) if s in samples)  # long-context first
+    checkpoint = next(s for s in ("longmem_long", "sliding_window", *samples) if s in samples)  # long-context first
     rows = []
     for length in [8_192, 65_536] if quick else [65_536, 1_000_000]:
         out = subprocess.run(
