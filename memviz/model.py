@@ -17,7 +17,7 @@ import numbers
 import re
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple, Protocol, cast
@@ -58,10 +58,13 @@ def generic_hook_name(name: str) -> str:
 
 
 class HookDoc(NamedTuple):
-    """A hook's entry in the hook table (docs/hooks.md, `python -m memviz hooks`)."""
+    """A hook's entry in the hook table (docs/hooks.md, `python -m memviz hooks`). `nan_means_none`: the hook
+    writes NaN where an entry is empty (LongMem's score of a chunk not retrieved), so a trace does not read its NaN
+    as the model's numbers stopping being finite."""
 
     shape: str
     what: str
+    nan_means_none: bool = False
 
 
 #: the hooks of every model built from `Block`s (the hook table's shared rows)
@@ -614,6 +617,12 @@ class MemoryLM(HookedRootModule):
             for name in self.hook_dict
             if generic_hook_name(name) in self.memory_hooks
         }
+
+    @classmethod
+    def nan_means_none(cls, names: Iterable[str]) -> list[str]:
+        """Of these hook names, those whose NaN entries mark an empty entry (`HookDoc.nan_means_none`)."""
+        docs = cls.hook_docs
+        return sorted(n for n in names if (doc := docs.get(generic_hook_name(n))) is not None and doc.nan_means_none)
 
     def step_bytes(self, batch: int, length: int) -> int:
         """About the bytes a training step over `batch` x `length` tokens takes: what autograd saves for the

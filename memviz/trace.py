@@ -13,7 +13,7 @@ default hooks.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,11 +77,18 @@ def next_token_losses(logits: torch.Tensor, targets: torch.Tensor, rows: int = 1
     return torch.cat(losses) if losses else logits.new_zeros(0, dtype=torch.float32)
 
 
-def first_non_finite(values: np.ndarray) -> int | None:
+def bad_rows(values: np.ndarray, nan_means_none: bool = False) -> np.ndarray:
+    """Whether each position of [pos, ...] floats holds an entry that is NaN or infinite (infinite only, where NaN
+    marks an empty entry)."""
+    flat = values.reshape(len(values), -1)
+    return (np.isinf(flat) if nan_means_none else ~np.isfinite(flat)).any(1)
+
+
+def first_non_finite(values: np.ndarray, nan_means_none: bool = False) -> int | None:
     """The first position [pos, ...] where any entry is NaN or infinite; None where all are finite (or integer)."""
     if not np.issubdtype(values.dtype, np.floating) or len(values) == 0:
         return None
-    bad = ~np.isfinite(values.reshape(len(values), -1)).all(1)
+    bad = bad_rows(values, nan_means_none)
     return int(bad.argmax()) if bad.any() else None
 
 
@@ -148,7 +155,10 @@ class Trace:
         """The first token where array `name` is not finite (NaN or infinite), or None. The last token's loss has
         no next token and is left out."""
         values = self[name]
-        return first_non_finite(values[:-1] if name == "loss" else values)
+        empty_is_nan = self.meta.get("nan_means_none")
+        return first_non_finite(
+            values[:-1] if name == "loss" else values, isinstance(empty_is_nan, list) and name in empty_is_nan
+        )
 
     @property
     def diverged_at(self) -> int | None:
@@ -352,14 +362,18 @@ def check_contents(tokens: np.ndarray, vocab, meta) -> dict[int, str] | None:
     return vocab
 
 
-def non_finite_summary(arrays: Mapping[str, np.ndarray], logits_finite: np.ndarray) -> dict[str, dict[str, int]]:
+def non_finite_summary(
+    arrays: Mapping[str, np.ndarray], logits_finite: np.ndarray, nan_means_none: Iterable[str] = ()
+) -> dict[str, dict[str, int]]:
     """{name: {"first": the first token where it is not finite, "count": at how many tokens}} for the logits and
-    each floating-point array that is not finite somewhere (the last token's loss, which has no next token, aside)."""
+    each floating-point array that is not finite somewhere (the last token's loss, which has no next token, aside;
+    in the arrays named in `nan_means_none`, only infinities)."""
     bad = {"logits": ~logits_finite}
+    empty_is_nan = set(nan_means_none)
     for name, values in arrays.items():
         if np.issubdtype(values.dtype, np.floating):
             kept = values[:-1] if name == "loss" else values
-            bad[name] = ~np.isfinite(kept.reshape(len(kept), -1)).all(1)
+            bad[name] = bad_rows(kept, name in empty_is_nan)
     return {name: {"first": int(b.argmax()), "count": int(b.sum())} for name, b in bad.items() if b.any()}
 
 
@@ -486,7 +500,9 @@ def trace(
         "answer": answer_span,  # [start, stop) of the appended answer's tokens, or None
         # what the family's figures need that the arrays do not say (a saved trace plots alone)
         "figure_settings": get_family(model.family).figure_settings(model),
-        # where the logits and each kept quantity first stop being finite: {name: {"first", "count"}}
-        "non_finite": non_finite_summary(arrays, logits_finite),
+        # the kept quantities whose NaN marks an empty entry, and where the logits and each kept quantity first
+        # stop being finite: {name: {"first", "count"}}
+        "nan_means_none": model.nan_means_none(arrays),
+        "non_finite": non_finite_summary(arrays, logits_finite, model.nan_means_none(arrays)),
     }
     return Trace(np.asarray(ids, dtype=np.int32), arrays, vocab, meta)

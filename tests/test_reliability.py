@@ -371,6 +371,25 @@ def test_a_trace_that_stays_finite_records_nothing_and_its_figures_say_nothing_o
     assert not any("finite" in (fig.layout.title.text or "") for fig in family_figures(trace).values())
 
 
+def test_a_longmem_trace_reads_its_empty_retrievals_as_empty_not_as_a_divergence(tmp_path):
+    """LongMem writes NaN as the score of a chunk it did not retrieve (the first segment has no bank to read), which
+    its hook docs declare; the trace and its figures stay silent on those, and an infinite score is still named."""
+    from memviz.trace import non_finite_summary
+    from memviz.viz import family_figures
+
+    model = small_model("longmem", window=8, segment_len=8, memory={"chunk_size": 4, "topk_chunks": 2, "bank_size": 16})
+    trace = memviz.trace(model, "a fair text of forty and more characters to trace")
+    scores = "side_blocks.1.attn.hook_retrieved_scores"
+    assert np.isnan(trace[scores][:8]).all()  # nothing to retrieve before the first segment completes
+    assert trace.meta["nan_means_none"] == [scores] and trace.meta["non_finite"] == {}
+    assert trace.non_finite_from(scores) is None
+    assert saved_and_loaded(trace, tmp_path).non_finite_from(scores) is None
+    assert not any("finite" in (fig.layout.title.text or "") for fig in family_figures(trace).values())
+    poisoned = {scores: trace[scores].copy()}
+    poisoned[scores][20, 0, 0] = np.inf
+    assert non_finite_summary(poisoned, np.ones(len(trace), bool), [scores]) == {scores: {"first": 20, "count": 1}}
+
+
 # ----- limits checked before the work, within 200 MB of peak memory --------------------------------
 BPE_TOKENIZER = ROOT / "sample_checkpoints" / "memory_plus_shared" / "tokenizer.json"
 
