@@ -18,39 +18,46 @@ import random
 import torch
 
 import memviz
-from memviz.layers import apply_rotary, rotary_cos_sin
+from memviz.layers import apply_rotary, local_mask, rotary_cos_sin
 from probes.passkey import make_sample
 
 
 @torch.no_grad()
+def attention_patterns(model, ids: list[int]) -> tuple[torch.Tensor, dict]:
+    """[layer, head, query, key]: each block's local attention weights over one input, rebuilt from its hooked
+    queries and keys under RoPE and the block's own window and segment mask; and the run's cache (its q, k, v, z)."""
+    cfg = model.cfg
+    names = {f"blocks.{l}.attn.hook_{x}" for l in range(cfg.n_layers) for x in "qkvz"}
+    _, cache = model.run_with_cache(torch.tensor([ids]), names_filter=lambda name: name in names)
+    positions = torch.arange(len(ids))
+    cos, sin = rotary_cos_sin(positions, cfg.d_head, cfg.rope_base)
+    patterns = []
+    for l, block in enumerate(model.blocks):
+        q = apply_rotary(cache[f"blocks.{l}.attn.hook_q"], cos, sin)[0]
+        k = apply_rotary(cache[f"blocks.{l}.attn.hook_k"], cos, sin)[0]
+        visible = local_mask(positions, positions, block.attn.window, block.attn.segment_len)
+        scores = torch.einsum("thd,shd->hts", q, k) / cfg.d_head**0.5
+        patterns.append(scores.masked_fill(~visible, -torch.inf).softmax(-1))
+    return torch.stack(patterns), cache
+
+
 def copy_attention(model, haystack: str | None, n: int = 12, length: int = 60, seed: int = 0) -> torch.Tensor:
     """[layer, head]: the mean attention from the position that predicts each key digit to that digit in the
     needle, over n prompts of about `length` tokens (the needle in view of a 64-token window)."""
-    cfg, tok = model.cfg, model.tokenizer
-    names = {f"blocks.{l}.attn.hook_{x}" for l in range(cfg.n_layers) for x in "qk"}
+    tok = model.tokenizer
     found = []
     for i in range(n):
         rng = random.Random(f"copy_heads|{seed}|{i}")
         sample = make_sample(tok, length, 0.3, rng.randrange(10000, 100000), haystack, seed=i, instruction="")
-        prompt = tok.encode(sample.prompt)
+        n_prompt = len(tok.encode(sample.prompt))
         ids = tok.encode(sample.prompt + sample.reply)
-        answer = ids[len(prompt) :]
+        answer = ids[n_prompt:]
         a, b = sample.evidence[0]
         starts = [s for s in range(a, b) if ids[s : s + len(answer)] == answer]  # the key's copies in the needle
-        _, cache = model.run_with_cache(torch.tensor([ids]), names_filter=lambda name: name in names)
-        T = len(ids)
-        cos, sin = rotary_cos_sin(torch.arange(T), cfg.d_head, cfg.rope_base)
-        causal = torch.ones(T, T, dtype=torch.bool).tril()
-        per_layer = []
-        for l in range(cfg.n_layers):
-            q = apply_rotary(cache[f"blocks.{l}.attn.hook_q"], cos, sin)[0]
-            k = apply_rotary(cache[f"blocks.{l}.attn.hook_k"], cos, sin)[0]
-            pattern = (torch.einsum("thd,shd->hts", q, k) / cfg.d_head**0.5).masked_fill(~causal, -torch.inf)
-            pattern = pattern.softmax(-1)
-            rows = [len(prompt) - 1 + j for j in range(len(answer))]
-            targets = [[s + j for s in starts] for j in range(len(answer))]
-            per_layer.append(torch.stack([pattern[:, r, t].sum(-1) for r, t in zip(rows, targets)]).mean(0))
-        found.append(torch.stack(per_layer))
+        patterns, _ = attention_patterns(model, ids)
+        rows = [n_prompt - 1 + j for j in range(len(answer))]
+        targets = [[s + j for s in starts] for j in range(len(answer))]
+        found.append(torch.stack([patterns[:, :, r, t].sum(-1) for r, t in zip(rows, targets)]).mean(0))
     return torch.stack(found).mean(0)
 
 

@@ -31,6 +31,36 @@ def test_a_key_crosses_the_segment_boundary_only_when_its_tokens_reach_the_next_
     assert crosses_segment(64, 6, 64) and not crosses_segment(65, 6, 64)  # the question opens a segment
 
 
+def test_copy_heads_rebuilds_each_heads_attention_as_the_model_applies_it():
+    """The patterns copy_heads reads are the model's: weighting each head's values by them gives its output z,
+    with a window shorter than the input (the mask) and scrambled weights (patterns far from uniform)."""
+    import torch
+
+    from tests.conftest import scrambled, small_model
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from copy_heads import attention_patterns
+
+    model = scrambled(small_model("sliding_window", window=8))
+    ids = torch.randint(0, model.cfg.vocab_size, (30,)).tolist()
+    patterns, cache = attention_patterns(model, ids)
+    for l in range(model.cfg.n_layers):
+        v, z = cache[f"blocks.{l}.attn.hook_v"][0], cache[f"blocks.{l}.attn.hook_z"][0]
+        torch.testing.assert_close(torch.einsum("hts,shd->thd", patterns[l], v), z, rtol=1e-4, atol=1e-5)
+    assert (patterns[:, :, 20, :12] == 0).all() and patterns.amax() > 0.9
+
+
+def test_the_english_control_copies_a_key_in_view_with_layer_3s_heads_only():
+    """Why longmem_english caches backbone layer 3 (docs/samples.md): two of its heads copy the key, layer 2's none."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from copy_heads import copy_attention
+
+    import memviz
+
+    table = copy_attention(memviz.load("sliding_window_english"), "shakespeare_train", n=4, seed=3)
+    assert table[3].sort().values[-2] >= 0.5 and table[2].max() <= 0.05, table
+
+
 def test_train_time_times_each_curriculum_stage_of_a_recipe():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from train_time import stages

@@ -369,7 +369,9 @@ class LongMemLM(MemoryLM):
             "first token position of each retrieved chunk (-1: none); augmented block only",
         ),
         RETRIEVED_SCORES: HookDoc(
-            "[batch, pos, head, topk_chunks]", "`q . chunk_key` of each retrieved chunk (NaN: none)", nan_means_none=True
+            "[batch, pos, head, topk_chunks]",
+            "`q . chunk_key` of each retrieved chunk (NaN: none)",
+            nan_means_none=True,
         ),
         GATE: HookDoc("[batch, pos, head]", "`sigmoid(g)`: the share of memory attention per head"),
         MEM_OUT: HookDoc("[batch, pos, head, d_head]", "attention over the retrieved chunks"),
