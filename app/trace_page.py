@@ -220,7 +220,7 @@ def show_readout(model, path: str, text: str, answer: str | None, evidence, tr: 
         return
     st.subheader("Read-out: what the memory returned, and from which tokens")
     position = st.number_input(
-        "read at token (default: where the answer's first token is predicted)",
+        "read at token (default: where the answer's first non-blank token is predicted)",
         0,
         len(tr) - 1,
         tr.read_position,

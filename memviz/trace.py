@@ -146,10 +146,16 @@ class Trace:
 
     @property
     def read_position(self) -> int:
-        """The token where the answer's first token is predicted: the one before an appended
-        `answer` (`trace(..., answer=...)`), else the last."""
+        """The token where the answer's first token that is not blank is predicted (an appended `answer`,
+        `trace(..., answer=...)`: a pass key's " 12345" is read for its "1", not for the space token before it),
+        else the last token."""
         answer = self.meta.get("answer")
-        return answer[0] - 1 if answer else len(self) - 1
+        if not answer:
+            return len(self) - 1
+        first, stop = answer
+        while first < stop - 1 and not self.token_text(first, first + 1)[0].strip():
+            first += 1
+        return first - 1
 
     def non_finite_from(self, name: str) -> int | None:
         """The first token where array `name` is not finite (NaN or infinite), or None. The last token's loss has

@@ -47,15 +47,16 @@ def test_losses_and_finiteness_a_few_rows_at_a_time_equal_the_whole_matrix_at_on
 
 def test_an_appended_answer_is_teacher_forced_and_its_loss_marked(tmp_path):
     """trace(..., answer=) appends the answer's tokens: its span is kept (and saved), the loss at
-    the positions predicting it is the model's own, read_position is the token before it, and
-    the loss figure outlines those positions and names their mean."""
+    the positions predicting it is the model's own, read_position is the token before its first digit (the
+    space before it is a token of its own), and the loss figure outlines those positions and names their mean."""
     from memviz import viz
 
     model = scrambled(small_model("sliding_window", window=12))
     prompt, answer = "The pass key is 12345. What is the pass key? The pass key is", " 12345"
     tr = memviz.trace(model, prompt, answer=answer)
     n, m = len(model.tokenizer.encode(prompt)), len(model.tokenizer.encode(answer))
-    assert len(tr) == n + m and tr.meta["answer"] == [n, n + m] and tr.read_position == n - 1
+    assert len(tr) == n + m and tr.meta["answer"] == [n, n + m] and tr.read_position == n
+    assert tr.token_text(n, n + 2) == [" ", "1"]
     with torch.no_grad():
         logits = model(torch.from_numpy(tr.tokens).long()[None])[0]
     nll = -torch.log_softmax(logits[n - 1 : n + m - 1], -1).gather(1, torch.from_numpy(tr.tokens[n:]).long()[:, None])[
@@ -66,7 +67,9 @@ def test_an_appended_answer_is_teacher_forced_and_its_loss_marked(tmp_path):
     assert f"the answer's {m} token(s): {float(nll.mean()):.2f} nats a token" in fig.layout.title.text
     frames = [s for s in fig.layout.shapes if s.line.dash == "dot"]
     assert len(frames) == 1 and (frames[0].x0, frames[0].x1) == (n - 1.5, n + m - 1.5)
-    assert Trace.load(tr.save(tmp_path / "t.npz")).read_position == n - 1
+    assert Trace.load(tr.save(tmp_path / "t.npz")).read_position == n
+    assert memviz.trace(model, prompt + " ", answer="12345").read_position == n  # no blank: the token before it
+    assert memviz.trace(model, prompt, answer=" ").read_position == n - 1  # all blank: its first token
     plain = memviz.trace(model, prompt)
     assert plain.meta["answer"] is None and plain.read_position == n - 1
     assert "answer" not in viz.family_figures(plain)["loss"].layout.title.text

@@ -262,8 +262,8 @@ def retrieval_map(trace: Trace, prefix: str, width: int = WIDTH, start: int = 0,
 
 
 def retrieved_at(trace: Trace, prefix: str, position: int) -> go.Figure:
-    """The chunks one token retrieved (in the family's views `trace.read_position`, where the
-    answer's first token is predicted): per head, each retrieved chunk's first position, ranked by score (marker size
+    """The chunks one token retrieved (in the family's views `trace.read_position`, where the answer's first
+    non-blank token is predicted): per head, each retrieved chunk's first position, ranked by score (marker size
     and colour), the evidence outlined, and which heads read a chunk inside it."""
     pos = trace[f"{prefix}.hook_retrieved_pos"][position]  # [H, K]
     scores = trace[f"{prefix}.hook_retrieved_scores"][position]

@@ -181,9 +181,9 @@ def selection_map(trace: Trace, name: str, width: int = WIDTH, start: int = 0, s
 
 
 def selected_at(trace: Trace, name: str, position: int) -> go.Figure:
-    """What one token read from a memory layer (in the family's views `trace.read_position`, where
-    the answer's first token is predicted): its selected values, ranked by weight, each with how many other tokens of
-    the input select the same value and the first few of them."""
+    """What one token read from a memory layer (in the family's views `trace.read_position`, where the answer's
+    first non-blank token is predicted): its selected values, ranked by weight, each with how many other tokens
+    of the input select the same value and the first few of them."""
     idx, weights = trace[name], trace[name.replace("hook_topk_indices", "hook_topk_weights")]  # [T, H, k]
     here, w = idx[position].reshape(-1), weights[position].reshape(-1)
     heads = np.repeat(np.arange(idx.shape[1]), idx.shape[2])
