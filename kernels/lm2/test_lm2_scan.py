@@ -44,14 +44,28 @@ def test_lm2_scan_kernel_matches_the_reference(seed, B, T, N, D):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("B,T,N,D", [(2, 9, 5, 12), (1, 1, 3, 7), (3, 40, 17, 33)])
 def test_lm2_scan_cpu_kernel_matches_the_reference(seed, B, T, N, D, dtype):
+    """In float32 the bar is the recurrence's own rounding (`within_float32_rounding`): a fixed tolerance failed
+    on 2 of 400 seeds at 40 steps, where a value near zero carries the rounding of the steps before it."""
     # weights scaled by 1/sqrt(D): larger gains make the recurrence amplify float32 rounding,
     # in the float32 reference as much as in the kernel
     args = scan_inputs(B, T, N, D, D**-0.5)
     with torch.no_grad():
         outputs, bank = dispatch.lm2_scan(*(x.to(dtype) for x in args), impl="native")
-    for name, a, b in zip(NAMES, (*outputs, bank), reference(args)):
+        rounding = dispatch.lm2_scan(*(x.float() for x in args), impl="reference")
+    for name, a, b, r in zip(NAMES, (*outputs, bank), reference(args), (*rounding[0], rounding[1])):
         assert a.dtype == dtype, name
-        close(a, b, seed, f"lm2 cpu {name}")
+        if dtype == torch.float64:
+            close(a, b, seed, f"lm2 cpu {name}")
+        else:
+            within_float32_rounding(a, b, r, seed, f"lm2 cpu {name}")
+
+
+def within_float32_rounding(actual, exact, rounding, seed, what):
+    """`actual` (float32) within eight times the float32 reference's own error (`rounding` against `exact`, the
+    float64 reference), or 5e-5 of the largest exact value, whichever is larger."""
+    error, reference_error = ((x.double() - exact).abs().max().item() for x in (actual, rounding))
+    bar = max(8 * reference_error, 5e-5 * exact.abs().max().item())
+    assert error <= bar, f"{what} (seed {seed}): off by {error:.3g}, the float32 reference by {reference_error:.3g}"
 
 
 @cpu_only
@@ -84,11 +98,7 @@ def test_lm2_scan_cpu_kernel_gradients_match_the_reference(seed, B, T, N, D, dty
         if rounding is None:
             close(ours[i], exact[i], seed, f"lm2 cpu d{name}")
         else:
-            error, reference_error = ((g.double() - exact[i]).abs().max().item() for g in (ours[i], rounding[i]))
-            bar = max(8 * reference_error, 5e-5 * exact[i].abs().max().item())
-            assert error <= bar, (
-                f"lm2 cpu d{name} (seed {seed}): off by {error:.3g}, the float32 reference by {reference_error:.3g}"
-            )
+            within_float32_rounding(ours[i], exact[i], rounding[i], seed, f"lm2 cpu d{name}")
 
 
 @cpu_only
