@@ -21,6 +21,7 @@ import numpy as np
 import memviz
 from memviz.interventions import reset_rates
 from memviz.registry import get_family
+from memviz.trace import first_non_blank
 from probes import passkey
 
 SEED, N, DEPTHS = 21, 5, (0.1, 0.5, 0.9)
@@ -47,13 +48,11 @@ def memory_resets(model, length, n=15):
 
 
 def up_to_first_digit(tokenizer, sample) -> list[int]:
-    """The prompt and the reply's tokens before the key's first digit: its last position predicts that digit
-    (the tokenizers here write the reply's leading space as a token of its own)."""
+    """The prompt and the reply's tokens before the key's first digit: its last position predicts that digit, as
+    a trace's `read_position` (the tokenizers here write the reply's leading space as a token of its own)."""
     ids = tokenizer.encode(sample.prompt + sample.reply)
     n = len(tokenizer.encode(sample.prompt))
-    while n < len(ids) and not any(c.isdigit() for c in tokenizer.decode([ids[n]])):
-        n += 1
-    return ids[:n]
+    return ids[: n + first_non_blank([tokenizer.decode([i]) for i in ids[n:]])]
 
 
 def needle_held_at_question(model, lengths, n=15):

@@ -77,6 +77,12 @@ def next_token_losses(logits: torch.Tensor, targets: torch.Tensor, rows: int = 1
     return torch.cat(losses) if losses else logits.new_zeros(0, dtype=torch.float32)
 
 
+def first_non_blank(texts: Sequence[str]) -> int:
+    """The index of the first text that is not whitespace (the last one where all are): where an answer's content
+    begins, past a leading space the tokenizer writes as a token of its own."""
+    return next((i for i, text in enumerate(texts) if text.strip()), len(texts) - 1)
+
+
 def bad_rows(values: np.ndarray, nan_means_none: bool = False) -> np.ndarray:
     """Whether each position of [pos, ...] floats holds an entry that is NaN or infinite (infinite only, where NaN
     marks an empty entry)."""
@@ -153,9 +159,7 @@ class Trace:
         if not answer:
             return len(self) - 1
         first, stop = answer
-        while first < stop - 1 and not self.token_text(first, first + 1)[0].strip():
-            first += 1
-        return first - 1
+        return first + first_non_blank(self.token_text(first, stop)) - 1
 
     def non_finite_from(self, name: str) -> int | None:
         """The first token where array `name` is not finite (NaN or infinite), or None. The last token's loss has
@@ -494,6 +498,7 @@ def trace(
                 progress(end, len(ids))
     arrays = {n: np.concatenate(parts) for n, parts in buffers.items()}
     arrays["loss"] = losses
+    nan_means_none = model.nan_means_none(arrays)
     present = sorted(set(ids))  # the text of the ids the trace holds, not of a whole (250k-token) vocabulary
     vocab = dict(zip(present, model.tokenizer.token_strings(present)))
     meta = {
@@ -508,7 +513,7 @@ def trace(
         "figure_settings": get_family(model.family).figure_settings(model),
         # the kept quantities whose NaN marks an empty entry, and where the logits and each kept quantity first
         # stop being finite: {name: {"first", "count"}}
-        "nan_means_none": model.nan_means_none(arrays),
-        "non_finite": non_finite_summary(arrays, logits_finite, model.nan_means_none(arrays)),
+        "nan_means_none": nan_means_none,
+        "non_finite": non_finite_summary(arrays, logits_finite, nan_means_none),
     }
     return Trace(np.asarray(ids, dtype=np.int32), arrays, vocab, meta)
