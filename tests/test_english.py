@@ -11,12 +11,12 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import scrambled, small_model
 
 from memviz.state import tensors_of
 from memviz.tokenizer import ByteTokenizer, load_tokenizer
 from probes import lm, passkey, texts
 from probes.haystack import make_haystack
+from tests.conftest import scrambled, small_model
 from training.data import DataConfig, TaskSampler
 
 ENGLISH_TOKENIZER = "training/tokenizers/english-4096.json"

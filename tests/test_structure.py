@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -223,3 +224,27 @@ def test_python_m_memviz_families_lists_each_familys_unit():
 def test_python_m_memviz_needs_a_known_command(bad):
     out = subprocess.run([sys.executable, "-m", "memviz", *bad], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "families" in out.stderr
+
+
+def test_the_install_adds_no_generic_top_level_name(tmp_path):
+    """Outside the repository `families` and `training` are not importable (they would collide with a user's own
+    packages); families/ is the installed `memviz_families`, and it brings its families in through the entry point."""
+    probe = (
+        "import importlib.util, json, memviz\n"
+        "spec = importlib.util.find_spec('memviz_families')\n"
+        "print(json.dumps([importlib.util.find_spec(n) is None for n in ('families', 'training')]"
+        " + [spec.origin, 'gated_deltanet' in [f.name for f in memviz.families()]]))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [True, True, str(ROOT / "families" / "__init__.py"), True]
+
+
+def test_pytests_families_modules_are_the_installed_ones():
+    """pytest collects a family folder's tests as `families.*` (their path); the root conftest.py makes that name the
+    installed package, so each family module is executed once and registers its family once."""
+    import families.gated_deltanet
+    import memviz_families.gated_deltanet
+
+    assert families.gated_deltanet is memviz_families.gated_deltanet
+    assert FAMILIES["gated_deltanet"].model is memviz_families.gated_deltanet.GatedDeltaNetLM

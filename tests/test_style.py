@@ -11,7 +11,19 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-PATHS = ["memviz", "kernels", "probes", "training", "app", "families", "benchmarks", "tests", "tasks.py"]
+PATHS = [
+    "memviz",
+    "kernels",
+    "probes",
+    "training",
+    "app",
+    "families",
+    "benchmarks",
+    "tests",
+    "tasks.py",
+    "setup.py",
+    "conftest.py",
+]
 
 
 def run(tool: str, *args: str) -> subprocess.CompletedProcess:

@@ -41,13 +41,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
-from families.gated_deltanet.reference import chunked
 from memviz import ConfigError, LocalCache, Memory, MemoryLM, register_family
 from memviz.figure_parts import WIDTH, delta_rule_rate_heatmaps, layer_names, memory_share_heatmaps, timeline
 from memviz.layers import AttentionSpan, LocalAttention, RMSNorm, SwiGLU
 from memviz.model import Block, HookDoc, Readout
 from memviz.options import check_positive
 from memviz.trace import Trace
+
+from .reference import chunked
 
 ALPHA = "blocks.{l}.attn.hook_alpha"  # [batch, pos, head]  decay
 BETA = "blocks.{l}.attn.hook_beta"  # [batch, pos, head]  write strength

@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 
 import memviz
-from families.gated_deltanet.reference import chunked, recurrent
 from memviz import viz
 from memviz.interventions import ablate_at, answer_logprob, replace_at
 from memviz.trace import Trace
+from memviz_families.gated_deltanet.reference import chunked, recurrent
 
 FOLDER = Path(__file__).resolve().parent
 CONFIG = dict(

@@ -1,10 +1,10 @@
 """Adapters: models built with the public implementations on PyPI, under memviz's own hook names.
 
-  * `families.peers.titans`, family `titans_pytorch`: titans-pytorch's
+  * `memviz_families.peers.titans`, family `titans_pytorch`: titans-pytorch's
     `MemoryAsContextTransformer` (its `NeuralMemory` layers traced as memviz's Titans hooks:
     the memory's loss, surprise, eta, theta, alpha and what it retrieves);
     `adapt_mac(module_or_state_dict, **kwargs)`.
-  * `families.peers.pkm`, family `product_key_memory`: product-key-memory's `PKM` as the memory
+  * `memviz_families.peers.pkm`, family `product_key_memory`: product-key-memory's `PKM` as the memory
     layer of a memviz transformer (traced as memviz's memory-layer hooks: top-k value indices and
     weights); `adapt_pkm({layer: module_or_state_dict}, **config)`.
 

@@ -25,8 +25,6 @@ from einops import rearrange
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
-from families.peers import PeerError, require
-from families.peers.titans import load_peer_weights
 from memviz import ConfigError, MemoryLM, register_family
 from memviz.config import ModelConfig
 from memviz.layers import LocalAttention, SwiGLU
@@ -39,6 +37,9 @@ from memviz.models.memory_layer import (
     silence_point,
 )
 from memviz.options import check_positive
+
+from . import PeerError, require
+from .titans import load_peer_weights
 
 
 @dataclass

@@ -13,12 +13,12 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 import memviz
-from families import peers
-from families.peers.pkm import adapt_pkm
-from families.peers.titans import adapt_mac
 from memviz import viz
 from memviz.checkpoint import CheckpointError
 from memviz.registry import get_family
+from memviz_families import peers
+from memviz_families.peers.pkm import adapt_pkm
+from memviz_families.peers.titans import adapt_mac
 from probes import passkey
 from tests.conftest import random_ids, small_model
 

@@ -33,12 +33,13 @@ import torch
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
-from families.peers import PeerError, require
 from memviz import ConfigError, MemoryLM, register_family
 from memviz.config import ModelConfig
 from memviz.model import HookDoc, ModelState
 from memviz.models.titans import LOSS, RATES, SURPRISE, titans_figures
 from memviz.options import check_positive
+
+from . import PeerError, require
 
 RETRIEVED = "blocks.{l}.memory.hook_retrieved"
 STORE_HOOKS = ("loss", "theta", "eta", "alpha", "surprise")
