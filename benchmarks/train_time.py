@@ -9,7 +9,11 @@ stable as they were in the run) and sums mean step time x steps per stage:
 
 Run it with nothing else on the machine. It prints one row per recipe and thread count and
 appends them to benchmarks/RESULTS.md with --record. Two stage recipes name their stages
-(titans_stage1 titans_stage2 titans, lm2_qa1_stage1 lm2_qa1).
+(titans_stage1 titans_stage2 titans, lm2_qa1_stage1 lm2_qa1). `--chain SAMPLE ...` times every stage
+a sample's card lists (`stages`, from the first run on fresh weights to the sample's own recipe) and
+adds them up, each shared stage (the English backbone) timed once:
+
+    python benchmarks/train_time.py --chain longmem_english lm2_english_16k --threads 2
 """
 
 from __future__ import annotations
@@ -43,22 +47,40 @@ def stages(cfg: TrainConfig) -> list[tuple[int, int]]:
     return list(zip(starts, [*starts[1:], cfg.optim.steps]))
 
 
-def stage_weights(recipe: str) -> Path | None:
+def stage_weights(recipe: str, chain_sample: str | None = None) -> Path | None:
     """Weights to time on: the sample the recipe makes, or for a first stage the sample its
-    last stage makes (same shapes)."""
+    last stage makes, or the sample of the chain the recipe is a stage of when it is the same
+    family (same shapes)."""
     for name in (recipe, recipe.rsplit("_stage", 1)[0]):
         if (SAMPLES / name / "model.safetensors").is_file():
             return SAMPLES / name / "model.safetensors"
+    if chain_sample is not None:
+        family = json.loads((SAMPLES / f"{recipe}.train.json").read_text())["model"]["family"]
+        sample = SAMPLES / chain_sample
+        if json.loads((sample / "config.json").read_text())["family"] == family:
+            return sample / "model.safetensors"
     return None
 
 
-def estimate(recipe: str, threads: int, per_stage: int) -> dict:
+def chain_of(sample: str) -> list[str]:
+    """The recipes a sample's card lists as its stages, in order (the sample's own last)."""
+    card = json.loads((SAMPLES / sample / "card.json").read_text())
+    names = [stage["name"] for stage in card.get("stages", [])]
+    if not names:
+        raise SystemExit(f"sample_checkpoints/{sample}/card.json lists no stages")
+    return names if names[-1] == sample else [*names, sample]
+
+
+def estimate(recipe: str, threads: int, per_stage: int, chain_sample: str | None = None) -> dict:
     data = json.loads((SAMPLES / f"{recipe}.train.json").read_text())
     data.update(out=tempfile.mkdtemp(prefix="train_time-"), threads=threads)
     data["eval"] = {**data.get("eval", {}), "every": 0}
-    weights = stage_weights(recipe)
-    if data.get("init_from") and not (ROOT / data["init_from"]).exists() and weights is not None:
-        data["init_from"] = str(weights.parent)  # an earlier stage's export, not kept: its sample has the shapes
+    weights = stage_weights(recipe, chain_sample)
+    if data.get("init_from") and not (ROOT / data["init_from"]).exists():
+        if weights is not None:
+            data["init_from"] = str(weights.parent)  # an earlier stage's export, not kept: its sample has the shapes
+        else:
+            del data["init_from"]  # nor a sample of its shapes: fresh weights time the same
     cfg = TrainConfig.from_dict(data)
     trainer = Trainer(cfg, progress=False)
     if weights is not None:
@@ -87,29 +109,47 @@ def estimate(recipe: str, threads: int, per_stage: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("recipes", nargs="+", help="names of sample_checkpoints/NAME.train.json")
+    parser.add_argument("recipes", nargs="*", help="names of sample_checkpoints/NAME.train.json")
+    parser.add_argument("--chain", nargs="+", default=[], metavar="SAMPLE", help="time every stage a card lists")
     parser.add_argument("--threads", type=int, nargs="+", default=[1])
     parser.add_argument("--per-stage", type=int, default=4, help="steps timed in each curriculum stage")
     parser.add_argument("--record", action="store_true", help="append the rows to benchmarks/RESULTS.md")
     args = parser.parse_args()
+    if not args.recipes and not args.chain:
+        parser.error("name recipes or --chain samples")
     os.chdir(ROOT)  # recipes name their tokenizer and init_from relative to the repository
-    lines = []
-    for recipe in args.recipes:
+    chains = {sample: chain_of(sample) for sample in args.chain}
+    for recipe in [*args.recipes, *(r for chain in chains.values() for r in chain)]:
         if not (SAMPLES / f"{recipe}.train.json").is_file():
             parser.error(f"no recipe sample_checkpoints/{recipe}.train.json")
-        for threads in args.threads:
-            result = estimate(recipe, threads, args.per_stage)
+    lines, chain_lines = [], []
+    for threads in args.threads:
+        minutes: dict[str, float] = {}
+        for recipe, sample in [*((r, None) for r in args.recipes), *((r, s) for s, c in chains.items() for r in c)]:
+            if recipe in minutes:
+                continue
+            result = estimate(recipe, threads, args.per_stage, sample)
+            minutes[recipe] = result["minutes"]
             line = f"| `{recipe}` | {threads} | {result['steps']} | {result['minutes']} min |"
             print(line, json.dumps(result["stages"]), flush=True)
             lines.append(line)
+        for sample, chain in chains.items():
+            parts = " + ".join(f"{minutes[r]:.1f}" for r in chain)
+            total = sum(minutes[r] for r in chain)
+            line = f"| `{sample}` | {threads} | {' -> '.join(chain)} | {parts} = **{total:.0f} min** |"
+            print(line, flush=True)
+            chain_lines.append(line)
     if args.record:
         machine = f"{cpu_model()}, {torch.backends.cpu.get_cpu_capability()} kernels, torch {torch.__version__}"
+        text = (
+            f"\n## {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC · training time alone, estimated ({machine})\n\n"
+            "`python benchmarks/train_time.py ...`: mean step time in each curriculum stage x its steps.\n\n"
+            "| recipe | threads | steps | estimate |\n|---|---|---|---|\n" + "\n".join(lines) + "\n"
+        )
+        if chain_lines:
+            text += "\n| sample | threads | stages | minutes |\n|---|---|---|---|\n" + "\n".join(chain_lines) + "\n"
         with open(ROOT / "benchmarks" / "RESULTS.md", "a", encoding="utf-8") as fh:
-            fh.write(
-                f"\n## {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC · training time alone, estimated ({machine})\n\n"
-                "`python benchmarks/train_time.py ...`: mean step time in each curriculum stage x its steps.\n\n"
-                "| recipe | threads | steps | estimate |\n|---|---|---|---|\n" + "\n".join(lines) + "\n"
-            )
+            fh.write(text)
 
 
 if __name__ == "__main__":

@@ -61,6 +61,21 @@ def test_the_english_control_copies_a_key_in_view_with_layer_3s_heads_only():
     assert table[3].sort().values[-2] >= 0.5 and table[2].max() <= 0.05, table
 
 
+def test_train_time_chains_a_samples_stages_and_times_each_on_weights_of_its_shapes():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from train_time import chain_of, stage_weights
+
+    assert chain_of("longmem_english") == ["english_backbone", "sliding_window_english", "longmem_english"]
+    lm2 = chain_of("lm2_english_16k")
+    assert lm2[0] == "english_backbone" and lm2[-1] == "lm2_english_16k" and "lm2_english_long" in lm2
+    # a middle stage whose export is gone times on the chain's sample (same family); the backbone has other shapes
+    assert (
+        stage_weights("lm2_english_long", "lm2_english_16k")
+        == ROOT / "sample_checkpoints/lm2_english_16k/model.safetensors"
+    )
+    assert stage_weights("english_backbone", "lm2_english_16k") is None
+
+
 def test_train_time_times_each_curriculum_stage_of_a_recipe():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from train_time import stages
