@@ -76,9 +76,9 @@ def estimate(recipe: str, threads: int, per_stage: int, chain_sample: str | None
     data.update(out=tempfile.mkdtemp(prefix="train_time-"), threads=threads)
     data["eval"] = {**data.get("eval", {}), "every": 0}
     weights = stage_weights(recipe, chain_sample)
-    if data.get("init_from") and not (ROOT / data["init_from"]).exists():
+    if data.get("init_from") and not (ROOT / data["init_from"] / "model.safetensors").is_file():
         if weights is not None:
-            data["init_from"] = str(weights.parent)  # an earlier stage's export, not kept: its sample has the shapes
+            data["init_from"] = str(weights.parent)  # an earlier stage not kept, or retired: its sample has the shapes
         else:
             del data["init_from"]  # nor a sample of its shapes: fresh weights time the same
     cfg = TrainConfig.from_dict(data)
