@@ -21,10 +21,12 @@ class FolderAlias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return None
 
     def create_module(self, spec) -> ModuleType:
-        return importlib.import_module(INSTALLED + spec.name[len(FOLDER) :])
+        module = importlib.import_module(INSTALLED + spec.name[len(FOLDER) :])
+        spec.loader_state = module.__spec__  # importlib sets the alias's spec on the module; exec_module puts it back
+        return module
 
     def exec_module(self, module: ModuleType) -> None:
-        pass  # already executed under its installed name
+        module.__spec__ = module.__spec__.loader_state  # already executed under its installed name
 
 
 sys.meta_path.insert(0, FolderAlias())

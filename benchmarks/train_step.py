@@ -29,8 +29,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: run in a child process whose working directory is the tree being timed
 STEP_SCRIPT = """
-import json, os, statistics, sys, tempfile, time
+import importlib.util, json, os, statistics, sys, tempfile, time
 sys.path.insert(0, os.getcwd())
+# the tree's own family folders: the installed memviz_families (an editable install) is one tree's
+families = os.path.join(os.getcwd(), "families", "__init__.py")
+if os.path.isfile(families):
+    spec = importlib.util.spec_from_file_location(
+        "memviz_families", families, submodule_search_locations=[os.path.dirname(families)]
+    )
+    sys.modules["memviz_families"] = module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
 import torch
 torch.set_num_threads({threads})
 from pathlib import Path

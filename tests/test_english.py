@@ -16,7 +16,7 @@ from memviz.state import tensors_of
 from memviz.tokenizer import ByteTokenizer, load_tokenizer
 from probes import lm, passkey, texts
 from probes.haystack import make_haystack
-from tests.conftest import scrambled, small_model
+from tests.conftest import FAMILY_CONFIGS, scrambled, small_model
 from training.data import DataConfig, TaskSampler
 
 ENGLISH_TOKENIZER = "training/tokenizers/english-4096.json"
@@ -162,8 +162,6 @@ def test_bits_per_byte_of_a_uniform_model_is_its_vocabulary_over_the_bytes(tmp_p
 
 @pytest.mark.parametrize("family", ["infini", "titans", "gated_deltanet", "lm2"])
 def test_streamed_token_losses_equal_a_one_pass_cross_entropy(family):
-    from conftest import FAMILY_CONFIGS
-
     model = scrambled(small_model(family, **FAMILY_CONFIGS[family])).double()
     ids = torch.randint(0, 256, (1, 150), generator=torch.Generator().manual_seed(7))
     with torch.no_grad():

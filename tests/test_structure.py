@@ -57,6 +57,8 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
                 targets.add(base)
     resolved = set()
     for target in targets:
+        if target.split(".")[0] == "memviz_families":  # families/, installed under that name
+            target = "families" + target[len("memviz_families") :]
         while target and target not in modules:
             target = target.rpartition(".")[0]
         if target and target != name:
@@ -247,4 +249,5 @@ def test_pytests_families_modules_are_the_installed_ones():
     import memviz_families.gated_deltanet
 
     assert families.gated_deltanet is memviz_families.gated_deltanet
+    assert memviz_families.gated_deltanet.__spec__.name == "memviz_families.gated_deltanet"  # its own spec kept
     assert FAMILIES["gated_deltanet"].model is memviz_families.gated_deltanet.GatedDeltaNetLM
