@@ -65,7 +65,7 @@ def test_train_time_chains_a_samples_stages_and_times_each_on_weights_of_its_sha
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from train_time import chain_of, stage_weights
 
-    assert chain_of("longmem_english") == ["english_backbone", "sliding_window_english", "longmem_english"]
+    assert chain_of("longmem_english") == ["english_backbone", "longmem_english_base", "longmem_english"]
     lm2 = chain_of("lm2_english_16k")
     assert lm2[0] == "english_backbone" and lm2[-1] == "lm2_english_16k" and "lm2_english_long" in lm2
     # a middle stage whose export is gone times on the chain's sample (same family); the backbone has other shapes
