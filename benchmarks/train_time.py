@@ -119,13 +119,15 @@ def main() -> None:
         parser.error("name recipes or --chain samples")
     os.chdir(ROOT)  # recipes name their tokenizer and init_from relative to the repository
     chains = {sample: chain_of(sample) for sample in args.chain}
-    for recipe in [*args.recipes, *(r for chain in chains.values() for r in chain)]:
+    # (recipe, the sample whose chain it is a stage of): that sample's weights stand in for a stage not kept
+    jobs = [*((r, None) for r in args.recipes), *((r, s) for s, chain in chains.items() for r in chain)]
+    for recipe, _ in jobs:
         if not (SAMPLES / f"{recipe}.train.json").is_file():
             parser.error(f"no recipe sample_checkpoints/{recipe}.train.json")
     lines, chain_lines = [], []
     for threads in args.threads:
         minutes: dict[str, float] = {}
-        for recipe, sample in [*((r, None) for r in args.recipes), *((r, s) for s, c in chains.items() for r in c)]:
+        for recipe, sample in jobs:
             if recipe in minutes:
                 continue
             result = estimate(recipe, threads, args.per_stage, sample)
