@@ -64,7 +64,10 @@ def stage_weights(recipe: str, chain_sample: str | None = None) -> Path | None:
 
 def chain_of(sample: str) -> list[str]:
     """The recipes a sample's card lists as its stages, in order (the sample's own last)."""
-    card = json.loads((SAMPLES / sample / "card.json").read_text())
+    path = SAMPLES / sample / "card.json"
+    if not path.is_file():
+        raise SystemExit(f"no sample card {path.relative_to(ROOT)}: --chain names samples in sample_checkpoints/")
+    card = json.loads(path.read_text())
     names = [stage["name"] for stage in card.get("stages", [])]
     if not names:
         raise SystemExit(f"sample_checkpoints/{sample}/card.json lists no stages")

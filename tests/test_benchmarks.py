@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -74,6 +76,8 @@ def test_train_time_chains_a_samples_stages_and_times_each_on_weights_of_its_sha
         == ROOT / "sample_checkpoints/lm2_english_16k/model.safetensors"
     )
     assert stage_weights("english_backbone", "lm2_english_16k") is None
+    with pytest.raises(SystemExit, match="no sample card sample_checkpoints/nope/card.json"):
+        chain_of("nope")
 
 
 def test_train_time_times_each_curriculum_stage_of_a_recipe():
