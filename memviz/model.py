@@ -57,6 +57,12 @@ def generic_hook_name(name: str) -> str:
     return re.sub(r"(^|\.)(blocks|side_blocks)\.\d+\.", r"\1\2.{l}.", name)
 
 
+def hooked(point: HookPoint) -> bool:
+    """Whether a hook is attached to `point` now: a value only hooks read (a trace's statistic) is
+    computed only then, so training and plain forwards skip it."""
+    return bool(point._forward_hooks)
+
+
 class HookDoc(NamedTuple):
     """A hook's entry in the hook table (docs/hooks.md, `python -m memviz hooks`). `nan_means_none`: the hook
     writes NaN where an entry is empty (LongMem's score of a chunk not retrieved), so a trace does not read its NaN

@@ -44,7 +44,7 @@ from transformer_lens.hook_points import HookPoint
 from memviz import ConfigError, LocalCache, Memory, MemoryLM, register_family
 from memviz.figure_parts import WIDTH, delta_rule_rate_heatmaps, layer_names, memory_share_heatmaps, timeline
 from memviz.layers import AttentionSpan, LocalAttention, RMSNorm, SwiGLU
-from memviz.model import Block, HookDoc, Readout
+from memviz.model import Block, HookDoc, Readout, hooked
 from memviz.options import check_positive
 from memviz.trace import Trace
 
@@ -119,8 +119,10 @@ class GatedDeltaAttention(LocalAttention):
             beta.transpose(1, 2),
             state.S,
             self.options.chunk,
+            state_norms=hooked(self.hook_state_norm),  # every token's state, built only for a hook
         )
-        self.hook_state_norm(norms.transpose(1, 2))
+        if norms is not None:
+            self.hook_state_norm(norms.transpose(1, 2))
         mem = self.hook_mem_out(self.out_norm(o.transpose(1, 2)) * F.silu(self.heads(self.W_g(x))))
         local = self.hook_local_out(local)
         gate = self.hook_gate(torch.sigmoid(self.mix).expand(B, T, self.n_heads))

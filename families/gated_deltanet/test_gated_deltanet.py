@@ -4,6 +4,7 @@ recomputed from its weights; streaming, tracing, figures, interventions and need
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import os
@@ -110,7 +111,7 @@ def test_the_model_writes_and_reads_as_the_paper_says():
     alpha = torch.exp(-attn.A_log.exp() * F.softplus(x @ attn.W_alpha.weight.T + attn.W_alpha.bias))
     beta = torch.sigmoid(x @ attn.W_beta.weight.T + attn.W_beta.bias)
     S = torch.zeros(H, d, d, dtype=torch.float64)
-    outputs = []
+    outputs, norms = [], []
     for t in range(len(x)):  # S_t = alpha_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T, o_t = S_t^T q_t
         eye = torch.eye(d, dtype=torch.float64)
         S = torch.stack(
@@ -121,10 +122,28 @@ def test_the_model_writes_and_reads_as_the_paper_says():
             ]
         )
         outputs.append(torch.einsum("hk,hkv->hv", q[t], S))
+        norms.append(S.flatten(1).norm(dim=-1))
     o = torch.stack(outputs)
     gated = attn.out_norm(o) * F.silu(attn.W_g(x).view(-1, H, d))
     torch.testing.assert_close(cache["blocks.0.attn.hook_mem_out"][0], gated, atol=1e-10, rtol=1e-10)
     torch.testing.assert_close(cache["blocks.0.attn.hook_alpha"][0], alpha, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(cache["blocks.0.attn.hook_state_norm"][0], torch.stack(norms), atol=1e-10, rtol=1e-10)
+
+
+def test_every_tokens_state_is_built_only_for_a_hook_that_reads_it(monkeypatch):
+    """A plain forward (training's) skips the per-token state norms, the chunked form's costliest
+    part; a hook on one layer's norms builds them for that layer alone, and the logits never change."""
+    family = importlib.import_module(type(small().blocks[0].attn).__module__)
+    asked = []
+    monkeypatch.setattr(family, "chunked", lambda *a, **kw: (asked.append(kw["state_norms"]), chunked(*a, **kw))[1])
+    model = small(chunk=4)
+    ids = torch.randint(0, 256, (2, 19), generator=torch.Generator().manual_seed(3))
+    plain = model(ids)
+    assert asked == [False, False]
+    asked.clear()
+    hooked, cache = model.run_with_cache(ids, names_filter="blocks.1.attn.hook_state_norm")
+    assert asked == [False, True] and cache["blocks.1.attn.hook_state_norm"].shape == (2, 19, 2)
+    torch.testing.assert_close(hooked, plain, atol=0, rtol=0)
 
 
 def test_a_streamed_run_is_one_pass():

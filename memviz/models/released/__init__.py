@@ -49,7 +49,7 @@ from transformer_lens.hook_points import HookPoint
 
 from memviz.figure_parts import WIDTH, delta_rule_rate_heatmaps, layer_names, timeline
 from memviz.layers import LocalCache
-from memviz.model import BLOCK_HOOK_DOCS, HookDoc, MemoryLM, ModelState, Readout
+from memviz.model import BLOCK_HOOK_DOCS, HookDoc, MemoryLM, ModelState, Readout, hooked
 from memviz.registry import register_family
 from memviz.state import Memory, State
 from memviz.tokenizer import TOKENIZER_FILE, Tokenizer
@@ -206,10 +206,6 @@ class LayerHooks(nn.Module):
         self.attn = GDNHooks() if linear else AttentionHooks()
         for name in ("resid_pre", "attn_out", "mlp_out", "resid_post"):
             setattr(self, f"hook_{name}", HookPoint())
-
-
-def hooked(point: HookPoint) -> bool:
-    return bool(point._forward_hooks)
 
 
 def unit(x: Tensor) -> Tensor:
