@@ -3,7 +3,9 @@
 The cards' wall times were taken with other runs sharing the two cores. This script times a few
 real training steps in each stage of a recipe's length curriculum (the batches the run itself
 draws at those steps, on the shipped sample's weights so a late stage's long sequences are as
-stable as they were in the run) and sums mean step time x steps per stage:
+stable as they were in the run). A step's length is drawn per batch, over a wide range in some
+stages, so the timed steps sit at spread quantiles of the stage's drawn lengths, a line
+time = a + b x length is fitted to them, and the stage is that line summed over every step's length:
 
     python benchmarks/train_time.py titans_qa1 sliding_window_qa1 --threads 1 2
 
@@ -28,6 +30,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,6 +77,23 @@ def chain_of(sample: str) -> list[str]:
     return names if names[-1] == sample else [*names, sample]
 
 
+def spread_picks(lengths: list[int], first: int, per_stage: int) -> list[int]:
+    """The steps (numbered from `first`) in the middle of `per_stage` equal slices of the stage's
+    steps sorted by their drawn `lengths`: quantiles of the lengths the stage trains on."""
+    by_length = sorted(range(len(lengths)), key=lengths.__getitem__)
+    return sorted({first + by_length[(2 * i + 1) * len(lengths) // (2 * per_stage)] for i in range(per_stage)})
+
+
+def fitted_seconds(timed: list[tuple[int, float]], lengths: list[int]) -> float:
+    """A stage's seconds: the line time = a + b x length through the (length, seconds) of its timed
+    steps, summed over every step's length (their mean times the steps when one length was timed)."""
+    drawn, seconds = zip(*timed)
+    if len(set(drawn)) == 1:
+        return statistics.mean(seconds) * len(lengths)
+    slope, intercept = np.polyfit(drawn, seconds, 1)
+    return float(intercept * len(lengths) + slope * sum(lengths))
+
+
 def estimate(recipe: str, threads: int, per_stage: int, chain_sample: str | None = None) -> dict:
     data = json.loads((SAMPLES / f"{recipe}.train.json").read_text())
     data.update(out=tempfile.mkdtemp(prefix="train_time-"), threads=threads)
@@ -91,16 +111,16 @@ def estimate(recipe: str, threads: int, per_stage: int, chain_sample: str | None
     trainer.train_step()  # warm-up: first-call allocations
     total, rows = 0.0, []
     for first, end in stages(cfg):
-        picks = sorted({first + (end - first) * (i + 1) // (per_stage + 1) for i in range(per_stage)})
-        seconds = []
-        for step in picks:
+        lengths = [trainer.sampler.draw_length(s, trainer.sampler.step_rng(s, trainer.rank)) for s in range(first, end)]
+        timed = []
+        for step in spread_picks(lengths, first, per_stage):
             trainer.step = step
             started = time.perf_counter()
             trainer.train_step()
-            seconds.append(time.perf_counter() - started)
-        mean = statistics.mean(seconds)
-        total += mean * (end - first)
-        rows.append((first, end, round(mean, 3)))
+            timed.append((lengths[step - first], time.perf_counter() - started))
+        stage_seconds = fitted_seconds(timed, lengths)
+        total += stage_seconds
+        rows.append((first, end, min(lengths), max(lengths), round(stage_seconds / (end - first), 3)))
     return {
         "recipe": recipe,
         "threads": threads,
@@ -115,7 +135,7 @@ def main() -> None:
     parser.add_argument("recipes", nargs="*", help="names of sample_checkpoints/NAME.train.json")
     parser.add_argument("--chain", nargs="+", default=[], metavar="SAMPLE", help="time every stage a card lists")
     parser.add_argument("--threads", type=int, nargs="+", default=[1])
-    parser.add_argument("--per-stage", type=int, default=4, help="steps timed in each curriculum stage")
+    parser.add_argument("--per-stage", type=int, default=4, help="steps timed a curriculum stage, at spread lengths")
     parser.add_argument("--record", action="store_true", help="append the rows to benchmarks/RESULTS.md")
     args = parser.parse_args()
     if not args.recipes and not args.chain:
@@ -148,7 +168,8 @@ def main() -> None:
         machine = f"{cpu_model()}, {torch.backends.cpu.get_cpu_capability()} kernels, torch {torch.__version__}"
         text = (
             f"\n## {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC · training time alone, estimated ({machine})\n\n"
-            "`python benchmarks/train_time.py ...`: mean step time in each curriculum stage x its steps.\n\n"
+            "`python benchmarks/train_time.py ...`: in each curriculum stage, a line fitted to the times of steps "
+            "at spread lengths, summed over every step's drawn length.\n\n"
             "| recipe | threads | steps | estimate |\n|---|---|---|---|\n" + "\n".join(lines) + "\n"
         )
         if chain_lines:

@@ -101,6 +101,27 @@ def test_train_time_times_each_curriculum_stage_of_a_recipe():
     ]
 
 
+def test_train_time_fits_a_stage_over_the_lengths_its_steps_draw():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from train_time import fitted_seconds, spread_picks
+
+    from memviz.tokenizer import load_tokenizer
+    from training import TrainConfig
+    from training.data import TaskSampler
+
+    lengths = [100, 400, 200, 300, 1000, 500]  # steps 10-15
+    assert spread_picks(lengths, 10, 3) == [11, 12, 14]  # lengths 400, 200, 1000: the sixths 1, 3, 5 of them sorted
+    linear = [(n, 0.5 + 0.01 * n) for n in (400, 200, 1000)]
+    assert fitted_seconds(linear, lengths) == pytest.approx(0.5 * 6 + 0.01 * sum(lengths))
+    assert fitted_seconds([(64, 1.0), (64, 2.0)], [64] * 10) == pytest.approx(15.0)
+    # the lengths it weights by are those the run's batches have
+    cfg = TrainConfig.load(ROOT / "sample_checkpoints/gated_deltanet_english.train.json")
+    sampler = TaskSampler(load_tokenizer(ROOT / "training/tokenizers/english-4096.json"), cfg.data)
+    for step in (0, 1250, 1750):
+        drawn = sampler.draw_length(step, sampler.step_rng(step))
+        assert drawn <= sampler.batch(step, 2)[0].shape[1] <= drawn + 8
+
+
 def test_long_grid_records_a_babilong_grid_equal_to_the_probe_run(tmp_path):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import long_grid

@@ -329,9 +329,13 @@ class TaskSampler:
             length = max(self.cfg.align_to, length // self.cfg.align_to * self.cfg.align_to)
         return length
 
+    def step_rng(self, step: int, rank: int = 0) -> random.Random:
+        """The generator a step's batch is drawn from (its length first), the same on every run."""
+        return random.Random(f"train|{self.cfg.seed}|{step}|{rank}")
+
     def batch(self, step: int, batch_size: int, rank: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """(tokens [B, T], weights [B, T]) for this step and rank, padded on the right."""
-        rng = random.Random(f"train|{self.cfg.seed}|{step}|{rank}")
+        rng = self.step_rng(step, rank)
         length = self.draw_length(step, rng)
         max_facts = self.cfg.facts_limit(step)
         examples = [self.example(rng, length, max_facts) for _ in range(batch_size)]
