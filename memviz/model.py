@@ -419,28 +419,43 @@ class MemoryLM(HookedRootModule):
         return_type: str = "logits",
         return_state: bool = False,
     ):
-        """Run a chunk. `return_type` is 'logits', 'loss' (mean next-token NLL within the chunk)
-        or 'both'; with `return_state` the new ModelState is returned last."""
+        """Run a chunk. `return_type` is 'logits', 'loss' (mean next-token NLL within the chunk),
+        'both', or 'residual' (the final normalised residual stream, the unembedding's input: for a
+        loss that applies the unembedding itself); with `return_state` the new ModelState is returned last."""
         tokens = self.as_tokens(tokens)
         if state is None:
             state = self.init_state(tokens.shape[0])
+        if return_type == "residual" and not self.unembeds_last:
+            raise ValueError(f"{type(self).__name__} makes its logits its own way: it has no 'residual' return")
+        run = self.run_residual if return_type == "residual" else self.run
         with running_alone(self, "a forward"), denormals_flushed():
-            logits, layer_states, shared = self.run(tokens, state)
+            out, layer_states, shared = run(tokens, state)
         outputs: list[Any] = []
-        if return_type in ("logits", "both"):
-            outputs.append(logits)
+        if return_type in ("logits", "both", "residual"):
+            outputs.append(out)
         if return_type in ("loss", "both"):
-            outputs.append(next_token_loss(logits, tokens, self._tokenizer.pad_id if self._tokenizer else -100))
+            outputs.append(next_token_loss(out, tokens, self._tokenizer.pad_id if self._tokenizer else -100))
         if not outputs:
-            raise ValueError(f"return_type must be 'logits', 'loss' or 'both', got {return_type!r}")
+            raise ValueError(f"return_type must be 'logits', 'loss', 'both' or 'residual', got {return_type!r}")
         if return_state:
             outputs.append(ModelState(state.pos + tokens.shape[1], layer_states, shared))
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
+    @property
+    def unembeds_last(self) -> bool:
+        """Whether the logits are `unembed(ln_final(blocks' output))`, as `run` makes them (a family that
+        overrides `run` makes them its own way)."""
+        return type(self).run is MemoryLM.run
+
     def run(self, tokens: Tensor, state: ModelState) -> tuple[Tensor, list[State], State]:
         """A chunk's logits, each layer's new state and the new shared state."""
+        x, layer_states, shared = self.run_residual(tokens, state)
+        return self.unembed(x), layer_states, shared
+
+    def run_residual(self, tokens: Tensor, state: ModelState) -> tuple[Tensor, list[State], State]:
+        """`run` but for the unembedding: the final normalised residual stream [batch, pos, d_model]."""
         x, layer_states, shared = self.run_blocks(self.embedded(tokens), tokens, state)
-        return self.unembed(self.ln_final(x)), layer_states, shared
+        return self.ln_final(x), layer_states, shared
 
     def embedded(self, tokens: Tensor) -> Tensor:
         """The residual stream's input: scaled token embeddings (hook_embed)."""

@@ -34,6 +34,25 @@ def test_twenty_training_steps_move_every_parameter(family):
 
 
 @pytest.mark.parametrize("family", sorted(FAMILY_CONFIGS))
+def test_the_residual_return_unembedded_is_the_logits(family):
+    """What the training loss reads instead of the logits (training.loss.unembedded_loss); a peer that makes
+    its logits in its own library has none."""
+    model = small_model(family, **FAMILY_CONFIGS[family])
+    ids = random_ids(45)
+    if family == "titans_pytorch":
+        assert not model.unembeds_last
+        with pytest.raises(ValueError, match="makes its logits its own way"):
+            model(ids, return_type="residual")
+        return
+    with torch.no_grad():
+        residual, state = model(ids, return_type="residual", return_state=True)
+        logits, expected_state = model(ids, return_state=True)
+    assert model.unembeds_last and residual.shape == (1, 45, model.cfg.d_model)
+    torch.testing.assert_close(model.unembed(residual), logits, atol=0, rtol=0)
+    assert state.pos == expected_state.pos == 45
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_CONFIGS))
 def test_streamed_run_equals_one_pass_for_every_family(family):
     model = small_model(family, **FAMILY_CONFIGS[family])
     ids = random_ids(45)

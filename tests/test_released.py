@@ -106,6 +106,8 @@ def test_logits_equal_transformers_forward(checkpoint, dtype, tol):
         ours, theirs = model(ids), reference(checkpoint, dtype)(ids).logits
     assert ours.dtype == dtype and theirs.abs().max() > 0.1
     torch.testing.assert_close(ours, theirs, atol=tol, rtol=0)
+    with pytest.raises(ValueError, match="makes its logits its own way"):  # transformers' head, not memviz's
+        model(ids, return_type="residual")
 
 
 @pytest.mark.parametrize("chunk", [1, 5, 16])

@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import random
 import re
 import signal
 import subprocess
@@ -18,7 +19,7 @@ from memviz.checkpoint import read_weights
 from training import TrainConfig, Trainer, TrainingDiverged, quick_config, quick_families
 from training import __main__ as training_cli
 from training import loop as train_module
-from training.loop import weighted_loss
+from training.loss import unembedded_loss, weighted_loss
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -87,16 +88,57 @@ def test_resume_without_a_checkpoint_is_a_clear_error(tmp_path):
         Trainer(tiny_config(tmp_path / "none"), resume=True, progress=False)
 
 
+@pytest.mark.parametrize("rows", [5, 1024])
+def test_the_loss_that_unembeds_block_by_block_is_the_plain_loss_with_its_gradients(rows):
+    """unembedded_loss against the NLL of the logits h W^T (float64, fresh random inputs): the loss,
+    the answers' loss and the gradients of h and W, with padding, answer weights and blocks that do not
+    divide the tokens."""
+    seed = random.SystemRandom().randrange(2**31)
+    g = torch.Generator().manual_seed(seed)
+    B, T, d, V = 3, 17, 8, 29
+    h = torch.randn(B, T, d, generator=g, dtype=torch.float64, requires_grad=True)
+    W = torch.randn(V, d, generator=g, dtype=torch.float64, requires_grad=True)
+    tokens = torch.randint(0, V, (B, T), generator=g)
+    weights = torch.ones(B, T, dtype=torch.float64)
+    weights[0, -4:] = 0  # padding
+    weights[1, 5:8] = 5.0  # an answer
+    z = (h @ W.T)[:, :-1]  # in float64 throughout (weighted_loss takes float32 logits)
+    nll = z.logsumexp(-1) - z.gather(-1, tokens[:, 1:, None])[..., 0]
+    w = weights[:, 1:]
+    plain = ((nll * w).sum() / w.sum(), nll[w > 1].mean())
+    plain_grads = torch.autograd.grad(3.0 * plain[0], (h, W))
+    fused = unembedded_loss(h, W, tokens, weights, rows=rows)
+    fused_grads = torch.autograd.grad(3.0 * fused[0], (h, W))
+    for a, b in zip((*plain, *plain_grads), (*fused, *fused_grads)):
+        torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12, msg=lambda m: f"seed {seed}: {m}")
+
+
+def test_a_training_step_is_the_plain_losss_step(tmp_path):
+    """One step of a Trainer (the loss applying the unembedding) against the same step through the
+    logits, on tied and untied embeddings: the same loss and the same gradients."""
+    for tied in (False, True):
+        config = tiny_config(tmp_path / str(tied), model={"tie_embeddings": tied}, optim={"clip": 1e9})  # no clipping
+        trainer = Trainer(config, progress=False)
+        tokens, weights = trainer.sampler.batch(0, 2, 0)
+        plain = weighted_loss(trainer.model(tokens), tokens, weights)[0]
+        plain_grads = torch.autograd.grad(plain, list(trainer.model.parameters()))
+        trainer.optimizer.step = lambda: None  # keep the weights to compare the gradients
+        logged = trainer.train_step()
+        assert logged["loss"] == pytest.approx(plain.item(), rel=1e-5)
+        for (name, p), expected in zip(trainer.model.named_parameters(), plain_grads):
+            torch.testing.assert_close(p.grad, expected, rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+
+
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
-    real = train_module.weighted_loss
+    real = train_module.unembedded_loss
     calls = {"n": 0}
 
-    def poisoned(logits, tokens, weights):
+    def poisoned(*args):
         calls["n"] += 1
-        loss, answer = real(logits, tokens, weights)
+        loss, answer = real(*args)
         return (loss * float("nan") if calls["n"] == 4 else loss), answer
 
-    monkeypatch.setattr(train_module, "weighted_loss", poisoned)
+    monkeypatch.setattr(train_module, "unembedded_loss", poisoned)
     trainer = Trainer(tiny_config(tmp_path / "nan"), progress=False)
     with pytest.raises(TrainingDiverged, match="loss became nan at step 3"):
         trainer.run()

@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from memviz import heap
 from memviz.checkpoint import CheckpointError, load, load_weights, read_weights, save
@@ -47,6 +46,7 @@ from memviz.tokenizer import load_tokenizer
 from training.config import OptimConfig, TrainConfig, TrainingDiverged
 from training.data import TaskSampler, build_tokenizer
 from training.evaluate import check_grid_fits, probe_scores
+from training.loss import unembedded_loss, weighted_loss
 from training.runlock import LOCK_NAME, RunLock
 
 
@@ -118,19 +118,6 @@ def freeze_all_but(model: torch.nn.Module, patterns: list[str]) -> None:
             f"optim.train_only: no parameter name matches {unmatched} (names look like "
             f"{next(name for name, _ in model.named_parameters())!r})"
         )
-
-
-def weighted_loss(
-    logits: torch.Tensor, tokens: torch.Tensor, weights: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weighted mean NLL, mean NLL on answer tokens) predicting tokens[t] at t-1."""
-    nll = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten(), reduction="none").view_as(
-        tokens[:, 1:]
-    )
-    w = weights[:, 1:]
-    loss = (nll * w).sum() / w.sum().clamp_min(1e-8)
-    answer = w > 1.0 if bool((w > 1.0).any()) else w > 0
-    return loss, nll[answer].mean()
 
 
 class Trainer:
@@ -385,8 +372,11 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)
         with denormals_flushed():  # the backward's subnormals too (memviz.model.denormals_flushed)
-            logits = self.ddp(tokens, state=self.prefix_state(self.step))
-            loss, answer_loss = weighted_loss(logits, tokens, weights)
+            if self.model.unembeds_last:  # the loss applies the unembedding, never holding the logits whole
+                residual = self.ddp(tokens, state=self.prefix_state(self.step), return_type="residual")
+                loss, answer_loss = unembedded_loss(residual, self.model.unembed.weight, tokens, weights)
+            else:
+                loss, answer_loss = weighted_loss(self.ddp(tokens, state=self.prefix_state(self.step)), tokens, weights)
             if not torch.isfinite(loss):
                 raise TrainingDiverged(
                     f"loss became {loss.item()} at step {self.step}; stopped without saving, so the last good "
