@@ -111,6 +111,8 @@ def test_the_loss_that_unembeds_block_by_block_is_the_plain_loss_with_its_gradie
     fused_grads = torch.autograd.grad(3.0 * fused[0], (h, W))
     for a, b in zip((*plain, *plain_grads), (*fused, *fused_grads)):
         torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12, msg=lambda m: f"seed {seed}: {m}")
+    frozen = unembedded_loss(h, W.detach(), tokens, weights, rows=rows)[0]  # a frozen unembedding: h's gradient alone
+    torch.testing.assert_close(torch.autograd.grad(3.0 * frozen, h)[0], plain_grads[0], rtol=1e-12, atol=1e-12)
 
 
 def test_a_training_step_is_the_plain_losss_step(tmp_path):

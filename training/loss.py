@@ -45,7 +45,7 @@ class UnembeddedNLL(torch.autograd.Function):
         hw, Ww = h.to(work), W.to(work)
         scale = w.to(work) / w.sum().to(work).clamp_min(1e-8)
         nll = torch.empty(h.shape[0], dtype=work, device=h.device)
-        grad_h, grad_W = torch.empty_like(hw), torch.zeros_like(Ww)
+        grad_h, grad_W = torch.empty_like(hw), torch.zeros_like(Ww) if ctx.needs_input_grad[1] else None
         for start in range(0, h.shape[0], rows):
             block = slice(start, start + rows)
             z = hw[block] @ Ww.T
@@ -56,15 +56,16 @@ class UnembeddedNLL(torch.autograd.Function):
             z.scatter_add_(1, y, torch.full_like(y, -1, dtype=work))
             z.mul_(scale[block, None])
             torch.mm(z, Ww, out=grad_h[block])
-            grad_W.addmm_(z.T, hw[block])
-        ctx.save_for_backward(grad_h.to(h.dtype), grad_W.to(W.dtype))
+            if grad_W is not None:  # not for a frozen unembedding (LongMem's backbone)
+                grad_W.addmm_(z.T, hw[block])
+        ctx.save_for_backward(grad_h.to(h.dtype), None if grad_W is None else grad_W.to(W.dtype))
         ctx.mark_non_differentiable(nll)
         return (nll * scale).sum(), nll
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):
         grad_h, grad_W = ctx.saved_tensors
-        return grad_h * grad_loss, grad_W * grad_loss, None, None, None
+        return grad_h * grad_loss, None if grad_W is None else grad_W * grad_loss, None, None, None
 
 
 def unembedded_loss(h: Tensor, W: Tensor, tokens: Tensor, weights: Tensor, rows: int = 1024) -> tuple[Tensor, Tensor]:
