@@ -23,7 +23,12 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.infini.reference import EPS
+from kernels.infini.reference import EPS as _EPS
+
+EPS = tl.constexpr(_EPS)  # a kernel reads a global only as a constexpr (the interpreter does not check)
+#: launch settings: one program walks every segment, so there is no load to pipeline (three stages of
+#: [256, 64] float32 tiles would need 384 KB of shared memory), and eight warps keep the tiles in registers
+LAUNCH = dict(num_warps=8, num_stages=1)
 
 
 def _block(n: int) -> int:
@@ -208,6 +213,7 @@ class InfiniMemory(torch.autograd.Function):
             DELTA=rule == "delta",
             BLOCK_S=_block(segment_len),
             BLOCK_D=_block(D),
+            **LAUNCH,
         )
         ctx.save_for_backward(sq_c, sk_c, v_c, m_states, z_states)
         ctx.segment_len, ctx.rule, ctx.dtypes = segment_len, rule, (sq.dtype, M.dtype, z.dtype)
@@ -245,6 +251,7 @@ class InfiniMemory(torch.autograd.Function):
             DELTA=ctx.rule == "delta",
             BLOCK_S=_block(ctx.segment_len),
             BLOCK_D=_block(D),
+            **LAUNCH,
         )
         x_dtype, m_dtype, z_dtype = ctx.dtypes
         return dsq.to(x_dtype), dsk.to(x_dtype), dv.to(x_dtype), dM0.to(m_dtype), dz0.to(z_dtype), None, None
