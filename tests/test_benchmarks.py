@@ -236,6 +236,31 @@ def test_the_gpu_run_goes_end_to_end_in_cpu_mode():
     assert (ROOT / "benchmarks" / "RESULTS.md").read_text() == results
 
 
+def test_a_kernel_that_fails_on_the_device_is_a_row_saying_so_and_the_others_are_kept(monkeypatch):
+    """gpu.py's kernel table: a kernel that does not compile gets a 'failed:' row naming the error,
+    the kernels after it are still timed, and the error is against the float64 reference."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu
+
+    def cases(device, tokens, dtype=None):
+        x = torch.arange(1.0, 5.0, dtype=dtype or torch.float32)
+
+        def broken():
+            raise RuntimeError("out of resource: shared memory, Required: 263680\nmore")
+
+        return {
+            "broken": (broken, lambda: x, None),
+            "good": (lambda: x.float() * (1 + 1e-3), lambda: x, None),  # 1e-3 off in every element
+        }, 16
+
+    monkeypatch.setattr(gpu, "kernel_cases", cases)
+    table, _ = gpu.kernel_rows("cpu", [64], 1)
+    assert table[0] == "| broken | 64 | failed: RuntimeError: out of resource: shared memory, Required: 263680 | | | |"
+    assert table[1].startswith("| good | 64 | ") and table[1].endswith("| - | 1.0e-03 |")
+
+
 def test_english_lm_records_the_probes_bits_per_byte_and_the_window_split(tmp_path):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from english_lm import main
