@@ -27,7 +27,7 @@ from kernels.infini.reference import EPS as _EPS
 
 EPS = tl.constexpr(_EPS)  # a kernel reads a global only as a constexpr (the interpreter does not check)
 #: launch settings: one program walks every segment, so there is no load to pipeline (three stages of
-#: [256, 64] float32 tiles would need 384 KB of shared memory), and eight warps keep the tiles in registers
+#: [256, 64] float32 tiles would need 384 KB of shared memory), and eight warps halve each thread's share of them
 LAUNCH = dict(num_warps=8, num_stages=1)
 
 
