@@ -111,7 +111,7 @@ def estimate(recipe: str, threads: int, per_stage: int, chain_sample: str | None
     trainer.train_step()  # warm-up: first-call allocations
     total, rows = 0.0, []
     for first, end in stages(cfg):
-        lengths = [trainer.sampler.draw_length(s, trainer.sampler.step_rng(s, trainer.rank)) for s in range(first, end)]
+        lengths = [trainer.sampler.step_length(s, trainer.rank) for s in range(first, end)]
         timed = []
         for step in spread_picks(lengths, first, per_stage):
             trainer.step = step

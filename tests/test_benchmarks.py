@@ -118,7 +118,7 @@ def test_train_time_fits_a_stage_over_the_lengths_its_steps_draw():
     cfg = TrainConfig.load(ROOT / "sample_checkpoints/gated_deltanet_english.train.json")
     sampler = TaskSampler(load_tokenizer(ROOT / "training/tokenizers/english-4096.json"), cfg.data)
     for step in (0, 1250, 1750):
-        drawn = sampler.draw_length(step, sampler.step_rng(step))
+        drawn = sampler.step_length(step)
         assert drawn <= sampler.batch(step, 2)[0].shape[1] <= drawn + 8
 
 

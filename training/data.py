@@ -333,6 +333,10 @@ class TaskSampler:
         """The generator a step's batch is drawn from (its length first), the same on every run."""
         return random.Random(f"train|{self.cfg.seed}|{step}|{rank}")
 
+    def step_length(self, step: int, rank: int = 0) -> int:
+        """The prompt length `batch(step, ..., rank)` draws, without drawing the batch."""
+        return self.draw_length(step, self.step_rng(step, rank))
+
     def batch(self, step: int, batch_size: int, rank: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """(tokens [B, T], weights [B, T]) for this step and rank, padded on the right."""
         rng = self.step_rng(step, rank)
