@@ -11,6 +11,7 @@ import types
 from pathlib import Path
 
 import pytest
+import triton
 import triton.language as tl
 
 KERNEL_MODULES = sorted(Path(__file__).parent.glob("*/triton.py"))
@@ -27,29 +28,56 @@ def jit_functions(tree: ast.Module) -> list[ast.FunctionDef]:
 def globals_read(fn: ast.FunctionDef) -> set[str]:
     """Names a function's body loads that are neither its parameters nor assigned in it."""
     names = [node for statement in fn.body for node in ast.walk(statement) if isinstance(node, ast.Name)]
-    local = {a.arg for a in fn.args.args} | {n.id for n in names if isinstance(n.ctx, ast.Store)}
+    local = {a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs} | {
+        n.id for n in names if isinstance(n.ctx, ast.Store)
+    }
     return {n.id for n in names if isinstance(n.ctx, ast.Load)} - local
+
+
+def offending_globals(tree: ast.Module, namespace: dict) -> dict[str, str]:
+    """{"kernel.name": repr(value)} for each global a kernel in `tree` reads that CUDA's compiler refuses:
+    anything but a tl.constexpr, a module, a builtin or another kernel of the same file."""
+    kernels = jit_functions(tree)
+    kernel_names = {fn.name for fn in kernels}
+    found = {}
+    for fn in kernels:
+        for name in sorted(globals_read(fn) - kernel_names):
+            if name not in namespace and hasattr(builtins, name):
+                continue
+            value = namespace[name]
+            if not isinstance(value, (tl.constexpr, types.ModuleType)):
+                found[f"{fn.name}.{name}"] = repr(value)
+    return found
 
 
 @pytest.mark.parametrize("path", KERNEL_MODULES, ids=lambda p: p.parent.name)
 def test_kernels_read_only_constexpr_globals(path):
     tree = ast.parse(path.read_text())
-    kernels = jit_functions(tree)
-    assert kernels, f"{path} defines no @triton.jit function"
+    assert jit_functions(tree), f"{path} defines no @triton.jit function"
     module = importlib.import_module(f"kernels.{path.parent.name}.triton")
-    kernel_names = {fn.name for fn in kernels}
-    for fn in kernels:
-        for name in sorted(globals_read(fn)):
-            if name in kernel_names or hasattr(builtins, name):
-                continue
-            value = getattr(module, name)
-            assert isinstance(value, (tl.constexpr, types.ModuleType)), (
-                f"{path}: kernel {fn.name} reads the global {name} = {value!r}, which CUDA's compiler refuses; "
-                f"make it a tl.constexpr"
-            )
+    assert offending_globals(tree, vars(module)) == {}, f"{path}: make these tl.constexpr"
 
 
-def test_the_check_catches_a_plain_float():
-    tree = ast.parse("import triton\nEPS = 1e-6\n@triton.jit\ndef k(x):\n    y = x + EPS\n    return y\n")
-    (fn,) = jit_functions(tree)
-    assert globals_read(fn) == {"EPS"}
+SNIPPET = """
+import triton
+import triton.language as tl
+
+@triton.jit
+def helper(x):
+    return x
+
+@triton.jit
+def kernel(x_ptr, N, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for i in range(0, N):
+        a, b = i, i + 1
+        acc += helper(tl.load(x_ptr + offs)) * min(a, b) + float("-inf") + EPS
+    return acc
+"""
+
+
+def test_the_check_flags_a_plain_float_and_nothing_else():
+    tree = ast.parse(SNIPPET)
+    assert offending_globals(tree, {"tl": tl, "triton": triton, "EPS": 1e-6}) == {"kernel.EPS": "1e-06"}
+    assert offending_globals(tree, {"tl": tl, "triton": triton, "EPS": tl.constexpr(1e-6)}) == {}

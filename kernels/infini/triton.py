@@ -26,8 +26,9 @@ from torch import Tensor
 from kernels.infini.reference import EPS as _EPS
 
 EPS = tl.constexpr(_EPS)  # a kernel reads a global only as a constexpr (the interpreter does not check)
-#: launch settings: one program walks every segment, so there is no load to pipeline (three stages of
-#: [256, 64] float32 tiles would need 384 KB of shared memory), and eight warps halve each thread's share of them
+#: launch settings: no software pipelining of the segment loop's loads (by count, three stages of its
+#: [256, 64] float32 tiles would pass an H100's 227 KB of shared memory, as Titans' did on one); eight warps
+#: halve each thread's share of the tiles. Other settings have not been timed.
 LAUNCH = dict(num_warps=8, num_stages=1)
 
 
