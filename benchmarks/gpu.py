@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
 import subprocess
 import sys
 from collections.abc import Callable
@@ -186,8 +185,8 @@ def kernel_rows(device: str, lengths: list[int], rounds: int) -> tuple[list[str]
                     copy = interleaved(
                         {"copy": lambda: copy_dst.copy_(copy_src), "bag": triton_path}, rounds, synchronize(device)
                     )
-                    copy_bw = 2 * copy_src.numel() * 4 / statistics.median(copy["copy"]) / 1e9  # read + write
-                    bag_bw = bag_bytes / statistics.median(copy["bag"]) / 1e9
+                    copy_bw = 2 * copy_src.numel() * 4 / median_s(copy, "copy") / 1e9  # read + write
+                    bag_bw = bag_bytes / median_s(copy, "bag") / 1e9
                     bandwidth_table.append(
                         progress(
                             f"| {tokens:,} | {bag_bytes / 2**20:.1f} | {bag_bw:.1f} | {copy_bw:.1f} | "
@@ -228,8 +227,8 @@ def trace_rows(device: str, sample: str, tokens: int, rounds: int) -> list[str]:
         return [progress(f"| {sample} | {n:,} | failed: {failure(exc)} | | |")]
     return [
         progress(
-            f"| {sample} | {n:,} | {n / statistics.median(times['cpu']):,.0f} | "
-            f"{n / statistics.median(times[device + ' ']):,.0f} | {ratio_text(times, 'cpu', device + ' ')} |"
+            f"| {sample} | {n:,} | {n / median_s(times, 'cpu'):,.0f} | "
+            f"{n / median_s(times, device + ' '):,.0f} | {ratio_text(times, 'cpu', device + ' ')} |"
         )
     ]
 
