@@ -9,8 +9,8 @@ shipped qa1 samples) unless `--haystack` names another; for the pass key `--hays
 (`grass`: the papers' prompt; recorded under the lengths' key with `:grass`). `--set KEY=VALUE` loads with an option
 that holds no weights (e.g.
 `--set bank_size=1048576 --set search=hnsw` for LongMem), applied to the checkpoints whose family
-knows it. With `--record` the scores, the command and the wall time go into each sample's card
-under `long_grid` (one entry per length set). Prints one row per checkpoint.
+knows it; a key that none of them knows is refused. With `--record` the scores, the command and the
+wall time go into each sample's card under `long_grid` (one entry per length set). Prints one row per checkpoint.
 """
 
 from __future__ import annotations
@@ -37,6 +37,24 @@ def parse_setting(text: str) -> tuple[str, object]:
         return key, json.loads(value)
     except json.JSONDecodeError:
         return key, value
+
+
+def check_settings(parser: argparse.ArgumentParser, checkpoints, settings: list[tuple[str, object]]) -> None:
+    """Exit with one line naming each `--set` key that no checkpoint's family knows: applied to
+    none of them, it would change nothing, silently."""
+    if not settings:
+        return
+    from memviz.checkpoint import resolve
+    from memviz.registry import get_family
+
+    known: set[str] = set()
+    for name in checkpoints:
+        family = json.loads((resolve(name) / "config.json").read_text())["family"]
+        options = getattr(get_family(family).model, "Options", None)
+        known |= {f.name for f in dataclasses.fields(options)} if dataclasses.is_dataclass(options) else set()
+    unknown = sorted({key for key, _ in settings} - known)
+    if unknown:
+        parser.error(f"--set {', '.join(unknown)}: no checkpoint's family has that option (theirs: {sorted(known)})")
 
 
 def load_with_settings(checkpoint, settings: list[tuple[str, object]]):
@@ -74,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.babilong:
         babilong.check_task(args.babilong)
+    check_settings(parser, args.checkpoints, args.settings)
     args.lengths = args.lengths or ([4096, 8192, 16384] if args.babilong else [1024, 4096, 16384, 65536])
     torch.set_num_threads(args.threads)
     command = "python benchmarks/long_grid.py " + shlex.join(argv if argv is not None else sys.argv[1:])

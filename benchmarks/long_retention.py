@@ -23,7 +23,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from long_grid import load_with_settings, parse_setting  # noqa: E402
+from long_grid import check_settings, load_with_settings, parse_setting  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--record", action="store_true", help="store the accuracy in the checkpoint's card.json")
     args = parser.parse_args(argv)
     retention.check_distances([args.distance])
+    check_settings(parser, [args.checkpoint], args.settings)
     torch.set_num_threads(args.threads)
     command = "python benchmarks/long_retention.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     directory = resolve(args.checkpoint)

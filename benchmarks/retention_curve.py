@@ -18,7 +18,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from long_grid import load_with_settings, parse_setting  # noqa: E402
+from long_grid import check_settings, load_with_settings, parse_setting  # noqa: E402
 
 
 def save_png(fig, path: Path, width: int = 900, height: int = 520) -> None:
@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", dest="settings", type=parse_setting, action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--png", type=Path)
     args = parser.parse_args(argv)
+    check_settings(parser, args.checkpoints, args.settings)
     torch.set_num_threads(args.threads)
     models = {name: load_with_settings(name, args.settings)[0] for name in args.checkpoints}
     df = retention.compare(models, args.distances, n=args.n, seed=args.seed, progress=False)

@@ -166,6 +166,32 @@ def test_long_grid_records_a_babilong_grid_equal_to_the_probe_run(tmp_path):
     )
 
 
+def test_a_set_option_no_checkpoint_knows_is_refused_before_anything_runs(tmp_path, capsys):
+    """`--set segment_len=128` on an LM2 sample once changed nothing, silently: a key that no given
+    checkpoint's family has is one error naming it, in each script that takes `--set`."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import long_grid
+    import long_retention
+    import retention_curve
+
+    import memviz
+    from tests.conftest import small_model
+
+    memviz.save(small_model("lm2", segment_len=16), tmp_path / "m")
+    (tmp_path / "m" / "card.json").write_text("{}")
+    for main, args in [
+        (long_grid.main, ["--lengths", "100", "--n", "1", "--record"]),
+        (long_retention.main, ["--distance", "100", "--n", "1", "--record"]),
+        (retention_curve.main, ["--distances", "64", "--n", "1"]),
+    ]:
+        with pytest.raises(SystemExit) as exit_:
+            main([str(tmp_path / "m"), *args, "--set", "segment_len=128", "--set", "slots=4"])
+        assert exit_.value.code == 2
+        error = capsys.readouterr().err
+        assert "--set segment_len:" in error and "slots=" not in error and "'slots'" in error, error
+    assert json.loads((tmp_path / "m" / "card.json").read_text()) == {}, "nothing ran, nothing recorded"
+
+
 def test_long_retention_goes_on_where_it_stopped_under_the_same_memory_options_only(tmp_path):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import long_retention
