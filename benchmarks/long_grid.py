@@ -50,8 +50,7 @@ def check_settings(parser: argparse.ArgumentParser, checkpoints, settings: list[
     known: set[str] = set()
     for name in checkpoints:
         family = json.loads((resolve(name) / "config.json").read_text())["family"]
-        options = getattr(get_family(family).model, "Options", None)
-        known |= {f.name for f in dataclasses.fields(options)} if dataclasses.is_dataclass(options) else set()
+        known |= {f.name for f in dataclasses.fields(get_family(family).model.Options)}  # MemoryLM.Options
     unknown = sorted({key for key, _ in settings} - known)
     if unknown:
         parser.error(f"--set {', '.join(unknown)}: no checkpoint's family has that option (theirs: {sorted(known)})")
