@@ -39,18 +39,23 @@ def parse_setting(text: str) -> tuple[str, object]:
         return key, value
 
 
+def option_names(family: str) -> set[str]:
+    """A family's memory options: the fields of its model's `Options` (every MemoryLM has one)."""
+    from memviz.registry import get_family
+
+    return {f.name for f in dataclasses.fields(get_family(family).model.Options)}
+
+
 def check_settings(parser: argparse.ArgumentParser, checkpoints, settings: list[tuple[str, object]]) -> None:
     """Exit with one line naming each `--set` key that no checkpoint's family knows: applied to
     none of them, it would change nothing, silently."""
     if not settings:
         return
     from memviz.checkpoint import resolve
-    from memviz.registry import get_family
 
     known: set[str] = set()
     for name in checkpoints:
-        family = json.loads((resolve(name) / "config.json").read_text())["family"]
-        known |= {f.name for f in dataclasses.fields(get_family(family).model.Options)}  # MemoryLM.Options
+        known |= option_names(json.loads((resolve(name) / "config.json").read_text())["family"])
     unknown = sorted({key for key, _ in settings} - known)
     if unknown:
         parser.error(f"--set {', '.join(unknown)}: no checkpoint's family has that option (theirs: {sorted(known)})")
@@ -62,7 +67,7 @@ def load_with_settings(checkpoint, settings: list[tuple[str, object]]):
     import memviz
 
     model = memviz.load(checkpoint)
-    known = {f.name for f in dataclasses.fields(model.options)}
+    known = option_names(model.family)
     overrides = {k: v for k, v in settings if k in known}
     return (memviz.load(checkpoint, **overrides) if overrides else model), overrides
 
