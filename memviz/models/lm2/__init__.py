@@ -62,7 +62,7 @@ from kernels import lm2_scan
 from memviz.config import ConfigError, ModelConfig
 from memviz.figure_parts import WIDTH, layer_names, layer_prefix, position_heatmap, timeline, with_array
 from memviz.layers import AttentionSpan, LocalAttention, LocalCache, SwiGLU, segment_pieces
-from memviz.model import Block, HookDoc, MemoryLM, ModelState, Readout
+from memviz.model import Block, HookDoc, MemoryLM, ModelState, Readout, hooked
 from memviz.options import check_choice, check_finite, check_positive
 from memviz.registry import register_family
 from memviz.state import Memory, State
@@ -182,17 +182,33 @@ class LM2Memory(nn.Module):
             if self.options.output_gate == "bank":
                 banks_mean = self.token_bank_means(state.M, g_in, read, g_f)
             new_state = LM2Bank(M)
-            write_score = torch.zeros_like(attn)
+            observed = {
+                "write_score": torch.zeros_like(attn),
+                "slot_attn": attn,
+                "slot_norm": norms,
+                "forget_gate": g_f,
+            }
         else:
-            attn, read, g_f, norms, banks_mean, write_score, new_state = self.segment_scan(e, g_in, state, pos)
-        self.hook_write_score(write_score)  # observed: the bank is already updated
-        self.hook_slot_attn(attn)
-        self.hook_slot_norm(norms)
+            read, banks_mean, observed, new_state = self.segment_scan(e, g_in, state, pos)
+        for name in ("write_score", "slot_attn", "slot_norm"):  # observed: the bank is already updated
+            if name in observed:
+                self.observers[name](observed[name])
         read = self.hook_read(read)
-        g_f = self.hook_forget_gate(g_f)
+        if "forget_gate" in observed:
+            self.hook_forget_gate(observed["forget_gate"])
         g_out = self.hook_output_gate(torch.sigmoid(self.W_out(read)))
         gated = g_out * (read if self.options.output_gate == "read" else banks_mean)
         return self.hook_out(gated), new_state
+
+    @property
+    def observers(self) -> dict[str, HookPoint]:
+        """The hooks that only observe the scan (editing their values changes nothing), by name."""
+        return {
+            "write_score": self.hook_write_score,
+            "slot_attn": self.hook_slot_attn,
+            "slot_norm": self.hook_slot_norm,
+            "forget_gate": self.hook_forget_gate,
+        }
 
     @staticmethod
     def token_bank_means(M0: Tensor, g_in: Tensor, read: Tensor, g_f: Tensor) -> Tensor:
@@ -208,35 +224,53 @@ class LM2Memory(nn.Module):
         """update="segment" or "slots": every token of a segment reads the bank of the segment
         start; when the segment completes, M[n] <- sum_t b[n, t] (g_in,t * tanh(content_t) +
         g_forget,t * M[n]), with b uniform and content E_mem ("segment") or b = softmax over
-        tokens of the read logits and content E_t W_write ("slots"). The softmax is accumulated online, so a
-        segment split across calls gives the same bank."""
+        tokens of the read logits and content E_t W_write ("slots"). A segment met whole is
+        updated at once; one split across calls accumulates the softmax online and gives the
+        same bank. Returns (E_mem, the mean slot for output_gate="bank" or None, the values of
+        the observing hooks that have a hook attached, the new bank): training builds no value
+        that only a hook reads."""
         M, sums = state
         assert sums is not None  # a per-segment bank carries its open segment (init_state)
-        q = self.W_Q(e)
-        slots = self.options.update == "slots"
-        parts: dict[str, list[Tensor]] = {"attn": [], "read": [], "g_f": [], "norms": [], "mean": [], "score": []}
+        d, slots = e.shape[-1], self.options.update == "slots"
+        wanted = [name for name, point in self.observers.items() if hooked(point)]
+        q = self.W_Q(e) / d**0.5
+        # K, V and the forget gate's input per slot in one product: W_forget(attn @ V) = attn @ W_forget(V)
+        # up to the bias, as attn's rows sum to 1, and a bank has fewer slots than a segment tokens
+        W_slot = torch.cat([self.W_K.weight, self.W_V.weight, self.W_forget.weight @ self.W_V.weight]).T
+        content = g_in * torch.tanh(self.W_write(e)) if slots else None  # the write needs no bank
+        parts: dict[str, list[Tensor]] = {name: [] for name in ("read", "mean", *wanted)}
         pieces = segment_pieces(pos, e.shape[1], self.segment_len)
         sizes = [b - a for a, b in pieces]
         # The pieces come from split, not slicing: a slice's backward adds a zero tensor of the whole
         # input's length, so a long input's backward cost grew with its length times its segments.
-        for (a, b), q_piece, g_in_piece, e_piece in zip(pieces, *(t.split(sizes, dim=1) for t in (q, g_in, e))):
-            logits = torch.einsum("btd,bnd->btn", q_piece, self.W_K(M)) / e.shape[-1] ** 0.5
+        splits = [t.split(sizes, dim=1) if t is not None else [None] * len(sizes) for t in (q, g_in, content)]
+        for (a, b), q_piece, g_in_piece, content_piece in zip(pieces, *splits):
+            K, VF = (M @ W_slot).split([d, 2 * d], dim=-1)
+            logits = q_piece @ K.transpose(1, 2)  # [B, T, N]
             attn = torch.softmax(logits, dim=-1)
-            read = attn @ self.W_V(M)
-            g_f = torch.sigmoid(self.W_forget(read))
-            for key, value in (("attn", attn), ("read", read), ("g_f", g_f)):
-                parts[key].append(value)
-            parts["norms"].append(M.norm(dim=-1)[:, None].expand(-1, b - a, -1))
-            parts["mean"].append(M.mean(1)[:, None].expand(-1, b - a, -1))
-            write = g_in_piece * torch.tanh(self.W_write(e_piece) if slots else read)
+            read, f_in = (attn @ VF).split(d, dim=-1)
+            g_f = torch.sigmoid(f_in + self.W_forget.bias)
+            write = content_piece if slots else g_in_piece * torch.tanh(read)
             score = logits if slots else torch.zeros_like(logits)
-            parts["score"].append(score)
+            observed = {"write_score": score, "slot_attn": attn, "forget_gate": g_f}
+            if "slot_norm" in wanted:
+                observed["slot_norm"] = M.norm(dim=-1)[:, None].expand(-1, b - a, -1)
+            if self.options.output_gate == "bank":
+                parts["mean"].append(M.mean(1)[:, None].expand(-1, b - a, -1))
+            parts["read"].append(read)
+            for name in wanted:
+                parts[name].append(observed[name])
+            if (pos + a) % self.segment_len == 0 and b - a == self.segment_len:
+                weights = torch.softmax(score, dim=1).transpose(1, 2)  # b [B, N, T], each slot's over the tokens
+                M = (weights @ g_f) * M + weights @ write
+                continue
             sums = self.accumulate(sums, score, g_f, write)
             if (pos + b) % self.segment_len == 0:
                 M = (sums.w_sum + sums.f_sum * M) / sums.denom[..., None]
                 sums = self.empty_segment_sums(M)
-        cat = {k: torch.cat(v, dim=1) for k, v in parts.items()}
-        return cat["attn"], cat["read"], cat["g_f"], cat["norms"], cat["mean"], cat["score"], LM2Bank(M, sums)
+        cat = {name: torch.cat(values, dim=1) for name, values in parts.items() if values}
+        read = cat.pop("read")
+        return read, cat.pop("mean", None), cat, LM2Bank(M, sums)
 
     @staticmethod
     def accumulate(sums: SegmentSums, logits: Tensor, g_f: Tensor, write: Tensor) -> SegmentSums:

@@ -151,6 +151,20 @@ def test_streamed_run_equals_one_pass(memory, chunk_len):
     # the segment's cache empty) and a bank of fixed size
 
 
+@pytest.mark.parametrize("memory", [{"update": "segment"}, ADDRESSED, {**ADDRESSED, "output_gate": "bank"}])
+def test_a_run_nothing_hooks_gives_the_logits_of_a_traced_run(memory):
+    """A plain forward skips the values only hooks read (slot norms, slot attention, write scores,
+    forget gates); the model's output must not depend on whether anything reads them."""
+    model = lm2(**memory)
+    ids = random_ids(37)
+    with torch.no_grad():
+        plain = model(ids)
+        traced, cache = model.run_with_cache(ids)
+    assert torch.equal(plain, traced)
+    for name in ("slot_norm", "slot_attn", "write_score", "forget_gate"):
+        assert cache[f"blocks.1.memory.hook_{name}"].shape[:2] == (1, 37)
+
+
 def test_the_bank_carries_information_past_the_window():
     model = lm2()
     ids = random_ids(40)
