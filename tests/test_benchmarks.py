@@ -63,6 +63,42 @@ def test_the_english_control_copies_a_key_in_view_with_layer_3s_heads_only():
     assert table[3].sort().values[-2] >= 0.5 and table[2].max() <= 0.05, table
 
 
+def test_key_share_splits_a_read_into_shares_that_add_up_to_one_with_the_initial_term():
+    import torch
+
+    from tests.conftest import scrambled, small_model
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from key_share import read_shares
+
+    model = scrambled(
+        small_model(
+            "lm2", attention={"kind": "window", "span": 8}, segment_len=8, memory={"slots": 4, "update": "slots"}
+        ),
+        std=0.2,
+    )
+    ids = torch.randint(0, model.cfg.vocab_size, (40,), generator=torch.Generator().manual_seed(0)).tolist()
+    early, late = read_shares(model, ids, 39, (0, 13)), read_shares(model, ids, 39, (13, 40))
+    readout = model.memory_readout(ids, 39)
+    for l, layer in enumerate(readout.reads):
+        read = readout.reads[layer].flatten().double()
+        initial = float(readout.initial[layer].flatten().double() @ read / (read @ read))
+        assert early[l] + late[l] + initial == pytest.approx(1, abs=1e-5)
+    assert max(abs(s) for s in early) > 0.01  # tokens two segments back still reach the read
+
+
+def test_key_share_runs_on_a_sample_and_refuses_a_family_without_a_readout(capsys):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from key_share import main
+
+    assert main(["lm2_english_16k", "--lengths", "256", "--n", "1", "--depths", "0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "   256   0.50  0" in out and "means:" in out
+    with pytest.raises(SystemExit):
+        main(["sliding_window_english", "--lengths", "256"])
+    assert "sliding_window_english: its family (sliding_window) gives no memory readout" in capsys.readouterr().err
+
+
 def test_train_time_chains_a_samples_stages_and_times_each_on_weights_of_its_shapes():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from train_time import chain_of, stage_weights
