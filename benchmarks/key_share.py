@@ -4,8 +4,9 @@
 For each pass-key prompt (probe seed 11 by default, depths 0.1 / 0.5 / 0.9), at the position that
 predicts the key's first digit, per layer:
   * share: the needle's part of the memory read there (`memory_readout`), projected on the read,
-    over the read's squared norm. The parts of every token and the initial term sum to the read, so
-    the shares of all spans add up to 1; 0 where the read ignores the needle.
+    over the read's squared norm (`Readout.shares`; a mean over heads where a layer has several).
+    The parts of every token and the initial term sum to the read, so the shares of all spans add
+    up to 1; 0 where the read ignores the needle.
   * held: what is left there of the needle's write in that layer's memory (`needle_hold`), over its
     largest, as the Trace page draws it.
 One line per prompt with the greedy answer's correctness, then the means by length, split by right
@@ -26,14 +27,10 @@ sys.path.insert(0, str(ROOT))
 
 
 def read_shares(model, ids: list[int], position: int, span: tuple[int, int]) -> list[float]:
-    """Per layer, the share of the memory read at `position` that the tokens of `span` wrote."""
+    """Per layer, the share of the memory read at `position` that the tokens of `span` wrote
+    (`Readout.shares`, summed over the span, averaged over heads)."""
     readout = model.memory_readout(ids, position)
-    shares = []
-    for layer, parts in readout.parts.items():
-        read = readout.reads[layer].flatten().double()
-        part = parts[span[0] : span[1]].sum(0).flatten().double()
-        shares.append(float(part @ read / (read @ read)))
-    return shares
+    return [float(readout.shares(layer)[span[0] : span[1]].sum(0).mean()) for layer in readout.parts]
 
 
 def held_at(model, ids: list[int], position: int, span: tuple[int, int]) -> list[float]:
