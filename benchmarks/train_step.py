@@ -3,13 +3,15 @@
     python benchmarks/train_step.py titans infini_long memory_plus --against bf7cf35 [--threads 1] [--rounds 3]
     python benchmarks/train_step.py \\
         families/gated_deltanet/gated_deltanet_32k.train.json:families/gated_deltanet/sample_32k --against ...
+    python benchmarks/train_step.py lm2_english --against HEAD --precision bfloat16
 
 For each recipe (sample_checkpoints/NAME.train.json, or a recipe file and the sample it trained as
 RECIPE:SAMPLE, e.g. a family's outside memviz) it times steps of the recipe's longest
 curriculum stage (`--steps` consecutive batches from its middle, the ones the run itself draws
 there, on the shipped sample's weights; their mean) in a fresh process for each tree, the
 revision's and this one's in turn round after round (benchmarks/timing.py's rule), and gives the
-median of the per-round ratios with their range.
+median of the per-round ratios with their range. `--precision P` times this tree's steps under
+`optim.precision` P (the revision's as its recipe says): against HEAD, what the precision alone gains.
 The revision is checked out into a temporary git worktree and removed afterwards. Run it with
 nothing else on the machine; --record appends the table to benchmarks/RESULTS.md.
 """
@@ -47,6 +49,8 @@ from training import TrainConfig, Trainer
 data = json.loads(open({recipe!r}).read())
 data.update(out=tempfile.mkdtemp(prefix="train_step-"), threads={threads})
 data["eval"] = {{**data.get("eval", {{}}), "every": 0}}
+if {precision!r}:
+    data["optim"]["precision"] = {precision!r}
 # an earlier stage's export may be gone: its sample has the shapes
 data["init_from"] = data.get("init_from") and {sample!r}
 cfg = TrainConfig.from_dict(data)
@@ -80,9 +84,17 @@ def recipe_and_weights(name: str) -> tuple[Path, Path]:
     return ROOT / "sample_checkpoints" / f"{name}.train.json", ROOT / "sample_checkpoints" / name / "model.safetensors"
 
 
-def time_step(tree: Path, recipe: Path, weights: Path, step: int, threads: int, steps: int) -> float:
+def time_step(
+    tree: Path, recipe: Path, weights: Path, step: int, threads: int, steps: int, precision: str | None = None
+) -> float:
     script = STEP_SCRIPT.format(
-        recipe=str(recipe), weights=str(weights), sample=str(weights.parent), step=step, threads=threads, steps=steps
+        recipe=str(recipe),
+        weights=str(weights),
+        sample=str(weights.parent),
+        step=step,
+        threads=threads,
+        steps=steps,
+        precision=precision,
     )
     out = subprocess.run([sys.executable, "-c", script], cwd=tree, capture_output=True, text=True)
     if out.returncode != 0:
@@ -99,6 +111,9 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=4, help="consecutive timed steps per process (after one warm-up)")
+    parser.add_argument(
+        "--precision", choices=["float32", "bfloat16"], help="this tree's steps under this optim.precision"
+    )
     parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = parser.parse_args()
     for name, value in (("--threads", args.threads), ("--rounds", args.rounds), ("--steps", args.steps)):
@@ -123,8 +138,8 @@ def main() -> int:
                 step = last_stage_step(config)
                 times: dict[str, list[float]] = {"base": [], "ours": []}
                 for _ in range(args.rounds):
-                    for label, tree in (("base", base), ("ours", ROOT)):
-                        times[label].append(time_step(tree, recipe, weights, step, args.threads, args.steps))
+                    for label, tree, precision in (("base", base, None), ("ours", ROOT, args.precision)):
+                        times[label].append(time_step(tree, recipe, weights, step, args.threads, args.steps, precision))
                 ratios = sorted(b / o for b, o in zip(times["base"], times["ours"]))
                 length = max(length for _, length in config["data"].get("curriculum") or [[0, 0]])
                 row = (
@@ -141,10 +156,10 @@ def main() -> int:
         with open(ROOT / "benchmarks" / "RESULTS.md", "a", encoding="utf-8") as fh:
             fh.write(
                 f"\n## {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC · a training step against "
-                f"{revision.stdout.strip()}, "
+                f"{revision.stdout.strip()}{f', this tree in {args.precision}' if args.precision else ''}, "
                 f"{args.threads} thread(s), {args.rounds} rounds\n\n`python benchmarks/train_step.py ... --against "
-                f"{args.against}`: the mean time of {args.steps} consecutive steps from the middle of each recipe's "
-                "longest stage, "
+                f"{args.against}{f' --precision {args.precision}' if args.precision else ''}`: the mean time of "
+                f"{args.steps} consecutive steps from the middle of each recipe's longest stage, "
                 f"the median over rounds in each tree, and the median "
                 "of the per-round ratios (above 1: this tree is faster).\n\n"
                 "| recipe | batch x tokens | before | now | speedup |\n|---|---|---|---|---|\n" + "\n".join(rows) + "\n"

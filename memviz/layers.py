@@ -117,6 +117,15 @@ def local_mask(q_pos: Tensor, k_pos: Tensor, window: int | None, segment_len: in
     return mask
 
 
+def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    """F.scaled_dot_product_attention with a boolean mask; under the CPU's autocast in float32, as the
+    CPU's bfloat16 flash-attention backward is slower than its float32 one."""
+    if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+        with torch.autocast("cpu", enabled=False):
+            return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
 def joined(tensors: list[Tensor], dim: int = 2) -> Tensor:
     """torch.cat, without the copy when there is one tensor."""
     return tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=dim)
@@ -250,9 +259,7 @@ class LocalAttention(nn.Module, Generic[StateT]):
                 ks.insert(0, fixed[0])
                 vs.insert(0, fixed[1])
                 masks.insert(0, torch.ones(q_block.shape[2], fixed[0].shape[2], dtype=torch.bool, device=q.device))
-            parts.append(
-                F.scaled_dot_product_attention(q_block, joined(ks), joined(vs), attn_mask=joined(masks, dim=1))
-            )
+            parts.append(scaled_dot_product_attention(q_block, joined(ks), joined(vs), joined(masks, dim=1)))
         z = joined(parts)
         return z.transpose(1, 2)
 

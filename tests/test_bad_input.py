@@ -225,6 +225,7 @@ TRAIN_CASES = {
     "an eval grid of 5e7 samples": ({"eval.n": 50_000_000}, "eval"),
     "a billion people": ({"data.n_entities": 10**9}, "n_entities"),
     "an unknown field": ({"optim.speed": "fast"}, "speed"),
+    "precision float16": ({"optim.precision": "float16"}, "optim.precision"),
 }
 
 

@@ -16,6 +16,7 @@ import torch
 
 import memviz
 from memviz.checkpoint import read_weights
+from memviz.layers import scaled_dot_product_attention
 from training import TrainConfig, Trainer, TrainingDiverged, quick_config, quick_families
 from training import __main__ as training_cli
 from training import loop as train_module
@@ -129,6 +130,65 @@ def test_a_training_step_is_the_plain_losss_step(tmp_path):
         assert logged["loss"] == pytest.approx(plain.item(), rel=1e-5)
         for (name, p), expected in zip(trainer.model.named_parameters(), plain_grads):
             torch.testing.assert_close(p.grad, expected, rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_under_autocast_the_loss_takes_its_products_in_bfloat16():
+    """unembedded_loss under a bfloat16 autocast against the float64 loss of the same products with
+    operands rounded to bfloat16 (fresh random inputs): bfloat16's precision, a float32 result, and not
+    the float32 path's numbers."""
+    seed = random.SystemRandom().randrange(2**31)
+    g = torch.Generator().manual_seed(seed)
+    B, T, d, V = 2, 40, 16, 50
+    h = torch.randn(B, T, d, generator=g, requires_grad=True)
+    W = torch.randn(V, d, generator=g, requires_grad=True)
+    tokens = torch.randint(0, V, (B, T), generator=g)
+    weights = torch.ones(B, T)
+    weights[1, 10:14] = 5.0
+    rounded = [t.detach().bfloat16().double().requires_grad_() for t in (h, W)]
+    z = (rounded[0] @ rounded[1].T)[:, :-1]
+    nll = z.logsumexp(-1) - z.gather(-1, tokens[:, 1:, None])[..., 0]
+    reference = (nll * weights[:, 1:]).sum() / weights[:, 1:].sum()
+    reference_grads = torch.autograd.grad(reference, rounded)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = unembedded_loss(h, W, tokens, weights, rows=16)[0]
+    grads = torch.autograd.grad(loss, (h, W))
+    assert loss.dtype == torch.float32
+    assert loss.item() == pytest.approx(reference.item(), rel=1e-2), f"seed {seed}"
+    for got, expected in zip(grads, reference_grads):
+        torch.testing.assert_close(got.double(), expected, rtol=5e-2, atol=5e-3, msg=lambda m: f"seed {seed}: {m}")
+    assert loss.item() != unembedded_loss(h, W, tokens, weights, rows=16)[0].item(), "the products stayed float32"
+
+
+def test_local_attention_under_the_cpus_autocast_is_float32_attention():
+    """Under a CPU bfloat16 autocast the attention of bfloat16 q, k, v is float32 attention of them."""
+    q, k, v = (torch.randn(2, 3, 8, 4).bfloat16() for _ in range(3))
+    mask = torch.ones(8, 8, dtype=torch.bool).tril()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        z = scaled_dot_product_attention(q, k, v, mask)
+    assert z.dtype == torch.float32
+    expected = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
+    assert torch.equal(z, expected)
+
+
+@pytest.mark.parametrize("family", sorted(quick_families()))
+def test_a_bfloat16_step_is_the_float32_step_to_bfloat16s_precision(family, tmp_path):
+    """optim.precision "bfloat16": one step's loss and gradients against the float32 step's on the same
+    batch and weights, for every family; the weights and their gradients stay float32."""
+    steps = {}
+    for precision in ("float32", "bfloat16"):
+        cfg = quick_config(family, "passkey", 1, family, tmp_path / precision, length=128)
+        cfg.optim.precision, cfg.optim.clip = precision, 1e9  # no clipping
+        trainer = Trainer(cfg, progress=False)
+        trainer.optimizer.step = lambda: None  # keep the weights to compare the gradients
+        loss = trainer.train_step()["loss"]
+        grads = torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
+        assert all(p.dtype == torch.float32 for p in trainer.model.parameters()) and grads.dtype == torch.float32
+        steps[precision] = loss, grads
+    (loss32, grads32), (loss16, grads16) = steps["float32"], steps["bfloat16"]
+    assert loss16 == pytest.approx(loss32, rel=2e-2)
+    assert loss16 != loss32, "autocast changed nothing"
+    cosine = torch.nn.functional.cosine_similarity(grads16, grads32, dim=0).item()
+    assert cosine > 0.99 and (grads16.norm() / grads32.norm()).item() == pytest.approx(1, abs=0.05)
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):

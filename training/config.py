@@ -24,6 +24,10 @@ class TrainingDiverged(RuntimeError):
     """The loss or its gradient became NaN or infinite."""
 
 
+#: optim.precision: the dtype of the forward's and the loss's matrix products
+PRECISIONS = ("float32", "bfloat16")
+
+
 @dataclass
 class OptimConfig:
     steps: int = 1000
@@ -38,12 +42,15 @@ class OptimConfig:
     train_only: list[str] = field(
         default_factory=list
     )  # fnmatch patterns of parameter names to train; the rest frozen (empty: all)
+    precision: str = "float32"  # "bfloat16": the forward and loss under torch.autocast (matmuls in bfloat16)
 
     def __post_init__(self) -> None:
         check_types(self, "optim.")
         self.betas = tuple(self.betas)
         if not isinstance(self.train_only, list) or not all(isinstance(p, str) and p for p in self.train_only):
             raise ValueError(f"optim.train_only must be a list of parameter-name patterns, got {self.train_only!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"optim.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.memory_value_lr is not None and not self.memory_value_lr > 0:
             raise ValueError(f"optim.memory_value_lr must be > 0, got {self.memory_value_lr!r}")
         for name in ("steps", "batch_size"):

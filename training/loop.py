@@ -372,11 +372,13 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)
         with denormals_flushed():  # the backward's subnormals too (memviz.model.denormals_flushed)
-            if self.model.unembeds_last:  # the loss applies the unembedding, never holding the logits whole
-                residual = self.ddp(tokens, state=self.prefix_state(self.step), return_type="residual")
-                loss, answer_loss = unembedded_loss(residual, self.model.unembed.weight, tokens, weights)
-            else:
-                loss, answer_loss = weighted_loss(self.ddp(tokens, state=self.prefix_state(self.step)), tokens, weights)
+            with torch.autocast(self.device.type, torch.bfloat16, enabled=cfg.optim.precision == "bfloat16"):
+                if self.model.unembeds_last:  # the loss applies the unembedding, never holding the logits whole
+                    residual = self.ddp(tokens, state=self.prefix_state(self.step), return_type="residual")
+                    loss, answer_loss = unembedded_loss(residual, self.model.unembed.weight, tokens, weights)
+                else:
+                    logits = self.ddp(tokens, state=self.prefix_state(self.step))
+                    loss, answer_loss = weighted_loss(logits, tokens, weights)
             if not torch.isfinite(loss):
                 raise TrainingDiverged(
                     f"loss became {loss.item()} at step {self.step}; stopped without saving, so the last good "

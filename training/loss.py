@@ -9,7 +9,9 @@ lse(z) - z_y, and, the loss being the graph's end, its gradient there and then,
 
 so backward only scales them by the incoming gradient. The matmuls are those of the plain path; what
 goes is the traffic of logits, softmax and their gradient at the full [tokens, vocab] size (a batch of
-16 x 2,048 tokens and 4,096 token ids: 512 MiB each).
+16 x 2,048 tokens and 4,096 token ids: 512 MiB each). Under autocast (`optim.precision` "bfloat16") the
+three products take their operands in bfloat16, as autocast's own matmuls would; lse, softmax and the
+sums stay in float32.
 """
 
 from __future__ import annotations
@@ -40,24 +42,31 @@ class UnembeddedNLL(torch.autograd.Function):
     returns every row's NLL, without a gradient."""
 
     @staticmethod
-    def forward(ctx, h: Tensor, W: Tensor, targets: Tensor, w: Tensor, rows: int) -> tuple[Tensor, Tensor]:
+    def forward(
+        ctx, h: Tensor, W: Tensor, targets: Tensor, w: Tensor, rows: int, low: torch.dtype | None
+    ) -> tuple[Tensor, Tensor]:
         work = torch.promote_types(h.dtype, torch.float32)
-        hw, Ww = h.to(work), W.to(work)
+        low = low or work  # the products' operands' dtype
+        hl, Wl = h.to(low), W.to(low)
         scale = w.to(work) / w.sum().to(work).clamp_min(1e-8)
         nll = torch.empty(h.shape[0], dtype=work, device=h.device)
-        grad_h, grad_W = torch.empty_like(hw), torch.zeros_like(Ww) if ctx.needs_input_grad[1] else None
+        grad_h, grad_W = (
+            torch.empty_like(h, dtype=work),
+            torch.zeros_like(W, dtype=work) if ctx.needs_input_grad[1] else None,
+        )
         for start in range(0, h.shape[0], rows):
             block = slice(start, start + rows)
-            z = hw[block] @ Ww.T
+            z = (hl[block] @ Wl.T).to(work)
             y = targets[block, None]
             lse = torch.logsumexp(z, -1, keepdim=True)
             nll[block] = (lse - z.gather(1, y))[:, 0]
             z.sub_(lse).exp_()  # softmax, in place
             z.scatter_add_(1, y, torch.full_like(y, -1, dtype=work))
             z.mul_(scale[block, None])
-            torch.mm(z, Ww, out=grad_h[block])
+            zl = z.to(low)
+            grad_h[block] = zl @ Wl
             if grad_W is not None:  # not for a frozen unembedding (LongMem's backbone)
-                grad_W.addmm_(z.T, hw[block])
+                grad_W.add_(zl.T @ hl[block])
         ctx.save_for_backward(grad_h.to(h.dtype), None if grad_W is None else grad_W.to(W.dtype))
         ctx.mark_non_differentiable(nll)
         return (nll * scale).sum(), nll
@@ -65,12 +74,15 @@ class UnembeddedNLL(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):
         grad_h, grad_W = ctx.saved_tensors
-        return grad_h * grad_loss, None if grad_W is None else grad_W * grad_loss, None, None, None
+        return grad_h * grad_loss, None if grad_W is None else grad_W * grad_loss, None, None, None, None
 
 
 def unembedded_loss(h: Tensor, W: Tensor, tokens: Tensor, weights: Tensor, rows: int = 1024) -> tuple[Tensor, Tensor]:
     """`weighted_loss` of the logits h W^T (h [B, T, d_model] the final normalised residual stream,
     W [vocab, d_model] the unembedding), `rows` tokens at a time."""
     w = weights[:, 1:].flatten()
-    loss, nll = UnembeddedNLL.apply(h[:, :-1].flatten(0, 1), W, tokens[:, 1:].flatten(), w, rows)
+    device = h.device.type
+    low = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    with torch.autocast(device, enabled=False):  # the products' dtype is `low`, the rest float32
+        loss, nll = UnembeddedNLL.apply(h[:, :-1].flatten(0, 1), W, tokens[:, 1:].flatten(), w, rows, low)
     return loss, answer_mean(nll, w)

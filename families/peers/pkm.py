@@ -89,7 +89,9 @@ class PeerPKM(nn.Module):
         indices = self.hook_topk_indices(rearrange(indices, "(b t) (h k) -> b t h k", **split))
         weights = self.hook_topk_weights(rearrange(kwargs["per_sample_weights"], "(b t) (h k) -> b t h k", **split))
         join = "b t h k -> (b t) (h k)"
-        return (rearrange(indices, join),), {**kwargs, "per_sample_weights": rearrange(weights, join)}
+        # in the table's dtype: under autocast the peer's weights come in bfloat16, which embedding_bag refuses
+        weights = rearrange(weights, join).to(values.weight.dtype)
+        return (rearrange(indices, join),), {**kwargs, "per_sample_weights": weights}
 
     def forward(self, x: Tensor) -> Tensor:
         self._shape = tuple(x.shape[:2])

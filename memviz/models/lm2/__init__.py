@@ -188,8 +188,10 @@ class LM2Memory(nn.Module):
                 "slot_norm": norms,
                 "forget_gate": g_f,
             }
-        else:
-            read, banks_mean, observed, new_state = self.segment_scan(e, g_in, state, pos)
+        else:  # in the bank's dtype under autocast: bfloat16 speeds none of the scan's many small products
+            with torch.autocast(e.device.type, enabled=False):
+                dtype = state.M.dtype
+                read, banks_mean, observed, new_state = self.segment_scan(e.to(dtype), g_in.to(dtype), state, pos)
         for name in ("write_score", "slot_attn", "slot_norm"):  # observed: the bank is already updated
             if name in observed:
                 self.observers[name](observed[name])
