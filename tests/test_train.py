@@ -259,7 +259,7 @@ def test_sigterm_saves_and_exits_then_export_writes_a_card(tmp_path):
     step = int((tmp_path / "run/checkpoints/latest").read_text().split("-")[1])
     assert step >= 3
     # a resumed run at its last step exports; its card names the one-shot command (resume is exact)
-    # --threads overrides the config's 1 and the card says so
+    # --threads overrides the config's 1, --precision its float32, and the card says so
     done = subprocess.run(
         [
             sys.executable,
@@ -272,6 +272,8 @@ def test_sigterm_saves_and_exits_then_export_writes_a_card(tmp_path):
             str(step),
             "--threads",
             "2",
+            "--precision",
+            "bfloat16",
             "--export",
             str(tmp_path / "exported"),
             "--no-progress",
@@ -284,8 +286,10 @@ def test_sigterm_saves_and_exits_then_export_writes_a_card(tmp_path):
     card = json.loads((tmp_path / "exported/card.json").read_text())
     assert card["steps"] == step and card["family"] == "sliding_window" and "CPU" in card["machine"]
     assert "2 torch threads" in card["machine"] and card["train_config"]["threads"] == 2
+    assert card["train_config"]["optim"]["precision"] == "bfloat16"
     assert card["train_command"] == (
-        f"python -m training --config {path} --steps {step} --threads 2 --export {tmp_path / 'exported'} --no-progress"
+        f"python -m training --config {path} --steps {step} --threads 2 --precision bfloat16 "
+        f"--export {tmp_path / 'exported'} --no-progress"
     )
     assert memviz.load(tmp_path / "exported").cfg.attention == {"kind": "window", "span": 16}
 
