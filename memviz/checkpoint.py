@@ -68,11 +68,16 @@ def save(model, directory: str | Path, card: dict[str, Any] | None = None, dtype
 
 
 def resolve(path: str | Path) -> Path:
-    """A path, the name of a folder in sample_checkpoints/, or of a sample a family ships."""
+    """A path, the name of a folder in sample_checkpoints/, a checkpoint's path from the project's
+    root (`families/gated_deltanet/sample_qa1_text`, from any working directory), or the name of a
+    sample a family ships."""
     p = Path(path).expanduser()
     if not p.exists() and not p.is_absolute():
         if (SAMPLE_DIR / p).is_dir():
             return SAMPLE_DIR / p
+        in_project = SAMPLE_DIR.parent / p
+        if (in_project / CONFIG_FILE).is_file() or (in_project / CARD_FILE).is_file():
+            return in_project
         return family_samples().get(str(p), p)
     return p
 
@@ -155,6 +160,8 @@ def load(path: str | Path, device: str | torch.device = "cpu", **overrides: Any)
             return released.load(directory, device, **overrides)
         except released.ReleasedCheckpointError as exc:
             raise CheckpointError(str(exc)) from exc
+    if directory.exists() and not directory.is_dir():
+        raise CheckpointError(f"{directory}: a file, not a checkpoint folder (give the folder that holds it)")
     if not directory.is_dir():
         samples = ", ".join(list_samples()) or "none"
         raise CheckpointError(f"{directory}: no such checkpoint folder (sample checkpoints: {samples})")

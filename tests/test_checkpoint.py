@@ -1,11 +1,12 @@
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
 
 import memviz
-from memviz.checkpoint import CheckpointError
+from memviz.checkpoint import SAMPLE_DIR, CheckpointError, load, resolve
 from tests.conftest import random_ids, scrambled, small_model
 
 
@@ -41,6 +42,18 @@ def test_missing_folder_and_files(saved, tmp_path):
     (path / "model.safetensors").unlink()
     with pytest.raises(CheckpointError, match=r"model\.safetensors: missing"):
         memviz.load(path)
+
+
+def test_a_sample_in_a_family_folder_loads_by_its_project_path_from_any_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    folder = SAMPLE_DIR.parent / "families" / "gated_deltanet" / "sample_ruler"
+    assert resolve("families/gated_deltanet/sample_ruler") == folder
+    assert resolve("families/gated_deltanet/sample_16k") == folder.parent / "sample_16k"  # retired: its card
+    assert resolve("families/gated_deltanet") == Path("families/gated_deltanet")  # no checkpoint there
+    with pytest.raises(CheckpointError, match="no such checkpoint folder"):
+        load("families/gated_deltanet")
+    with pytest.raises(CheckpointError, match="a file, not a checkpoint folder"):
+        load(folder / "config.json")
 
 
 def test_corrupt_safetensors(saved):

@@ -395,8 +395,8 @@ class LM2LM(MemoryLM):
         WRITE_SCORE: HookDoc(
             "[batch, pos, slot]",
             "logit of the token's weight in each slot's write: with `update` `slots`, slot n's weights over a "
-            "segment are the softmax of these over its tokens (`memviz.viz.segment_softmax`); 0 where every slot "
-            "receives the same write. Observed after the update, so editing it changes nothing",
+            "segment are the softmax of these over its tokens (`memviz.models.lm2.segment_softmax`); 0 where every "
+            "slot receives the same write. Observed after the update, so editing it changes nothing",
         ),
         "blocks.{l}.memory.hook_out": HookDoc("[batch, pos, d_model]", "`E_gated = g_out * E_mem`"),
     }
