@@ -162,10 +162,12 @@ def position_heatmap(
     colorscale: str = "Viridis",
     zmin: float | None = None,
     zmax: float | None = None,
+    reduce: str = "max",
 ) -> go.Figure:
-    """An array [pos, k] as a heatmap: rows k (slots, heads), columns pooled token positions."""
+    """An array [pos, k] as a heatmap: rows k (slots, heads), columns pooled token positions (`reduce`
+    over each bin: "max", or "min" where low values are the events)."""
     start, stop = window_of(trace, start, stop)
-    pooled = trace.pool(name, width, start, stop)
+    pooled = trace.pool(name, width, start, stop, reduce)
     z = pooled.values.reshape(len(pooled.values), -1).T
     hover = hover_text(trace, pooled.positions, pooled.bin_size)
     fig = go.Figure(
@@ -185,7 +187,7 @@ def position_heatmap(
     if broken is not None:
         title += f"<br><sub>not finite from token {broken:,} (NaN or infinite: no colour)</sub>"
         mark_non_finite(fig, max(broken, start))
-    fig.update_layout(title=title, xaxis_title=position_axis(pooled.bin_size, "max"), yaxis_title=row_label)
+    fig.update_layout(title=title, xaxis_title=position_axis(pooled.bin_size, reduce), yaxis_title=row_label)
     return fig
 
 
@@ -260,11 +262,20 @@ def delta_rule_rate_heatmaps(
     for name in layer_names(trace, alpha):
         prefix = layer_prefix(name, alpha)
         layer = prefix.split(".attn")[0]
-        for key, hook, title in (
-            ("alpha", name, "decay alpha (1 keeps the state)"),
-            ("beta", f"{prefix}.hook_beta", "write strength beta"),
+        for key, hook, title, reduce in (  # a decay's events are its dips, a write's its peaks
+            ("alpha", name, "decay alpha (1 keeps the state)", "min"),
+            ("beta", f"{prefix}.hook_beta", "write strength beta", "max"),
         ):
             figs[f"{layer} {key}"] = position_heatmap(
-                trace, hook, f"{layer}: {title}", "head", zmin=0, zmax=1, width=width, start=start, stop=stop
+                trace,
+                hook,
+                f"{layer}: {title}",
+                "head",
+                zmin=0,
+                zmax=1,
+                width=width,
+                start=start,
+                stop=stop,
+                reduce=reduce,
             )
     return figs

@@ -13,6 +13,7 @@ default hooks.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,7 +87,7 @@ def first_non_blank(texts: Sequence[str]) -> int:
 def bad_rows(values: np.ndarray, nan_means_none: bool = False) -> np.ndarray:
     """Whether each position of [pos, ...] floats holds an entry that is NaN or infinite (infinite only, where NaN
     marks an empty entry)."""
-    flat = values.reshape(len(values), -1)
+    flat = values.reshape(len(values), int(np.prod(values.shape[1:])))  # -1 cannot size a trace of no rows
     return (np.isinf(flat) if nan_means_none else ~np.isfinite(flat)).any(1)
 
 
@@ -187,8 +188,9 @@ class Trace:
     ) -> Pooled:
         """Pool positions [start, stop) down to at most `width` columns.
 
-        'max' keeps spikes (the default for display), 'mean' averages, 'first' subsamples
-        (for index arrays, where neither max nor mean means anything)."""
+        'max' keeps spikes (the default for display), 'min' dips (a decay whose low values are the
+        events), 'mean' averages, 'first' subsamples (for index arrays, where neither max nor mean
+        means anything)."""
         arr = self[name]
         stop = len(arr) if stop is None else min(stop, len(arr))
         if not 0 <= start < stop:
@@ -204,18 +206,21 @@ class Trace:
         if reduce == "first":
             return Pooled(positions, window[::bin_size].copy(), bin_size)
         pad = n_bins * bin_size - len(window)
-        fill = -np.inf if reduce == "max" else np.nan
+        fill = np.nan  # padding, ignored as an empty entry is
         data = window.astype(np.float32)
         if pad:
             data = np.concatenate([data, np.full((pad, *data.shape[1:]), fill, dtype=np.float32)])
         data = data.reshape(n_bins, bin_size, *data.shape[1:])
-        if reduce == "max":
-            values = np.nanmax(np.where(np.isnan(data), -np.inf, data), axis=1)
-            values[np.isneginf(values)] = np.nan
+        if reduce in ("max", "min"):
+            extreme, worst = (np.max, -np.inf) if reduce == "max" else (np.min, np.inf)
+            values = extreme(np.where(np.isnan(data), worst, data), axis=1)
+            values[values == worst] = np.nan  # a bin of empty entries only
         elif reduce == "mean":
-            values = np.nanmean(data, axis=1)
+            with warnings.catch_warnings():  # a bin of only empty (NaN) entries stays NaN, said once by the figure
+                warnings.simplefilter("ignore", RuntimeWarning)
+                values = np.nanmean(data, axis=1)
         else:
-            raise ValueError(f"reduce must be 'max', 'mean' or 'first', got {reduce!r}")
+            raise ValueError(f"reduce must be 'max', 'min', 'mean' or 'first', got {reduce!r}")
         return Pooled(positions, values, bin_size)
 
     def to_bytes(self) -> bytes:

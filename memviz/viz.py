@@ -181,7 +181,8 @@ def loss_comparison(traces: dict[str, Trace], width: int = WIDTH, start: int = 0
     fig.update_layout(
         title="Next-token loss, overlaid" + (f"<br><sub>{'; '.join(notes)}</sub>" if notes else ""),
         height=540,
-        legend={"orientation": "h", "y": 1.1},
+        legend={"orientation": "h", "yanchor": "top", "y": -0.16},  # below the axis title: the top holds two titles
+        margin={"b": 110},
     )
     fig.update_xaxes(title_text=position_axis(pooled[first_label].bin_size, "mean"), row=2, col=1)
     return fig

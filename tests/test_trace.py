@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import memviz
+from memviz import viz
 from memviz.trace import Trace
-from tests.conftest import HIGH_WATER_KB, scrambled, small_model
+from tests.conftest import FAMILY_CONFIGS, HIGH_WATER_KB, scrambled, small_model
 
 
 def test_trace_records_hooks_over_the_whole_input_and_matches_one_pass():
@@ -114,6 +115,27 @@ def test_pool_keeps_spikes_and_true_positions():
     assert tr.pool("x", width=3, reduce="mean").values[2] == pytest.approx(5.0 / 3332, rel=1e-3)
     with pytest.raises(ValueError, match="empty position range"):
         tr.pool("x", start=20_000)
+
+
+def test_pool_by_min_keeps_dips_and_leaves_empty_bins_empty():
+    """A decay's events are its dips: 'min' keeps one token's fall that 'max' hides; NaN marks no entry."""
+    values = np.ones((1_000, 2), dtype=np.float32)
+    values[333, 1] = 0.01
+    values[:10] = np.nan
+    tr = Trace(np.zeros(1_000), {"alpha": values})
+    low, high = tr.pool("alpha", width=100, reduce="min"), tr.pool("alpha", width=100, reduce="max")
+    assert low.values[33, 1] == pytest.approx(0.01) and high.values[33, 1] == 1.0
+    assert np.isnan(low.values[0]).all() and np.isnan(high.values[0]).all()
+    assert (low.values[1:, 0] == 1.0).all() and (low.values[34:, 1] == 1.0).all()
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_CONFIGS))
+def test_a_one_token_input_traces_and_draws_for_every_family(family):
+    """A word the tokenizer keeps whole is a trace of one position, with no next-token loss to take."""
+    model = small_model(family, **FAMILY_CONFIGS[family])
+    tr = memviz.trace(model, [7])
+    assert len(tr) == 1 and tr.tokens.tolist() == [7]
+    assert viz.family_figures(tr)
 
 
 def test_trace_rejects_bad_input():

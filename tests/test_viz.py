@@ -114,6 +114,17 @@ def test_a_pooled_axis_says_it_is_pooled_and_how():
     )
 
 
+def test_a_delta_rules_decay_is_pooled_by_its_dips_and_its_write_by_its_peaks():
+    alpha, beta = np.ones((4_000, 2), dtype=np.float32), np.zeros((4_000, 2), dtype=np.float32)
+    alpha[2_001, 0], beta[2_002, 1] = 0.05, 0.9  # one token that forgets, one that writes
+    tr = Trace(np.zeros(4_000), {"blocks.0.attn.hook_alpha": alpha, "blocks.0.attn.hook_beta": beta})
+    figs = figure_parts.delta_rule_rate_heatmaps(tr, width=400)
+    decay, write = figs["blocks.0 alpha"], figs["blocks.0 beta"]
+    assert np.asarray(decay.data[0].z).min() == pytest.approx(0.05) and np.asarray(write.data[0].z).max() == 0.9
+    assert "the min over each bin of 10" in decay.layout.xaxis.title.text
+    assert "the max over each bin of 10" in write.layout.xaxis.title.text
+
+
 def test_an_ablation_sweep_shows_zero_and_says_when_nothing_moved():
     from memviz.interventions import SweepRow
 
