@@ -79,42 +79,58 @@ def default_sample() -> str | None:
 
 
 def greedy_answer(model_path: str, prompt: str, max_new_tokens: int = 8) -> str:
-    """The model's greedy continuation, computed once per (checkpoint, prompt), not on every rerun."""
+    """The first line of the model's greedy continuation (the answer; past a line break the model goes on
+    to a next question), computed once per (checkpoint, prompt), not on every rerun."""
     return cached_greedy_answer(model_path, weights_stamp(model_path), prompt, max_new_tokens)
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def cached_greedy_answer(model_path: str, stamp: int, prompt: str, max_new_tokens: int) -> str:
     try:
-        return session_copy(model_path, stamp).generate(prompt, max_new_tokens).strip()
+        return session_copy(model_path, stamp).generate(prompt, max_new_tokens).strip().split("\n", 1)[0]
     except memviz.NonFiniteError:  # said in place of an answer; the figures show where the state stopped being finite
         return "no answer: its logits are not finite (the memory diverged on this input)"
 
 
 def current_path() -> str | None:
-    """The checkpoint chosen on the Model page, else the default sample."""
-    return st.session_state.get("model_path") or default_sample()
+    """The checkpoint last chosen on the Model page, even one that failed to load or an empty path
+    (so no page runs another model in its place), else the default sample."""
+    if "model_path" in st.session_state:
+        return st.session_state["model_path"] or None
+    return default_sample()
 
 
 def current_model():
-    """The model chosen on the Model page (or the default sample); None with an error shown."""
+    """The model chosen on the Model page (or the default sample), named in a caption; None with an
+    error shown."""
     path = current_path()
     if path is None:
         st.warning("No checkpoint chosen: pick one on the Model page.")
         return None
     try:
-        return load_model(path)
+        model = load_model(path)
     except memviz.CheckpointError as exc:
-        st.error(f"Cannot load this checkpoint: {exc}")
+        st.error(f"Cannot load the checkpoint chosen on the Model page: {exc}")
         return None
+    st.caption(f"Model: **{path}** ({model.family}); the Model page changes it.")
+    return model
+
+
+LOCAL_PATH = "a local path…"
 
 
 def checkpoint_picker(label: str, choice_key: str, path_key: str, default: str | None) -> str | None:
-    """Samples, app-trained checkpoints (and `default` if neither lists it) or a local path."""
+    """Samples, app-trained checkpoints (and `default` if neither lists it) or a local path; the
+    choice kept in the session while other pages run (app/streamlit_app.py)."""
     options = [*memviz.list_samples(), *memviz.list_user_checkpoints()]
     if default and default not in options:
         options = [default, *options]
-    options.append("a local path…")
-    index = options.index(default) if default in options else 0
-    choice = st.selectbox(label, options, index=index, key=choice_key)
-    return st.text_input(f"{label} folder", key=path_key) if choice == options[-1] else choice
+    options.append(LOCAL_PATH)
+    if st.session_state.get(choice_key) not in options:  # none yet, or a checkpoint since removed
+        st.session_state.pop(choice_key, None)
+        choice = st.selectbox(label, options, index=options.index(default) if default in options else 0, key=choice_key)
+    else:  # the kept choice; an index beside it would make Streamlit warn
+        choice = st.selectbox(label, options, key=choice_key)
+    if choice != LOCAL_PATH:
+        return choice
+    return st.text_input(f"{label} folder", key=path_key).strip()

@@ -71,11 +71,11 @@ def render() -> None:
         + [(None, t) for t in figures[1] if t not in shared]
     )
     for pair in rows:  # one row per figure: the same view of both models side by side
-        for column, figs, title, path in zip(st.columns(2), figures, pair, (left, right)):
+        for column, figs, title, side in zip(st.columns(2), figures, pair, ("left", "right")):
             with column:
                 if title is None:
                     st.caption("(no such view for this model)")
                     continue
                 fig = figs[title]
                 fig.update_layout(title_font_size=13)
-                st.plotly_chart(fig, width="stretch", key=f"cmp-{path}-{title}")
+                st.plotly_chart(fig, width="stretch", key=f"cmp-{side}-{title}")  # both sides may show one model

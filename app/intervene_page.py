@@ -47,6 +47,9 @@ def render() -> None:
         st.info(str(exc))
         return
     n_segments = max(1, -(-sample.n_tokens // seg))
+    if n_segments < 2:
+        st.info(f"The prompt fits in one segment of {seg} tokens: no segment boundary lies inside it to edit at.")
+        return
     needle = ", ".join(
         f"tokens {a}-{b - 1} (segment {a // seg}{'' if (b - 1) // seg == a // seg else f'-{(b - 1) // seg}'})"
         for a, b in sample.evidence
@@ -56,9 +59,9 @@ def render() -> None:
         "after it should cost the answer, one before it nothing."
     )
     mode = st.radio("Edit", ["ablate", "replace with another sample's memory"], horizontal=True, key="iv_mode")
-    segment = (
-        st.slider("at the start of segment", 1, max(1, n_segments - 1), max(1, n_segments // 2), key="iv_segment")
-        if n_segments > 1
+    segment = (  # segments 1 .. n-1 start inside the prompt; with two, only segment 1 does
+        st.slider("at the start of segment", 1, n_segments - 1, n_segments // 2, key="iv_segment")
+        if n_segments > 2
         else 1
     )
     if mode == "ablate":

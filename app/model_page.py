@@ -7,7 +7,7 @@ import streamlit as st
 import torch
 
 import memviz
-from app.common import checkpoint_picker, default_sample, load_model
+from app.common import checkpoint_picker, current_path, load_model
 from memviz.model import generic_hook_name
 
 
@@ -18,14 +18,31 @@ def hook_table(model) -> pd.DataFrame:
 
 
 def score_rows(scores: dict, prefix: str = "") -> list[dict]:
-    """A card's nested probe scores as rows {probe, score} ("passkey 512": 98%)."""
+    """A card's nested probe scores as rows {probe, score} ("passkey 512": 98%; "lm shakespeare": 2.089
+    bits a byte, the language-modelling probe's held-out score)."""
     rows = []
     for key, value in scores.items():
         if isinstance(value, dict):
             rows.extend(score_rows(value, f"{prefix}{key} "))
         elif isinstance(value, float) and key != "n_per_cell":
-            rows.append({"probe": f"{prefix}{key}", "score": f"{value:.0%}"})
+            score = f"{value:.3f} bits a byte" if prefix == "lm " else f"{value:.0%}"
+            rows.append({"probe": f"{prefix}{key}", "score": score})
     return rows
+
+
+def stage_rows(stages) -> list[dict]:
+    """A card's `stages` as table rows: a list of {name, steps, wall_time_s, threads} or, in older
+    cards, {name: what it did}."""
+    if isinstance(stages, dict):
+        return [{"stage": name, "what": str(what)} for name, what in stages.items()]
+    if not isinstance(stages, list):
+        return []
+    columns = {"steps": "steps", "wall_time_s": "train time (s)", "threads": "threads"}
+    return [
+        {"stage": str(stage.get("name", "")), **{label: stage[key] for key, label in columns.items() if key in stage}}
+        for stage in stages
+        if isinstance(stage, dict)
+    ]
 
 
 def render_card(card: dict) -> None:
@@ -33,11 +50,14 @@ def render_card(card: dict) -> None:
     if not isinstance(card, dict) or not card:
         st.caption("This checkpoint has no card.")
         return
+    stages = stage_rows(card.get("stages"))
+    staged = len(stages) > 1
+    last = " (its last stage)" if staged else ""
     facts = [
         (label, card[key])
         for key, label in (
-            ("steps", "steps"),
-            ("wall_time_s", "train time (s)"),
+            ("steps", f"steps{last}"),
+            ("wall_time_s", f"train time (s){last}"),
             ("machine", "machine"),
             ("parameters", "parameters"),
         )
@@ -50,6 +70,12 @@ def render_card(card: dict) -> None:
     rows = score_rows(card.get("probe_scores") or {})
     if rows:
         st.dataframe(rows, hide_index=True, width="stretch")
+    if staged:
+        steps = sum(v for row in stages if isinstance(v := row.get("steps"), (int, float)))
+        seconds = sum(v for row in stages if isinstance(v := row.get("train time (s)"), (int, float)))
+        whole = f": {steps:,} steps, {seconds / 60:.0f} min of training in all" if seconds else ""
+        st.caption(f"Trained in {len(stages)} stages, each continuing the one before (the command above){whole}.")
+        st.dataframe(stages, hide_index=True, width="stretch")
     if card.get("note"):
         st.caption(str(card["note"]))
     with st.expander("the whole card (JSON)"):
@@ -58,7 +84,8 @@ def render_card(card: dict) -> None:
 
 def render() -> None:
     st.title("memviz")
-    path = checkpoint_picker("Checkpoint", "checkpoint_choice", "checkpoint_path", default_sample())
+    path = checkpoint_picker("Checkpoint", "checkpoint_choice", "checkpoint_path", current_path())
+    st.session_state["model_path"] = path  # the other pages run this one, or say why they cannot
     if not path:
         st.info("Give the path of a checkpoint folder (config.json, model.safetensors, tokenizer.json).")
         return
@@ -67,7 +94,6 @@ def render() -> None:
     except memviz.CheckpointError as exc:
         st.error(f"Cannot load this checkpoint: {exc}")
         return
-    st.session_state["model_path"] = path
     cfg = model.cfg
     cols = st.columns(4)
     cols[0].metric("family", cfg.family)

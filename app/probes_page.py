@@ -76,7 +76,11 @@ def render_retention() -> None:
         return
     st.plotly_chart(retention.curve(df), width="stretch", key="retention_curve")
     st.download_button(
-        "Download CSV", df.drop(columns=["evidence"]).to_csv(index=False), file_name="retention.csv", key="rt_csv"
+        "Download CSV",
+        df.drop(columns=["evidence"]).to_csv(index=False),
+        file_name="retention.csv",
+        key="rt_csv",
+        on_click="ignore",  # a rerun would lose the results shown under the Run button
     )
     st.dataframe(df.pivot_table(index="model", columns="distance", values="correct", sort=False), width="stretch")
 
@@ -122,7 +126,9 @@ def render_lm() -> None:
         lm.position_curve(positions, window=lm.local_span(current_model())), width="stretch", key="lm_curve"
     )
     st.dataframe(lm.summary(df), width="stretch")
-    st.download_button("Download CSV", positions.to_csv(index=False), file_name="lm_positions.csv", key="lm_csv")
+    st.download_button(
+        "Download CSV", positions.to_csv(index=False), file_name="lm_positions.csv", key="lm_csv", on_click="ignore"
+    )
 
 
 def render() -> None:
@@ -200,6 +206,10 @@ def render() -> None:
     st.plotly_chart(fig, width="stretch", key="probe_heatmap")
     st.metric("accuracy", f"{df['correct'].mean():.0%}", help=f"{len(df)} samples")
     st.download_button(
-        "Download CSV", df.drop(columns=["evidence"]).to_csv(index=False), file_name=f"{probe}.csv", key="dl_csv"
+        "Download CSV",
+        df.drop(columns=["evidence"]).to_csv(index=False),
+        file_name=f"{probe}.csv",
+        key="dl_csv",
+        on_click="ignore",
     )
     st.dataframe(df.drop(columns=["evidence"]), hide_index=True, width="stretch")

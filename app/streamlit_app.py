@@ -30,8 +30,11 @@ def model_page_by_url() -> None:
 st.set_page_config(page_title="memviz", layout="wide")
 torch.set_num_threads(app_threads())
 # Streamlit forgets a widget's value when its page is left; held as session state (re-assigned on
-# every run, whichever page runs), the Trace page's input is still there when the user comes back
+# every run, whichever page runs), the chosen checkpoint and the Trace page's input are still there
+# when the user comes back
 for key in (
+    "checkpoint_choice",
+    "checkpoint_path",
     "source",
     "pk_length",
     "pk_depth",

@@ -17,6 +17,10 @@ MAX_UPLOAD_BYTES = 20 * 1024 * 1024
 MAX_TOKENS = 1_000_000
 
 
+class InputError(ValueError):
+    """An input the user gave that cannot be traced: said once, in place of the figures."""
+
+
 @st.cache_data(show_spinner=False, max_entries=8)
 def cached_trace(
     model_path: str, text: str, evidence: tuple[tuple[int, int], ...], answer: str | None = None
@@ -73,7 +77,7 @@ def bytes_per_token(model_path: str) -> float:
 
 def choose_input(model, model_path: str) -> tuple[str, tuple[tuple[int, int], ...], str | None] | None:
     """The text to trace, its evidence spans and its answer (None for free text), from the
-    source the user picks."""
+    source the user picks; None while there is none, InputError for one that cannot be traced."""
     sources = ["pass-key sample", "BABILong sample", "text", "file"]
     if "facts" in model.card:  # a model trained on a knowledge base (Memory+): its own questions first
         sources.insert(0, "fact question")
@@ -98,8 +102,7 @@ def choose_input(model, model_path: str) -> tuple[str, tuple[tuple[int, int], ..
         try:
             sample = passkey.seeded_sample(model.tokenizer, int(length), float(depth), int(seed), 0)
         except ValueError as exc:  # a length shorter than the prompt itself: said, not a traceback
-            st.error(str(exc))
-            return None
+            raise InputError(str(exc)) from exc
     elif source == "BABILong sample":
         c1, c2, c3, c4 = st.columns(4)
         task = c1.selectbox("task", babilong.TASKS, key="bl_task")
@@ -114,8 +117,7 @@ def choose_input(model, model_path: str) -> tuple[str, tuple[tuple[int, int], ..
         try:
             sample = babilong.seeded_sample(model.tokenizer, task, int(length), int(seed), 0, haystack=background)
         except ValueError as exc:
-            st.error(str(exc))
-            return None
+            raise InputError(str(exc)) from exc
     elif source == "text":
         text = st.text_area("Text", key="text_input", height=150)
         return (text, (), None) if text.strip() else None
@@ -130,13 +132,11 @@ def choose_input(model, model_path: str) -> tuple[str, tuple[tuple[int, int], ..
             return None
         data = upload.getvalue()
         if len(data) > MAX_UPLOAD_BYTES:
-            st.error(f"The file is {len(data) / 2**20:.1f} MB; the limit is {MAX_UPLOAD_BYTES // 2**20} MB.")
-            return None
+            raise InputError(f"The file is {len(data) / 2**20:.1f} MB; the limit is {MAX_UPLOAD_BYTES // 2**20} MB.")
         try:
             return data.decode("utf-8"), (), None
         except UnicodeDecodeError as exc:
-            st.error(f"The file is not UTF-8 text ({exc.reason} at byte {exc.start}).")
-            return None
+            raise InputError(f"The file is not UTF-8 text ({exc.reason} at byte {exc.start}).") from exc
     st.caption(
         f"{sample.n_tokens:,} tokens · answer **{sample.answer}** · model says "
         f"**{greedy_answer(model_path, sample.prompt)!r}**"
@@ -152,7 +152,11 @@ def render() -> None:
     if model is None:
         return
     path = current_path()
-    chosen = choose_input(model, path)
+    try:
+        chosen = choose_input(model, path)
+    except InputError as exc:
+        st.error(str(exc))
+        return
     if chosen is None:
         st.info("Give an input to trace.")
         return
@@ -194,6 +198,7 @@ def render() -> None:
             fig.to_html(include_plotlyjs=True),
             file_name=f"{title.replace(' ', '_')}.html",
             key=f"dl-{title}",
+            on_click="ignore",  # no rerun: what the page shows stays
         )
     if evidence:
         hold = cached_needle_hold(path, text, answer, tuple(evidence[0]))
@@ -205,7 +210,13 @@ def render() -> None:
                 "memory's read still carries: where this falls to zero, the model can no longer answer from memory."
             )
     show_readout(model, path, text, answer, evidence, tr)
-    st.download_button("Download trace (.npz, memviz.Trace.load)", tr.to_bytes(), file_name="trace.npz", key="dl-trace")
+    st.download_button(
+        "Download trace (.npz, memviz.Trace.load)",
+        tr.to_bytes(),
+        file_name="trace.npz",
+        key="dl-trace",
+        on_click="ignore",
+    )
 
 
 def cost_line(cost: dict[str, int], n_tokens: int) -> str:
@@ -219,11 +230,14 @@ def show_readout(model, path: str, text: str, answer: str | None, evidence, tr: 
     if not get_family(model.family).readout:
         return
     st.subheader("Read-out: what the memory returned, and from which tokens")
+    traced = (path, hash(text), answer, len(tr))
+    if st.session_state.get("ro_traced") != traced:  # a new input: back to its answer's position
+        st.session_state["ro_traced"] = traced
+        st.session_state["ro_position"] = tr.read_position
     position = st.number_input(
         "read at token (default: where the answer's first non-blank token is predicted)",
         0,
         len(tr) - 1,
-        tr.read_position,
         key="ro_position",
     )
     readout = cached_readout(path, text, answer, int(position))
@@ -233,10 +247,18 @@ def show_readout(model, path: str, text: str, answer: str | None, evidence, tr: 
             "so its read has no exact decomposition over the tokens that wrote it."
         )
         return
+    figures = viz.readout_figures(readout, evidence)
+    if not figures:
+        st.info(
+            f"At token {int(position)} no earlier token has reached the memory yet (a segment's writes arrive when "
+            "it completes), so there is nothing to decompose: pick a later token."
+        )
+        return
     st.caption(
         f"The read is {readout.what}. Each written token's part of it, projected on the read: a head's row sums "
         "to 1 (less the share of the memory's initial state, named in the title where it has one); red carries "
-        "the read, blue pushes against it."
+        "the read, blue pushes against it. It spans every token written before the read, whatever the Positions "
+        "range above."
     )
-    for title, fig in viz.readout_figures(readout, evidence).items():
+    for title, fig in figures.items():
         st.plotly_chart(fig, width="stretch", key=f"fig-{title}")

@@ -11,6 +11,7 @@ import threading
 
 import streamlit as st
 
+from app.model_page import score_rows
 from memviz import viz
 from memviz.checkpoint import USER_DIR
 from training import QUICK_LENGTHS, Trainer, parse_curriculum, quick_config, quick_families, quick_lr
@@ -50,9 +51,12 @@ def live(name: str) -> None:
     if job["status"] == "running" and st.button("Stop (saves a checkpoint)", key=f"stop-{name}"):
         trainer.stop.set()
     if job.get("exported"):
-        scores = trainer.model.card.get("probe_scores")
+        scores = ", ".join(
+            f"{row['probe']} {row['score']}" for row in score_rows(trainer.model.card.get("probe_scores") or {})
+        )
         st.success(
-            f"Saved {job['exported']}; it is listed on the Model page." + (f" Probe scores: {scores}" if scores else "")
+            f"Saved {job['exported']}; it is listed on the Model page."
+            + (f" Probe scores: {scores}." if scores else "")
         )
     if job.get("error"):
         st.error(f"Training failed: {job['error']}")

@@ -122,7 +122,8 @@ def test_trace_page_traces_the_default_passkey_sample(infini_checkpoint):
     titles = chart_titles(at)
     assert any("sigmoid(beta)" in t for t in titles) and any("memory share" in t for t in titles), titles
     assert "How much of the evidence the memory still holds" in titles  # the needle's share of the read
-    assert "answer" in at.caption[0].value
+    assert at.caption[0].value == f"Model: **{infini_checkpoint}** (infini); the Model page changes it."
+    assert "answer" in at.caption[1].value
     readouts = [t for t in titles if "where the read at token" in t]
     assert len(readouts) == 2 and all("the evidence carries" in t for t in readouts), titles  # one a layer
     at.number_input(key="ro_position").set_value(300).run()  # the read at another token
@@ -172,7 +173,7 @@ def test_trace_page_text_and_error_paths(infini_checkpoint):
 
 def test_trace_page_reports_a_bad_checkpoint(tmp_path):
     at = open_trace_page(str(tmp_path / "missing"))
-    assert "Cannot load this checkpoint" in at.error[0].value
+    assert "Cannot load the checkpoint chosen on the Model page" in at.error[0].value
 
 
 def test_probes_page_runs_a_grid_and_offers_the_csv(infini_checkpoint):
@@ -240,9 +241,9 @@ def test_intervene_page_ablates_replaces_and_sweeps(infini_checkpoint):
     at.run()
     assert not at.exception, at.exception
     assert "after the edit" in at.metric[0].label
-    assert re.search(r"The needle is at tokens \d+-\d+ \(segment \d+", at.caption[0].value)  # 16-token segments
+    assert re.search(r"The needle is at tokens \d+-\d+ \(segment \d+", at.caption[1].value)  # 16-token segments
     at.radio(key="iv_mode").set_value("replace with another sample's memory").run()
-    assert not at.exception and "donor sample's key" in at.caption[1].value
+    assert not at.exception and "donor sample's key" in at.caption[2].value
     at.button(key="iv_sweep").click().run()
     assert not at.exception and len(at.get("plotly_chart")) == 1
     at.number_input(key="iv_length").set_value(100).run()
@@ -381,7 +382,7 @@ def test_the_app_takes_its_thread_count_from_memviz_threads(monkeypatch):
 def test_trace_page_offers_a_facts_model_its_own_questions():
     at = open_trace_page("memory_plus_english")
     assert at.radio(key="source").value == "fact question"
-    assert "from the knowledge base" in at.caption[0].value and "model says" in at.caption[0].value
+    assert "from the knowledge base" in at.caption[1].value and "model says" in at.caption[1].value
     assert any("the values token" in t for t in chart_titles(at))  # what the question read from the memory layer
 
 
@@ -402,3 +403,79 @@ def test_trace_page_says_where_a_trace_stops_being_finite_and_when_the_model_is_
     at.radio(key="source").set_value("text").run()
     at.text_area(key="text_input").input("another text, not cached").run()
     assert not at.exception and "The model is busy with another run" in at.error[0].value
+
+
+def test_the_model_page_keeps_the_checkpoint_chosen_before_its_widget_was_forgotten(tmp_path):
+    """Streamlit drops a page's widgets when another page runs: coming back, the Model page shows the
+    checkpoint the other pages run, not the default sample."""
+    path = str(memviz.save(small_model("lm2", segment_len=16), tmp_path / "chosen"))
+    at = page("model_page", path)  # model_path set, its picker's state gone
+    at.run()
+    assert not at.exception, at.exception
+    assert at.selectbox(key="checkpoint_choice").value == path
+    assert {m.label: m.value for m in at.metric}["family"] == "lm2" and at.session_state["model_path"] == path
+
+
+def test_a_checkpoint_that_fails_to_load_is_what_the_other_pages_then_say(tmp_path):
+    at = choose_path(open_app(), str(tmp_path / "missing"))
+    assert "Cannot load this checkpoint" in at.error[0].value
+    assert at.session_state["model_path"] == str(tmp_path / "missing")  # not the sample chosen before
+    at.text_input(key="checkpoint_path").input("   ").run()
+    assert "Give the path of a checkpoint folder" in at.info[0].value and not at.error
+    trace = page("trace_page", "")  # what the Trace page runs after an empty path: no model, said
+    trace.run()
+    assert "No checkpoint chosen" in trace.warning[0].value and not trace.get("plotly_chart")
+
+
+def test_the_read_out_follows_a_new_input_and_says_when_nothing_was_written_yet(infini_checkpoint):
+    at = open_trace_page(infini_checkpoint)
+    first = at.number_input(key="ro_position").value
+    at.number_input(key="pk_length").set_value(512).run()
+    moved = at.number_input(key="ro_position").value
+    assert not at.exception and moved < 512 - 3 and sum("the evidence carries" in t for t in chart_titles(at)) == 2
+    at.number_input(key="pk_length").set_value(2048).run()  # back: the answer's position again, not 512's
+    assert at.number_input(key="ro_position").value == first
+    at.number_input(key="ro_position").set_value(3).run()  # inside the first 16-token segment
+    assert not at.exception and any("no earlier token has reached the memory" in i.value for i in at.info)
+
+
+def test_a_one_token_text_traces(infini_checkpoint):
+    at = open_trace_page(infini_checkpoint)
+    at.radio(key="source").set_value("text").run()
+    at.text_area(key="text_input").input("a").run()
+    assert not at.exception and not at.error and at.get("plotly_chart")
+
+
+def test_intervene_page_edits_a_prompt_of_two_segments_at_its_one_boundary(tmp_path):
+    path = str(memviz.save(small_model("infini", segment_len=160), tmp_path / "infini160"))
+    at = page("intervene_page", path)
+    at.session_state["iv_length"] = 300  # two 160-token segments: one boundary to edit at
+    at.run()
+    assert not at.exception, at.exception
+    assert "after the edit at token 160" in at.metric[0].label and not at.get("slider")[1:]
+
+
+def test_compare_page_shows_one_checkpoint_beside_itself(infini_checkpoint):
+    at = page("compare_page")
+    at.run()
+    for side in ("left", "right"):
+        at.selectbox(key=f"cmp_{side}").select("a local path…").run()
+        at.text_input(key=f"cmp_{side}_path").input(infini_checkpoint).run()
+    assert not at.exception, at.exception
+    assert len(chart_titles(at)) > 2
+
+
+def test_the_model_page_shows_bits_a_byte_as_such_and_every_stage_of_a_chain():
+    from app.model_page import score_rows, stage_rows
+
+    rows = score_rows({"lm": {"shakespeare": 2.0892}, "passkey": {"4096": 0.9}, "n_per_cell": 5})
+    assert rows == [
+        {"probe": "lm shakespeare", "score": "2.089 bits a byte"},
+        {"probe": "passkey 4096", "score": "90%"},
+    ]
+    card = memviz.load("infini_english_16k").card
+    stages = stage_rows(card["stages"])
+    assert [row["stage"] for row in stages][-1] == "infini_english_16k" and len(stages) == len(card["stages"]) > 1
+    assert sum(row["steps"] for row in stages) > card["steps"]
+    assert stage_rows({"stage1": "1000 steps"}) == [{"stage": "stage1", "what": "1000 steps"}]
+    assert stage_rows("nonsense") == []
