@@ -14,6 +14,7 @@ import os
 import streamlit as st
 
 import memviz
+from memviz.threads import check_threads
 
 
 def app_threads() -> int:
@@ -23,9 +24,7 @@ def app_threads() -> int:
     2 threads, 5.3 s alone)."""
     value = os.environ.get("MEMVIZ_THREADS", "")
     if value:
-        if not value.isdigit() or int(value) < 1:
-            raise ValueError(f"MEMVIZ_THREADS must be a positive number of threads, got {value!r}")
-        return int(value)
+        return check_threads(int(value) if value.isdigit() else value, "MEMVIZ_THREADS")
     return max(1, (os.cpu_count() or 2) // 2)
 
 

@@ -142,7 +142,7 @@ def is_hf_folder(directory: Path) -> bool:
     """Whether `directory`'s config.json is a Hugging Face one (it names a `model_type`)."""
     try:
         return "model_type" in json.loads((directory / CONFIG_FILE).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, TypeError):
+    except (OSError, UnicodeDecodeError, ValueError, TypeError, RecursionError):
         return False
 
 
@@ -199,7 +199,7 @@ def load(path: str | Path, device: str | torch.device = "cpu", **overrides: Any)
             raise CheckpointError(f"{card_path}: {exc}") from exc
         try:
             card = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
             raise CheckpointError(f"{card_path}: not valid JSON: {exc}") from exc
         if not isinstance(card, dict):
             raise CheckpointError(f"{card_path}: a card must be a JSON object, got {type(card).__name__}")

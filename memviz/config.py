@@ -136,7 +136,7 @@ class ModelConfig:
     def from_json(cls, text: str) -> ModelConfig:
         try:
             data = json.loads(text)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, RecursionError) as exc:  # RecursionError: nested past Python's stack
             raise ConfigError(f"config is not valid JSON: {exc}") from exc
         return cls.from_dict(data)
 

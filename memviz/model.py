@@ -37,6 +37,8 @@ from memviz.tokenizer import ByteTokenizer, Tokenizer
 
 #: the longest prompt `generate` reads, in tokens (a probe's longest prompt too)
 MAX_PROMPT_TOKENS = 1 << 22
+#: the most tokens `generate` writes after it: one token at a time, the answer of a probe or a look at what follows
+MAX_NEW_TOKENS = 1 << 16
 BACKBONE_FIELDS = (
     "vocab_size",
     "d_model",
@@ -509,8 +511,14 @@ class MemoryLM(HookedRootModule):
     ) -> list[int]:
         """Greedy decoding after streaming the prompt; stops at eos. Special ids other than
         eos are never produced."""
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
+        if (
+            not isinstance(max_new_tokens, int)
+            or isinstance(max_new_tokens, bool)
+            or not 0 <= max_new_tokens <= MAX_NEW_TOKENS
+        ):
+            raise ValueError(
+                f"max_new_tokens must be a whole number from 0 to {MAX_NEW_TOKENS:,}, got {max_new_tokens!r}"
+            )
         logits, state = self.prefill(prompt_ids, state)
         banned = [self.tokenizer.pad_id, self.tokenizer.bos_id]
         out: list[int] = []

@@ -231,7 +231,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         raise ValueError(f"not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, RecursionError) as exc:
         raise ValueError(f"not valid JSON: {exc}") from exc
     if isinstance(data, dict) and data.get("kind") == "byte":
         return ByteTokenizer()

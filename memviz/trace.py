@@ -279,6 +279,7 @@ class Trace:
             KeyError,
             TypeError,
             json.JSONDecodeError,
+            RecursionError,  # JSON nested past Python's stack
             EOFError,
             UnicodeDecodeError,
             zipfile.BadZipFile,

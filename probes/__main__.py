@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 from memviz.files import check_writable_folder
+from memviz.threads import check_threads
 from probes import babilong, facts, lm, passkey, retention, ruler, texts
 from probes.common import merge_shards
 
@@ -139,14 +140,19 @@ def main(argv: list[str] | None = None) -> int:
         dist.init_process_group("gloo")
     progress = not args.no_progress and rank == 0
     if args.threads is not None:
-        if args.threads < 1:
-            print(f"error: --threads must be at least 1, got {args.threads}", file=sys.stderr)
+        try:
+            check_threads(args.threads, "--threads")
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
             return 2
         import torch
 
         torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    made = not out.exists()
     try:
-        check_writable_folder(args.out, "--out")
+        check_writable_folder(out, "--out")
+        out.mkdir(parents=True, exist_ok=True)  # before the grid: a folder that cannot be made loses no results
         model = memviz.load(args.checkpoint)
         if args.probe == "facts" and "facts" not in model.card:
             print(
@@ -219,11 +225,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             df = facts.run(model, n=args.n, seed=args.seed, progress=progress)
             fig, table = facts.bar(df), df.groupby("attribute")["correct"].mean()
-    except (memviz.CheckpointError, ValueError) as exc:
+    except (memviz.CheckpointError, ValueError, OSError) as exc:
+        if made and out.is_dir() and not any(out.iterdir()):  # a refused input leaves no folder behind
+            out.rmdir()
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     if args.probe == "lm":
         df.drop(columns="losses").to_csv(out / "lm.csv", index=False)
         positions.to_csv(out / "lm_positions.csv", index=False)

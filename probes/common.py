@@ -121,6 +121,9 @@ def check_n(n: int) -> None:
         raise ValueError(f"n must be a positive integer, got {n!r}")
 
 
+SAMPLE_COLUMNS = ("n_tokens", "answer", "prediction", "correct", "diverged", "evidence")  # after the keys
+
+
 def run_samples(
     model,
     jobs: Sequence[tuple[dict[str, Any], Callable[[], Sample]]],
@@ -164,12 +167,19 @@ def run_samples(
         if callable(progress):
             progress(i + 1, len(picked))
     bar.close()
-    return pd.DataFrame(rows)
+    columns = [*(["job"] if count > 1 else []), *(jobs[0][0] if jobs else {}), *SAMPLE_COLUMNS]
+    return pd.DataFrame(rows, columns=columns)  # the columns of a shard past the grid too, which has no rows
 
 
 def check_workers(workers: int) -> None:
+    """A positive number of processes, at most one a core (more only wait on each other, each holding the model)."""
+    import os
+
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         raise ValueError(f"workers must be a positive number of processes, got {workers!r}")
+    cores = os.cpu_count() or 1
+    if workers > cores:
+        raise ValueError(f"workers: {workers} processes on this machine's {cores} cores; give at most {cores}")
 
 
 def run_in_workers(run: Callable[..., pd.DataFrame], model, workers: int, **kwargs: Any) -> pd.DataFrame:
@@ -190,8 +200,12 @@ def run_in_workers(run: Callable[..., pd.DataFrame], model, workers: int, **kwar
 
 
 def merge_shards(parts: list[pd.DataFrame]) -> pd.DataFrame:
-    """Shards' rows (each with its job index) in the order of a single-process run."""
-    return pd.concat(parts).sort_values("job").drop(columns="job").reset_index(drop=True)
+    """Shards' rows (each with its job index) in the order of a single-process run; a shard past the
+    grid's last sample has none."""
+    filled = [part for part in parts if len(part)]
+    if not filled:
+        return pd.DataFrame()
+    return pd.concat(filled).sort_values("job").drop(columns="job").reset_index(drop=True)
 
 
 def set_threads(threads: int) -> None:

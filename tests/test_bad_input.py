@@ -147,6 +147,7 @@ CALL_CASES = {
         "trace limit of 1,000",
     ),
     "generate a negative count": (lambda m: m.generate("hi", max_new_tokens=-1), ValueError, "max_new_tokens"),
+    "generate a trillion tokens": (lambda m: m.generate("hi", max_new_tokens=10**12), ValueError, "max_new_tokens"),
     "token ids outside the vocabulary": (lambda m: m(torch.tensor([[0, 999]])), ValueError, "999"),
     "pass key with no lengths": (lambda m: passkey.run(m, lengths=[], depths=[0.5], n=1), ValueError, "lengths"),
     "pass key shorter than its needle": (
@@ -220,6 +221,9 @@ TRAIN_CASES = {
     "steps 0": ({"optim.steps": 0}, "steps"),
     "batch_size 0": ({"optim.batch_size": 0}, "batch_size"),
     "lr negative": ({"optim.lr": -1e-3}, "lr"),
+    "lr infinite": ({"optim.lr": float("inf")}, "lr"),
+    "memory_value_lr infinite": ({"optim.memory_value_lr": float("inf")}, "memory_value_lr"),
+    "a NaN task weight": ({"data.mix": {"passkey": float("nan")}}, "data.mix"),
     "save_every 0": ({"save_every": 0}, "save_every"),
     "a length of 100k x batch 64": ({"data.curriculum": [[0, 100_000]], "optim.batch_size": 64}, "curriculum"),
     "an eval grid of 5e7 samples": ({"eval.n": 50_000_000}, "eval"),
@@ -240,14 +244,43 @@ def test_a_nonsense_training_config_names_the_field(case):
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("case", ["training config", "training config missing", "evaluate", "probes", "probes threads"])
+COMMAND_CASES = [
+    "training config",
+    "training config missing",
+    "training config a folder",
+    "training export into its run",
+    "training export empty",
+    "training threads 100000",
+    "evaluate",
+    "evaluate a huge grid",
+    "probes",
+    "probes threads",
+    "probes threads 100000",
+]
+
+
+@pytest.mark.parametrize("case", COMMAND_CASES)
 def test_the_command_lines_exit_2_with_one_line(case, tmp_path):
     config = tmp_path / "bad.train.json"
     config.write_text(json.dumps(train_config(**{"optim.steps": -5})))
+    good = tmp_path / "good.train.json"
+    good.write_text(json.dumps(train_config(out=str(tmp_path / "run"))))
     command, named = {
         "training config": (["-m", "training", "--config", str(config)], "optim.steps"),
         "training config missing": (["-m", "training", "--config", str(tmp_path / "none.json")], "none.json"),
+        "training config a folder": (["-m", "training", "--config", str(tmp_path)], str(tmp_path)),
+        "training export into its run": (
+            ["-m", "training", "--config", str(good), "--export", str(tmp_path / "run" / "checkpoints")],
+            "is the run folder",
+        ),
+        "training export empty": (["-m", "training", "--config", str(good), "--export", ""], "--export: an empty"),
+        "training threads 100000": (["-m", "training", "--config", str(good), "--threads", "100000"], "--threads"),
+        "probes threads 100000": (
+            ["-m", "probes", "passkey", "infini_english_16k", "--lengths", "512", "--threads", "100000"],
+            "--threads",
+        ),
         "evaluate": (["-m", "training.evaluate", str(tmp_path / "nowhere")], "nowhere"),
+        "evaluate a huge grid": (["-m", "training.evaluate", "sliding_window", "--n", "100000000"], "samples, over"),
         "probes": (["-m", "probes", "passkey", str(tmp_path / "nowhere"), "--lengths", "512"], "nowhere"),
         "probes threads": (
             ["-m", "probes", "passkey", "infini_english_16k", "--lengths", "512", "--threads", "0"],

@@ -395,6 +395,21 @@ def test_bad_folders_get_one_clear_error(tmp_path):
         memviz.load(folder("wrong_shape", {**config, "linear_key_head_dim": 4}))
     with pytest.raises(CheckpointError, match=r"takes the overrides dtype and segment_len, not \['bank_size'\]"):
         memviz.load(good, bank_size=4)
+    # what transformers, huggingface_hub and safetensors refuse in their own exception types, each named here
+    for name, changes in {
+        "zero_heads": {"num_attention_heads": 0},
+        "layers_and_types_differ": {"num_hidden_layers": 5},
+        "float8": {"dtype": "float8", "torch_dtype": "float8"},
+        "rope_bogus": {"rope_parameters": {"rope_type": "bogus"}},
+    }.items():
+        with pytest.raises(CheckpointError, match=rf"{name}.*config\.json"):
+            memviz.load(folder(name, {**config, **changes}))
+    truncated = folder("truncated", config)
+    (truncated / "model.safetensors").write_bytes((good / "model.safetensors").read_bytes()[:100])
+    with pytest.raises(
+        CheckpointError, match=r"truncated: transformers could not build the model .* or read its weights"
+    ):
+        memviz.load(truncated)
 
 
 def test_transformer_lens_bridge_agrees_where_it_has_the_quantity(checkpoint):

@@ -124,6 +124,19 @@ def test_the_grid_is_the_same_over_one_and_two_processes():
     assert (oracle["correct"] == 1.0).all() and oracle["answer"].tolist() == alone["answer"].tolist()
 
 
+def test_a_shard_past_the_grid_has_no_rows_and_the_gathered_grid_is_whole():
+    from probes import passkey
+    from probes.common import merge_shards
+    from tests.conftest import small_model
+
+    model = small_model("sliding_window", window=16)
+    kwargs = dict(lengths=[256], depths=[0.5], n=1, seed=0, progress=False)
+    alone = passkey.run(model, **kwargs)
+    parts = [passkey.run(model, **kwargs, shard=(i, 2)) for i in range(2)]
+    assert len(parts[0]) == 1 and parts[1].empty
+    pd.testing.assert_frame_equal(merge_shards(parts), alone)
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
@@ -132,6 +145,7 @@ def test_the_grid_is_the_same_over_one_and_two_processes():
         (dict(tasks=["niah_single_1"], lengths=[40]), "shorter than task niah_single_1's template"),
         (dict(tasks=["niah_single_1"], lengths=[1024], depths=[1.5]), r"depth must lie in \[0, 1\]"),
         (dict(tasks=["niah_single_1"], lengths=[1024], workers=0), "workers must be a positive number"),
+        (dict(tasks=["niah_single_1"], lengths=[1024], workers=10_000), "cores; give at most"),
         (dict(tasks=[], lengths=[1024]), "need at least one value each"),
         (dict(tasks=["niah_single_2"], lengths=[1024], haystack="/no/such/book.txt"), "does not exist"),
     ],

@@ -306,7 +306,7 @@ def test_bad_training_configs(capsys):
     with pytest.raises(SystemExit):
         training_cli.main(["--config", "/no/such/config.json", "--threads", "0"])
     assert "--threads: must be a positive integer, got 0" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="memory_value_lr must be > 0"):
+    with pytest.raises(ValueError, match="memory_value_lr must be a finite number > 0"):
         TrainConfig.from_dict({"name": "x", "model": {}, "optim": {"memory_value_lr": 0}})
     with pytest.raises(ValueError, match=r"min_lr_frac .* must lie in \[0, 1\], got -5"):
         TrainConfig.from_dict({"name": "x", "model": {}, "optim": {"min_lr_frac": -5}})
@@ -452,6 +452,10 @@ def test_a_fresh_run_refuses_a_folder_that_holds_an_earlier_run(tmp_path):
     with pytest.raises(ValueError, match="holds an earlier run .*--resume.*--overwrite"):
         Trainer(tiny_config(tmp_path / "run", steps=2), progress=False)
     assert (tmp_path / "run" / "checkpoints").is_dir(), "the refusal touched nothing"
+    refused = tiny_config(tmp_path / "run", steps=2, optim={"train_only": ["no.such.*"]})
+    with pytest.raises(ValueError, match="no parameter name matches"):  # refused before anything is cleared
+        Trainer(refused, overwrite=True, progress=False)
+    assert (tmp_path / "run" / "checkpoints" / "latest").is_file() and len(losses(tmp_path / "run")) == 2
     again = Trainer(tiny_config(tmp_path / "run", steps=2), overwrite=True, progress=False).run()
     assert again.step == 2 and len(losses(tmp_path / "run")) == 2, "--overwrite starts the metrics afresh"
 

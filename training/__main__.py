@@ -9,6 +9,7 @@ import sys
 
 import torch
 
+from memviz.threads import check_threads
 from training.config import PRECISIONS, TrainConfig, TrainingDiverged
 from training.loop import Trainer, check_export_folder
 
@@ -46,15 +47,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     try:
-        if args.export:
-            check_export_folder(args.export)
         cfg = TrainConfig.load(args.config)
         if args.steps is not None:
             cfg.optim.steps = args.steps
         if args.out:
             cfg.out = args.out
+        if args.export is not None:
+            if not args.export.strip():
+                raise ValueError("--export: an empty path; give the folder to write the model to")
+            check_export_folder(args.export, run_folder=cfg.out)
         if args.threads:
-            cfg.threads = args.threads
+            cfg.threads = check_threads(args.threads, "--threads")
         if args.precision:
             cfg.optim.precision = args.precision
         # resuming is exact, so the card records the one-shot command that gives the same model
@@ -66,11 +69,15 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingDiverged as exc:  # the run failed; its checkpoints are kept
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    except ValueError as exc:  # bad input (config, flags, files): one line, exit 2 as argparse does
+    except (ValueError, OSError) as exc:  # bad input (config, flags, files): one line, exit 2 as argparse does
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.export and trainer.rank == 0 and not trainer.stop.is_set():
-        path = trainer.export(args.export, dtype=args.export_dtype)
+        try:
+            path = trainer.export(args.export, dtype=args.export_dtype)
+        except (ValueError, OSError) as exc:  # the run is whole: say so beside why the export is not
+            print(f"error: {exc}; the run's checkpoints under {trainer.out} are kept", file=sys.stderr)
+            return 1
         print(f"exported {path}")
     if trainer.world > 1:
         torch.distributed.destroy_process_group()

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from memviz.threads import check_threads
 from training.data import DataConfig
 from training.fields import check_types
 
@@ -51,13 +52,13 @@ class OptimConfig:
             raise ValueError(f"optim.train_only must be a list of parameter-name patterns, got {self.train_only!r}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"optim.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
-        if self.memory_value_lr is not None and not self.memory_value_lr > 0:
-            raise ValueError(f"optim.memory_value_lr must be > 0, got {self.memory_value_lr!r}")
+        if self.memory_value_lr is not None and not 0 < self.memory_value_lr < math.inf:
+            raise ValueError(f"optim.memory_value_lr must be a finite number > 0, got {self.memory_value_lr!r}")
         for name in ("steps", "batch_size"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
                 raise ValueError(f"optim.{name} must be a positive integer, got {getattr(self, name)!r}")
-        if not self.lr > 0 or self.warmup < 0 or self.clip <= 0:
-            raise ValueError("optim needs lr > 0, warmup >= 0 and clip > 0")
+        if not 0 < self.lr < math.inf or self.warmup < 0 or self.clip <= 0:
+            raise ValueError(f"optim needs a finite lr > 0, warmup >= 0 and clip > 0, got lr {self.lr!r}")
         if not 0 <= self.min_lr_frac <= 1:
             raise ValueError(
                 f"optim.min_lr_frac (the last step's share of lr) must lie in [0, 1], got {self.min_lr_frac!r}"
@@ -174,8 +175,8 @@ class TrainConfig:
         check_types(cfg)
         if not cfg.name:
             raise ValueError("name must be a non-empty string")
-        if cfg.threads < 0:
-            raise ValueError(f"threads must be >= 0 (0: torch's default), got {cfg.threads}")
+        if cfg.threads != 0:  # 0: torch's default
+            check_threads(cfg.threads)
         for name in ("save_every", "log_every"):
             value = getattr(cfg, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

@@ -23,6 +23,7 @@ papers' repeated "The grass is green." filler), one drawn per sample.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -105,8 +106,8 @@ class DataConfig:
                 make_haystack(name, 0)
             except ValueError as exc:
                 raise ValueError(f"data.passkey_haystacks: {exc}") from exc
-        if not self.mix or min(self.mix.values()) < 0 or sum(self.mix.values()) <= 0:
-            raise ValueError("data.mix needs non-negative weights with a positive sum")
+        if not self.mix or not all(0 <= w < math.inf for w in self.mix.values()) or sum(self.mix.values()) <= 0:
+            raise ValueError(f"data.mix needs finite non-negative weights with a positive sum, got {self.mix!r}")
         if not self.curriculum or any(len(c) != 2 or c[1] <= 0 for c in self.curriculum):
             raise ValueError("data.curriculum is a list of [from_step, max_len] with max_len > 0")
         if any(len(c) != 2 or c[1] < 1 for c in self.max_facts):

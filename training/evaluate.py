@@ -137,20 +137,24 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     n = args.n or grid.final_n
     seed = grid.seed if args.seed is None else args.seed
-    scores = probe_scores(
-        model,
-        passkey_lengths=grid.passkey_lengths,
-        passkey_depths=grid.passkey_depths,
-        babilong_tasks=grid.babilong_tasks,
-        babilong_lengths=grid.babilong_lengths,
-        n_facts=grid.facts,
-        n=n,
-        seed=seed,
-        progress=True,
-        haystack=haystack,
-        passkey_haystacks=grid.passkey_haystacks,
-        language_modelling=grid.lm,
-    )
+    try:
+        scores = probe_scores(
+            model,
+            passkey_lengths=grid.passkey_lengths,
+            passkey_depths=grid.passkey_depths,
+            babilong_tasks=grid.babilong_tasks,
+            babilong_lengths=grid.babilong_lengths,
+            n_facts=grid.facts,
+            n=n,
+            seed=seed,
+            progress=True,
+            haystack=haystack,
+            passkey_haystacks=grid.passkey_haystacks,
+            language_modelling=grid.lm,
+        )
+    except ValueError as exc:  # a grid past the probes' caps (--n), refused before it runs
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps(scores, indent=2))
     if args.write_card:
         path = resolve(args.checkpoint) / CARD_FILE

@@ -172,15 +172,11 @@ class Trainer:
         if resume and checkpoint is None:
             raise ValueError(f"--resume: no checkpoint under {self.out / 'checkpoints'}")
         earlier = [p for p in (self.out / "checkpoints", self.out / "metrics.jsonl") if p.exists()]
-        if not resume and earlier:
-            if not overwrite:
-                raise ValueError(
-                    f"{self.out} holds an earlier run ({', '.join(p.name for p in earlier)}); pass --resume to "
-                    "continue it, --overwrite to start afresh, or another --out"
-                )
-            if self.rank == 0:
-                for path in earlier:
-                    shutil.rmtree(path) if path.is_dir() else path.unlink()
+        if not resume and earlier and not overwrite:
+            raise ValueError(
+                f"{self.out} holds an earlier run ({', '.join(p.name for p in earlier)}); pass --resume to "
+                "continue it, --overwrite to start afresh, or another --out"
+            )
         self.model = self.build_model(checkpoint)
         self.check_step_memory()
         if self.rank == 0:
@@ -196,6 +192,9 @@ class Trainer:
             if self.world > 1
             else self.model
         )
+        if not resume and earlier and self.rank == 0:  # --overwrite: only once every check above has passed
+            for path in earlier:
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
 
     # ----- set-up ---------------------------------------------------------------------------
     def build_model(self, checkpoint: Path | None):
@@ -269,6 +268,12 @@ class Trainer:
                 n: self.model.backbone_prefill(self.sampler.prefix(n, self.cfg.optim.batch_size).to(self.device))
             }
         return self.prefix_states[n]
+
+    def kept_checkpoint(self) -> str:
+        """What a run stopped before saving leaves behind, for its message."""
+        if (self.out / "checkpoints" / "latest").is_file():
+            return f"the last good checkpoint under {self.out / 'checkpoints'} is intact"
+        return f"{self.out} holds no checkpoint of this run yet"
 
     def latest_checkpoint(self) -> Path | None:
         """The checkpoint `checkpoints/latest` names: one of this run folder's `step-NNNNNNN` folders, never a
@@ -381,8 +386,8 @@ class Trainer:
                     loss, answer_loss = weighted_loss(logits, tokens, weights)
             if not torch.isfinite(loss):
                 raise TrainingDiverged(
-                    f"loss became {loss.item()} at step {self.step}; stopped without saving, so the last good "
-                    f"checkpoint under {self.out / 'checkpoints'} is intact (try a lower optim.lr)"
+                    f"loss became {loss.item()} at step {self.step}; stopped without saving, so "
+                    f"{self.kept_checkpoint()} (try a lower optim.lr)"
                 )
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -396,7 +401,7 @@ class Trainer:
                 raise TrainingDiverged(
                     f"the gradient became non-finite at step {self.step} (loss {loss.item():.4g}, {tokens.shape[1]} "
                     f"tokens) in {', '.join(bad[:4])}{' ...' if len(bad) > 4 else ''}; stopped without updating or "
-                    f"saving, so the last good checkpoint under {self.out / 'checkpoints'} is intact (early in "
+                    f"saving, so {self.kept_checkpoint()} (early in "
                     "training this is the model at its init on sequences too long for it: start data.curriculum "
                     "shorter; later, lower optim.lr)"
                 )
@@ -511,10 +516,19 @@ class Trainer:
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "card.json")
 
 
-def check_export_folder(directory: str | Path) -> None:
-    """Refuse, before any work, an export that would put aside what it did not write: a path that is a file, or
-    a folder holding files none of which a checkpoint has; and one into a place that cannot be written."""
+def check_export_folder(directory: str | Path, run_folder: str | Path | None = None) -> None:
+    """Refuse, before any work, an export that would put aside what it did not write: a path that is a file, a
+    folder holding files none of which a checkpoint has, or the run's own folder or one inside it (its
+    checkpoints); and one into a place that cannot be written."""
     path = Path(directory)
+    if run_folder is not None:
+        run = Path(os.path.realpath(run_folder))
+        target = Path(os.path.realpath(path))
+        if target == run or run in target.parents:
+            raise ValueError(
+                f"--export: {path} is the run folder {run_folder} or inside it, where the run keeps its checkpoints; "
+                "export elsewhere"
+            )
     if path.exists() or path.is_symlink():
         real = Path(os.path.realpath(path))
         if not real.is_dir():

@@ -619,7 +619,7 @@ class ReleasedLM(MemoryLM):
 def read_json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ReleasedCheckpointError(f"{path}: not readable JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise ReleasedCheckpointError(f"{path}: a config must be a JSON object")
@@ -646,8 +646,10 @@ def text_config(directory: Path, data: dict):
         if model_type == "qwen3_5":
             return Qwen3_5Config(**data).text_config
         return Qwen3_5TextConfig(**data)
-    except (TypeError, ValueError) as exc:
-        raise ReleasedCheckpointError(f"{where}: not a {model_type} config transformers accepts: {exc}") from exc
+    except Exception as exc:  # transformers' and huggingface_hub's validators raise their own types
+        raise ReleasedCheckpointError(
+            f"{where}: not a {model_type} config transformers accepts ({type(exc).__name__}: {exc})"
+        ) from exc
 
 
 def hf_class(model_type: str):
@@ -721,8 +723,11 @@ def load(directory: str | Path, device: str | torch.device = "cpu", **overrides:
             ignore_mismatched_sizes=True,
             **experts,
         )  # so that the mismatches come back in `info`, named
-    except (OSError, RuntimeError, ValueError) as exc:
-        raise ReleasedCheckpointError(f"{directory}: transformers could not load the weights: {exc}") from exc
+    except Exception as exc:  # safetensors', transformers' and torch's own types, from the files or the config's values
+        raise ReleasedCheckpointError(
+            f"{directory}: transformers could not build the model from {CONFIG_FILE} or read its weights "
+            f"({type(exc).__name__}: {exc})"
+        ) from exc
     bad = [
         f"tensor {k!r} is {tuple(theirs)} but {CONFIG_FILE} makes it {tuple(ours)}"
         for k, theirs, ours in sorted(info.get("mismatched_keys", ()))
