@@ -78,8 +78,13 @@ def render() -> None:
     )
     st.write(f"greedy answer after the edit: **{result['greedy'].strip()!r}**")
     points = min(SWEEP_POINTS, n_segments - 1)
-    where = f"each of the {points}" if points == n_segments - 1 else f"{points} evenly spaced of the {n_segments - 1}"
-    if st.button(f"Sweep: ablate at {where} segment boundaries", key="iv_sweep"):
+    if points == 1:
+        where = "the one segment boundary"
+    elif points == n_segments - 1:
+        where = f"each of the {points} segment boundaries"
+    else:
+        where = f"{points} evenly spaced of the {n_segments - 1} segment boundaries"
+    if st.button(f"Sweep: ablate at {where}", key="iv_sweep"):
         bar, began = st.progress(0.0, text="Sweeping…"), time.perf_counter()
 
         def show(done: int, total: int) -> None:

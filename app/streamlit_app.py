@@ -45,6 +45,7 @@ for key in (
     "text_input",
     "fq_person",
     "fq_attribute",
+    "ro_position",
 ):
     if key in st.session_state:
         st.session_state[key] = st.session_state[key]
