@@ -126,10 +126,8 @@ def checkpoint_picker(label: str, choice_key: str, path_key: str, default: str |
         options = [default, *options]
     options.append(LOCAL_PATH)
     if st.session_state.get(choice_key) not in options:  # none yet, or a checkpoint since removed
-        st.session_state.pop(choice_key, None)
-        choice = st.selectbox(label, options, index=options.index(default) if default in options else 0, key=choice_key)
-    else:  # the kept choice; an index beside it would make Streamlit warn
-        choice = st.selectbox(label, options, key=choice_key)
+        st.session_state[choice_key] = default if default in options else options[0]
+    choice = st.selectbox(label, options, key=choice_key)
     if choice != LOCAL_PATH:
         return choice
     return st.text_input(f"{label} folder", key=path_key).strip()

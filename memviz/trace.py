@@ -206,10 +206,9 @@ class Trace:
         if reduce == "first":
             return Pooled(positions, window[::bin_size].copy(), bin_size)
         pad = n_bins * bin_size - len(window)
-        fill = np.nan  # padding, ignored as an empty entry is
         data = window.astype(np.float32)
-        if pad:
-            data = np.concatenate([data, np.full((pad, *data.shape[1:]), fill, dtype=np.float32)])
+        if pad:  # NaN: ignored as an empty entry is
+            data = np.concatenate([data, np.full((pad, *data.shape[1:]), np.nan, dtype=np.float32)])
         data = data.reshape(n_bins, bin_size, *data.shape[1:])
         if reduce in ("max", "min"):
             extreme, worst = (np.max, -np.inf) if reduce == "max" else (np.min, np.inf)

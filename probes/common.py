@@ -202,9 +202,7 @@ def run_in_workers(run: Callable[..., pd.DataFrame], model, workers: int, **kwar
 def merge_shards(parts: list[pd.DataFrame]) -> pd.DataFrame:
     """Shards' rows (each with its job index) in the order of a single-process run; a shard past the
     grid's last sample has none."""
-    filled = [part for part in parts if len(part)]
-    if not filled:
-        return pd.DataFrame()
+    filled = [part for part in parts if len(part)] or parts[:1]  # each shard has the grid's columns (run_samples)
     return pd.concat(filled).sort_values("job").drop(columns="job").reset_index(drop=True)
 
 
