@@ -282,6 +282,9 @@ class MemoryLM(HookedRootModule):
     #: every hook the family's default model has (generic names), each with its shape and meaning: the hook
     #: table is made from these, and the tests check them against the model's `hook_dict`
     hook_docs: ClassVar[dict[str, HookDoc]] = BLOCK_HOOK_DOCS
+    #: weights (regular expressions over state_dict names) that an option adds: a warm start from a
+    #: checkpoint of the same family without them keeps their fresh init (`warm_start`)
+    option_weights: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, cfg: ModelConfig, tokenizer: Tokenizer | None = None, card: dict | None = None) -> None:
         super().__init__()
@@ -577,7 +580,8 @@ class MemoryLM(HookedRootModule):
     def warm_start(self, base: MemoryLM) -> None:
         """Start from a trained model `base` (a training config's `init_from`): the same family
         with weights of the same names and shapes (a second training stage, which may change
-        options that hold no weights, e.g. a window or a memory's update rule), or a baseline
+        options that hold no weights, e.g. a window or a memory's update rule, or that add the
+        `option_weights`, which keep their fresh init), or a baseline
         of the same shape, whose attention and MLP weights become this model's backbone while
         the memory keeps its fresh init (the continual pre-training of Munkhdalai et al. 2024,
         §4); LongMem overrides this. Raises ConfigError saying how the two differ."""
@@ -585,7 +589,9 @@ class MemoryLM(HookedRootModule):
             self._load_baseline_backbone(base)
         else:
             ours, theirs = self.state_dict(), base.state_dict()
-            same_weights = ours.keys() == theirs.keys() and all(ours[k].shape == theirs[k].shape for k in ours)
+            added = {k for k in ours.keys() - theirs.keys() if any(re.fullmatch(p, k) for p in self.option_weights)}
+            same_names = ours.keys() - added == theirs.keys()
+            same_weights = same_names and all(ours[k].shape == theirs[k].shape for k in theirs)
             same_kind = base.family == self.family or (base.is_baseline and self.is_baseline)  # a window is no weight
             if not same_kind or not same_weights:
                 base_cfg = base.cfg.to_dict()
@@ -594,7 +600,7 @@ class MemoryLM(HookedRootModule):
                     f"init_from needs a {self.family} checkpoint with weights of the same shapes; "
                     f"it is a {base.family} model differing in {differ or 'family'}"
                 )
-            self.load_state_dict(theirs)
+            self.load_state_dict(theirs, strict=not added)
         self._tokenizer = base.tokenizer
 
     def _load_baseline_backbone(self, base: MemoryLM) -> None:

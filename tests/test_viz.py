@@ -52,14 +52,18 @@ def test_every_family_has_its_views(family):
         fig.to_json()  # serialisable for the browser
 
 
-def test_lm2_with_addressed_writes_shows_which_tokens_each_slot_stores():
-    model = small_model("lm2", window=8, segment_len=8, memory={"slots": 4, "update": "slots"})
+@pytest.mark.parametrize("sink", [None, 0.5])
+def test_lm2_with_addressed_writes_shows_which_tokens_each_slot_stores(sink):
+    memory = {"slots": 4, "update": "slots"} | ({} if sink is None else {"write_sink": sink})
+    model = small_model("lm2", window=8, segment_len=8, memory=memory)
     tr = memviz.trace(model, "Sandra journeyed to the kitchen. " * 4)
     figs = viz.family_figures(tr, width=1000)
     writes = np.asarray(figs["slot writes"].data[0].z)  # [slot, pos], unpooled at this width
     assert writes.shape == (4, len(tr))
-    for a in range(0, len(tr), 8):  # a softmax over each segment's tokens, per slot
-        np.testing.assert_allclose(writes[:, a : a + 8].sum(1), 1.0, rtol=1e-6)
+    scores = tr["blocks.1.memory.hook_write_score"].astype(np.float64)  # [pos, slot]
+    for a in range(0, len(tr) - 7, 8):  # a softmax over each segment's tokens, per slot, beside the null write
+        null = 0.0 if sink is None else np.exp(sink) / (np.exp(sink) + np.exp(scores[a : a + 8]).sum(0))
+        np.testing.assert_allclose(writes[:, a : a + 8].sum(1), 1.0 - null, rtol=1e-5)
     assert writes.std() > 1e-3  # not uniform: slots pick their tokens
 
 

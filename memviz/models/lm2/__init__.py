@@ -36,6 +36,13 @@ Readings where the paper is ambiguous, each with the alternative as an option:
     memory slots that attend to the segment do in RMT-style memories). The default segment
     update is the same sum with b uniform and E_mem as the content. `hook_write_score` records
     the logits of b (0 where every slot receives the same write).
+  * a write no slot can refuse (option `write_sink`, this project's, not the paper's): with
+    update="slots" each slot's b sums to 1 over every segment's tokens, so filler is written
+    into every slot and the forget gates decay it every segment. A learned null logit s[n] per
+    slot joins the softmax over the tokens as a write that keeps the slot as it is,
+        M[n] <- b0[n] M[n] + sum_t b[n, t] (g_in,t * tanh(E_t W_write) + g_forget,t * M[n]),
+        (b0[n], b[n, :]) = softmax over (s[n], the segment's logits),
+    so a segment whose tokens all score under s[n] leaves slot n nearly unwritten and unforgotten.
 
 The local attention is the config's `attention`: full causal attention by default (the paper
 keeps full attention beside the memory), a sliding window, or attention within the current
@@ -84,12 +91,18 @@ class LM2Options:
     # how far back a fresh memory reaches and gradient flows (cf. Tallec & Ollivier 2018)
     forget_bias: float = 2.0
     input_bias: float = -2.0
+    # update="slots" only: the initial null logit s[n] of every slot's write (learned); None, no null write
+    write_sink: float | None = None
 
     def __post_init__(self) -> None:
         check_positive(slots=self.slots)
         check_finite(forget_bias=self.forget_bias, input_bias=self.input_bias)
         check_choice("update", self.update, ("token", "segment", "slots"))
         check_choice("output_gate", self.output_gate, ("read", "bank"))
+        if self.write_sink is not None:
+            check_finite(write_sink=self.write_sink)
+            if self.update != "slots":
+                raise ValueError(f"write_sink needs update='slots' (an addressed write), got update={self.update!r}")
 
     @property
     def per_segment(self) -> bool:
@@ -134,6 +147,8 @@ class LM2Memory(nn.Module):
         self.W_forget = nn.Linear(d, d)
         if options.update == "slots":
             self.W_write = nn.Linear(d, d, bias=False)
+        if options.write_sink is not None:
+            self.write_sink = nn.Parameter(torch.full((options.slots,), options.write_sink))
         self.hook_slot_attn = HookPoint()  # [batch, pos, slot]
         self.hook_read = HookPoint()  # [batch, pos, d_model]  E_mem
         self.hook_input_gate = HookPoint()  # [batch, pos, d_model]
@@ -149,6 +164,8 @@ class LM2Memory(nn.Module):
         nn.init.constant_(self.W_forget.bias, self.options.forget_bias)
         nn.init.constant_(self.W_in.bias, self.options.input_bias)
         nn.init.zeros_(self.W_out.bias)
+        if self.options.write_sink is not None:
+            nn.init.constant_(self.write_sink, self.options.write_sink)
 
     def init_state(self, batch: int, device: torch.device) -> LM2Bank:
         d = self.W_Q.in_features
@@ -157,15 +174,31 @@ class LM2Memory(nn.Module):
             return LM2Bank(bank)
         return LM2Bank(bank, self.empty_segment_sums(bank))
 
-    @staticmethod
-    def empty_segment_sums(M: Tensor) -> SegmentSums:
-        """The sums of a segment no token has reached yet."""
+    def empty_segment_sums(self, M: Tensor) -> SegmentSums:
+        """The sums of a segment no token has reached yet: nothing, or the null write alone (weight
+        exp(0) at the running maximum s[n], keeping the slot, writing nothing)."""
+        if self.options.write_sink is None:
+            return SegmentSums(
+                max=torch.full(M.shape[:2], -torch.inf, device=M.device, dtype=M.dtype),
+                denom=torch.zeros(M.shape[:2], device=M.device, dtype=M.dtype),
+                f_sum=torch.zeros_like(M),
+                w_sum=torch.zeros_like(M),
+            )
         return SegmentSums(
-            max=torch.full(M.shape[:2], -torch.inf, device=M.device, dtype=M.dtype),
-            denom=torch.zeros(M.shape[:2], device=M.device, dtype=M.dtype),
-            f_sum=torch.zeros_like(M),
+            max=self.write_sink.to(M.dtype).expand(M.shape[:2]),
+            denom=torch.ones(M.shape[:2], device=M.device, dtype=M.dtype),
+            f_sum=torch.ones_like(M),
             w_sum=torch.zeros_like(M),
         )
+
+    def write_weights(self, score: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Each slot's weights over a whole segment's tokens, b [..., T, N] from the logits `score`
+        [..., T, N], and the null write's b0 [..., N] (None without `write_sink`)."""
+        if self.options.write_sink is None:
+            return torch.softmax(score, dim=-2), None
+        sink = self.write_sink.to(score.dtype).expand(*score.shape[:-2], 1, score.shape[-1])
+        weights = torch.softmax(torch.cat([score, sink], dim=-2), dim=-2)
+        return weights[..., :-1, :], weights[..., -1, :]
 
     def forward(self, e: Tensor, state: LM2Bank, pos: int) -> tuple[Tensor, LM2Bank]:
         g_in = self.hook_input_gate(torch.sigmoid(self.W_in(e)))
@@ -263,8 +296,9 @@ class LM2Memory(nn.Module):
             for name in wanted:
                 parts[name].append(observed[name])
             if (pos + a) % self.segment_len == 0 and b - a == self.segment_len:
-                weights = torch.softmax(score, dim=1).transpose(1, 2)  # b [B, N, T], each slot's over the tokens
-                M = (weights @ g_f) * M + weights @ write
+                weights, null = self.write_weights(score)  # b [B, T, N], each slot's over the tokens
+                keep = weights.transpose(1, 2) @ g_f
+                M = (keep if null is None else keep + null[..., None]) * M + weights.transpose(1, 2) @ write
                 continue
             sums = self.accumulate(sums, score, g_f, write)
             if (pos + b) % self.segment_len == 0:
@@ -312,14 +346,18 @@ class LM2Block(Block):
         return x, LM2BlockState(attn_state, memory_state)
 
 
-def segment_softmax(scores: np.ndarray, segment_len: int) -> np.ndarray:
+def segment_softmax(scores: np.ndarray, segment_len: int, sink: np.ndarray | None = None) -> np.ndarray:
     """Each slot's write weights: softmax of `scores` [pos, slot] over the positions of each
-    `segment_len` segment (the trace starts at position 0, so segments start at its multiples)."""
+    `segment_len` segment (the trace starts at position 0, so segments start at its multiples),
+    beside each slot's null logit `sink` [slot] where the model has one (`write_sink`)."""
     out = np.empty(scores.shape, dtype=np.float64)
     for a in range(0, len(scores), segment_len):
         seg = scores[a : a + segment_len].astype(np.float64)
+        if sink is not None:
+            seg = np.concatenate([seg, np.asarray(sink, dtype=np.float64)[None]])
         e = np.exp(seg - seg.max(0))
-        out[a : a + segment_len] = e / e.sum(0)
+        weights = e / e.sum(0)
+        out[a : a + segment_len] = weights[:-1] if sink is not None else weights
     return out
 
 
@@ -346,7 +384,11 @@ def lm2_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int | No
     )
     settings = trace.meta.get("figure_settings", {})
     if settings.get("update") == "slots" and f"{last}.hook_write_score" in trace:
-        writes = segment_softmax(trace[f"{last}.hook_write_score"], settings["segment_len"])
+        sinks = settings.get("write_sink")
+        layer = int(last.split(".")[1])
+        writes = segment_softmax(
+            trace[f"{last}.hook_write_score"], settings["segment_len"], sinks[layer] if sinks else None
+        )
         figs["slot writes"] = position_heatmap(
             with_array(trace, "writes", writes),
             "writes",
@@ -363,7 +405,7 @@ def lm2_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int | No
     summary="LM2 (arXiv 2502.06049): a bank of memory slots beside attention, read by cross-attention, "
     "written through input, forget and output gates",
     figures=lm2_figures,
-    figure_settings=lambda model: {"update": model.options.update, "segment_len": model.cfg.segment_len},
+    figure_settings=lambda model: model.figure_settings(),
     quick={"attention": {"kind": "window", "span": 32}, "memory": {"slots": 8}},
     tiny={"attention": {"kind": "window", "span": 8}, "memory": {"slots": 4}},
     sample="lm2_english_16k",
@@ -373,6 +415,7 @@ class LM2LM(MemoryLM):
     """Transformer whose every block has an LM2 memory bank beside its attention."""
 
     Options = LM2Options
+    option_weights = (r"blocks\.\d+\.memory\.write_sink",)
     memory_hooks = {
         SLOT_ATTN: "none",
         **{name: "mean" for name in GATES.values()},
@@ -395,11 +438,25 @@ class LM2LM(MemoryLM):
         WRITE_SCORE: HookDoc(
             "[batch, pos, slot]",
             "logit of the token's weight in each slot's write: with `update` `slots`, slot n's weights over a "
-            "segment are the softmax of these over its tokens (`memviz.models.lm2.segment_softmax`); 0 where every "
-            "slot receives the same write. Observed after the update, so editing it changes nothing",
+            "segment are the softmax of these over its tokens, beside its null logit with `write_sink` "
+            "(`memviz.models.lm2.segment_softmax`); 0 where every slot receives the same write. Observed after the "
+            "update, so editing it changes nothing",
         ),
         "blocks.{l}.memory.hook_out": HookDoc("[batch, pos, d_model]", "`E_gated = g_out * E_mem`"),
     }
+
+    def write_sinks(self) -> list[list[float]] | None:
+        """Each layer's learned null logits s[n] of the slots' writes, or None without `write_sink`."""
+        if self.options.write_sink is None:
+            return None
+        return [cast(LM2Block, block).memory.write_sink.tolist() for block in self.blocks]
+
+    def figure_settings(self) -> dict[str, Any]:
+        """What `lm2_figures` needs of the model to draw a saved trace: the update, the segment, the null logits."""
+        sinks = self.write_sinks()
+        return {"update": self.options.update, "segment_len": self.cfg.segment_len} | (
+            {"write_sink": sinks} if sinks else {}
+        )
 
     def needle_hold(self, tokens, span: tuple[int, int]) -> dict[str, np.ndarray] | None:
         """Per layer, how much of what the span wrote is still in the bank, under the run's own
@@ -426,7 +483,7 @@ class LM2LM(MemoryLM):
         """The span's part of each layer's bank [slots, d] as the input streams a segment at a time
         (update="segment", batch row 0): yields (start, parts) before each segment and after the
         last whole one. Once the gates are known the bank is linear in the writes,
-            M_s+1[n] = A_s[n] * M_s[n] + W_s[n],  A_s[n] = sum_t b[n,t] g_forget,t,
+            M_s+1[n] = A_s[n] * M_s[n] + W_s[n],  A_s[n] = b0[n] + sum_t b[n,t] g_forget,t,
                                                    W_s[n] = sum_t b[n,t] g_in,t * tanh(content_t),
         so the span's part follows C <- A_s * C + (the span's terms of W_s), exactly: the parts
         of all tokens plus the initial bank decayed by the A's add up to the bank."""
@@ -476,12 +533,13 @@ class LM2LM(MemoryLM):
                     layers = []
                     for l, block in enumerate(cast(Iterable[LM2Block], self.blocks)):
                         x = seen[l]
-                        weights = torch.softmax(x["write_score"], dim=0)  # b[n, t], over the segment's tokens
+                        weights, null = block.memory.write_weights(x["write_score"])  # b[t, n], over the tokens
                         content = block.memory.W_write(x["e"]) if self.options.update == "slots" else x["read"]
+                        held = torch.einsum("tn,td->nd", weights, x["forget_gate"])
                         layers.append(
                             (
                                 weights,
-                                torch.einsum("tn,td->nd", weights, x["forget_gate"]),
+                                held if null is None else held + null[:, None],
                                 x["input_gate"] * torch.tanh(content),
                             )
                         )

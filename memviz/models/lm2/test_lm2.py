@@ -9,10 +9,11 @@ from tests.conftest import random_ids, scrambled, small_model
 SLOTS = 4
 
 
-def lm2(attention="window", **memory):
+def lm2(attention="window", seed=1, **memory):
     return scrambled(
         small_model("lm2", attention={"kind": attention, "span": 8}, segment_len=8, memory={"slots": SLOTS, **memory}),
         std=0.2,
+        seed=seed,
     )
 
 
@@ -98,10 +99,12 @@ def test_segment_update_changes_the_bank_only_at_segment_ends():
     assert not torch.equal(norms[0], norms[8])
 
 
-def test_addressed_write_follows_the_documented_update_slot_by_slot():
-    """Rebuild M[n] <- sum_t b[n, t] (g_in,t * tanh(E_t W_write) + g_forget,t * M[n]), b the
-    softmax over the segment's tokens of the read logits, and compare with the bank after two segments."""
-    model = lm2(update="segment", write="slots")
+@pytest.mark.parametrize("sink", [None, 0.5])
+def test_addressed_write_follows_the_documented_update_slot_by_slot(sink):
+    """Rebuild M[n] <- b0[n] M[n] + sum_t b[n, t] (g_in,t * tanh(E_t W_write) + g_forget,t * M[n]),
+    (b0, b) the softmax over the null logit (none: b0 = 0) and the segment's read logits, and
+    compare with the bank after two segments."""
+    model = lm2(update="segment", write="slots", **({} if sink is None else {"write_sink": sink}))
     ids = random_ids(16)
     cache, final_bank, mem, e = first_layer_run(model, ids)
     M = torch.eye(SLOTS, model.cfg.d_model)
@@ -110,14 +113,50 @@ def test_addressed_write_follows_the_documented_update_slot_by_slot():
         logits = mem.W_Q(seg) @ mem.W_K(M).T / model.cfg.d_model**0.5  # [t, n]
         read = torch.softmax(logits, -1) @ mem.W_V(M)
         g_in, g_f = torch.sigmoid(mem.W_in(seg)), torch.sigmoid(mem.W_forget(read))
-        b = torch.softmax(logits, 0)  # over tokens, per slot
-        M = b.T @ (g_in * torch.tanh(mem.W_write(seg))) + (b.T @ g_f) * M
+        null = torch.full((1, SLOTS), -torch.inf) if sink is None else mem.write_sink.detach()[None]
+        b = torch.softmax(torch.cat([logits, null]), 0)  # over tokens and the null write, per slot
+        b, b0 = b[:-1], b[-1]
+        M = b.T @ (g_in * torch.tanh(mem.W_write(seg))) + (b.T @ g_f + b0[:, None]) * M
         torch.testing.assert_close(cache["blocks.0.memory.hook_read"][0, a : a + 8], read, atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(
             cache["blocks.0.memory.hook_write_score"][0, a : a + 8], logits, atol=1e-5, rtol=1e-4
         )
     torch.testing.assert_close(final_bank, M, atol=1e-5, rtol=1e-4)
     assert (M[0] - M[1]).abs().max() > 1e-3  # slots receive different writes
+
+
+def test_a_high_null_logit_keeps_every_slot_and_a_low_one_is_no_null_write():
+    model = lm2(update="slots", write_sink=0.0)
+    ids = random_ids(32)
+    for block in model.blocks:
+        block.memory.write_sink.data.fill_(60.0)
+    _, state = model(ids, return_state=True)
+    for layer in state.layers:  # b0 = 1 - O(e^-50): the identity bank, unwritten and unforgotten
+        torch.testing.assert_close(layer.memory.M[0], torch.eye(SLOTS, model.cfg.d_model), atol=1e-12, rtol=0)
+    plain = lm2(update="slots")
+    plain.load_state_dict({k: v for k, v in model.state_dict().items() if "write_sink" not in k})
+    for block in model.blocks:
+        block.memory.write_sink.data.fill_(-60.0)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), plain(ids), atol=1e-6, rtol=1e-6)
+
+
+def test_the_null_write_is_learnt_and_a_sinkless_checkpoint_warm_starts_it():
+    model = lm2(update="slots", write_sink=-1.0)
+    model(random_ids(24)).logsumexp(-1).sum().backward()
+    assert all(block.memory.write_sink.grad.abs().min() > 0 for block in model.blocks)
+    fresh = [block.memory.write_sink.detach().clone() for block in model.blocks]
+    base = lm2(update="slots", seed=5)
+    model.warm_start(base)
+    for name, weight in base.state_dict().items():
+        assert torch.equal(model.state_dict()[name], weight), name
+    assert all(torch.equal(b.memory.write_sink.detach(), f) for b, f in zip(model.blocks, fresh))
+    with pytest.raises(ValueError, match="same shapes"):  # weights other than the option's still refused
+        lm2(update="slots", write_sink=-1.0).warm_start(lm2(update="segment"))
+    with pytest.raises(ValueError, match="write_sink needs update='slots'"):
+        lm2(update="segment", write_sink=0.0)
+    with pytest.raises(ValueError, match="write_sink must be a finite number"):
+        lm2(update="slots", write_sink=float("inf"))
 
 
 def test_addressed_writes_are_one_update_kind_and_older_configs_still_load():
@@ -133,10 +172,12 @@ def test_addressed_writes_are_one_update_kind_and_older_configs_still_load():
 
 
 ADDRESSED = {"update": "slots"}
+SINK = {"update": "slots", "write_sink": 0.5}
 
 
 @pytest.mark.parametrize(
-    "memory", [{}, {"update": "segment"}, {"output_gate": "bank"}, ADDRESSED, {**ADDRESSED, "attention": "segment"}]
+    "memory",
+    [{}, {"update": "segment"}, {"output_gate": "bank"}, ADDRESSED, {**ADDRESSED, "attention": "segment"}, SINK],
 )
 @pytest.mark.parametrize("chunk_len", [1, 5, 16])
 def test_streamed_run_equals_one_pass(memory, chunk_len):
@@ -151,7 +192,7 @@ def test_streamed_run_equals_one_pass(memory, chunk_len):
     # the segment's cache empty) and a bank of fixed size
 
 
-@pytest.mark.parametrize("memory", [{"update": "segment"}, ADDRESSED, {**ADDRESSED, "output_gate": "bank"}])
+@pytest.mark.parametrize("memory", [{"update": "segment"}, ADDRESSED, {**ADDRESSED, "output_gate": "bank"}, SINK])
 def test_a_run_nothing_hooks_gives_the_logits_of_a_traced_run(memory):
     """A plain forward skips the values only hooks read (slot norms, slot attention, write scores,
     forget gates); the model's output must not depend on whether anything reads them."""
@@ -212,7 +253,7 @@ def test_forget_bias_sets_how_long_a_fresh_bank_remembers():
         small_model("lm2", window=8, memory={"forget_bias": float("nan")})
 
 
-@pytest.mark.parametrize("memory", [{"update": "slots"}, {"update": "segment"}])
+@pytest.mark.parametrize("memory", [{"update": "slots"}, {"update": "segment"}, SINK])
 def test_the_parts_of_all_tokens_add_up_to_the_bank(memory):
     """From an empty bank, the whole input's part under the run's own gates is the bank itself;
     two spans' parts add up to the whole's."""
@@ -233,7 +274,7 @@ def test_the_parts_of_all_tokens_add_up_to_the_bank(memory):
         torch.testing.assert_close(f + r, w, atol=1e-12, rtol=1e-10)
 
 
-@pytest.mark.parametrize("memory", [{"update": "slots"}, {"update": "segment"}])
+@pytest.mark.parametrize("memory", [{"update": "slots"}, {"update": "segment"}, SINK])
 def test_needle_hold_follows_the_spans_write_as_the_forget_gates_decay_it(memory):
     model = lm2(**memory)
     hold = model.needle_hold(random_ids(64), (16, 24))  # the third segment of 8 tokens
@@ -243,7 +284,7 @@ def test_needle_hold_follows_the_spans_write_as_the_forget_gates_decay_it(memory
     assert lm2(update="token").needle_hold(random_ids(16), (0, 4)) is None
 
 
-@pytest.mark.parametrize("memory", [{"update": "slots"}, {"update": "segment"}])
+@pytest.mark.parametrize("memory", [{"update": "slots"}, {"update": "segment"}, SINK])
 def test_the_read_out_parts_sum_to_the_bank_read(memory):
     """memory_readout decomposes E_mem over the tokens of the segments before the read's and the
     decayed identity bank; in float64 they sum to the read the model made (hook_read) in the
