@@ -29,7 +29,8 @@ def run_grid(
     if probe == "passkey":
         df = passkey.run(model, lengths, depths_or_tasks, n=n, seed=seed, haystack=haystack, progress=progress)
     elif probe == "ruler":
-        df = ruler.run(model, depths_or_tasks, lengths, depths, n=n, seed=seed, haystack=haystack, progress=progress)
+        background = haystack if ruler.reads_essay(depths_or_tasks) else None  # the other tasks bring their own
+        df = ruler.run(model, depths_or_tasks, lengths, depths, n=n, seed=seed, haystack=background, progress=progress)
     else:
         df = babilong.run(model, depths_or_tasks, lengths, n=n, seed=seed, haystack=haystack, progress=progress)
     bar.empty()

@@ -146,12 +146,26 @@ def is_hf_folder(directory: Path) -> bool:
         return False
 
 
+def usable_device(device: str | torch.device) -> torch.device:
+    """`device` as a torch.device, refused by name where this torch build or machine cannot run on it."""
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device {device!r} is not a torch device ('cpu', 'cuda', 'cuda:1', ...)") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {str(device)!r}: this torch ({torch.__version__}) sees no CUDA GPU; use 'cpu'")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"device {str(device)!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
+    return device
+
+
 def load(path: str | Path, device: str | torch.device = "cpu", **overrides: Any):
     """Load a checkpoint folder (or a sample checkpoint's name) into a model in eval mode.
 
     `overrides` replace memory options that hold no weights, e.g. a LongMem bank's size and
     search: `load("longmem", bank_size=2**20, search="hnsw")`. An option the family does not
     know, a bad value, or one that changes the weights' shapes raises `CheckpointError`."""
+    device = usable_device(device)
     directory = resolve(path)
     if is_hf_folder(directory):  # a released model's Hugging Face checkpoint, read by memviz.models.released
         from memviz.models import released

@@ -285,6 +285,8 @@ class MemoryLM(HookedRootModule):
     #: weights (regular expressions over state_dict names) that an option adds: a warm start from a
     #: checkpoint of the same family without them keeps their fresh init (`warm_start`)
     option_weights: ClassVar[tuple[str, ...]] = ()
+    #: the types of a fresh state's layers (`check_state`), made at the first forward
+    _state_types: list[type] | None = None
 
     def __init__(self, cfg: ModelConfig, tokenizer: Tokenizer | None = None, card: dict | None = None) -> None:
         super().__init__()
@@ -430,6 +432,7 @@ class MemoryLM(HookedRootModule):
         tokens = self.as_tokens(tokens)
         if state is None:
             state = self.init_state(tokens.shape[0])
+        self.check_state(state)
         if return_type == "residual" and not self.unembeds_last:
             raise ValueError(f"{type(self).__name__} makes its logits its own way: it has no 'residual' return")
         run = self.run_residual if return_type == "residual" else self.run
@@ -445,6 +448,23 @@ class MemoryLM(HookedRootModule):
         if return_state:
             outputs.append(ModelState(state.pos + tokens.shape[1], layer_states, shared))
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def check_state(self, state: object) -> None:
+        """Refuse, by what is wrong, a state that this model's `init_state` or `return_state` did not make."""
+        if not isinstance(state, ModelState):
+            raise TypeError(
+                f"state must be a ModelState from this model (init_state, or return_state=True), got "
+                f"{type(state).__name__}"
+            )
+        if self._state_types is None:  # the types of a fresh state's layers, made once
+            self._state_types = [type(layer) for layer in self.init_state(1).layers]
+        theirs, ours = [type(layer) for layer in state.layers], self._state_types
+        if theirs != ours:
+            raise ValueError(
+                f"state holds {len(theirs)} layer state(s) of {sorted({t.__name__ for t in theirs})}; this "
+                f"{self.family} model's has {len(ours)} of {sorted({t.__name__ for t in ours})}: it comes from "
+                "another model"
+            )
 
     @property
     def unembeds_last(self) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -35,8 +36,15 @@ from memviz.trace import Trace
 
 def family_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int | None = None) -> dict[str, go.Figure]:
     """The views of the trace's family (the registry's `figures`) and next-token loss, keyed by title."""
+    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+        raise ValueError(f"width must be a whole number of columns, at least 1, got {width!r}")
     family = get_family(trace.meta["family"]) if trace.meta.get("family") else None
     zoom: dict[str, Any] = dict(width=width, start=start, stop=stop)
+    if family is not None and family.hooks and not any(holds_hook(trace, generic) for generic in family.hooks):
+        raise ValueError(
+            f"the trace names the {family.name} family but holds none of its memory hooks "
+            f"({', '.join(sorted(family.hooks))}): it was not traced from that family's model"
+        )
     figs = family.figures(trace, **zoom) if family is not None and family.figures else {}
     figs["loss"] = timeline(trace, {"loss": "next-token loss (nats)"}, "Next-token loss", **zoom)
     outline_answer(figs["loss"], trace, start, len(trace) if stop is None else stop)
@@ -46,6 +54,12 @@ def family_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int |
     for fig in figs.values() if note else ():
         fig.update_layout(title=f"{fig.layout.title.text or ''}<br><sub>{note}</sub>")
     return figs
+
+
+def holds_hook(trace: Trace, generic: str) -> bool:
+    """Whether the trace has the hook `generic` (layer index as {l}) at some layer."""
+    pattern = re.compile(re.escape(generic).replace(re.escape("{l}"), r"\d+"))
+    return any(pattern.fullmatch(name) for name in trace.names)
 
 
 def non_finite_note(trace: Trace) -> str:

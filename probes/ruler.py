@@ -307,6 +307,11 @@ def distinct_values(rng: random.Random, kind: str, n: int, taken: set[str] = fro
     return out
 
 
+def reads_essay(tasks: Sequence[str]) -> bool:
+    """Whether any of `tasks` hides its needles in the essay background (what `haystack` sets)."""
+    return any(isinstance(spec, Niah) and spec.haystack == "essay" for spec in map(check_task, tasks))
+
+
 def check_task(task: str) -> Niah | Aggregate:
     if task not in TASKS:
         raise ValueError(f"unknown RULER task {task!r}; the tasks are {sorted(TASKS)}")
@@ -582,8 +587,11 @@ def run(
     if not tasks or not lengths:
         raise ValueError(f"tasks and lengths need at least one value each, got tasks={tasks} and lengths={lengths}")
     lengths = check_lengths(lengths)
-    for task in tasks:
-        check_task(task)
+    if haystack is not None and not reads_essay(tasks):
+        raise ValueError(
+            f"haystack {haystack!r} is the essay background, and none of tasks {tasks} reads one (the niah_* tasks "
+            "whose haystack is 'essay' do)"
+        )
     cells = [None] if depths is None else check_depths(depths)
     check_grid_size(len(tasks) * len(lengths) * len(cells) * n)
     for task in tasks:  # every cell's shortest prompt fits, or one clear error before any generation

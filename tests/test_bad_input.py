@@ -133,6 +133,24 @@ def test_load_overrides_name_the_option(folder):
         memviz.load(folder, bank_size=4)
 
 
+def test_figures_refuse_no_columns_and_a_trace_whose_meta_names_another_family(model):
+    from memviz.viz import family_figures
+
+    trace = memviz.trace(model, "hello there")
+    for width in (0, -3, 2.5):
+        with pytest.raises(ValueError, match="width must be a whole number"):
+            family_figures(trace, width=width)
+    trace.meta["family"] = "lm2"
+    with pytest.raises(ValueError, match="names the lm2 family but holds none of its memory hooks"):
+        family_figures(trace)
+
+
+@pytest.mark.parametrize("device", ["cuda:99", "tpu", 3.5])
+def test_a_device_this_machine_cannot_run_is_named(folder, device):
+    with pytest.raises(ValueError, match=f"device '?{device}"):
+        memviz.load(folder, device=device)
+
+
 CALL_CASES = {
     "trace of bytes": (lambda m: memviz.trace(m, b"some bytes"), TypeError, "not bytes"),
     "trace of nothing": (lambda m: memviz.trace(m, ""), ValueError, "empty"),
@@ -149,6 +167,12 @@ CALL_CASES = {
     "generate a negative count": (lambda m: m.generate("hi", max_new_tokens=-1), ValueError, "max_new_tokens"),
     "generate a trillion tokens": (lambda m: m.generate("hi", max_new_tokens=10**12), ValueError, "max_new_tokens"),
     "token ids outside the vocabulary": (lambda m: m(torch.tensor([[0, 999]])), ValueError, "999"),
+    "a state that is no state": (lambda m: next(m.stream([1, 2, 3], 2, state="abc")), TypeError, "got str"),
+    "another family's state": (
+        lambda m: next(m.stream([1, 2, 3], 2, state=small_model("lm2", window=8).init_state())),
+        ValueError,
+        "LM2BlockState.*sliding_window model's has 2 of \\['LocalCache'\\]",
+    ),
     "pass key with no lengths": (lambda m: passkey.run(m, lengths=[], depths=[0.5], n=1), ValueError, "lengths"),
     "pass key shorter than its needle": (
         lambda m: passkey.run(m, lengths=[20], depths=[0.5], n=1),
@@ -230,6 +254,12 @@ TRAIN_CASES = {
     "a billion people": ({"data.n_entities": 10**9}, "n_entities"),
     "an unknown field": ({"optim.speed": "fast"}, "speed"),
     "precision float16": ({"optim.precision": "float16"}, "optim.precision"),
+    "a seed past 64 bits": ({"seed": 2**70}, "^seed must lie in"),
+    "a negative data seed": ({"data.seed": -1}, "data.seed must lie in"),
+    "a knowledge base seed past 64 bits": ({"data.kb_seed": 2**64}, "data.kb_seed"),
+    "a BPE of no ids": ({"tokenizer": "bpe-english:0"}, "tokenizer 'bpe-english:0'.*from 259"),
+    "a BPE of 'abc' ids": ({"tokenizer": "bpe:abc"}, "tokenizer 'bpe:abc'.*whole number"),
+    "a BPE of a billion ids": ({"tokenizer": "bpe:1000000000"}, "to 1,048,576"),
 }
 
 

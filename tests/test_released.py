@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 
 import memviz
 from memviz import CheckpointError, interventions
@@ -404,6 +405,11 @@ def test_bad_folders_get_one_clear_error(tmp_path):
     }.items():
         with pytest.raises(CheckpointError, match=rf"{name}.*config\.json"):
             memviz.load(folder(name, {**config, **changes}))
+    quantised = folder("int8", config)
+    weights = load_file(good / "model.safetensors")
+    save_file({k: v.to(torch.int8) if v.dim() == 2 else v for k, v in weights.items()}, quantised / "model.safetensors")
+    with pytest.raises(CheckpointError, match=r"int8/model\.safetensors: weights stored as I8: a quantised checkpoint"):
+        memviz.load(quantised)
     truncated = folder("truncated", config)
     (truncated / "model.safetensors").write_bytes((good / "model.safetensors").read_bytes()[:100])
     with pytest.raises(

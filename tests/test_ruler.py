@@ -148,6 +148,10 @@ def test_a_shard_past_the_grid_has_no_rows_and_the_gathered_grid_is_whole():
         (dict(tasks=["niah_single_1"], lengths=[1024], workers=10_000), "cores; give at most"),
         (dict(tasks=[], lengths=[1024]), "need at least one value each"),
         (dict(tasks=["niah_single_2"], lengths=[1024], haystack="/no/such/book.txt"), "does not exist"),
+        (
+            dict(tasks=["niah_single_1", "vt"], lengths=[1024], haystack="procedural"),
+            r"haystack 'procedural' is the essay background, and none of tasks \['niah_single_1', 'vt'\] reads one",
+        ),
     ],
 )
 def test_bad_input_gets_one_clear_error(kwargs, message):

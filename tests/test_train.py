@@ -84,6 +84,18 @@ def test_a_second_stage_starts_from_the_first_stages_weights(tmp_path):
     assert torch.equal(narrower_window.model.embed.weight, first.model.embed.weight)
 
 
+def test_resume_refuses_another_data_mix_or_model_and_takes_more_steps(tmp_path):
+    Trainer(tiny_config(tmp_path / "run", steps=2), progress=False).run()
+    for changes, named in [
+        ({"data": {"mix": {"passkey": 1.0}}}, "changes data.mix from the run"),
+        ({"model": {"window": 8}, "seed": 3}, "changes model.window, seed from the run"),
+    ]:
+        with pytest.raises(ValueError, match=named):
+            Trainer(tiny_config(tmp_path / "run", steps=3, **changes), resume=True, progress=False)
+    longer = Trainer(tiny_config(tmp_path / "run", steps=3, optim={"lr": 0.005}), resume=True, progress=False).run()
+    assert longer.step == 3
+
+
 def test_resume_without_a_checkpoint_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="no checkpoint under"):
         Trainer(tiny_config(tmp_path / "none"), resume=True, progress=False)

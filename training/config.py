@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from memviz.threads import check_threads
-from training.data import DataConfig
+from training.data import DataConfig, bpe_vocab_size
 from training.fields import check_types
 
 #: caps checked before a run starts (`TrainConfig.check_bounds`)
@@ -175,6 +175,8 @@ class TrainConfig:
         check_types(cfg)
         if not cfg.name:
             raise ValueError("name must be a non-empty string")
+        if cfg.tokenizer.startswith(("bpe:", "bpe-english:")):
+            bpe_vocab_size(cfg.tokenizer)
         if cfg.threads != 0:  # 0: torch's default
             check_threads(cfg.threads)
         for name in ("save_every", "log_every"):

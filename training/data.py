@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from memviz.tokenizer import BPETokenizer, ByteTokenizer, Tokenizer, load_tokenizer
+from memviz.tokenizer import SPECIALS, BPETokenizer, ByteTokenizer, Tokenizer, load_tokenizer
 from probes import babilong, facts, passkey, ruler, texts
 from probes.common import take_filler
 from probes.haystack import ProceduralHaystack, RepeatedHaystack, make_haystack
@@ -189,15 +189,32 @@ def english_tokenizer_corpus(seed: int = 0, piece_chars: int = 2000) -> Iterator
         yield sample.prompt + " " + ", ".join(sample.meta["answers"])
 
 
+#: the most ids a learnt tokenizer may have
+MAX_BPE_VOCAB = 2**20
+
+
+def bpe_vocab_size(spec: str) -> int:
+    """The N of a 'bpe:N' or 'bpe-english:N' tokenizer spec: a whole number that holds the 256 bytes
+    and the special tokens, up to MAX_BPE_VOCAB."""
+    kind, _, size = spec.partition(":")
+    least = 256 + len(SPECIALS)
+    if not size.isdigit() or not least <= int(size) <= MAX_BPE_VOCAB:
+        raise ValueError(
+            f"tokenizer {spec!r}: the vocabulary size after '{kind}:' must be a whole number from {least} (the 256 "
+            f"bytes and {len(SPECIALS)} special tokens) to {MAX_BPE_VOCAB:,}"
+        )
+    return int(size)
+
+
 def build_tokenizer(spec: str, out_dir: Path | None = None) -> Tokenizer:
     """'byte', 'bpe:<vocab size>' (trained on the generators' text), 'bpe-english:<vocab size>' (on the
     real-text corpora's training split and the task formats), or a tokenizer.json path."""
     if spec == "byte":
         return ByteTokenizer()
     if spec.startswith("bpe:"):
-        return BPETokenizer.train(tokenizer_corpus(), vocab_size=int(spec.split(":", 1)[1]))
+        return BPETokenizer.train(tokenizer_corpus(), vocab_size=bpe_vocab_size(spec))
     if spec.startswith("bpe-english:"):
-        return BPETokenizer.train(english_tokenizer_corpus(), vocab_size=int(spec.split(":", 1)[1]))
+        return BPETokenizer.train(english_tokenizer_corpus(), vocab_size=bpe_vocab_size(spec))
     path = Path(spec)
     if not path.is_file():
         raise ValueError(f"tokenizer {spec!r} is not 'byte', 'bpe:N', 'bpe-english:N' nor a tokenizer.json file")

@@ -77,6 +77,8 @@ def check_types(config: Any, prefix: str = "") -> None:
             continue
         if not fits(value, f.type):
             raise ValueError(f"{prefix}{f.name} must be {describe(f.type)}, got {value!r}")
+        if (f.name == "seed" or f.name.endswith("_seed")) and isinstance(value, int) and not 0 <= value < 2**63:
+            raise ValueError(f"{prefix}{f.name} must lie in [0, 2**63) (torch's seeds are 64-bit), got {value!r}")
 
 
 def check_schedule(schedule: list[list[int]], field_name: str) -> None:

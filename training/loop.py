@@ -171,6 +171,8 @@ class Trainer:
         checkpoint = self.latest_checkpoint() if resume else None
         if resume and checkpoint is None:
             raise ValueError(f"--resume: no checkpoint under {self.out / 'checkpoints'}")
+        if resume:
+            self.check_resumes_its_run()
         earlier = [p for p in (self.out / "checkpoints", self.out / "metrics.jsonl") if p.exists()]
         if not resume and earlier and not overwrite:
             raise ValueError(
@@ -293,6 +295,36 @@ class Trainer:
             )
         path = root / name
         return path if path.is_dir() and not path.is_symlink() else None
+
+    #: what a resumed run must share with the run it continues: its data order and weights follow from these
+    SAME_ON_RESUME = ("model", "tokenizer", "init_from", "data", "seed")
+
+    def check_resumes_its_run(self) -> None:
+        """Refuse to --resume a run with a config whose model, tokenizer, start, data or seed differ from the run's
+        (its train_config.json): the steps after it would not continue that run. Its length, the optimizer's
+        settings, evaluation, threads and saving may change."""
+        path = self.out / "train_config.json"
+        try:
+            earlier = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return  # a run from before the file was written
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            raise ValueError(f"--resume: {path} is not the run's training config ({exc})") from exc
+        if not isinstance(earlier, dict):
+            raise ValueError(f"--resume: {path} is not the run's training config (not an object)")
+        now = self.cfg.to_dict()
+        changed = []
+        for key in self.SAME_ON_RESUME:
+            before, after = earlier.get(key), now.get(key)
+            if isinstance(before, dict) and isinstance(after, dict):
+                changed += [f"{key}.{k}" for k in sorted(set(before) | set(after)) if before.get(k) != after.get(k)]
+            elif before != after:
+                changed.append(key)
+        if changed:
+            raise ValueError(
+                f"--resume: this config changes {', '.join(changed)} from the run in {self.out} ({path}), so its "
+                "steps would not continue that run; keep them, or start afresh with --overwrite or another out"
+            )
 
     def restore(self, path: Path) -> None:
         load_weights(self.model, read_weights(path / "model.safetensors"), path / "model.safetensors")

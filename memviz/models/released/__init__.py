@@ -676,6 +676,25 @@ def special_ids(config, backend) -> tuple[int, int, int]:
     return (last if eos is None else eos), pad, bos
 
 
+def check_float_weights(directory: Path) -> None:
+    """Refuse weights stored as integers (a quantised checkpoint): transformers would read their codes as the
+    weights themselves. A file safetensors cannot open is left for transformers to name."""
+    from safetensors import safe_open
+
+    for path in sorted(directory.glob("*.safetensors")):
+        try:
+            with safe_open(path, "pt") as weights:
+                kinds = {weights.get_slice(name).get_dtype() for name in weights.keys()}
+        except Exception:  # safetensors raises its own types; transformers reports them below
+            continue
+        stored = sorted(kind for kind in kinds if not kind.startswith(("F", "BF")))
+        if stored:
+            raise ReleasedCheckpointError(
+                f"{path}: weights stored as {', '.join(stored)}: a quantised checkpoint, which memviz does not "
+                "read (give one in float32, float16 or bfloat16)"
+            )
+
+
 def load(directory: str | Path, device: str | torch.device = "cpu", **overrides: Any) -> ReleasedLM:
     """Load a Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer.json) of a model_type
     in `SUPPORTED` through transformers' own class, in eval mode. Overrides: `dtype` ("float32",
@@ -699,6 +718,7 @@ def load(directory: str | Path, device: str | torch.device = "cpu", **overrides:
         raise ReleasedCheckpointError(
             f"{directory / TOKENIZER_FILE}: missing; memviz needs the checkpoint's own tokenizer.json"
         )
+    check_float_weights(directory)
     torch_dtype = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}.get(dtype)
     if torch_dtype is None or not isinstance(segment_len, int) or segment_len < 1:
         raise ReleasedCheckpointError(
