@@ -109,6 +109,13 @@ class Pooled:
     bin_size: int
 
 
+def bin_size(n: int, width: int) -> int:
+    """Tokens a column when `n` positions are pooled to at most `width` columns (a whole number, at least 1)."""
+    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+        raise ValueError(f"width must be a whole number of columns, at least 1, got {width!r}")
+    return max(1, -(-n // width))
+
+
 class Trace:
     """Per-token arrays over a whole input: `trace.tokens`, `trace.names`, `trace[name]`."""
 
@@ -195,21 +202,19 @@ class Trace:
         stop = len(arr) if stop is None else min(stop, len(arr))
         if not 0 <= start < stop:
             raise ValueError(f"empty position range [{start}, {stop}) for a trace of {len(arr)} tokens")
-        if width < 1:
-            raise ValueError(f"width must be at least 1, got {width}")
         window = arr[start:stop]
-        bin_size = max(1, -(-len(window) // width))
-        n_bins = -(-len(window) // bin_size)
-        positions = start + np.arange(n_bins) * bin_size
-        if bin_size == 1:
+        size = bin_size(len(window), width)
+        n_bins = -(-len(window) // size)
+        positions = start + np.arange(n_bins) * size
+        if size == 1:
             return Pooled(positions, window.copy(), 1)
         if reduce == "first":
-            return Pooled(positions, window[::bin_size].copy(), bin_size)
-        pad = n_bins * bin_size - len(window)
+            return Pooled(positions, window[::size].copy(), size)
+        pad = n_bins * size - len(window)
         data = window.astype(np.float32)
         if pad:  # NaN: ignored as an empty entry is
             data = np.concatenate([data, np.full((pad, *data.shape[1:]), np.nan, dtype=np.float32)])
-        data = data.reshape(n_bins, bin_size, *data.shape[1:])
+        data = data.reshape(n_bins, size, *data.shape[1:])
         if reduce in ("max", "min"):
             extreme, worst = (np.max, -np.inf) if reduce == "max" else (np.min, np.inf)
             values = extreme(np.where(np.isnan(data), worst, data), axis=1)
@@ -220,7 +225,7 @@ class Trace:
                 values = np.nanmean(data, axis=1)
         else:
             raise ValueError(f"reduce must be 'max', 'min', 'mean' or 'first', got {reduce!r}")
-        return Pooled(positions, values, bin_size)
+        return Pooled(positions, values, size)
 
     def to_bytes(self) -> bytes:
         """The .npz (no pickles) that `save` writes."""

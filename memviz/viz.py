@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import html
 import json
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,17 +29,16 @@ from memviz.figure_parts import (
     window_of,
     with_array,
 )
+from memviz.model import generic_hook_name
 from memviz.models import get_family
-from memviz.trace import Trace
+from memviz.trace import Trace, bin_size
 
 
 def family_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int | None = None) -> dict[str, go.Figure]:
     """The views of the trace's family (the registry's `figures`) and next-token loss, keyed by title."""
-    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
-        raise ValueError(f"width must be a whole number of columns, at least 1, got {width!r}")
     family = get_family(trace.meta["family"]) if trace.meta.get("family") else None
     zoom: dict[str, Any] = dict(width=width, start=start, stop=stop)
-    if family is not None and family.hooks and not any(holds_hook(trace, generic) for generic in family.hooks):
+    if family is not None and family.hooks and not any(generic_hook_name(n) in family.hooks for n in trace.names):
         raise ValueError(
             f"the trace names the {family.name} family but holds none of its memory hooks "
             f"({', '.join(sorted(family.hooks))}): it was not traced from that family's model"
@@ -54,12 +52,6 @@ def family_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int |
     for fig in figs.values() if note else ():
         fig.update_layout(title=f"{fig.layout.title.text or ''}<br><sub>{note}</sub>")
     return figs
-
-
-def holds_hook(trace: Trace, generic: str) -> bool:
-    """Whether the trace has the hook `generic` (layer index as {l}) at some layer."""
-    pattern = re.compile(re.escape(generic).replace(re.escape("{l}"), r"\d+"))
-    return any(pattern.fullmatch(name) for name in trace.names)
 
 
 def non_finite_note(trace: Trace) -> str:
@@ -123,8 +115,8 @@ def readout_figures(readout, evidence: Sequence[Sequence[int]] = (), width: int 
         n = len(shares)
         if n == 0:
             continue
-        bin_size = max(1, -(-n // width))
-        starts = np.arange(0, n, bin_size)
+        size = bin_size(n, width)
+        starts = np.arange(0, n, size)
         pooled = np.add.reduceat(shares, starts, axis=0).T  # [head, bins]
         limit = float(np.abs(pooled).max()) or 1.0
         heads = pooled.shape[0]
@@ -157,7 +149,7 @@ def readout_figures(readout, evidence: Sequence[Sequence[int]] = (), width: int 
         fig.update_layout(
             title=f"{layer}: where the read at token {readout.position} came from"
             + (f"<br><sub>{'; '.join(notes)}</sub>" if notes else ""),
-            xaxis_title=position_axis(bin_size, "sum") if bin_size > 1 else "written at token position",
+            xaxis_title=position_axis(size, "sum") if size > 1 else "written at token position",
             yaxis_title="head" if heads > 1 else "",
             height=220 + 30 * heads,
         )

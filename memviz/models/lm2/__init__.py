@@ -177,17 +177,13 @@ class LM2Memory(nn.Module):
     def empty_segment_sums(self, M: Tensor) -> SegmentSums:
         """The sums of a segment no token has reached yet: nothing, or the null write alone (weight
         exp(0) at the running maximum s[n], keeping the slot, writing nothing)."""
-        if self.options.write_sink is None:
-            return SegmentSums(
-                max=torch.full(M.shape[:2], -torch.inf, device=M.device, dtype=M.dtype),
-                denom=torch.zeros(M.shape[:2], device=M.device, dtype=M.dtype),
-                f_sum=torch.zeros_like(M),
-                w_sum=torch.zeros_like(M),
-            )
+        null = self.options.write_sink is not None
         return SegmentSums(
-            max=self.write_sink.to(M.dtype).expand(M.shape[:2]),
-            denom=torch.ones(M.shape[:2], device=M.device, dtype=M.dtype),
-            f_sum=torch.ones_like(M),
+            max=self.write_sink.to(M.dtype).expand(M.shape[:2])
+            if null
+            else torch.full(M.shape[:2], -torch.inf, device=M.device, dtype=M.dtype),
+            denom=torch.full(M.shape[:2], float(null), device=M.device, dtype=M.dtype),
+            f_sum=torch.full_like(M, float(null)),
             w_sum=torch.zeros_like(M),
         )
 

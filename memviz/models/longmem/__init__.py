@@ -71,7 +71,7 @@ from memviz.models.longmem.bank import SEARCHES, ChunkBank
 from memviz.options import check_choice, check_positive
 from memviz.registry import register_family
 from memviz.state import Memory, State
-from memviz.trace import Trace
+from memviz.trace import Trace, bin_size
 
 RETRIEVED_POS = "side_blocks.{l}.attn.hook_retrieved_pos"  # [batch, pos, head, topk]  first position of each chunk read
 RETRIEVED_SCORES = "side_blocks.{l}.attn.hook_retrieved_scores"  # [batch, pos, head, topk]  q . chunk_key
@@ -234,7 +234,7 @@ def retrieval_map(trace: Trace, prefix: str, width: int = WIDTH, start: int = 0,
     start, stop = window_of(trace, start, stop)
     pos = trace[f"{prefix}.hook_retrieved_pos"][start:stop]  # [T, H, K]
     scores = trace[f"{prefix}.hook_retrieved_scores"][start:stop]
-    step = max(1, -(-len(pos) // width))
+    step = bin_size(len(pos), width)
     xs, ys, cs = [], [], []
     for i in range(0, len(pos), step):
         p, s = pos[i].reshape(-1), scores[i].reshape(-1)

@@ -39,7 +39,7 @@ from memviz.layers import LocalAttention, SwiGLU
 from memviz.model import Block, HookDoc, MemoryLM
 from memviz.options import check_positive
 from memviz.registry import Intervention, register_family
-from memviz.trace import Trace
+from memviz.trace import Trace, bin_size
 
 TOPK_INDICES = "blocks.{l}.mlp.hook_topk_indices"  # [batch, pos, head, topk]  value index i * n_keys + j
 TOPK_WEIGHTS = "blocks.{l}.mlp.hook_topk_weights"  # [batch, pos, head, topk]  softmax weights
@@ -144,7 +144,7 @@ def selection_map(trace: Trace, name: str, width: int = WIDTH, start: int = 0, s
     start, stop = window_of(trace, start, stop)
     idx = trace[name][start:stop]  # [T, H, k]
     weights = trace[name.replace("hook_topk_indices", "hook_topk_weights")][start:stop]
-    step = max(1, -(-len(idx) // width))
+    step = bin_size(len(idx), width)
     shown = weights[::step]
     low, high = float(np.nanmin(shown)), float(np.nanmax(shown))  # top-k weights sit near 1/k: fit the scale to them
     fig = go.Figure()
