@@ -21,16 +21,30 @@ from memviz.trace import Trace
 WIDTH = 1500
 
 
-EVIDENCE_OUTLINE = dict(line_color="goldenrod", line_width=2, fillcolor="rgba(0,0,0,0)")  # a frame, no tint
-ANSWER_OUTLINE = dict(line_color="seagreen", line_width=2, line_dash="dot", fillcolor="rgba(0,0,0,0)")
+# Frames, no tint, each a line over a wider one of another shade, so that it shows on every colour scale
+# (goldenrod alone vanishes in Viridis's yellow, seagreen in its green) and on a white plot.
+CLEAR = "rgba(0,0,0,0)"
+EVIDENCE_OUTLINE = (
+    dict(line_color="black", line_width=4, fillcolor=CLEAR),
+    dict(line_color="goldenrod", line_width=2, fillcolor=CLEAR),
+)
+ANSWER_OUTLINE = (
+    dict(line_color="white", line_width=4, fillcolor=CLEAR),
+    dict(line_color="seagreen", line_width=2, line_dash="dot", fillcolor=CLEAR),
+)
 
 
-def frame_positions(fig: go.Figure, x0: float, x1: float, label: str, side: str, style: dict) -> None:
-    """A rectangle over [x0, x1] on the position axis of every subplot, labelled at its top
-    `side`: what fig.add_vrect draws, added in one layout update (add_vrect validates the whole
-    layout once per subplot, about 20 ms a call on a four-panel figure)."""
+def frame_positions(fig: go.Figure, x0: float, x1: float, label: str, side: str, style: Sequence[dict]) -> None:
+    """A rectangle over [x0, x1] on the position axis of every subplot, drawn as the layers of
+    `style` from the bottom up, and labelled at its top `side` on the first (top) panel: what
+    fig.add_vrect draws, added in one layout update (add_vrect validates the whole layout once per
+    subplot, about 20 ms a call on a four-panel figure)."""
     axes = [(axis.plotly_name.replace("axis", ""), axis.anchor or "y") for axis in fig.select_xaxes()] or [("x", "y")]
-    shapes = [dict(type="rect", xref=x, yref=f"{y} domain", x0=x0, x1=x1, y0=0, y1=1, **style) for x, y in axes]
+    shapes = [
+        dict(type="rect", xref=x, yref=f"{y} domain", x0=x0, x1=x1, y0=0, y1=1, **layer)
+        for layer in style
+        for x, y in axes
+    ]
     labels = [
         dict(
             text=label,
@@ -41,8 +55,10 @@ def frame_positions(fig: go.Figure, x0: float, x1: float, label: str, side: str,
             y=1,
             xanchor=side,
             yanchor="top",
+            xshift=4 if side == "left" else -4,  # clear of the frame's line
+            yshift=-2,
         )
-        for x, y in axes
+        for x, y in axes[:1]  # once, on the top panel: a label on every panel would hide the data under it
     ]
     fig.update_layout(shapes=[*fig.layout.shapes, *shapes], annotations=[*fig.layout.annotations, *labels])
 

@@ -198,6 +198,15 @@ def loss_comparison(traces: dict[str, Trace], width: int = WIDTH, start: int = 0
 NO_EFFECT_NATS = 0.01
 
 
+def sweep_spacing(rows) -> float:
+    """Tokens between a sweep's resets: the closest pair's gap, or one segment for a lone reset."""
+    positions = sorted(r.position for r in rows)
+    gaps = [b - a for a, b in zip(positions, positions[1:]) if b > a]
+    if gaps:
+        return float(min(gaps))
+    return float(positions[0] / rows[0].segment) if positions and rows[0].segment > 0 else 1.0
+
+
 def ablation_sweep_figure(
     rows, evidence: Sequence[Sequence[int]] = (), title: str = "Memory ablation sweep"
 ) -> go.Figure:
@@ -206,11 +215,13 @@ def ablation_sweep_figure(
     The axis always shows zero and at least +-NO_EFFECT_NATS, so rounding noise stays flat; bars
     within that floor are grey, and a sweep with none beyond it says "no effect"."""
     deltas = [r.delta for r in rows]
+    positions = [r.position for r in rows]
     colours = ["#1f77b4" if abs(d) >= NO_EFFECT_NATS else "#b0b0b0" for d in deltas]
     fig = go.Figure(
         go.Bar(
-            x=[r.position for r in rows],
+            x=positions,
             y=deltas,
+            width=0.8 * sweep_spacing(rows),
             marker_color=colours,
             customdata=[[r.segment, r.greedy] for r in rows],
             hovertemplate="reset at token %{x} (segment %{customdata[0]})<br>"
@@ -221,6 +232,9 @@ def ablation_sweep_figure(
     low, high = min([*deltas, -NO_EFFECT_NATS]), max([*deltas, NO_EFFECT_NATS])
     pad = 0.1 * (high - low)
     fig.update_yaxes(range=[low - pad, high + pad], zeroline=True, zerolinewidth=2, zerolinecolor="black")
+    if positions:  # every bar and frame whole, a lone bar too (plotly's autorange cuts it at its centre)
+        ends = [*positions, *(x for span in evidence for x in span)]
+        fig.update_xaxes(range=[min(ends) - sweep_spacing(rows), max(ends) + sweep_spacing(rows)])
     if all(abs(d) < NO_EFFECT_NATS for d in deltas):
         fig.add_annotation(
             text=f"no effect: every change is below {NO_EFFECT_NATS} nats",

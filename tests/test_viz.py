@@ -137,12 +137,31 @@ def test_an_ablation_sweep_shows_zero_and_says_when_nothing_moved():
     low, high = flat.layout.yaxis.range
     assert low <= -viz.NO_EFFECT_NATS and high >= viz.NO_EFFECT_NATS  # rounding noise is not drawn as a big bar
     assert any("no effect" in a.text for a in flat.layout.annotations)
-    assert (
-        flat.layout.shapes[0].fillcolor == "rgba(0,0,0,0)" and flat.layout.shapes[0].line.width == 2
-    )  # outlined, no tint
+    frame = flat.layout.shapes
+    assert [s.fillcolor for s in frame] == ["rgba(0,0,0,0)"] * 2  # outlined, no tint
+    assert [(s.line.color, s.line.width) for s in frame] == [("black", 4), ("goldenrod", 2)]  # a line with a halo
     real = viz.ablation_sweep_figure([SweepRow(1, 64, -9.0, -8.0, "13"), SweepRow(2, 128, -1.0, -0.001, "42")])
     assert not any("no effect" in a.text for a in real.layout.annotations)
     assert list(real.data[0].marker.color) == ["#1f77b4", "#b0b0b0"]
+
+
+def test_evidence_is_framed_on_every_panel_and_named_once():
+    tr = Trace(np.zeros(50), {"a": np.ones(50), "b": np.ones(50)}, meta={"evidence": [[10, 20]]})
+    fig = figure_parts.timeline(tr, {"a": "a", "b": "b"}, "t")
+    assert len(fig.layout.shapes) == 2 * 2  # two layers on each of the two panels
+    assert [a.text for a in fig.layout.annotations].count("evidence") == 1
+
+
+def test_an_ablation_sweep_draws_a_lone_bar_and_the_evidence_whole():
+    from memviz.interventions import SweepRow
+
+    lone = viz.ablation_sweep_figure([SweepRow(3, 192, -9.0, -8.0, "13")], evidence=[(10, 20)])
+    low, high = lone.layout.xaxis.range
+    half = lone.data[0].width / 2
+    assert half == pytest.approx(0.8 * 64 / 2)  # one segment's width: 192 tokens over 3 segments
+    assert low < 10 and high > 192 + half  # the frame and the whole bar are inside the axis
+    spaced = viz.ablation_sweep_figure([SweepRow(s, 100 * s, -1.0, -1.0, "1") for s in (1, 3)])
+    assert spaced.data[0].width == pytest.approx(0.8 * 200)
 
 
 def test_longmem_names_the_heads_that_retrieved_the_evidence_at_the_last_token():

@@ -252,7 +252,9 @@ def retrieval_map(trace: Trace, prefix: str, width: int = WIDTH, start: int = 0,
         )
     )
     for a, b in trace.meta.get("evidence", []):
-        fig.add_hrect(y0=a - 0.5, y1=b - 0.5, annotation_text="evidence", **EVIDENCE_OUTLINE)
+        for layer in EVIDENCE_OUTLINE[:-1]:
+            fig.add_hrect(y0=a - 0.5, y1=b - 0.5, **layer)
+        fig.add_hrect(y0=a - 0.5, y1=b - 0.5, annotation_text="evidence", **EVIDENCE_OUTLINE[-1])
     fig.update_layout(
         title="LongMem retrieval: past chunks read by each token",
         xaxis_title="reading token position",
