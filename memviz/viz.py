@@ -216,12 +216,13 @@ def ablation_sweep_figure(
     within that floor are grey, and a sweep with none beyond it says "no effect"."""
     deltas = [r.delta for r in rows]
     positions = [r.position for r in rows]
+    spacing = sweep_spacing(rows)
     colours = ["#1f77b4" if abs(d) >= NO_EFFECT_NATS else "#b0b0b0" for d in deltas]
     fig = go.Figure(
         go.Bar(
             x=positions,
             y=deltas,
-            width=0.8 * sweep_spacing(rows),
+            width=0.8 * spacing,
             marker_color=colours,
             customdata=[[r.segment, r.greedy] for r in rows],
             hovertemplate="reset at token %{x} (segment %{customdata[0]})<br>"
@@ -234,7 +235,7 @@ def ablation_sweep_figure(
     fig.update_yaxes(range=[low - pad, high + pad], zeroline=True, zerolinewidth=2, zerolinecolor="black")
     if positions:  # every bar and frame whole, a lone bar too (plotly's autorange cuts it at its centre)
         ends = [*positions, *(x for span in evidence for x in span)]
-        fig.update_xaxes(range=[min(ends) - sweep_spacing(rows), max(ends) + sweep_spacing(rows)])
+        fig.update_xaxes(range=[min(ends) - spacing, max(ends) + spacing])
     if all(abs(d) < NO_EFFECT_NATS for d in deltas):
         fig.add_annotation(
             text=f"no effect: every change is below {NO_EFFECT_NATS} nats",
