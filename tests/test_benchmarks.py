@@ -1,11 +1,13 @@
 """The benchmark command runs (its numbers are recorded in benchmarks/RESULTS.md, never asserted)."""
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -343,3 +345,24 @@ def test_english_lm_records_the_probes_bits_per_byte_and_the_window_split(tmp_pa
         expected = lm.summary(lm.run(memviz.load(folder), corpus=None, max_tokens=90))["bits_per_byte"]
         assert card["bits_per_byte"] == {c: round(float(v), 4) for c, v in expected.items()}
         assert card["held_out"]["shakespeare"] == ["hamlet", "tempest"] and card["loss_past_window"] > 0
+
+
+def test_user_text_prints_each_texts_bits_per_byte_as_a_one_pass_cross_entropy(tmp_path, capsys):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from user_text import MAX_CHARS, licence_text, main
+
+    import memviz
+    from tests.conftest import scrambled, small_model
+
+    folder = memviz.save(scrambled(small_model("infini", segment_len=16)), tmp_path / "infini")
+    assert main([str(folder), "--threads", "1"]) == 0
+    row = capsys.readouterr().out.strip().splitlines()[-1]
+    printed_bits, printed_nats = (float(x.strip("()")) for x in row.split(" | ")[1].split())  # "bits (nats)"
+    text = licence_text()[:MAX_CHARS]
+    assert "Apache License" in text[:300]
+    model = memviz.load(folder)
+    ids = torch.tensor([model.tokenizer.encode(text)])
+    with torch.no_grad():
+        nats = torch.nn.functional.cross_entropy(model(ids)[0, :-1].double(), ids[0, 1:], reduction="sum").item()
+    bits = nats / math.log(2) / model.tokenizer.byte_length(ids[0, 1:].tolist())
+    assert abs(printed_bits - bits) < 6e-4 and abs(printed_nats - nats / (ids.shape[1] - 1)) < 6e-3
