@@ -206,9 +206,12 @@ def test_value_usage_sorts_the_counts_names_the_dead_share_and_draws_its_bars_un
     from memviz.models.memory_layer import usage_figure
 
     idx = np.array([[[3, 3]], [[3, 1]], [[1, 3]]])  # value 3 four times, value 1 twice, 0 and 2 never
-    fig = usage_figure(Trace(np.arange(3), {"blocks.1.mlp.hook_topk_indices": idx}), "blocks.1.mlp.hook_topk_indices", 4)
+    fig = usage_figure(
+        Trace(np.arange(3), {"blocks.1.mlp.hook_topk_indices": idx}), "blocks.1.mlp.hook_topk_indices", 4
+    )
     assert list(fig.data[0].y) == [4, 2, 0, 0] and "(50% of 4 values never selected)" in fig.layout.title.text
     assert fig.data[0].marker.line.width == 0  # thousands of sub-pixel bars would show only their outlines
+
 
 def test_the_loss_overlay_draws_both_and_their_difference():
     a = Trace(np.arange(100), {"loss": np.full(100, 2.0, dtype=np.float32)}, meta={"evidence": [(10, 20)]})

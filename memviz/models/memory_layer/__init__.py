@@ -226,7 +226,9 @@ def usage_figure(trace: Trace, name: str, n_values: int) -> go.Figure:
     counts = value_counts(trace[name], n_values)
     dead = float((counts == 0).mean())
     # thousands of sub-pixel bars: plotly's default outline would cover their fill
-    bars = go.Bar(y=np.sort(counts)[::-1], marker_line_width=0, hovertemplate="rank %{x}: %{y} selections<extra></extra>")
+    bars = go.Bar(
+        y=np.sort(counts)[::-1], marker_line_width=0, hovertemplate="rank %{x}: %{y} selections<extra></extra>"
+    )
     fig = go.Figure(bars)
     fig.update_layout(
         title=f"{name.split('.mlp')[0]}: value usage, sorted ({dead:.0%} of {n_values} values never selected)",
