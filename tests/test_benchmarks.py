@@ -349,20 +349,25 @@ def test_english_lm_records_the_probes_bits_per_byte_and_the_window_split(tmp_pa
 
 def test_user_text_prints_each_texts_bits_per_byte_as_a_one_pass_cross_entropy(tmp_path, capsys):
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from user_text import MAX_CHARS, licence_text, main
+    from user_text import MAX_CHARS, licence_text, main, python_docs
 
     import memviz
+    from probes import passkey
     from tests.conftest import scrambled, small_model
 
     folder = memviz.save(scrambled(small_model("infini", segment_len=16)), tmp_path / "infini")
     assert main([str(folder), "--threads", "1"]) == 0
-    row = capsys.readouterr().out.strip().splitlines()[-1]
-    printed_bits, printed_nats = (float(x.strip("()")) for x in row.split(" | ")[1].split())  # "bits (nats)"
-    text = licence_text()[:MAX_CHARS]
-    assert "Apache License" in text[:300]
+    header, _, row = capsys.readouterr().out.strip().splitlines()[-3:]
+    assert header.split(" | ")[1:3] == ["Apache licence", "Python docstrings"]
+    assert licence_text().startswith("Copyright 2018- The Hugging Face team")  # transformers' own, not another's
     model = memviz.load(folder)
-    ids = torch.tensor([model.tokenizer.encode(text)])
-    with torch.no_grad():
-        nats = torch.nn.functional.cross_entropy(model(ids)[0, :-1].double(), ids[0, 1:], reduction="sum").item()
-    bits = nats / math.log(2) / model.tokenizer.byte_length(ids[0, 1:].tolist())
-    assert abs(printed_bits - bits) < 6e-4 and abs(printed_nats - nats / (ids.shape[1] - 1)) < 6e-3
+    prompt = passkey.seeded_sample(model.tokenizer, 1024, 0.5, 11, 0).prompt
+    cells = row.strip("| ").split(" | ")[1:]
+    assert len(cells) == 3
+    for text, cell in zip([licence_text()[:MAX_CHARS], python_docs()[:MAX_CHARS], prompt], cells):
+        printed_bits, printed_nats = (float(x.strip("()")) for x in cell.split())  # "bits (nats)"
+        ids = torch.tensor([model.tokenizer.encode(text)])
+        with torch.no_grad():
+            nats = torch.nn.functional.cross_entropy(model(ids)[0, :-1].double(), ids[0, 1:], reduction="sum").item()
+        bits = nats / math.log(2) / model.tokenizer.byte_length(ids[0, 1:].tolist())
+        assert abs(printed_bits - bits) < 6e-4 and abs(printed_nats - nats / (ids.shape[1] - 1)) < 6e-3, cell

@@ -151,7 +151,7 @@ def test_memory_plus_recalls_twice_the_facts_of_a_dense_model_of_the_same_comput
 
 def test_memory_plus_english_reads_english_and_recalls_its_facts_mostly_from_its_values():
     """The English memory-layer sample recalls its facts (the issue's bar: 90%); zeroing its top-k
-    weights takes most of them away (the 4-layer backbone keeps a fifth, docs/samples.md)."""
+    weights takes most of them away (the 4-layer backbone keeps about a sixth, docs/samples.md)."""
     model = memviz.load(ROOT / "memory_plus_english")
     assert facts_recall(model) >= 0.9
     assert facts_recall(model, model.silence_hooks(1)) <= 0.4
