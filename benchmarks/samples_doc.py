@@ -25,7 +25,9 @@ def sample_folders() -> list[Path]:
 
 
 def percent(value: float) -> str:
-    return f"{round(100 * value)}%"
+    """Whole percents, but never 0% or 100% for a score that is not: 99.5% stays 99.5%."""
+    rounded = round(100 * value)
+    return f"{100 * value:.1f}%" if rounded in (0, 100) and value not in (0, 1) else f"{rounded}%"
 
 
 def length_label(tokens: int) -> str:

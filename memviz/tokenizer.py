@@ -82,7 +82,19 @@ class Tokenizer:
         return self.encode(text)
 
     def decode(self, ids: Iterable[int]) -> str:
+        """The text of `ids`; specials (and embedding rows past a tokenizer's vocabulary) stand for none."""
         raise NotImplementedError
+
+    def ids_within(self, ids: Iterable[int]) -> list[int]:
+        """`ids` as ints, or ValueError naming the first that is no id at all (below 0 or past `vocab_size`):
+        decoding such an id silently would hide a model or caller that made it."""
+        ids = [int(i) for i in ids]
+        bad = next((n for n, i in enumerate(ids) if not 0 <= i < self.vocab_size), None)
+        if bad is not None:
+            raise ValueError(
+                f"token id {ids[bad]} at position {bad} is outside the vocabulary's 0..{self.vocab_size - 1}"
+            )
+        return ids
 
     def byte_length(self, ids: Iterable[int]) -> int:
         """UTF-8 bytes the text tokens `ids` stand for (specials count none), a multi-byte character cut
@@ -92,8 +104,7 @@ class Tokenizer:
     def token_strings(self, ids: Iterable[int]) -> list[str]:
         """A printable string per token (for hover text), specials shown by name."""
         out = []
-        for i in ids:
-            i = int(i)
+        for i in self.ids_within(ids):
             out.append(SPECIALS[i - self.text_vocab_size] if i >= self.text_vocab_size else self.decode([i]))
         return out
 
@@ -124,10 +135,10 @@ class ByteTokenizer(Tokenizer):
         return list(data)
 
     def byte_length(self, ids: Iterable[int]) -> int:
-        return sum(1 for i in map(int, ids) if 0 <= i < 256)
+        return sum(1 for i in self.ids_within(ids) if i < 256)
 
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
-        return bytes(i for i in map(int, ids) if 0 <= i < 256)
+        return bytes(i for i in self.ids_within(ids) if i < 256)
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.decode_bytes(ids).decode("utf-8", errors="replace")
@@ -190,12 +201,12 @@ class BPETokenizer(Tokenizer):
         return self.backend.encode(check_text(text), add_special_tokens=False).ids
 
     def decode(self, ids: Iterable[int]) -> str:
-        return self.backend.decode([i for i in map(int, ids) if 0 <= i < self.text_vocab_size])
+        return self.backend.decode([i for i in self.ids_within(ids) if i < self.text_vocab_size])
 
     def byte_length(self, ids: Iterable[int]) -> int:
         if not hasattr(self, "_token_bytes"):  # a byte-level token's string has one character per byte
             self._token_bytes = [len(self.backend.id_to_token(i) or "") for i in range(self.text_vocab_size)]
-        return sum(self._token_bytes[i] for i in map(int, ids) if 0 <= i < self.text_vocab_size)
+        return sum(self._token_bytes[i] for i in self.ids_within(ids) if i < self.text_vocab_size)
 
     def save(self, directory: str | Path) -> Path:
         path = Path(directory) / TOKENIZER_FILE

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -98,6 +99,34 @@ def test_key_share_runs_on_a_sample_and_refuses_a_family_without_a_readout(capsy
     with pytest.raises(SystemExit):
         main(["sliding_window_english", "--lengths", "256"])
     assert "sliding_window_english: its family (sliding_window) gives no memory readout" in capsys.readouterr().err
+
+
+def test_null_write_shares_are_the_tokens_part_of_each_slots_softmax_beside_its_null_logit():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from null_write import written_shares
+
+    rng = np.random.default_rng(0)
+    scores, sink = rng.normal(size=(20, 3)) * 3, rng.normal(size=3)
+    shares = written_shares(scores, sink, 8)  # two whole segments; the last 4 positions are no whole segment
+    assert shares.shape == (2, 3)
+    for seg in range(2):
+        block = np.exp(scores[8 * seg : 8 * seg + 8])
+        np.testing.assert_allclose(shares[seg], block.sum(0) / (block.sum(0) + np.exp(sink)), rtol=1e-12)
+    assert written_shares(scores, np.full(3, 60.0), 8).max() < 1e-15  # a null logit that wins keeps every slot
+    np.testing.assert_allclose(written_shares(scores, np.full(3, -60.0), 8), 1)
+
+
+def test_null_write_runs_on_a_sample_and_refuses_one_without_a_null_write(capsys):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from null_write import main
+
+    assert main(["lm2_english_16k", "--lengths", "512", "--depths", "0.2", "0.8"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("   512   0.20  0") and lines[-1].startswith("median over 2 prompts:")
+    assert all(0 <= float(v) <= 1 for v in lines[-1].split(":")[1].replace(",", " ").replace("|", " ").split())
+    with pytest.raises(SystemExit):
+        main(["lm2_long", "--lengths", "256"])
+    assert "lm2_long: not an LM2 sample with a null write" in capsys.readouterr().err
 
 
 def test_train_time_chains_a_samples_stages_and_times_each_on_weights_of_its_shapes():
@@ -254,6 +283,13 @@ def test_long_retention_goes_on_where_it_stopped_under_the_same_memory_options_o
     assert entry["n_per_cell"] == 3 and entry["retention"]["100"] == round(sum(r["correct"] for r in rows) / 3, 4)
     assert long_retention.main([*run, "--n", "1", "--set", "chunk_size=2"]) == 0  # other options: answered anew
     assert json.loads(log.read_text().splitlines()[-1])["memory"]["chunk_size"] == 2
+
+
+def test_the_samples_table_rounds_no_score_to_perfect_or_nil():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from samples_doc import percent
+
+    assert [percent(v) for v in (0.995, 0.8667, 1.0, 0.0, 0.004, 0.006)] == ["99.5%", "87%", "100%", "0%", "0.4%", "1%"]
 
 
 def test_the_samples_table_in_the_docs_is_the_cards():

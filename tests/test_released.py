@@ -288,6 +288,15 @@ def test_hooks_fire_at_every_token_during_generate(checkpoint):
     assert positions[0] == n and positions[1:] == [1] * (len(positions) - 1) and len(positions) >= 2
 
 
+def test_the_tokenizer_reads_its_model_s_ids_and_refuses_others(checkpoint):
+    tok = memviz.load(checkpoint).tokenizer
+    ids = tok.encode(TEXT)
+    assert tok.decode(ids) == TEXT and tok.token_strings(ids)[0] == tok.decode(ids[:1])
+    for bad in (-1, tok.vocab_size):
+        with pytest.raises(ValueError, match=f"token id {bad} at position 1 is outside"):
+            tok.decode([ids[0], bad])
+
+
 def test_reset_and_patch_act_on_the_delta_rule_state_only(checkpoint):
     model = memviz.load(checkpoint, segment_len=16)
     ids = ids_of(model).tolist()[0]

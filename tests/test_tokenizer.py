@@ -73,3 +73,14 @@ def test_load_tokenizer_rejects_garbage(tmp_path):
     bad.write_text('{"kind": "mystery"}')
     with pytest.raises(ValueError, match="not a byte or BPE tokenizer"):
         load_tokenizer(bad)
+
+
+@pytest.mark.parametrize("bad", [-1, "vocab_size", 10**9])
+def test_an_id_outside_the_vocabulary_is_refused_by_name(bpe, bad):
+    for tok in (ByteTokenizer(), bpe):
+        i = tok.vocab_size if bad == "vocab_size" else bad
+        ids = [tok.encode("A")[0], tok.eos_id, i]
+        for read in (tok.decode, tok.token_strings, tok.byte_length):
+            with pytest.raises(ValueError, match=rf"token id {i} at position 2 is outside .*0\.\.{tok.vocab_size - 1}"):
+                read(ids)
+        assert tok.decode(ids[:2]) == "A"  # a special stands for no text and is no error

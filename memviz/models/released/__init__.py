@@ -119,7 +119,7 @@ class HFTokenizer(Tokenizer):
         return self.backend.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: Iterable[int]) -> str:
-        return self.backend.decode([i for i in map(int, ids) if 0 <= i < self.text_vocab_size])
+        return self.backend.decode([i for i in self.ids_within(ids) if i < self.text_vocab_size])
 
     def byte_length(self, ids: Iterable[int]) -> int:
         """UTF-8 bytes of the decoded text (a character cut between the tokens counts as U+FFFD)."""
@@ -127,7 +127,7 @@ class HFTokenizer(Tokenizer):
 
     def token_strings(self, ids: Iterable[int]) -> list[str]:
         """Each token's text, specials by name; "" for an embedding row past the tokenizer's vocabulary."""
-        ids = [int(i) for i in ids]
+        ids = self.ids_within(ids)
         known = iter(
             self.backend.decode_batch([[i] for i in ids if 0 <= i < self.text_vocab_size], skip_special_tokens=False)
         )
