@@ -40,42 +40,61 @@ def held_at(model, ids: list[int], position: int, span: tuple[int, int]) -> list
     return [float(values[position]) for values in hold.values()] if hold else []
 
 
-def main(argv: list[str] | None = None) -> int:
-    import memviz
-    from probes.passkey import score, seeded_sample
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def prompt_parser(description: str, depths: list[float], n: int) -> argparse.ArgumentParser:
+    """The arguments of a script that runs a sample over seeded pass-key prompts (this one, null_write.py)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("checkpoint")
     parser.add_argument("--lengths", type=int, nargs="+", required=True)
-    parser.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.5, 0.9])
-    parser.add_argument("--n", type=int, default=3, help="prompts per length and depth")
+    parser.add_argument("--depths", type=float, nargs="+", default=depths)
+    parser.add_argument("--n", type=int, default=n, help="prompts per length and depth")
     parser.add_argument("--haystack", help="the pass key's filler: procedural (default), grass, shakespeare_train")
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def load_checked(parser: argparse.ArgumentParser, args: argparse.Namespace):
+    """The sample of `args.checkpoint`, once --n and --threads are checked (the threads set)."""
+    import memviz
+
     if args.n < 1 or args.threads < 1:
         parser.error(f"--n and --threads must be at least 1, got {args.n} and {args.threads}")
     torch.set_num_threads(args.threads)
-    model = memviz.load(args.checkpoint)
-    if model.memory_readout([0] * 8, 7) is None:
-        parser.error(f"{args.checkpoint}: its family ({model.family}) gives no memory readout with these options")
-    rows = []
-    print("length  depth  i  right  share per layer | held per layer")
+    return memviz.load(args.checkpoint)
+
+
+def prompts(model, args: argparse.Namespace):
+    """(length, depth, index, sample, token ids) for every prompt the arguments ask for."""
+    from probes.passkey import seeded_sample
+
     for length in args.lengths:
         for depth in args.depths:
             for i in range(args.n):
                 sample = seeded_sample(model.tokenizer, length, depth, args.seed, i, args.haystack)
-                ids = model.tokenizer.encode(sample.prompt)
-                span = tuple(sample.evidence[0])
-                position = len(ids) - 1  # the prompt's last token predicts the key's first digit
-                right = score(model.generate(sample.prompt, max_new_tokens=8), sample)
-                share, held = read_shares(model, ids, position, span), held_at(model, ids, position, span)
-                rows.append((length, right, share, held))
-                print(
-                    f"{length:6d}  {depth:5.2f}  {i}  {'yes' if right else 'no ':5s}  "
-                    f"{' '.join(f'{s:+.2f}' for s in share)} | {' '.join(f'{h:.2f}' for h in held)}",
-                    flush=True,
-                )
+                yield length, depth, i, sample, model.tokenizer.encode(sample.prompt)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from probes.passkey import score
+
+    parser = prompt_parser(__doc__.split("\n\n")[0], depths=[0.1, 0.5, 0.9], n=3)
+    args = parser.parse_args(argv)
+    model = load_checked(parser, args)
+    if model.memory_readout([0] * 8, 7) is None:
+        parser.error(f"{args.checkpoint}: its family ({model.family}) gives no memory readout with these options")
+    rows = []
+    print("length  depth  i  right  share per layer | held per layer")
+    for length, depth, i, sample, ids in prompts(model, args):
+        span = tuple(sample.evidence[0])
+        position = len(ids) - 1  # the prompt's last token predicts the key's first digit
+        right = score(model.generate(sample.prompt, max_new_tokens=8), sample)
+        share, held = read_shares(model, ids, position, span), held_at(model, ids, position, span)
+        rows.append((length, right, share, held))
+        print(
+            f"{length:6d}  {depth:5.2f}  {i}  {'yes' if right else 'no ':5s}  "
+            f"{' '.join(f'{s:+.2f}' for s in share)} | {' '.join(f'{h:.2f}' for h in held)}",
+            flush=True,
+        )
     print("\nmeans: length, answers, n, share per layer | held per layer")
     for length in args.lengths:
         for right in (True, False):

@@ -11,7 +11,6 @@ memory that keeps what matters.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from pathlib import Path
@@ -40,22 +39,13 @@ def columns(row: list[list[float]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import memviz
-    from probes.passkey import score, seeded_sample
+    from key_share import load_checked, prompt_parser, prompts
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint")
-    parser.add_argument("--lengths", type=int, nargs="+", required=True)
-    parser.add_argument("--depths", type=float, nargs="+", default=[0.5])
-    parser.add_argument("--n", type=int, default=1, help="prompts per length and depth")
-    parser.add_argument("--haystack", help="the pass key's filler: procedural (default), grass, shakespeare_train")
-    parser.add_argument("--seed", type=int, default=11)
-    parser.add_argument("--threads", type=int, default=1)
+    from probes.passkey import score
+
+    parser = prompt_parser(__doc__.split("\n\n")[0], depths=[0.5], n=1)
     args = parser.parse_args(argv)
-    if args.n < 1 or args.threads < 1:
-        parser.error(f"--n and --threads must be at least 1, got {args.n} and {args.threads}")
-    torch.set_num_threads(args.threads)
-    model = memviz.load(args.checkpoint)
+    model = load_checked(parser, args)
     options = model.cfg.memory
     if model.family != "lm2" or options.get("write_sink") is None:
         parser.error(f"{args.checkpoint}: not an LM2 sample with a null write (family {model.family}, {options})")
@@ -63,33 +53,27 @@ def main(argv: list[str] | None = None) -> int:
     sinks = [model.blocks[layer].memory.write_sink.detach().double().numpy() for layer in layers]
     print("length  depth  i  right  tokens' share, per layer: filler median, top slot | needle median, top slot")
     table = []
-    for length in args.lengths:
-        for depth in args.depths:
-            for i in range(args.n):
-                sample = seeded_sample(model.tokenizer, length, depth, args.seed, i, args.haystack)
-                ids = model.tokenizer.encode(sample.prompt)
-                start, end = sample.evidence[0]
-                needle = np.zeros(len(ids) // L, dtype=bool)
-                needle[start // L : min((end - 1) // L + 1, len(needle))] = True
-                with torch.no_grad():
-                    _, cache = model.run_with_cache(
-                        torch.tensor([ids]), names_filter=lambda name: name.endswith("hook_write_score")
-                    )
-                shares = [
-                    written_shares(
-                        cache[f"blocks.{layer}.memory.hook_write_score"][0].double().numpy(), sinks[layer], L
-                    )
-                    for layer in layers
-                ]
-                row = [
-                    [float(np.median(s[~needle])) for s in shares],
-                    [float(np.median(s[~needle].max(1))) for s in shares],
-                    [float(np.median(s[needle])) for s in shares],
-                    [float(s[needle].max()) for s in shares],
-                ]
-                right = score(model.generate(sample.prompt, max_new_tokens=8), sample)
-                table.append(row)
-                print(f"{length:6d}  {depth:5.2f}  {i}  {'yes' if right else 'no ':5s}  {columns(row)}", flush=True)
+    for length, depth, i, sample, ids in prompts(model, args):
+        start, end = sample.evidence[0]
+        needle = np.zeros(len(ids) // L, dtype=bool)
+        needle[start // L : min((end - 1) // L + 1, len(needle))] = True
+        with torch.no_grad():
+            _, cache = model.run_with_cache(
+                torch.tensor([ids]), names_filter=lambda name: name.endswith("hook_write_score")
+            )
+        shares = [
+            written_shares(cache[f"blocks.{layer}.memory.hook_write_score"][0].double().numpy(), sinks[layer], L)
+            for layer in layers
+        ]
+        row = [
+            [float(np.median(s[~needle])) for s in shares],
+            [float(np.median(s[~needle].max(1))) for s in shares],
+            [float(np.median(s[needle])) for s in shares],
+            [float(s[needle].max()) for s in shares],
+        ]
+        right = score(model.generate(sample.prompt, max_new_tokens=8), sample)
+        table.append(row)
+        print(f"{length:6d}  {depth:5.2f}  {i}  {'yes' if right else 'no ':5s}  {columns(row)}", flush=True)
     if len(table) > 1:
         medians = [[statistics.median(col) for col in zip(*(row[c] for row in table))] for c in range(4)]
         print(f"median over {len(table)} prompts:  {columns(medians)}")
