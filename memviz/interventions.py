@@ -50,17 +50,25 @@ def segment_length(model) -> int:
     return seg
 
 
+def segment_start(model, segment: int) -> int:
+    """The first token of `segment` (a whole number >= 0; ValueError naming it otherwise)."""
+    if not isinstance(segment, int) or isinstance(segment, bool) or segment < 0:
+        raise ValueError(f"segment must be a whole number >= 0, got {segment!r}")
+    return segment * segment_length(model)
+
+
 def ablate_at(model, segment: int) -> tuple[int, Edit]:
     """Reset the memory to its initial value at the start of `segment`."""
+    position = segment_start(model, segment)
     fresh = model.init_state(1)
-    return segment * segment_length(model), lambda state: swap_state(state, fresh)
+    return position, lambda state: swap_state(state, fresh)
 
 
 @torch.no_grad()
 def replace_at(model, segment: int, donor_text: str) -> tuple[int, Edit]:
     """Put in, at the start of `segment`, the memory the model built from `donor_text` up to
     the same position (the donor must be at least that long)."""
-    position = segment * segment_length(model)
+    position = segment_start(model, segment)
     ids = model.tokenizer.encode(donor_text)
     if len(ids) < position:
         raise ValueError(f"the donor text has {len(ids)} tokens; replacing at segment {segment} needs {position}")
@@ -73,10 +81,14 @@ def replace_at(model, segment: int, donor_text: str) -> tuple[int, Edit]:
 @torch.no_grad()
 def answer_logprob(model, prompt: str, answer: str, edits: Sequence[tuple[int, Edit]] = (), fwd_hooks=()) -> dict:
     """log p(answer | prompt) and the greedy answer, streaming the prompt and applying each
-    (position, edit) to the carried state when the stream reaches that position."""
+    (position, edit) to the carried state when the stream reaches that position. An edit at 0 changes
+    nothing (the state there is the initial one); one past the prompt is refused."""
     ids, answer_ids = prompt_and_answer(model, prompt, answer)
     tokens = ids + answer_ids
-    by_position = {p: e for p, e in edits if 0 < p < len(ids)}
+    past = [p for p, _ in edits if p >= len(ids)]
+    if past:
+        raise ValueError(f"an edit at token {past[0]:,} lies past the prompt's {len(ids):,} tokens")
+    by_position = {p: e for p, e in edits if p > 0}
     bounds = [0, *sorted(by_position), len(tokens)]
     with model.evaluating(), model.hooks(fwd_hooks=list(fwd_hooks)):
         state = model.init_state(1)

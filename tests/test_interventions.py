@@ -48,6 +48,13 @@ def test_replacing_memory_with_its_own_run_is_a_no_op_and_a_donor_changes_it():
     assert other != pytest.approx(clean, abs=1e-4)
     with pytest.raises(ValueError, match="donor text has"):
         replace_at(model, 40, "short")
+    for bad in (-1, 1.5, True):
+        for edit in (lambda: ablate_at(model, bad), lambda: replace_at(model, bad, donor)):
+            with pytest.raises(ValueError, match=f"segment must be a whole number >= 0, got {bad!r}"):
+                edit()
+    n = len(model.tokenizer.encode(prompt))
+    with pytest.raises(ValueError, match=f"an edit at token {n // SEG * SEG + SEG} lies past the prompt's {n} tokens"):
+        answer_logprob(model, prompt, answer, [ablate_at(model, n // SEG + 1)])
 
 
 def test_sweep_covers_every_segment_boundary_and_equals_each_ablation_run_alone():

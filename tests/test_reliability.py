@@ -261,6 +261,23 @@ TRAIN_CASES = {
     "tokenizer a number": ({"tokenizer": 5}, "tokenizer must be a string"),
     "name a number": ({"name": 5}, "name must be a string"),
     "optim a number": ({"optim": 5}, "optim must be a mapping"),
+    "optim.clip NaN": ({"optim.clip": float("nan")}, "clip > 0, got 0.001, 100 and nan"),
+    "optim.weight_decay inf": (
+        {"optim.weight_decay": float("inf")},
+        "a finite weight_decay >= 0 and betas in [0, 1), got inf and",
+    ),
+    "data.text_weight NaN": ({"data.text_weight": float("nan")}, "data.text_weight must be a finite number >= 0"),
+    "data.answer_weight -5": ({"data.answer_weight": -5.0}, "data.answer_weight must be a finite number >= 0"),
+    "data.prompt_weight inf": ({"data.prompt_weight": float("inf")}, "data.prompt_weight must be a finite"),
+    "every loss weight 0": (
+        {"data.text_weight": 0.0, "data.answer_weight": 0.0},
+        "data.text_weight, data.answer_weight and data.prompt_weight are all 0",
+    ),
+    "data.names unknown": ({"data.names": "xyz"}, "data.names must be one of ['babi', 'varied'], got 'xyz'"),
+    "data.align_to past the curriculum": (
+        {"data.align_to": 4096, "data.aligned_frac": 1.0},
+        "data.align_to (4096) is longer than the curriculum's shortest max_len",
+    ),
     "eval grid 1000 x 1000 x 50": (
         {
             "eval.passkey_lengths": list(range(1, 1001)),

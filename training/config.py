@@ -57,15 +57,19 @@ class OptimConfig:
         for name in ("steps", "batch_size"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
                 raise ValueError(f"optim.{name} must be a positive integer, got {getattr(self, name)!r}")
-        if not 0 < self.lr < math.inf or self.warmup < 0 or self.clip <= 0:
-            raise ValueError(f"optim needs a finite lr > 0, warmup >= 0 and clip > 0, got lr {self.lr!r}")
+        if not 0 < self.lr < math.inf or self.warmup < 0 or not self.clip > 0:
+            raise ValueError(
+                f"optim needs a finite lr > 0, warmup >= 0 and clip > 0, got {self.lr!r}, {self.warmup!r} and "
+                f"{self.clip!r}"
+            )
         if not 0 <= self.min_lr_frac <= 1:
             raise ValueError(
                 f"optim.min_lr_frac (the last step's share of lr) must lie in [0, 1], got {self.min_lr_frac!r}"
             )
-        if not self.weight_decay >= 0 or not all(0 <= b < 1 for b in self.betas):
+        if not 0 <= self.weight_decay < math.inf or not all(0 <= b < 1 for b in self.betas):
             raise ValueError(
-                f"optim needs weight_decay >= 0 and betas in [0, 1), got {self.weight_decay!r} and {self.betas!r}"
+                f"optim needs a finite weight_decay >= 0 and betas in [0, 1), got {self.weight_decay!r} and "
+                f"{self.betas!r}"
             )
 
     def lr_at(self, step: int) -> float:

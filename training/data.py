@@ -124,15 +124,34 @@ class DataConfig:
         if any(len(c) != 2 or not isinstance(c[1], int) or c[1] < 0 for c in self.prefix_tokens):
             raise ValueError("data.prefix_tokens is a list of [from_step, n] with n a whole number of tokens >= 0")
         if self.prompt_weight is not None and (
-            not isinstance(self.prompt_weight, (int, float)) or self.prompt_weight < 0
+            not isinstance(self.prompt_weight, (int, float)) or not 0 <= self.prompt_weight < math.inf
         ):
-            raise ValueError(f"data.prompt_weight must be a non-negative number or null, got {self.prompt_weight!r}")
+            raise ValueError(
+                f"data.prompt_weight must be a finite non-negative number or null, got {self.prompt_weight!r}"
+            )
+        for name in ("text_weight", "answer_weight"):
+            if not 0 <= getattr(self, name) < math.inf:
+                raise ValueError(f"data.{name} must be a finite number >= 0, got {getattr(self, name)!r}")
+        if not (self.text_weight or self.answer_weight or self.prompt_weight):
+            raise ValueError(
+                "data.text_weight, data.answer_weight and data.prompt_weight are all 0: no token is trained"
+            )
+        try:
+            babilong.vocabulary(self.names)
+        except ValueError as exc:
+            raise ValueError(f"data.{exc}") from exc
         if not 0 < self.min_len_frac <= 1:
             raise ValueError(f"data.min_len_frac must lie in (0, 1], got {self.min_len_frac}")
         if not 0 <= self.aligned_frac <= 1 or not isinstance(self.align_to, int) or self.align_to < 1:
             raise ValueError(
                 f"data.aligned_frac must lie in [0, 1] and data.align_to be a positive integer, "
                 f"got {self.aligned_frac!r} and {self.align_to!r}"
+            )
+        shortest = min(c[1] for c in self.curriculum)
+        if self.aligned_frac and self.align_to > shortest:
+            raise ValueError(
+                f"data.align_to ({self.align_to}) is longer than the curriculum's shortest max_len ({shortest}): "
+                "an aligned batch would be longer than its stage allows"
             )
 
     def max_len(self, step: int) -> int:
@@ -253,6 +272,7 @@ class TaskSampler:
     def example(self, rng: random.Random, length: int, max_facts: int | None = None) -> Example:
         """A sample of a task drawn from the mix; a sample that cannot fit `length` (a long
         story early in the curriculum) is redrawn, task included."""
+        last = None
         for _ in range(50):
             task = rng.choices(self.tasks, self.weights)[0]
             if task == "facts":
@@ -263,11 +283,15 @@ class TaskSampler:
             try:
                 sample, answer, drills = self.long_sample(task, rng, length, max_facts)
                 break
-            except ValueError:
+            except ValueError as exc:
+                last = exc
                 continue
         else:
             limit = f" and at most {max_facts} facts a story (data.max_facts)" if max_facts else ""
-            raise ValueError(f"data.curriculum length {length}{limit} is too short for the tasks {self.tasks}")
+            raise ValueError(
+                f"data.curriculum length {length}{limit} is too short for the tasks {self.tasks} "
+                f"(the last of 50 draws: {last})"
+            )
         tokens = self.tokenizer.encode(sample.prompt)
         prompt_weight = self.cfg.text_weight if self.cfg.prompt_weight is None else self.cfg.prompt_weight
         weights = [0.0] + [prompt_weight] * (len(tokens) - 1)

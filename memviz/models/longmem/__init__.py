@@ -134,6 +134,11 @@ class LongMemOptions:
         check_choice("search", self.search, SEARCHES)
         if self.bank_size % self.chunk_size:
             raise ValueError(f"bank_size ({self.bank_size}) must be a multiple of chunk_size ({self.chunk_size})")
+        if self.topk_chunks > self.bank_size // self.chunk_size:
+            raise ValueError(
+                f"topk_chunks ({self.topk_chunks}) is more than the bank's {self.bank_size // self.chunk_size} chunks "
+                f"(bank_size {self.bank_size} / chunk_size {self.chunk_size})"
+            )
 
 
 def retrieve_chunks(

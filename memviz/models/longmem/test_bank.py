@@ -267,6 +267,7 @@ def test_hnsw_search_on_a_small_bank_gives_the_exact_run_streamed_and_in_one_pas
         ({"bank_size": 4.0}, "bank_size"),
         ({"ef_search": -3}, "ef_search"),
         ({"topk_chunks": 0}, "topk_chunks"),
+        ({"topk_chunks": 17}, r"topk_chunks \(17\) is more than the bank's 16 chunks"),
         ({"recent_queries": -1}, "recent_queries"),
         ({"recent_queries": 2.5}, "recent_queries"),
     ],

@@ -294,7 +294,14 @@ class MemoryLayerLM(MemoryLM):
         return silence_hooks(layer, values)
 
     def check_config(self) -> None:
-        bad = [i for i in self.options.layers if not 0 <= i < self.cfg.n_layers]
+        layers = self.options.layers
+        if (
+            not isinstance(layers, list)
+            or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers)
+            or len(set(layers)) != len(layers)
+        ):
+            raise ConfigError(f"memory_layer layers must be a list of distinct block indices, got {layers!r}")
+        bad = [i for i in layers if not 0 <= i < self.cfg.n_layers]
         if bad:
             raise ConfigError(f"memory_layer layers {bad} are outside 0..{self.cfg.n_layers - 1}")
 

@@ -88,6 +88,9 @@ def test_layers_are_spread_through_the_depth():
     assert kinds == ["SwiGLU", "ProductKeyMemory", "SwiGLU", "ProductKeyMemory"]
     with pytest.raises(memviz.ConfigError, match="outside 0..1"):
         small_model("memory_layer", memory={**OPTIONS, "layers": [5]})
+    for bad in ("x", 1, [0.5], [True], [1, 1]):
+        with pytest.raises(memviz.ConfigError, match=r"layers must be a list of distinct block indices, got"):
+            small_model("memory_layer", memory={**OPTIONS, "layers": bad})
     with pytest.raises(memviz.ConfigError, match="topk"):
         small_model("memory_layer", memory={**OPTIONS, "topk": 9})
 
