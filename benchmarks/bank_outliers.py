@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 def main(argv: list[str] | None = None) -> int:
     import memviz
     from memviz.models.longmem.bank import ChunkBank
+    from memviz.threads import thread_count
     from probes.passkey import QUESTION
     from probes.retention import seeded_sample
 
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--outliers", type=int, nargs="+", default=[0, 64, 256, 1024])
     parser.add_argument("--ef", type=int, nargs="+", default=[128])
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=thread_count, default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     model = memviz.load(args.checkpoint, bank_size=1 << 21, search="hnsw")

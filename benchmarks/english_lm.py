@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     import memviz
     from memviz.checkpoint import CARD_FILE, resolve
     from memviz.files import atomic_write_text
+    from memviz.threads import thread_count
     from probes import lm, texts
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -45,10 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--corpus", default="all", help="shakespeare, botchan or all (the held-out split)")
     parser.add_argument("--max-tokens", type=int)
     parser.add_argument("--window", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=thread_count, default=2)
     parser.add_argument("--record", action="store_true")
     parser.add_argument("--png", type=Path)
     args = parser.parse_args(argv)
+    if args.window < 2 or (args.max_tokens is not None and args.max_tokens < 2):
+        parser.error(f"--window and --max-tokens must be at least 2 tokens, got {args.window} and {args.max_tokens}")
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
     models = {name: memviz.load(name) for name in args.checkpoints}

@@ -26,6 +26,7 @@ from retention_curve import save_png  # noqa: E402
 def main(argv: list[str] | None = None) -> int:
     import memviz
     from memviz import viz
+    from memviz.threads import thread_count
     from probes import texts
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--document", default="hamlet", help="a held-out document's name")
     parser.add_argument("--start", type=int, default=0, help="first token of the passage")
     parser.add_argument("--tokens", type=int, default=2048)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=thread_count, default=2)
     parser.add_argument("--png-dir", type=Path)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)

@@ -42,6 +42,8 @@ def held_at(model, ids: list[int], position: int, span: tuple[int, int]) -> list
 
 def prompt_parser(description: str, depths: list[float], n: int) -> argparse.ArgumentParser:
     """The arguments of a script that runs a sample over seeded pass-key prompts (this one, null_write.py)."""
+    from memviz.threads import thread_count
+
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("checkpoint")
     parser.add_argument("--lengths", type=int, nargs="+", required=True)
@@ -49,16 +51,16 @@ def prompt_parser(description: str, depths: list[float], n: int) -> argparse.Arg
     parser.add_argument("--n", type=int, default=n, help="prompts per length and depth")
     parser.add_argument("--haystack", help="the pass key's filler: procedural (default), grass, shakespeare_train")
     parser.add_argument("--seed", type=int, default=11)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=thread_count, default=1)
     return parser
 
 
 def load_checked(parser: argparse.ArgumentParser, args: argparse.Namespace):
-    """The sample of `args.checkpoint`, once --n and --threads are checked (the threads set)."""
+    """The sample of `args.checkpoint`, once --n is checked (the threads set)."""
     import memviz
 
-    if args.n < 1 or args.threads < 1:
-        parser.error(f"--n and --threads must be at least 1, got {args.n} and {args.threads}")
+    if args.n < 1:
+        parser.error(f"--n must be at least 1, got {args.n}")
     torch.set_num_threads(args.threads)
     return memviz.load(args.checkpoint)
 

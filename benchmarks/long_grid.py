@@ -51,11 +51,11 @@ def check_settings(parser: argparse.ArgumentParser, checkpoints, settings: list[
     none of them, it would change nothing, silently."""
     if not settings:
         return
-    from memviz.checkpoint import resolve
+    from memviz.checkpoint import read_config, resolve
 
     known: set[str] = set()
     for name in checkpoints:
-        known |= option_names(json.loads((resolve(name) / "config.json").read_text())["family"])
+        known |= option_names(read_config(resolve(name)).family)
     unknown = sorted({key for key, _ in settings} - known)
     if unknown:
         parser.error(f"--set {', '.join(unknown)}: no checkpoint's family has that option (theirs: {sorted(known)})")
@@ -73,7 +73,9 @@ def load_with_settings(checkpoint, settings: list[tuple[str, object]]):
 
 
 def main(argv: list[str] | None = None) -> int:
+    import memviz
     from memviz.checkpoint import CARD_FILE, atomic_write_text, resolve
+    from memviz.threads import thread_count
     from probes import babilong, passkey
     from training.evaluate import trained_haystack
 
@@ -90,19 +92,23 @@ def main(argv: list[str] | None = None) -> int:
         "procedural (default), grass (the papers'), shakespeare or a text file",
     )
     parser.add_argument("--seed", type=int, default=11)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=thread_count, default=1)
     parser.add_argument("--set", dest="settings", type=parse_setting, action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--record", action="store_true", help="store the scores in each checkpoint's card.json")
     args = parser.parse_args(argv)
     if args.babilong:
         babilong.check_task(args.babilong)
+    for name in args.checkpoints:
+        try:
+            memviz.load(name)
+        except memviz.CheckpointError as exc:
+            parser.error(str(exc))
     check_settings(parser, args.checkpoints, args.settings)
     args.lengths = args.lengths or ([4096, 8192, 16384] if args.babilong else [1024, 4096, 16384, 65536])
     torch.set_num_threads(args.threads)
     command = "python benchmarks/long_grid.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     for name in args.checkpoints:
         directory = resolve(name)
-        config = json.loads((directory / "config.json").read_text())
         model, overrides = load_with_settings(directory, args.settings)
         started = time.perf_counter()
         if args.babilong:
@@ -121,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         wall = time.perf_counter() - started
         scores = {str(k): round(float(v), 4) for k, v in df.groupby("length")["correct"].mean().items()}
         print(
-            f"{name:24s} {config['family']:10s} {probe:8s} "
+            f"{name:24s} {model.family:10s} {probe:8s} "
             + (f"in {haystack if args.babilong else args.haystack} " if args.babilong or args.haystack else "")
             + "  ".join(f"{k}: {v:.0%}" for k, v in scores.items())
             + f"  ({per_cell} a cell, {wall:.0f} s)",

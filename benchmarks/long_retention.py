@@ -28,6 +28,7 @@ from long_grid import check_settings, load_with_settings, parse_setting  # noqa:
 
 def main(argv: list[str] | None = None) -> int:
     from memviz.checkpoint import CARD_FILE, atomic_write_text, resolve
+    from memviz.threads import thread_count
     from probes import retention
     from probes.passkey import score
 
@@ -36,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--distance", type=int, default=1 << 20)
     parser.add_argument("--n", type=int, default=30)
     parser.add_argument("--seed", type=int, default=11)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=thread_count, default=1)
     parser.add_argument("--set", dest="settings", type=parse_setting, action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument(
         "--log", type=Path, help="JSONL of finished samples (default runs/retention/NAME-DISTANCE-SEED.jsonl)"

@@ -109,10 +109,12 @@ def run(checkpoint: str, n_tokens: int, threads: int, chunk_size: int | None = N
 
 
 def main() -> int:
+    from memviz.threads import thread_count
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", nargs="?", default="longmem_long")
     parser.add_argument("--tokens", type=int, default=2**20)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=thread_count, default=2)
     parser.add_argument("--chunk-size", type=int, help="tokens a bank chunk (default: the checkpoint's config)")
     parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = parser.parse_args()

@@ -150,11 +150,13 @@ def bridge_scan(model, ids: torch.Tensor) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from memviz.threads import thread_count
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--bridge-gib", type=float, default=8.0, help="the most the bridge's kept states may take")
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--threads", type=thread_count, default=torch.get_num_threads())
     parser.add_argument("--tiny", action="store_true", help="a 4-layer model of the same kind (a smoke run)")
     parser.add_argument("--layers", type=int, help="the published shape's first LAYERS layers only")
     parser.add_argument("--vocab", type=int, help="a smaller vocabulary (the unembedding dominates a short stack)")

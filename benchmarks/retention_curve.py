@@ -38,6 +38,7 @@ def save_png(fig, path: Path, width: int = 900, height: int = 520) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from memviz.threads import thread_count
     from probes import retention
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--distances", type=int, nargs="+", default=[64, 256, 1024, 4096, 16384, 65536])
     parser.add_argument("--n", type=int, default=10)
     parser.add_argument("--seed", type=int, default=11)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=thread_count, default=1)
     parser.add_argument("--set", dest="settings", type=parse_setting, action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--png", type=Path)
     args = parser.parse_args(argv)

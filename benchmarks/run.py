@@ -492,6 +492,8 @@ def table(rows: list[dict]) -> str:
 
 
 def main() -> int:
+    from memviz.threads import thread_count
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (a minute)")
     parser.add_argument("--only", nargs="+", choices=sorted(SECTIONS))
@@ -500,11 +502,9 @@ def main() -> int:
         "--install-peers", action="store_true", help="pip-install benchmarks/peers.txt into benchmarks/.peers"
     )
     parser.add_argument(
-        "--threads", type=int, default=torch.get_num_threads(), help="torch threads (default: all cores)"
+        "--threads", type=thread_count, default=torch.get_num_threads(), help="torch threads (default: all cores)"
     )
     args = parser.parse_args()
-    if args.threads < 1:
-        parser.error(f"--threads must be at least 1, got {args.threads}")
     if args.install_peers:
         install_peers()
     torch.set_num_threads(args.threads)

@@ -131,10 +131,12 @@ def estimate(recipe: str, threads: int, per_stage: int, chain_sample: str | None
 
 
 def main() -> None:
+    from memviz.threads import thread_count
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("recipes", nargs="*", help="names of sample_checkpoints/NAME.train.json")
     parser.add_argument("--chain", nargs="+", default=[], metavar="SAMPLE", help="time every stage a card lists")
-    parser.add_argument("--threads", type=int, nargs="+", default=[1])
+    parser.add_argument("--threads", type=thread_count, nargs="+", default=[1])
     parser.add_argument("--per-stage", type=int, default=4, help="steps timed a curriculum stage, at spread lengths")
     parser.add_argument("--record", action="store_true", help="append the rows to benchmarks/RESULTS.md")
     args = parser.parse_args()

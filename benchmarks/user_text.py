@@ -46,12 +46,13 @@ def python_docs() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     import memviz
+    from memviz.threads import thread_count
     from probes import passkey
     from probes.lm import token_losses
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoints", nargs="+")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=thread_count, default=2)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     texts = {"Apache licence": licence_text()[:MAX_CHARS], "Python docstrings": python_docs()[:MAX_CHARS]}

@@ -12,6 +12,8 @@ from pathlib import Path
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     path = Path(path)
+    if path.is_dir():  # before any temporary file: os.replace would fail on it only after the write
+        raise IsADirectoryError(f"{path} is a folder; give the path of a file to write")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

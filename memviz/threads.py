@@ -14,3 +14,13 @@ def check_threads(threads: object, what: str = "threads") -> int:
     if not isinstance(threads, int) or isinstance(threads, bool) or not 1 <= threads <= most:
         raise ValueError(f"{what} must be a whole number from 1 to {most} ({PER_CORE} a core), got {threads!r}")
     return threads
+
+
+def thread_count(text: str) -> int:
+    """An argparse `type` for a --threads option: `check_threads` of the number, an argparse error naming it."""
+    import argparse
+
+    try:
+        return check_threads(int(text) if text.strip().lstrip("+-").isdigit() else text, "--threads")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--threads ")) from exc

@@ -9,6 +9,7 @@ and works on bytes, so every string round-trips. Each is saved as `tokenizer.jso
 from __future__ import annotations
 
 import json
+import operator
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -88,7 +89,11 @@ class Tokenizer:
     def ids_within(self, ids: Iterable[int]) -> list[int]:
         """`ids` as ints, or ValueError naming the first that is no id at all (below 0 or past `vocab_size`):
         decoding such an id silently would hide a model or caller that made it."""
-        ids = [int(i) for i in ids]
+        if isinstance(ids, (str, bytes, bytearray)):
+            raise TypeError(f"ids must be token ids, not a {type(ids).__name__}: encode the text first")
+        if hasattr(ids, "tolist"):  # a tensor or an array: its elements as Python numbers
+            ids = ids.tolist()
+        ids = [whole_id(i, n) for n, i in enumerate(ids)]
         bad = next((n for n, i in enumerate(ids) if not 0 <= i < self.vocab_size), None)
         if bad is not None:
             raise ValueError(
@@ -212,6 +217,17 @@ class BPETokenizer(Tokenizer):
         path = Path(directory) / TOKENIZER_FILE
         atomic_write_text(path, self.backend.to_str())
         return path
+
+
+def whole_id(value: object, position: int) -> int:
+    """`value` as an int if it is a whole number (an int, a NumPy or one-element torch integer), TypeError naming
+    the position otherwise: a float or a bool is a caller's mistake, not an id."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        raise TypeError(f"token id at position {position} is {value!r}, a bool, not a whole number")
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"token id at position {position} is {value!r}, not a whole number") from None
 
 
 def utf8_length(text: str) -> int:

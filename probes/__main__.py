@@ -152,7 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     made = not out.exists()
     try:
         check_writable_folder(out, "--out")
-        out.mkdir(parents=True, exist_ok=True)  # before the grid: a folder that cannot be made loses no results
+        try:  # before the grid: a folder that cannot be made loses no results
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(f"--out {out} cannot be made: {exc.strerror}") from exc
         model = memviz.load(args.checkpoint)
         if args.probe == "facts" and "facts" not in model.card:
             print(

@@ -258,6 +258,24 @@ def test_a_set_option_no_checkpoint_knows_is_refused_before_anything_runs(tmp_pa
     assert json.loads((tmp_path / "m" / "card.json").read_text()) == {}, "nothing ran, nothing recorded"
 
 
+@pytest.mark.parametrize(
+    "script, args, named",
+    [
+        ("long_grid", ["nosuch", "--lengths", "128"], "nosuch: no such checkpoint folder (sample checkpoints: "),
+        ("long_grid", ["lm2_english_16k", "--threads", "0"], "argument --threads: must be a whole number from 1"),
+        ("english_lm", ["dense", "--threads", "x"], "argument --threads: must be a whole number from 1"),
+        ("user_text", ["dense", "--threads", "-2"], "argument --threads: must be a whole number from 1"),
+        ("english_lm", ["dense", "--window", "0"], "--window and --max-tokens must be at least 2 tokens, got 0"),
+    ],
+)
+def test_benchmark_scripts_name_a_bad_argument_in_one_line(script, args, named, capsys):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    main = __import__(script).main
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    assert exit_.value.code == 2 and named in capsys.readouterr().err
+
+
 def test_long_retention_goes_on_where_it_stopped_under_the_same_memory_options_only(tmp_path):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import long_retention

@@ -223,7 +223,7 @@ def test_training_refuses_the_held_out_plays_and_unknown_backgrounds_before_it_s
         EvalConfig(passkey_haystacks=["gras"])
     with pytest.raises(ValueError, match="eval.passkey_haystacks must be a list"):
         EvalConfig(passkey_haystacks="grass")
-    with pytest.raises(ValueError, match="data.prompt_weight must be a non-negative number"):
+    with pytest.raises(ValueError, match="data.prompt_weight must be a finite non-negative number"):
         DataConfig(prompt_weight=-1)
 
 

@@ -118,6 +118,24 @@ def tiny_run(out, steps=2, **overrides):
     return TrainConfig.from_dict(config)
 
 
+def test_a_vocab_size_the_tokenizer_does_not_have_is_refused_before_training(tmp_path):
+    from training import Trainer
+
+    cfg = tiny_run(tmp_path / "run")
+    cfg.model = {**cfg.model, "vocab_size": 100}
+    with pytest.raises(ValueError, match=r"model.vocab_size is 100 but the run's tokenizer has \d+ ids"):
+        Trainer(cfg, progress=False).run()
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_tokenizer_file_that_is_no_tokenizer_is_named_before_training(tmp_path):
+    from training.data import build_tokenizer
+
+    (tmp_path / "bin.json").write_bytes(b"\xff\xfe binary")
+    with pytest.raises(ValueError, match=f"tokenizer {tmp_path / 'bin.json'}: not UTF-8 text"):
+        build_tokenizer(str(tmp_path / "bin.json"))
+
+
 def test_a_second_run_on_one_folder_is_refused_naming_the_first_and_a_dead_owner_is_taken_over(tmp_path):
     import subprocess
     import sys

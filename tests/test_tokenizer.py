@@ -84,3 +84,17 @@ def test_an_id_outside_the_vocabulary_is_refused_by_name(bpe, bad):
             with pytest.raises(ValueError, match=rf"token id {i} at position 2 is outside .*0\.\.{tok.vocab_size - 1}"):
                 read(ids)
         assert tok.decode(ids[:2]) == "A"  # a special stands for no text and is no error
+
+
+def test_decode_takes_ids_of_any_integer_type_and_refuses_text_floats_and_bools(bpe):
+    import numpy as np
+    import torch
+
+    tok = ByteTokenizer()
+    assert tok.decode([65, np.int64(66), torch.tensor(67)]) == tok.decode(torch.tensor([65, 66, 67])) == "ABC"
+    with pytest.raises(TypeError, match="ids must be token ids, not a str: encode the text first"):
+        bpe.decode("65")
+    for bad, why in ((1.5, "1.5, not a whole number"), (True, "True, a bool"), (None, "None, not a whole number")):
+        for read in (tok.decode, bpe.decode, bpe.token_strings):
+            with pytest.raises(TypeError, match=f"token id at position 1 is {why}"):
+                read([65, bad])

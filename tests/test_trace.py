@@ -88,6 +88,11 @@ def test_trace_save_load_round_trip(tmp_path):
     (tmp_path / "bad.npz").write_bytes(b"garbage")
     with pytest.raises(ValueError, match="not a memviz trace file"):
         Trace.load(tmp_path / "bad.npz")
+    (tmp_path / "folder").mkdir()
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(IsADirectoryError, match=f"{tmp_path / 'folder'} is a folder; give the path of a file"):
+        tr.save(tmp_path / "folder")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
 def test_a_trace_keeps_the_text_of_its_own_tokens_only_and_reads_a_whole_vocabulary_too(tmp_path):

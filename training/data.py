@@ -237,7 +237,10 @@ def build_tokenizer(spec: str, out_dir: Path | None = None) -> Tokenizer:
     path = Path(spec)
     if not path.is_file():
         raise ValueError(f"tokenizer {spec!r} is not 'byte', 'bpe:N', 'bpe-english:N' nor a tokenizer.json file")
-    return load_tokenizer(path)
+    try:
+        return load_tokenizer(path)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"tokenizer {spec}: {exc}") from exc
 
 
 class TokenisedCorpus:

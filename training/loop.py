@@ -208,6 +208,12 @@ class Trainer:
             tokenizer = base.tokenizer
         else:
             tokenizer = build_tokenizer(cfg.tokenizer)
+        asked = cfg.model.get("vocab_size", tokenizer.vocab_size)
+        if asked != tokenizer.vocab_size:  # the tokenizer sets it; a different number in the config is a mistake
+            raise ConfigError(
+                f"model.vocab_size is {asked!r} but the run's tokenizer has {tokenizer.vocab_size} ids; "
+                "leave it out (the tokenizer sets it)"
+            )
         model_cfg = ModelConfig.from_dict({**cfg.model, "vocab_size": tokenizer.vocab_size, "name": cfg.name})
         model = build_model(model_cfg, tokenizer=tokenizer)
         if cfg.init_from and checkpoint is None:
