@@ -152,7 +152,8 @@ def run(
     progress: bool | Callable[[int, int], None] = True,
 ) -> pd.DataFrame:
     """Ask `n` facts drawn (by `seed`) from the knowledge base the model was trained on (named
-    in its card unless given). One row per fact: entity, attribute, answer, prediction, correct."""
+    in its card unless given; every fact when `n` is more than it holds). One row per fact: entity, attribute,
+    answer, prediction, correct."""
     check_n(n)
     kb = knowledge_base_of(model, kb_seed, n_entities)
     facts = list(kb.facts())

@@ -291,6 +291,10 @@ TRAIN_CASES = {
         {"data.text_weight": 0.0, "data.answer_weight": 0.0},
         "data.text_weight, data.answer_weight and data.prompt_weight are all 0",
     ),
+    "babilong tasks without lengths": (
+        {"eval.babilong_tasks": ["qa1"]},
+        "eval.babilong_tasks and eval.babilong_lengths go",
+    ),
     "data.names unknown": ({"data.names": "xyz"}, "data.names must be one of ['babi', 'varied'], got 'xyz'"),
     "data.align_to past the curriculum": (
         {"data.align_to": 4096, "data.aligned_frac": 1.0},

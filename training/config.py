@@ -106,6 +106,11 @@ class EvalConfig:
         for name in ("passkey_lengths", "babilong_lengths"):
             if any(length < 1 for length in getattr(self, name)):
                 raise ValueError(f"eval.{name} must be positive token counts, got {getattr(self, name)}")
+        if bool(self.babilong_tasks) != bool(self.babilong_lengths):
+            raise ValueError(
+                f"eval.babilong_tasks and eval.babilong_lengths go together (a grid of both), got "
+                f"{self.babilong_tasks!r} and {self.babilong_lengths!r}"
+            )
         if any(not 0 <= d <= 1 for d in self.passkey_depths):
             raise ValueError(f"eval.passkey_depths must lie in [0, 1], got {self.passkey_depths}")
         if not isinstance(self.passkey_haystacks, list) or not all(isinstance(h, str) for h in self.passkey_haystacks):
