@@ -73,8 +73,7 @@ def load_with_settings(checkpoint, settings: list[tuple[str, object]]):
 
 
 def main(argv: list[str] | None = None) -> int:
-    import memviz
-    from memviz.checkpoint import CARD_FILE, atomic_write_text, resolve
+    from memviz.checkpoint import CARD_FILE, CheckpointError, atomic_write_text, check_folder, resolve
     from memviz.threads import thread_count
     from probes import babilong, passkey
     from training.evaluate import trained_haystack
@@ -100,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         babilong.check_task(args.babilong)
     for name in args.checkpoints:
         try:
-            memviz.load(name)
-        except memviz.CheckpointError as exc:
+            check_folder(name)
+        except CheckpointError as exc:
             parser.error(str(exc))
     check_settings(parser, args.checkpoints, args.settings)
     args.lengths = args.lengths or ([4096, 8192, 16384] if args.babilong else [1024, 4096, 16384, 65536])

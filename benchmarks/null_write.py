@@ -46,9 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = prompt_parser(__doc__.split("\n\n")[0], depths=[0.5], n=1)
     args = parser.parse_args(argv)
     model = load_checked(parser, args)
-    options = model.cfg.memory
-    if model.family != "lm2" or options.get("write_sink") is None:
-        parser.error(f"{args.checkpoint}: not an LM2 sample with a null write (family {model.family}, {options})")
+    if model.family != "lm2" or model.cfg.memory.get("write_sink") is None:
+        parser.error(f"{args.checkpoint}: not an LM2 sample with a null write (family {model.family})")
     L, layers = model.cfg.segment_len, range(model.cfg.n_layers)
     sinks = [model.blocks[layer].memory.write_sink.detach().double().numpy() for layer in layers]
     print("length  depth  i  right  tokens' share, per layer: filler median, top slot | needle median, top slot")
@@ -57,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
         start, end = sample.evidence[0]
         needle = np.zeros(len(ids) // L, dtype=bool)
         needle[start // L : min((end - 1) // L + 1, len(needle))] = True
+        if needle.all() or not needle.any():  # no whole segment of filler, or the needle's still open
+            missing = "of filler" if needle.all() else "holds the needle"
+            print(f"{length:6d}  {depth:5.2f}  {i}  skipped: no whole segment {missing}")
+            continue
         with torch.no_grad():
             _, cache = model.run_with_cache(
                 torch.tensor([ids]), names_filter=lambda name: name.endswith("hook_write_score")

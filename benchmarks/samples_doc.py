@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -25,9 +26,13 @@ def sample_folders() -> list[Path]:
 
 
 def percent(value: float) -> str:
-    """Whole percents, but never 0% or 100% for a score that is not: 99.5% stays 99.5%."""
+    """Whole percents, but never 0% or 100% for a score that is not: 99.5% stays 99.5%, 99.96% is 99.9%."""
     rounded = round(100 * value)
-    return f"{100 * value:.1f}%" if rounded in (0, 100) and value not in (0, 1) else f"{rounded}%"
+    if rounded == 100 and value < 1:
+        return f"{math.floor(1000 * value) / 10:.1f}%"
+    if rounded == 0 and value > 0:
+        return f"{math.ceil(1000 * value) / 10:.1f}%"
+    return f"{rounded}%"
 
 
 def length_label(tokens: int) -> str:

@@ -103,12 +103,14 @@ def time_step(
 
 
 def main() -> int:
+    from memviz.threads import thread_count
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "recipes", nargs="+", help="NAME of sample_checkpoints/NAME.train.json, or RECIPE_FILE:SAMPLE_DIR"
     )
     parser.add_argument("--against", required=True, help="the git revision to compare with")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=thread_count, default=1)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=4, help="consecutive timed steps per process (after one warm-up)")
     parser.add_argument(
@@ -116,7 +118,7 @@ def main() -> int:
     )
     parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = parser.parse_args()
-    for name, value in (("--threads", args.threads), ("--rounds", args.rounds), ("--steps", args.steps)):
+    for name, value in (("--rounds", args.rounds), ("--steps", args.steps)):
         if value < 1:
             parser.error(f"{name} must be at least 1, got {value}")
     recipes = {name: recipe_and_weights(name) for name in args.recipes}

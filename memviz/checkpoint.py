@@ -159,21 +159,12 @@ def usable_device(device: str | torch.device) -> torch.device:
     return device
 
 
-def load(path: str | Path, device: str | torch.device = "cpu", **overrides: Any):
-    """Load a checkpoint folder (or a sample checkpoint's name) into a model in eval mode.
-
-    `overrides` replace memory options that hold no weights, e.g. a LongMem bank's size and
-    search: `load("longmem", bank_size=2**20, search="hnsw")`. An option the family does not
-    know, a bad value, or one that changes the weights' shapes raises `CheckpointError`."""
-    device = usable_device(device)
+def check_folder(path: str | Path) -> Path:
+    """The checkpoint folder `path` names (`resolve`), its files present, without reading the weights; a Hugging
+    Face folder as it is. CheckpointError naming what is missing, retired or out of place otherwise."""
     directory = resolve(path)
-    if is_hf_folder(directory):  # a released model's Hugging Face checkpoint, read by memviz.models.released
-        from memviz.models import released
-
-        try:
-            return released.load(directory, device, **overrides)
-        except released.ReleasedCheckpointError as exc:
-            raise CheckpointError(str(exc)) from exc
+    if is_hf_folder(directory):
+        return directory
     if directory.exists() and not directory.is_dir():
         raise CheckpointError(f"{directory}: a file, not a checkpoint folder (give the folder that holds it)")
     if not directory.is_dir():
@@ -194,6 +185,25 @@ def load(path: str | Path, device: str | torch.device = "cpu", **overrides: Any)
         linked = directory / name
         if linked.is_symlink() and linked.resolve().parent != directory.resolve():
             raise CheckpointError(f"{linked}: a symlink out of the checkpoint folder (to {linked.resolve()}); refused")
+    return directory
+
+
+def load(path: str | Path, device: str | torch.device = "cpu", **overrides: Any):
+    """Load a checkpoint folder (or a sample checkpoint's name) into a model in eval mode.
+
+    `overrides` replace memory options that hold no weights, e.g. a LongMem bank's size and
+    search: `load("longmem", bank_size=2**20, search="hnsw")`. An option the family does not
+    know, a bad value, or one that changes the weights' shapes raises `CheckpointError`."""
+    device = usable_device(device)
+    directory = resolve(path)
+    if is_hf_folder(directory):  # a released model's Hugging Face checkpoint, read by memviz.models.released
+        from memviz.models import released
+
+        try:
+            return released.load(directory, device, **overrides)
+        except released.ReleasedCheckpointError as exc:
+            raise CheckpointError(str(exc)) from exc
+    check_folder(directory)
     cfg = read_config(directory)
     if overrides:
         try:

@@ -19,6 +19,7 @@ parametric memory offers its own points as hooks instead (memory layers: "silenc
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -52,9 +53,13 @@ def segment_length(model) -> int:
 
 def segment_start(model, segment: int) -> int:
     """The first token of `segment` (a whole number >= 0; ValueError naming it otherwise)."""
-    if not isinstance(segment, int) or isinstance(segment, bool) or segment < 0:
+    try:
+        index = operator.index(segment)  # an int, or NumPy's, as a DataFrame gives it
+    except TypeError:
+        index = -1
+    if isinstance(segment, bool) or index < 0:
         raise ValueError(f"segment must be a whole number >= 0, got {segment!r}")
-    return segment * segment_length(model)
+    return index * segment_length(model)
 
 
 def ablate_at(model, segment: int) -> tuple[int, Edit]:

@@ -93,9 +93,13 @@ class Tokenizer:
             raise TypeError(f"ids must be token ids, not a {type(ids).__name__}: encode the text first")
         if hasattr(ids, "tolist"):  # a tensor or an array: its elements as Python numbers
             ids = ids.tolist()
-        ids = [whole_id(i, n) for n, i in enumerate(ids)]
-        bad = next((n for n, i in enumerate(ids) if not 0 <= i < self.vocab_size), None)
-        if bad is not None:
+        if not isinstance(ids, Iterable):
+            raise TypeError(f"ids must be a sequence of token ids, got {ids!r}")
+        ids = list(ids)
+        if not all(type(i) is int for i in ids):  # the common case, plain ints, needs no element-wise conversion
+            ids = [whole_id(i, n) for n, i in enumerate(ids)]
+        if ids and not (0 <= min(ids) and max(ids) < self.vocab_size):
+            bad = next(n for n, i in enumerate(ids) if not 0 <= i < self.vocab_size)
             raise ValueError(
                 f"token id {ids[bad]} at position {bad} is outside the vocabulary's 0..{self.vocab_size - 1}"
             )
@@ -108,10 +112,12 @@ class Tokenizer:
 
     def token_strings(self, ids: Iterable[int]) -> list[str]:
         """A printable string per token (for hover text), specials shown by name."""
-        out = []
-        for i in self.ids_within(ids):
-            out.append(SPECIALS[i - self.text_vocab_size] if i >= self.text_vocab_size else self.decode([i]))
-        return out
+        n_text = self.text_vocab_size
+        return [SPECIALS[i - n_text] if i >= n_text else self.piece(i) for i in self.ids_within(ids)]
+
+    def piece(self, i: int) -> str:
+        """The text of the one text-token id `i`, already checked (`decode([i])` without the check)."""
+        raise NotImplementedError
 
     def save(self, directory: str | Path) -> Path:
         raise NotImplementedError
@@ -147,6 +153,9 @@ class ByteTokenizer(Tokenizer):
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.decode_bytes(ids).decode("utf-8", errors="replace")
+
+    def piece(self, i: int) -> str:
+        return bytes([i]).decode("utf-8", errors="replace")
 
     def save(self, directory: str | Path) -> Path:
         path = Path(directory) / TOKENIZER_FILE
@@ -208,6 +217,9 @@ class BPETokenizer(Tokenizer):
     def decode(self, ids: Iterable[int]) -> str:
         return self.backend.decode([i for i in self.ids_within(ids) if i < self.text_vocab_size])
 
+    def piece(self, i: int) -> str:
+        return self.backend.decode([i])
+
     def byte_length(self, ids: Iterable[int]) -> int:
         if not hasattr(self, "_token_bytes"):  # a byte-level token's string has one character per byte
             self._token_bytes = [len(self.backend.id_to_token(i) or "") for i in range(self.text_vocab_size)]
@@ -222,7 +234,7 @@ class BPETokenizer(Tokenizer):
 def whole_id(value: object, position: int) -> int:
     """`value` as an int if it is a whole number (an int, a NumPy or one-element torch integer), TypeError naming
     the position otherwise: a float or a bool is a caller's mistake, not an id."""
-    if isinstance(value, bool) or type(value).__name__ == "bool_":
+    if isinstance(value, bool) or type(value).__name__ in ("bool", "bool_"):  # NumPy's is "bool" from 2.0
         raise TypeError(f"token id at position {position} is {value!r}, a bool, not a whole number")
     try:
         return operator.index(value)  # type: ignore[arg-type]

@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         try:  # before the grid: a folder that cannot be made loses no results
             out.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise ValueError(f"--out {out} cannot be made: {exc.strerror}") from exc
+            raise ValueError(f"--out {out} cannot be made: {exc.strerror or exc}") from exc
         model = memviz.load(args.checkpoint)
         if args.probe == "facts" and "facts" not in model.card:
             print(

@@ -127,6 +127,8 @@ def test_null_write_runs_on_a_sample_and_refuses_one_without_a_null_write(capsys
     with pytest.raises(SystemExit):
         main(["lm2_long", "--lengths", "256"])
     assert "lm2_long: not an LM2 sample with a null write" in capsys.readouterr().err
+    assert main(["lm2_english_16k", "--lengths", "512", "--depths", "0.99"]) == 0  # the needle in the open segment
+    assert "   512   0.99  0  skipped: no whole segment holds the needle" in capsys.readouterr().out
 
 
 def test_train_time_chains_a_samples_stages_and_times_each_on_weights_of_its_shapes():
@@ -273,7 +275,9 @@ def test_benchmark_scripts_name_a_bad_argument_in_one_line(script, args, named, 
     main = __import__(script).main
     with pytest.raises(SystemExit) as exit_:
         main(args)
-    assert exit_.value.code == 2 and named in capsys.readouterr().err
+    error = capsys.readouterr().err
+    assert exit_.value.code == 2 and named in error and "Traceback" not in error
+    assert [line for line in error.splitlines() if "error:" in line] == [error.splitlines()[-1]]
 
 
 def test_long_retention_goes_on_where_it_stopped_under_the_same_memory_options_only(tmp_path):
@@ -307,7 +311,8 @@ def test_the_samples_table_rounds_no_score_to_perfect_or_nil():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from samples_doc import percent
 
-    assert [percent(v) for v in (0.995, 0.8667, 1.0, 0.0, 0.004, 0.006)] == ["99.5%", "87%", "100%", "0%", "0.4%", "1%"]
+    values = (0.995, 0.8667, 1.0, 0.0, 0.004, 0.006, 0.9996, 0.0004)
+    assert [percent(v) for v in values] == ["99.5%", "87%", "100%", "0%", "0.4%", "1%", "99.9%", "0.1%"]
 
 
 def test_the_samples_table_in_the_docs_is_the_cards():

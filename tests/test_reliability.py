@@ -279,10 +279,10 @@ TRAIN_CASES = {
     "tokenizer a number": ({"tokenizer": 5}, "tokenizer must be a string"),
     "name a number": ({"name": 5}, "name must be a string"),
     "optim a number": ({"optim": 5}, "optim must be a mapping"),
-    "optim.clip NaN": ({"optim.clip": float("nan")}, "clip > 0, got 0.001, 100 and nan"),
+    "optim.clip NaN": ({"optim.clip": float("nan")}, "clip > 0, got lr 0.001, warmup 100 and clip nan"),
     "optim.weight_decay inf": (
         {"optim.weight_decay": float("inf")},
-        "a finite weight_decay >= 0 and betas in [0, 1), got inf and",
+        "got weight_decay inf and betas (0.9, 0.95)",
     ),
     "data.text_weight NaN": ({"data.text_weight": float("nan")}, "data.text_weight must be a finite number >= 0"),
     "data.answer_weight -5": ({"data.answer_weight": -5.0}, "data.answer_weight must be a finite number >= 0"),

@@ -59,8 +59,8 @@ class OptimConfig:
                 raise ValueError(f"optim.{name} must be a positive integer, got {getattr(self, name)!r}")
         if not 0 < self.lr < math.inf or self.warmup < 0 or not self.clip > 0:
             raise ValueError(
-                f"optim needs a finite lr > 0, warmup >= 0 and clip > 0, got {self.lr!r}, {self.warmup!r} and "
-                f"{self.clip!r}"
+                f"optim needs a finite lr > 0, warmup >= 0 and clip > 0, got lr {self.lr!r}, warmup {self.warmup!r} "
+                f"and clip {self.clip!r}"
             )
         if not 0 <= self.min_lr_frac <= 1:
             raise ValueError(
@@ -68,8 +68,8 @@ class OptimConfig:
             )
         if not 0 <= self.weight_decay < math.inf or not all(0 <= b < 1 for b in self.betas):
             raise ValueError(
-                f"optim needs a finite weight_decay >= 0 and betas in [0, 1), got {self.weight_decay!r} and "
-                f"{self.betas!r}"
+                f"optim needs a finite weight_decay >= 0 and betas in [0, 1), got weight_decay {self.weight_decay!r} "
+                f"and betas {self.betas!r}"
             )
 
     def lr_at(self, step: int) -> float:
