@@ -1,5 +1,6 @@
 """Interventions: edits touch the memory only, at the right position, and change what they should."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -48,6 +49,7 @@ def test_replacing_memory_with_its_own_run_is_a_no_op_and_a_donor_changes_it():
     assert other != pytest.approx(clean, abs=1e-4)
     with pytest.raises(ValueError, match="donor text has"):
         replace_at(model, 40, "short")
+    assert ablate_at(model, np.int64(4))[0] == ablate_at(model, 4)[0] == 4 * SEG  # a DataFrame's segment number
     for bad in (-1, 1.5, True):
         for edit in (lambda: ablate_at(model, bad), lambda: replace_at(model, bad, donor)):
             with pytest.raises(ValueError, match=f"segment must be a whole number >= 0, got {bad!r}"):
