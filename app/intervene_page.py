@@ -101,7 +101,11 @@ def render() -> None:
 def render_fact_question(model, point: Intervention) -> None:
     """A memory layer is parametric: ask a fact of the knowledge base the model was trained on
     (its card's `facts`) and apply the family's hook intervention (silence a layer's top-k read)."""
-    kb = facts.knowledge_base_of(model)
+    try:
+        kb = facts.knowledge_base_of(model)
+    except ValueError as exc:
+        st.error(f"No fact questions: {exc}")
+        return
     c1, c2 = st.columns(2)
     person = c1.number_input(f"person (0-{kb.n_entities - 1})", 0, kb.n_entities - 1, 0, key="iv_person")
     attribute = c2.selectbox("attribute", facts.ATTRIBUTES, index=1, key="iv_attribute")

@@ -20,7 +20,9 @@ def hook_table(model) -> pd.DataFrame:
 def score_rows(scores: dict, prefix: str = "") -> list[dict]:
     """A card's nested probe scores as rows {probe, score} ("passkey 512": 98%; "lm shakespeare": 2.089
     bits a byte, the language-modelling probe's held-out score)."""
-    rows = []
+    rows: list[dict] = []
+    if not isinstance(scores, dict):  # a hand-edited card: nothing to show, as stage_rows does
+        return rows
     for key, value in scores.items():
         if isinstance(value, dict):
             rows.extend(score_rows(value, f"{prefix}{key} "))

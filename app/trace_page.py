@@ -83,7 +83,10 @@ def choose_input(model, model_path: str) -> tuple[str, tuple[tuple[int, int], ..
         sources.insert(0, "fact question")
     source = st.radio("Input", sources, horizontal=True, key="source")
     if source == "fact question":
-        kb = facts.knowledge_base_of(model)
+        try:
+            kb = facts.knowledge_base_of(model)
+        except ValueError as exc:
+            raise InputError(f"No fact questions: {exc}") from exc
         c1, c2 = st.columns(2)
         person = c1.number_input(f"person (0-{kb.n_entities - 1})", 0, kb.n_entities - 1, 0, key="fq_person")
         attribute = c2.selectbox("attribute", facts.ATTRIBUTES, index=1, key="fq_attribute")
@@ -164,9 +167,10 @@ def render() -> None:
     n_tokens = len(text.encode()) / bytes_per_token(path)
     if n_tokens > 20_000:  # say what a long input costs before it runs
         seconds = n_tokens / tokens_per_second(path, weights_stamp(path))
+        took = f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
         st.caption(
-            f"About {n_tokens:,.0f} tokens: the trace takes about {seconds / 60:.0f} min on this machine "
-            f"({seconds:,.0f} s at the model's measured speed), once; it is cached afterwards."
+            f"About {n_tokens:,.0f} tokens (by this model's bytes a token on English): the trace takes about {took} "
+            "on this machine at the model's measured speed, once; it is cached afterwards."
         )
     if get_family(model.family).cost:  # a model that says what a run holds (a released model's growing KV cache)
         st.caption(cost_line(model.cost(round(n_tokens)), round(n_tokens)))

@@ -17,6 +17,8 @@ from memviz.checkpoint import USER_DIR
 from training import QUICK_LENGTHS, Trainer, parse_curriculum, quick_config, quick_families, quick_lr
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+#: a run's name is a folder name: the export writes `.NAME.writing-PID-...` beside it, in a name's 255 bytes
+MAX_NAME = 200
 
 
 @st.cache_resource
@@ -117,6 +119,10 @@ def render() -> None:
         busy = names_in_use().get(name)
         if not NAME.fullmatch(name or ""):
             st.error("The name may hold letters, digits, '.', '_' and '-' only, and starts with a letter or digit.")
+        elif len(name) > MAX_NAME:
+            st.error(
+                f"The name has {len(name)} characters; at most {MAX_NAME} (a folder name, with room for its files)."
+            )
         elif busy is not None and busy["status"] in ("running", "exporting"):
             st.error(f"A run named {name!r} is still going.")
         elif (USER_DIR / name).exists() or (runs_dir() / name).exists():

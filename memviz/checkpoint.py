@@ -25,6 +25,8 @@ WEIGHTS_FILE = "model.safetensors"
 CARD_FILE = "card.json"
 #: a card is a few kilobytes of JSON (the training command, scores); a larger one is refused before it is read
 MAX_CARD_FILE_BYTES = 16 * 2**20
+#: the deepest nesting a card may have (the app copies cards recursively; real cards go 6 deep)
+MAX_CARD_DEPTH = 64
 SAMPLE_DIR = Path(__file__).resolve().parent.parent / "sample_checkpoints"
 #: where checkpoints trained from the app are exported (MEMVIZ_HOME, default ~/.memviz)
 USER_DIR = Path(os.environ.get("MEMVIZ_HOME", "~/.memviz")).expanduser() / "checkpoints"
@@ -71,15 +73,19 @@ def resolve(path: str | Path) -> Path:
     """A path, the name of a folder in sample_checkpoints/, a checkpoint's path from the project's
     root (`families/gated_deltanet/sample_qa1_text`, from any working directory), or the name of a
     sample a family ships."""
-    p = Path(path).expanduser()
-    if not p.exists() and not p.is_absolute():
-        if (SAMPLE_DIR / p).is_dir():
-            return SAMPLE_DIR / p
-        in_project = SAMPLE_DIR.parent / p
-        if (in_project / CONFIG_FILE).is_file() or (in_project / CARD_FILE).is_file():
-            return in_project
-        return family_samples().get(str(p), p)
-    return p
+    try:
+        p = Path(path).expanduser()
+        if not p.exists() and not p.is_absolute():
+            if (SAMPLE_DIR / p).is_dir():
+                return SAMPLE_DIR / p
+            in_project = SAMPLE_DIR.parent / p
+            if (in_project / CONFIG_FILE).is_file() or (in_project / CARD_FILE).is_file():
+                return in_project
+            return family_samples().get(str(p), p)
+        return p
+    except (OSError, RuntimeError) as exc:  # a name too long for the system, a ~user that does not exist
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise CheckpointError(f"{str(path)[:120]}: not a usable path ({why})") from exc
 
 
 def family_samples() -> dict[str, Path]:
@@ -159,6 +165,18 @@ def usable_device(device: str | torch.device) -> torch.device:
     return device
 
 
+def nesting_depth(value: Any) -> int:
+    """How many lists and objects deep a JSON value goes (without recursion, so any depth is measured)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is not None:
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
 def check_folder(path: str | Path) -> Path:
     """The checkpoint folder `path` names (`resolve`), its files present, without reading the weights; a Hugging
     Face folder as it is. CheckpointError naming what is missing, retired or out of place otherwise."""
@@ -227,6 +245,8 @@ def load(path: str | Path, device: str | torch.device = "cpu", **overrides: Any)
             raise CheckpointError(f"{card_path}: not valid JSON: {exc}") from exc
         if not isinstance(card, dict):
             raise CheckpointError(f"{card_path}: a card must be a JSON object, got {type(card).__name__}")
+        if nesting_depth(card) > MAX_CARD_DEPTH:
+            raise CheckpointError(f"{card_path}: nested more than {MAX_CARD_DEPTH} levels deep; not a card")
     try:
         model = build_model(cfg, tokenizer=tokenizer, card=card)
     except ConfigError as exc:

@@ -62,15 +62,50 @@ def test_model_page_shows_how_a_sample_was_trained_and_what_it_scores():
     assert dict(zip(scores["probe"], scores["score"]))["passkey 4096"] == "100%"
 
 
-@pytest.mark.parametrize("corrupt", ["missing", "garbage"])
+@pytest.mark.parametrize("corrupt", ["missing", "garbage", "name too long", "no such user", "scores a string"])
 def test_model_page_reports_bad_checkpoints(tmp_path, corrupt):
     path = tmp_path / "ckpt"
     if corrupt == "garbage":
         memviz.save(small_model(), path)
         (path / "model.safetensors").write_bytes(b"\x00" * 10)
+    elif corrupt == "name too long":
+        path = tmp_path / ("x" * 300)
+    elif corrupt == "no such user":
+        path = "~nosuchuser_memviz/ckpt"
+    elif corrupt == "scores a string":  # a hand-edited card: the page shows the rest
+        memviz.save(small_model(), path, card={"probe_scores": "x"})
+        at = choose_path(open_app(), str(path))
+        assert not at.exception and not at.error and at.metric
+        return
     at = choose_path(open_app(), str(path))
+    assert not at.exception, at.exception
     assert len(at.error) == 1 and "Cannot load this checkpoint" in at.error[0].value
+    assert corrupt not in ("name too long", "no such user") or "not a usable path" in at.error[0].value
     assert not at.metric
+
+
+@pytest.mark.parametrize("page_name", ["trace_page", "intervene_page"])
+def test_a_facts_card_that_names_no_usable_knowledge_base_is_an_error_on_the_page(tmp_path, page_name):
+    import shutil
+
+    path = tmp_path / "mp"
+    shutil.copytree(ROOT / "sample_checkpoints" / "memory_plus_english", path)
+    card = json.loads((path / "card.json").read_text())
+    (path / "card.json").write_text(json.dumps({**card, "facts": {"n_entities": 0}}))
+    at = page(page_name, str(path))
+    at.run()
+    assert not at.exception, at.exception
+    assert any("No fact questions: " in e.value and "facts.n_entities" in e.value for e in at.error), at.error
+
+
+def test_train_page_refuses_a_name_too_long_for_its_folders_before_training(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMVIZ_HOME", str(tmp_path))
+    at = page("train_page")
+    at.run()
+    at.text_input(key="tr_name").input("b" * 240).run()
+    at.button(key="tr_start").click().run()
+    assert not at.exception and "The name has 240 characters; at most 200" in at.error[0].value
+    assert at.session_state["_train_jobs"] == {}
 
 
 @pytest.fixture(scope="module")
@@ -353,7 +388,7 @@ def test_trace_page_says_what_a_long_input_costs_and_the_upload_limit_in_tokens(
     at.number_input(key="pk_length").set_value(24_000).run()
     assert not at.exception, at.exception
     estimate = [c.value for c in at.caption if "the trace takes about" in c.value]
-    assert len(estimate) == 1 and "tokens" in estimate[0], [c.value for c in at.caption]
+    assert len(estimate) == 1 and "tokens" in estimate[0] and "about 0 min" not in estimate[0], estimate
     at.radio(key="source").set_value("file").run()
     label = at.get("file_uploader")[0].proto.label
     assert "at most 1,000,000 tokens" in label and "MB of English text" in label

@@ -128,6 +128,18 @@ def test_a_nonsense_config_is_one_config_error_naming_the_field(case):
         memviz.build_model(ModelConfig(family="sliding_window", **{"vocab_size": 259, **fields}))
 
 
+def test_a_path_the_system_cannot_take_and_a_card_nested_past_reason_are_named(tmp_path, folder):
+    for path, why in ((tmp_path / ("x" * 300), "File name too long"), ("~nosuchuser_memviz/x", "home directory")):
+        with pytest.raises(CheckpointError, match=f"not a usable path \\(.*{why}"):
+            memviz.load(path)
+    deep: object = 1
+    for _ in range(900):
+        deep = [deep]
+    (folder / "card.json").write_text(json.dumps({"probe_scores": deep}))
+    with pytest.raises(CheckpointError, match="card.json: nested more than 64 levels deep"):
+        memviz.load(folder)
+
+
 def test_load_overrides_name_the_option(folder):
     with pytest.raises(CheckpointError, match="bank_size"):
         memviz.load(folder, bank_size=4)
