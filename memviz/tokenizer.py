@@ -14,6 +14,8 @@ import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+import numpy as np
+
 from memviz.files import atomic_write_text, read_bytes_within
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -234,7 +236,7 @@ class BPETokenizer(Tokenizer):
 def whole_id(value: object, position: int) -> int:
     """`value` as an int if it is a whole number (an int, a NumPy or one-element torch integer), TypeError naming
     the position otherwise: a float or a bool is a caller's mistake, not an id."""
-    if isinstance(value, bool) or type(value).__name__ in ("bool", "bool_"):  # NumPy's is "bool" from 2.0
+    if isinstance(value, (bool, np.bool_)):
         raise TypeError(f"token id at position {position} is {value!r}, a bool, not a whole number")
     try:
         return operator.index(value)  # type: ignore[arg-type]
