@@ -117,9 +117,6 @@ def render_lm() -> None:
     )
     if not st.button("Run", key="run_lm"):
         return
-    if int(max_tokens) == 1:
-        st.error("Tokens a document at most: one token has nothing before it to predict from; give 0 or 2 and more.")
-        return
     try:
         df = run_lm((current_path(), *compare), None if corpus == "all" else corpus, int(max_tokens) or None)
     except (ValueError, memviz.CheckpointError) as exc:
