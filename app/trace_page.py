@@ -135,11 +135,16 @@ def choose_input(model, model_path: str) -> tuple[str, tuple[tuple[int, int], ..
             return None
         data = upload.getvalue()
         if len(data) > MAX_UPLOAD_BYTES:
-            raise InputError(f"The file is {len(data) / 2**20:.1f} MB; the limit is {MAX_UPLOAD_BYTES // 2**20} MB.")
+            raise InputError(
+                f"{upload.name} is {len(data) / 2**20:.1f} MB; the limit is {MAX_UPLOAD_BYTES // 2**20} MB."
+            )
         try:
-            return data.decode("utf-8"), (), None
+            text = data.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise InputError(f"The file is not UTF-8 text ({exc.reason} at byte {exc.start}).") from exc
+            raise InputError(f"{upload.name} is not UTF-8 text ({exc.reason} at byte {exc.start}).") from exc
+        if not text.strip():
+            raise InputError(f"{upload.name} holds no text ({len(data):,} bytes of white space or none).")
+        return text, (), None
     st.caption(
         f"{sample.n_tokens:,} tokens · answer **{sample.answer}** · model says "
         f"**{greedy_answer(model_path, sample.prompt)!r}**"

@@ -12,6 +12,7 @@ default hooks.
 
 from __future__ import annotations
 
+import difflib
 import json
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -440,7 +441,12 @@ def resolve_names(model, names) -> dict[str, str]:
         names = {n: "none" for n in names}
     unknown = [n for n in names if n not in model.hook_dict]
     if unknown:
-        raise KeyError(f"unknown hook names {unknown[:5]}; see model.hook_dict or docs/hooks.md")
+        near = difflib.get_close_matches(str(unknown[0]), list(model.hook_dict), n=3)
+        hint = f"; the nearest are {near}" if near else ""
+        raise KeyError(
+            f"unknown hook names {unknown[:5]}{hint}; model.hook_dict lists this model's "
+            f"{len(model.hook_dict)} (docs/hooks.md)"
+        )
     bad = {n: r for n, r in names.items() if r not in REDUCERS}
     if bad:
         raise ValueError(f"reducers must be one of {REDUCERS}, got {bad}")

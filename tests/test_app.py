@@ -200,9 +200,11 @@ def test_trace_page_text_and_error_paths(infini_checkpoint):
     assert not at.exception and at.get("plotly_chart")
     at.radio(key="source").set_value("file").run()
     at.get("file_uploader")[0].set_value(("bad.txt", b"\xff\xfe\xfa not utf-8", "text/plain")).run()
-    assert "not UTF-8" in at.error[0].value
+    assert "bad.txt is not UTF-8" in at.error[0].value
     at.get("file_uploader")[0].set_value(("big.txt", b"a" * (21 * 1024 * 1024), "text/plain")).run()
-    assert "the limit is 20 MB" in at.error[0].value
+    assert "big.txt is 21.0 MB; the limit is 20 MB" in at.error[0].value
+    at.get("file_uploader")[0].set_value(("blank.txt", b" \n\t\n", "text/plain")).run()
+    assert "blank.txt holds no text" in at.error[0].value
     at.get("file_uploader")[0].set_value(("ok.txt", "Grüße aus dem Speicher. ".encode() * 20, "text/plain")).run()
     assert not at.error and at.get("plotly_chart")
 

@@ -212,6 +212,22 @@ def test_export_onto_what_it_did_not_write_is_refused_before_training(case, tmp_
     )
 
 
+def test_export_onto_a_checkpoint_needs_replace_export(tmp_path, capsys):
+    from training.__main__ import main
+
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "card.json").write_text('{"name": "precious"}')
+    config = tmp_path / "run.train.json"
+    config.write_text(json.dumps(tiny_run(tmp_path / "run").to_dict()))
+    assert main(["--config", str(config), "--export", str(target), "--no-progress"]) == 2
+    assert "already holds a checkpoint (card.json); pass --replace-export" in capsys.readouterr().err
+    assert (target / "card.json").read_text() == '{"name": "precious"}' and not (tmp_path / "run").exists()
+    assert main(["--config", str(config), "--export", str(target), "--replace-export", "--no-progress"]) == 0
+    card = json.loads((target / "card.json").read_text())
+    assert card["steps"] == tiny_run(tmp_path / "run").optim.steps and "--replace-export" not in card["train_command"]
+
+
 # ----- a run folder's pointers and logs after a kill -----------------------------------------------
 def test_a_latest_pointer_outside_the_run_folder_is_refused(tmp_path):
     from training import Trainer

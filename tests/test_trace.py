@@ -147,7 +147,8 @@ def test_trace_rejects_bad_input():
     model = small_model("sliding_window", window=8)
     with pytest.raises(ValueError, match="empty input"):
         memviz.trace(model, "")
-    with pytest.raises(KeyError, match="unknown hook names"):
+    nearest = r"unknown hook names \['blocks.9.attn.hook_q'\]; the nearest are \['blocks\.\d\.attn\.hook_q'"
+    with pytest.raises(KeyError, match=nearest):
         memviz.trace(model, "hi", names=["blocks.9.attn.hook_q"])
     with pytest.raises(ValueError, match="over the trace limit"):
         memviz.trace(model, "x" * 100, max_tokens=50)

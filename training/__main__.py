@@ -43,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
         "with AVX-512 BF16 or AMX and on GPUs (the weights differ from a float32 run's)",
     )
     parser.add_argument("--export", help="write the final model as a checkpoint folder here")
+    parser.add_argument(
+        "--replace-export", action="store_true", help="let --export replace a checkpoint folder already there"
+    )
     parser.add_argument("--export-dtype", default="float16", choices=["float32", "float16", "bfloat16"])
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
@@ -55,13 +58,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.export is not None:
             if not args.export.strip():
                 raise ValueError("--export: an empty path; give the folder to write the model to")
-            check_export_folder(args.export, run_folder=cfg.out)
+            check_export_folder(args.export, run_folder=cfg.out, replace_checkpoint=args.replace_export)
         if args.threads:
             cfg.threads = check_threads(args.threads, "--threads")
         if args.precision:
             cfg.optim.precision = args.precision
         # resuming is exact, so the card records the one-shot command that gives the same model
-        given = [a for a in (argv if argv is not None else sys.argv[1:]) if a not in ("--resume", "--overwrite")]
+        given = [
+            a
+            for a in (argv if argv is not None else sys.argv[1:])
+            if a not in ("--resume", "--overwrite", "--replace-export")
+        ]
         command = "python -m training " + " ".join(shlex.quote(a) for a in given)
         trainer = Trainer(
             cfg, resume=args.resume, overwrite=args.overwrite, command=command, progress=not args.no_progress

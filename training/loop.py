@@ -554,10 +554,12 @@ class Trainer:
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "card.json")
 
 
-def check_export_folder(directory: str | Path, run_folder: str | Path | None = None) -> None:
+def check_export_folder(
+    directory: str | Path, run_folder: str | Path | None = None, replace_checkpoint: bool = True
+) -> None:
     """Refuse, before any work, an export that would put aside what it did not write: a path that is a file, a
     folder holding files none of which a checkpoint has, or the run's own folder or one inside it (its
-    checkpoints); and one into a place that cannot be written."""
+    checkpoints); one into a place that cannot be written; and, unless `replace_checkpoint`, a checkpoint folder."""
     path = Path(directory)
     if run_folder is not None:
         run = Path(os.path.realpath(run_folder))
@@ -581,6 +583,11 @@ def check_export_folder(directory: str | Path, run_folder: str | Path | None = N
             raise ValueError(
                 f"--export: {path} holds {len(present)} files and none of a checkpoint's "
                 f"({', '.join(CHECKPOINT_FILES)}); an export replaces only a checkpoint folder"
+            )
+        if present and not replace_checkpoint:
+            raise ValueError(
+                f"--export: {path} already holds a checkpoint ({', '.join(sorted(present & set(CHECKPOINT_FILES)))}); "
+                "pass --replace-export to replace it, or export elsewhere"
             )
         return
     ancestor = path.absolute().parent
