@@ -16,7 +16,13 @@ from typing import Any
 import torch
 
 from memviz.config import ConfigError, ModelConfig
-from memviz.files import atomic_write_bytes, atomic_write_text, read_bytes_within, replace_folder
+from memviz.files import (
+    MAX_CONFIG_BYTES,
+    atomic_write_bytes,
+    atomic_write_text,
+    read_bytes_within,
+    replace_folder,
+)
 from memviz.models import build_model, families
 from memviz.tokenizer import TOKENIZER_FILE, load_tokenizer
 
@@ -128,9 +134,11 @@ def list_user_checkpoints() -> list[str]:
 def read_config(directory: Path) -> ModelConfig:
     path = directory / CONFIG_FILE
     try:
-        return ModelConfig.from_json(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
+        text = read_bytes_within(path, MAX_CONFIG_BYTES, "config file").decode("utf-8")
+    except ValueError as exc:  # UnicodeDecodeError too
         raise CheckpointError(f"{path}: cannot read the config: {exc}") from exc
+    try:
+        return ModelConfig.from_json(text)
     except ConfigError as exc:
         raise CheckpointError(f"{path}: {exc}") from exc
 
@@ -146,9 +154,9 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
 
 def is_hf_folder(directory: Path) -> bool:
     """Whether `directory`'s config.json is a Hugging Face one (it names a `model_type`)."""
-    try:
-        return "model_type" in json.loads((directory / CONFIG_FILE).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, TypeError, RecursionError):
+    try:  # a pipe or a device in its place is not read here (it would never end), and read_config names it
+        return "model_type" in json.loads(read_bytes_within(directory / CONFIG_FILE, MAX_CONFIG_BYTES, "config file"))
+    except (UnicodeDecodeError, ValueError, TypeError, RecursionError):
         return False
 
 
@@ -195,14 +203,26 @@ def check_folder(path: str | Path) -> Path:
         )
     for name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE):
         if not (directory / name).is_file():
+            there = (directory / name).exists() or (directory / name).is_symlink()
             raise CheckpointError(
-                f"{directory / name}: missing; a checkpoint folder needs {CONFIG_FILE}, {WEIGHTS_FILE} and "
-                f"{TOKENIZER_FILE}"
+                f"{directory / name}: "
+                + (
+                    "not a regular file (a folder, a device, a pipe, or a broken or looping link)"
+                    if there
+                    else "missing"
+                )
+                + f"; a checkpoint folder needs {CONFIG_FILE}, {WEIGHTS_FILE} and {TOKENIZER_FILE}"
             )
     for name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE, CARD_FILE):
         linked = directory / name
-        if linked.is_symlink() and linked.resolve().parent != directory.resolve():
-            raise CheckpointError(f"{linked}: a symlink out of the checkpoint folder (to {linked.resolve()}); refused")
+        if not linked.is_symlink():
+            continue
+        try:
+            target = linked.resolve(strict=True)
+        except (OSError, RuntimeError) as exc:  # a loop, or a link to nothing
+            raise CheckpointError(f"{linked}: a symlink that leads nowhere ({exc}); refused") from exc
+        if target.parent != directory.resolve():
+            raise CheckpointError(f"{linked}: a symlink out of the checkpoint folder (to {target}); refused")
     return directory
 
 

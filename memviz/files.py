@@ -120,6 +120,10 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+#: a checkpoint's config.json (native or Hugging Face) is a few KB; past this it is not a config
+MAX_CONFIG_BYTES = 4 * 2**20
+
+
 def check_regular_file(path: str | Path, limit: int, what: str) -> int:
     """The size of `path`, a regular file of at most `limit` bytes, checked before anything is read; otherwise one
     ValueError naming the file, what it is for and the limit (a folder, a device such as /dev/zero, a pipe)."""

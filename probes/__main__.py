@@ -26,7 +26,7 @@ import os
 import sys
 from pathlib import Path
 
-from memviz.files import check_writable_folder
+from memviz.files import atomic_write_text, check_writable_folder
 from memviz.threads import check_threads
 from probes import babilong, facts, lm, passkey, retention, ruler, texts
 from probes.common import merge_shards
@@ -97,6 +97,10 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+#: the files a probe writes under --out, its figure last; the others write <probe>.csv and <probe>.html
+OUTPUTS = {"lm": ("lm.csv", "lm_positions.csv", "lm.html")}
+
+
 def run_lm(args, model):
     """The lm probe's table, positions and figure; `lm.csv` without the per-token arrays."""
     import memviz
@@ -150,8 +154,12 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     out = Path(args.out)
     made = not out.exists()
+    written = [out / name for name in OUTPUTS.get(args.probe, (f"{args.probe}.csv", f"{args.probe}.html"))]
     try:
         check_writable_folder(out, "--out")
+        for path in written:  # before the grid: results are never lost to, nor written through, what is there
+            if path.is_symlink() or (path.exists() and not path.is_file()):
+                raise ValueError(f"--out {out}: {path} is there and is not a plain file (a link or a folder)")
         try:  # before the grid: a folder that cannot be made loses no results
             out.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -234,14 +242,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.probe == "lm":
-        df.drop(columns="losses").to_csv(out / "lm.csv", index=False)
-        positions.to_csv(out / "lm_positions.csv", index=False)
-        fig.write_html(out / "lm.html", include_plotlyjs=True)
+        tables = [df.drop(columns="losses"), positions]
+    else:
+        tables = [df]
+    for path, table_out in zip(written, tables):
+        atomic_write_text(path, table_out.to_csv(index=False))
+    atomic_write_text(written[-1], fig.to_html(include_plotlyjs=True))
+    if args.probe == "lm":
         print(table.to_string(float_format=lambda v: f"{v:.3f}"))
-        print(f"wrote {out / 'lm'}.csv, {out / 'lm_positions'}.csv and {out / 'lm'}.html")
+        print(f"wrote {', '.join(str(p) for p in written)}")
         return 0
-    df.to_csv(out / f"{args.probe}.csv", index=False)
-    fig.write_html(out / f"{args.probe}.html", include_plotlyjs=True)
     print(table.to_string(float_format=lambda v: f"{v:.0%}"))
     print(f"accuracy {df['correct'].mean():.1%} over {len(df)} samples; wrote {out / args.probe}.csv and .html")
     return 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 import zipfile
@@ -215,6 +216,21 @@ def test_babilong_rows_with_lists_or_nulls_name_the_file_and_field(tmp_path, mod
     rows.write_text(json.dumps([{"input": ["a list"], "question": None, "target": "kitchen"}]))
     with pytest.raises(ValueError, match=f"{rows}.*(input|question)"):
         babilong.run(model, tasks=["qa1"], lengths=[256], n=1, data_path=rows)
+    rows.write_text("[" * 200_000 + "]" * 200_000)  # nested past Python's stack
+    with pytest.raises(ValueError, match=f"{rows}: cannot read BABILong data"):
+        babilong.run(model, tasks=["qa1"], lengths=[256], n=1, data_path=rows)
+
+
+def test_a_pipe_for_a_config_and_a_looping_card_link_are_named_not_read(folder):
+    (folder / "card.json").unlink()
+    (folder / "card.json").symlink_to("card.json")
+    with pytest.raises(CheckpointError, match=r"card\.json: a symlink that leads nowhere"):
+        memviz.load(folder)
+    (folder / "card.json").unlink()
+    (folder / "config.json").unlink()
+    os.mkfifo(folder / "config.json")  # read, it would never end
+    with pytest.raises(CheckpointError, match=r"config\.json: not a regular file"):
+        memviz.load(folder)
 
 
 # ----- trace files ------------------------------------------------------------------------------

@@ -158,3 +158,18 @@ def test_lm_cli_writes_bits_per_byte_and_the_position_curve_for_each_checkpoint(
     assert "local window (16)" in (tmp_path / "res" / "lm.html").read_text() and "shakespeare" in out.stdout
     bad = probes_cli("lm", checkpoint, "--documents", "macbeth", "--out", tmp_path / "bad")
     assert bad.returncode == 2 and "not in the heldout split" in bad.stderr and not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize("what", ["a link", "a folder"])
+def test_results_are_never_written_through_a_link_nor_lost_to_a_folder(checkpoint, tmp_path, what):
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep me")
+    out = tmp_path / "out"
+    out.mkdir()
+    if what == "a link":
+        (out / "passkey.csv").symlink_to(precious)
+    else:
+        (out / "passkey.csv").mkdir()
+    done = probes_cli("passkey", checkpoint, "--lengths", 300, "--depths", 0, "--n", 1, "--out", out)
+    assert done.returncode == 2 and "passkey.csv is there and is not a plain file" in done.stderr
+    assert precious.read_text() == "keep me" and sorted(p.name for p in out.iterdir()) == ["passkey.csv"]

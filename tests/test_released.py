@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import numpy as np
 import pytest
@@ -425,6 +426,33 @@ def test_bad_folders_get_one_clear_error(tmp_path):
         CheckpointError, match=r"truncated: transformers could not build the model .* or read its weights"
     ):
         memviz.load(truncated)
+    # what transformers accepts but memviz would run wrongly by, or could not allocate
+    for name, changes, said in [
+        ("sizes_left_out", None, r"describes a model of [\d,]+ parameters, but .* nothing was allocated"),
+        ("eos_empty", {"eos_token_id": []}, r"field 'eos_token_id' is \[\]"),
+        ("eos_outside", {"eos_token_id": 10**6}, r"field 'eos_token_id' is 1000000; .* in \[0, "),
+        ("type_list", {"model_type": ["qwen3_5"]}, r"field 'model_type' is \['qwen3_5'\]"),
+        ("eps_nan", {"rms_norm_eps": float("nan")}, r"field 'rms_norm_eps' is nan"),
+        (
+            "layer_dropped",
+            {"num_hidden_layers": 3, "layer_types": config["layer_types"][:3]},
+            r"'model\.layers\.3\.[\w.]+' belongs to a layer past the config's num_hidden_layers \(3\)",
+        ),
+    ]:
+        data = {"model_type": "qwen3_5_text"} if changes is None else {**config, **changes}
+        with pytest.raises(CheckpointError, match=rf"{name}.*{said}"):
+            memviz.load(folder(name, data))
+    corrupt = folder("nan_weight", config)
+    weights = load_file(good / "model.safetensors")
+    weights["model.norm.weight"][0] = float("nan")
+    save_file(weights, corrupt / "model.safetensors")
+    with pytest.raises(CheckpointError, match=r"nan_weight: tensor 'model\.norm\.weight' holds NaN or infinity"):
+        memviz.load(corrupt)
+    fifo = folder("pipe", config)
+    (fifo / "config.json").unlink()
+    os.mkfifo(fifo / "config.json")
+    with pytest.raises(CheckpointError, match=r"pipe/config\.json: not a regular file"):
+        memviz.load(fifo)
 
 
 def test_transformer_lens_bridge_agrees_where_it_has_the_quantity(checkpoint):

@@ -38,7 +38,7 @@ def load(data_path: str | Path, task: str, length: str | int | None = None) -> l
             rows = (
                 data if isinstance(data, list) else data.get(task, data.get("data")) if isinstance(data, dict) else None
             )
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested past Python's stack
         raise ValueError(f"{path}: cannot read BABILong data ({exc})") from exc
     if not isinstance(rows, list) or not rows:
         raise ValueError(

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -48,6 +49,7 @@ from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from memviz.figure_parts import WIDTH, delta_rule_rate_heatmaps, layer_names, timeline
+from memviz.files import MAX_CONFIG_BYTES, read_bytes_within
 from memviz.layers import LocalCache
 from memviz.model import BLOCK_HOOK_DOCS, HookDoc, MemoryLM, ModelState, Readout, hooked
 from memviz.registry import register_family
@@ -618,8 +620,8 @@ class ReleasedLM(MemoryLM):
 # ----- loading --------------------------------------------------------------------------------
 def read_json(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        data = json.loads(read_bytes_within(path, MAX_CONFIG_BYTES, "config file").decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # JSONDecodeError and the size check too
         raise ReleasedCheckpointError(f"{path}: not readable JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise ReleasedCheckpointError(f"{path}: a config must be a JSON object")
@@ -630,7 +632,7 @@ def text_config(directory: Path, data: dict):
     """transformers' config of the language model the folder holds, or ReleasedCheckpointError naming the field."""
     where = directory / CONFIG_FILE
     model_type = data.get("model_type")
-    if model_type not in SUPPORTED:
+    if not isinstance(model_type, str) or model_type not in SUPPORTED:
         what = "a vision-language checkpoint" if "vision_config" in data else "a model type memviz does not read"
         raise ReleasedCheckpointError(
             f"{where}: field 'model_type' is {model_type!r}, {what}; memviz loads "
@@ -650,6 +652,51 @@ def text_config(directory: Path, data: dict):
         raise ReleasedCheckpointError(
             f"{where}: not a {model_type} config transformers accepts ({type(exc).__name__}: {exc})"
         ) from exc
+
+
+def check_text_config(where: Path, config) -> None:
+    """Refuse the values transformers accepts but memviz cannot run by: special ids outside the vocabulary
+    (or an empty list of them), and a number that is not finite (an rms_norm_eps of NaN)."""
+    for field in ("eos_token_id", "pad_token_id", "bos_token_id"):
+        value = getattr(config, field)
+        ids = value if isinstance(value, list) else [] if value is None else [value]
+        if (isinstance(value, list) and not value) or not all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < config.vocab_size for i in ids
+        ):
+            raise ReleasedCheckpointError(
+                f"{where}: field {field!r} is {value!r}; give a token id (or a non-empty list of them) "
+                f"in [0, {config.vocab_size}), or leave it out"
+            )
+    for field, value in config.to_dict().items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ReleasedCheckpointError(f"{where}: field {field!r} is {value}, not a finite number")
+
+
+def check_size(directory: Path, config) -> None:
+    """Refuse, before anything is allocated, a config that makes a model far larger than the weights beside it
+    (a config missing its sizes gets transformers' defaults, a 9-billion-parameter model): the parameter count is
+    read from the model built on the meta device, the stored count from the safetensors headers."""
+    from safetensors import safe_open
+
+    stored = 0
+    for path in sorted(directory.glob("*.safetensors")):
+        try:
+            with safe_open(path, "pt") as weights:
+                stored += sum(math.prod(weights.get_slice(name).get_shape()) for name in weights.keys())
+        except Exception:  # safetensors raises its own types; transformers names a file it cannot read
+            return
+    try:
+        with torch.device("meta"):
+            wanted = sum(p.numel() for p in hf_class(config.model_type)(config).parameters())
+    except Exception as exc:  # transformers' and torch's own types, from the config's values
+        raise ReleasedCheckpointError(
+            f"{directory / CONFIG_FILE}: transformers could not build a model from it ({type(exc).__name__}: {exc})"
+        ) from exc
+    if wanted > 2 * stored:
+        raise ReleasedCheckpointError(
+            f"{directory / CONFIG_FILE} describes a model of {wanted:,} parameters, but its *.safetensors hold "
+            f"{stored:,} numbers (missing sizes take transformers' defaults); nothing was allocated"
+        )
 
 
 def hf_class(model_type: str):
@@ -710,6 +757,7 @@ def load(directory: str | Path, device: str | torch.device = "cpu", **overrides:
     dtype, segment_len = overrides.get("dtype", "float32"), overrides.get("segment_len", DEFAULT_SEGMENT)
     data = read_json(directory / CONFIG_FILE)
     config = text_config(directory, data)
+    check_text_config(directory / CONFIG_FILE, config)
     if not list(directory.glob("*.safetensors")):
         raise ReleasedCheckpointError(
             f"{directory}: no *.safetensors weights beside {CONFIG_FILE} (memviz reads safetensors only)"
@@ -719,6 +767,7 @@ def load(directory: str | Path, device: str | torch.device = "cpu", **overrides:
             f"{directory / TOKENIZER_FILE}: missing; memviz needs the checkpoint's own tokenizer.json"
         )
     check_float_weights(directory)
+    check_size(directory, config)
     torch_dtype = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}.get(dtype)
     if torch_dtype is None or not isinstance(segment_len, int) or segment_len < 1:
         raise ReleasedCheckpointError(
@@ -752,11 +801,23 @@ def load(directory: str | Path, device: str | torch.device = "cpu", **overrides:
         f"tensor {k!r} is {tuple(theirs)} but {CONFIG_FILE} makes it {tuple(ours)}"
         for k, theirs, ours in sorted(info.get("mismatched_keys", ()))
     ] + [f"tensor {k!r} is missing" for k in sorted(info.get("missing_keys", ()))]
+    bad += [  # a block the config leaves out would be dropped without a word
+        f"tensor {k!r} belongs to a layer past the config's num_hidden_layers ({config.num_hidden_layers})"
+        for k in sorted(info.get("unexpected_keys", ()))
+        if (layer := re.search(r"(?:^|\.)layers\.(\d+)\.", k)) and int(layer[1]) >= config.num_hidden_layers
+    ]
     if bad:
         files = ", ".join(sorted(p.name for p in directory.glob("*.safetensors")))
         raise ReleasedCheckpointError(
             f"{directory}: the weights ({files}) do not fit {CONFIG_FILE}: {'; '.join(bad[:3])}"
             + (f" (and {len(bad) - 3} more)" if len(bad) > 3 else "")
+        )
+    broken = [k for k, p in hf.named_parameters() if not torch.isfinite(p).all()]
+    if broken:
+        raise ReleasedCheckpointError(
+            f"{directory}: tensor {broken[0]!r} holds NaN or infinity"
+            + (f" (and {len(broken) - 1} more)" if len(broken) > 1 else "")
+            + "; a corrupt checkpoint"
         )
     card = {"path": str(directory), "model_type": data["model_type"]}
     return from_transformers(hf, backend, directory.name, segment_len, card).to(device)
