@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple, Protocol, cast
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -646,6 +647,25 @@ class MemoryLM(HookedRootModule):
         every token of `tokens`: {label: array [pos] in [0, 1]}, streaming the input once.
         None for a family that does not define it (the baselines have no memory to hold it)."""
         return None
+
+    def needle_ids(self, tokens: Tensor | Sequence[int], span: tuple[int, int]) -> tuple[Tensor, int, int]:
+        """What `needle_hold` takes, checked: the ids [1, pos] and the span's start and stop, whole positions with
+        0 <= start < stop <= pos (ValueError naming the span otherwise)."""
+        ids = self.as_tokens(tokens)
+        pair = (
+            span.tolist()
+            if isinstance(span, (Tensor, np.ndarray))
+            else list(span)
+            if isinstance(span, (list, tuple))
+            else []
+        )
+        whole = all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in pair)
+        if len(pair) != 2 or not whole or not 0 <= int(pair[0]) < int(pair[1]) <= ids.shape[1]:
+            raise ValueError(
+                f"span {str(span)[:60]} is not [start, stop) of token positions, start < stop, inside the "
+                f"input's {ids.shape[1]:,} tokens"
+            )
+        return ids, int(pair[0]), int(pair[1])
 
     def memory_readout(self, tokens: Tensor | Sequence[int], position: int) -> Readout | None:
         """What the memory returned at token `position` of `tokens` and which written tokens it

@@ -359,3 +359,15 @@ def test_generate_decodes_nothing_from_non_finite_logits():
         model.blocks[1].mlp.W_down.weight[0, 0] = float("nan")  # the state and logits become NaN from the first token
     with pytest.raises(memviz.NonFiniteError, match=r"logits at the prompt's last token \(position 9\) are not finite"):
         model.generate("0123456789", max_new_tokens=4)
+
+
+@pytest.mark.parametrize("family", ["infini", "lm2", "longmem", "gated_deltanet"])
+def test_needle_hold_refuses_a_span_outside_the_input(family):
+    from tests.conftest import FAMILY_CONFIGS, small_model
+
+    model = small_model(family, **FAMILY_CONFIGS[family])
+    ids = list(range(40))
+    model.needle_hold(ids, (np.int64(3), 8))  # NumPy's integers are whole numbers too
+    for span in [(10, 2), (-5, -1), (5, 10**6), (1.5, 3), (4, 4), 7]:
+        with pytest.raises(ValueError, match=r"span .* inside the input's 40 tokens"):
+            model.needle_hold(ids, span)

@@ -223,7 +223,7 @@ class GatedDeltaNetLM(MemoryLM):
     def needle_hold(self, tokens, span: tuple[int, int]) -> dict[str, np.ndarray]:
         """Per layer, ||S^span_t||_F over its peak: the part of the state the span's writes left,
         carried by the run's own alpha, beta and keys (module docstring), the largest over heads."""
-        a, b = span
+        ids, a, b = self.needle_ids(tokens, span)
         captured: dict[int, dict[str, Tensor]] = {}
 
         def keep(name: str):
@@ -238,7 +238,7 @@ class GatedDeltaNetLM(MemoryLM):
         parts = [torch.zeros(1, H, d, d, dtype=torch.float64) for _ in range(self.cfg.n_layers)]
         norms: list[list[Tensor]] = [[] for _ in range(self.cfg.n_layers)]
         with self.hooks(fwd_hooks=hooks):
-            for start, logits, _ in self.stream(tokens):
+            for start, logits, _ in self.stream(ids):
                 positions = torch.arange(start, start + logits.shape[1])
                 in_span = ((positions >= a) & (positions < b)).double()[:, None]
                 for layer, c in captured.items():

@@ -245,8 +245,7 @@ class InfiniLM(MemoryLM):
         before t's segment) and n_t the part of it the span's keys wrote. Under the linear update
         (eq. 4) this is exactly the weight of the span's values in A_mem; under the delta rule
         (eq. 5) it is their weight in the normaliser, which later writes dilute."""
-        ids = self.as_tokens(tokens)
-        a, b = span
+        ids, a, b = self.needle_ids(tokens, span)
         S, H, d, L, T = self.cfg.segment_len, self.cfg.n_heads, self.cfg.d_head, self.cfg.n_layers, ids.shape[1]
         assert S is not None  # check_config: the family needs it
         shares = np.zeros((L, T), dtype=np.float32)

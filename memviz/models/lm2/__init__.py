@@ -459,14 +459,14 @@ class LM2LM(MemoryLM):
         gates (`span_in_bank`): at each token, the size of the span's part of the bank the token
         reads (over all slots), over its largest so far: 1 where the write is whole, falling as
         the forget gates wash it out. None with update="token" (not recorded per segment)."""
+        ids, a, b = self.needle_ids(tokens, span)
         if not self.options.per_segment:
             return None
         assert self.cfg.segment_len is not None  # check_config: per-segment updates need it
-        ids = self.as_tokens(tokens)
         L, T = self.cfg.n_layers, ids.shape[1]
         held = np.zeros((L, T), dtype=np.float32)
         peak = [0.0] * L
-        for start, parts in self.span_in_bank(ids, span):
+        for start, parts in self.span_in_bank(ids, (a, b)):
             for l, part in enumerate(parts):
                 size = float(part.norm())
                 peak[l] = max(peak[l], size)

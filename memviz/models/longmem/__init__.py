@@ -450,7 +450,7 @@ class LongMemLM(MemoryLM):
     @torch.no_grad()
     def needle_hold(self, tokens, span: tuple[int, int]) -> dict[str, np.ndarray]:
         """The share of heads whose top-k retrieved chunks include one that overlaps the span."""
-        a, b = span
+        ids, a, b = self.needle_ids(tokens, span)
         cs, hits = self.options.chunk_size, []
 
         def retrieved(positions: Tensor, hook) -> None:
@@ -459,7 +459,7 @@ class LongMemLM(MemoryLM):
             )
 
         with self.hooks(fwd_hooks=[(f"side_blocks.{self.augmented_layer}.attn.hook_retrieved_pos", retrieved)]):
-            for _ in self.stream(tokens):
+            for _ in self.stream(ids):
                 pass
         return {"heads that retrieve a chunk of the span (share)": torch.cat(hits).numpy()}
 

@@ -581,7 +581,7 @@ class ReleasedLM(MemoryLM):
         """Per Gated DeltaNet layer, ||S^span_t||_F over its peak (largest over heads): the part of the
         state the span's writes left, carried by the run's own alpha, beta and keys (S is linear in
         the writes, so the span's part is the recurrence fed only the span's writes)."""
-        a, b = span
+        ids, a, b = self.needle_ids(tokens, span)
         names = ("alpha", "beta", "write_key", "write_value")
         captured: dict[tuple[int, str], Tensor] = {}
 
@@ -592,7 +592,7 @@ class ReleasedLM(MemoryLM):
         parts: dict[int, Tensor | None] = {l: None for l in self.linear}
         norms: dict[int, list[Tensor]] = {l: [] for l in self.linear}
         with self.evaluating(), self.hooks(fwd_hooks=hooks):
-            for start, logits, _ in self.stream(tokens):
+            for start, logits, _ in self.stream(ids):
                 positions = torch.arange(start, start + logits.shape[1])
                 in_span = ((positions >= a) & (positions < b)).double()[:, None, None]
                 for l in sorted(self.linear):
