@@ -12,6 +12,7 @@ boundaries themselves, so feeding an input in one call or in chunks gives the sa
 from __future__ import annotations
 
 import copy
+import difflib
 import math
 import numbers
 import re
@@ -673,8 +674,20 @@ class MemoryLM(HookedRootModule):
         family without a linear memory to decompose."""
         return None
 
+    def check_hook_names(self, names: Iterable[str]) -> None:
+        """KeyError naming the hook names this model does not have, and the nearest names it has."""
+        unknown = [n for n in names if n not in self.hook_dict]
+        if unknown:
+            near = difflib.get_close_matches(str(unknown[0]), list(self.hook_dict), n=3)
+            hint = f"; the nearest are {near}" if near else ""
+            raise KeyError(
+                f"unknown hook names {unknown[:5]}{hint}; model.hook_dict lists this model's "
+                f"{len(self.hook_dict)} (docs/hooks.md)"
+            )
+
     def capture(self, tokens: Tensor | Sequence[int], names: Sequence[str]) -> dict[str, Tensor]:
         """The hooks `names` over the whole input (batch 1), streamed, as [pos, ...] float64 tensors."""
+        self.check_hook_names(names)
         parts: dict[str, list[Tensor]] = {name: [] for name in names}
 
         def keep(value: Tensor, hook) -> None:

@@ -12,7 +12,6 @@ default hooks.
 
 from __future__ import annotations
 
-import difflib
 import json
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -439,14 +438,7 @@ def resolve_names(model, names) -> dict[str, str]:
         names = {names: "none"}
     elif not isinstance(names, Mapping):
         names = {n: "none" for n in names}
-    unknown = [n for n in names if n not in model.hook_dict]
-    if unknown:
-        near = difflib.get_close_matches(str(unknown[0]), list(model.hook_dict), n=3)
-        hint = f"; the nearest are {near}" if near else ""
-        raise KeyError(
-            f"unknown hook names {unknown[:5]}{hint}; model.hook_dict lists this model's "
-            f"{len(model.hook_dict)} (docs/hooks.md)"
-        )
+    model.check_hook_names(names)
     bad = {n: r for n, r in names.items() if r not in REDUCERS}
     if bad:
         raise ValueError(f"reducers must be one of {REDUCERS}, got {bad}")
@@ -470,6 +462,8 @@ def trace(
     its span kept, so the loss over the answer's tokens shows how well the model predicts it."""
     if isinstance(text, (bytes, bytearray)):
         raise TypeError("trace takes a str or a sequence of token ids, not bytes: decode the text first")
+    if not isinstance(max_tokens, (int, np.integer)) or isinstance(max_tokens, bool) or max_tokens < 1:
+        raise ValueError(f"max_tokens must be a positive whole number of tokens, got {max_tokens!r}")
     if isinstance(text, str) and len(text) > max_tokens * MAX_CHARS_PER_TOKEN:
         raise ValueError(
             f"input has {len(text):,} characters, more than {max_tokens:,} tokens can hold "

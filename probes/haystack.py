@@ -187,4 +187,9 @@ def make_haystack(haystack: str | Path | None, seed: int) -> Haystack:
         return ShakespeareHaystack(seed, split="train" if haystack == "shakespeare_train" else "all")
     if haystack == "grass":
         return RepeatedHaystack(seed)
+    if not Path(haystack).expanduser().exists():  # a misspelt name, most likely: say what the names are
+        raise ValueError(
+            f"haystack {str(haystack)[:200]!r} does not exist: neither a background "
+            f"({', '.join(BACKGROUNDS)}, shakespeare_train) nor a file"
+        )
     return FileHaystack(haystack, seed)

@@ -206,3 +206,13 @@ def test_trace_of_20k_tokens_keeps_peak_memory_bounded():
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["tokens"] == 20_000
     assert result["growth_kb"] < 64 * 1024, result
+
+
+def test_capture_names_an_unknown_hook_and_the_nearest():
+    model = small_model("sliding_window", window=8)
+    with pytest.raises(KeyError, match=r"unknown hook names \['blocks.0.attn.hook_qq'\]; the nearest are"):
+        model.capture([1, 2, 3], ["blocks.0.attn.hook_qq"])
+    for limit in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="max_tokens must be a positive whole number"):
+            memviz.trace(model, "hi", max_tokens=limit)
+    assert model.capture([1, 2, 3], ["blocks.0.hook_resid_pre"])["blocks.0.hook_resid_pre"].shape[0] == 3
