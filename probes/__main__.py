@@ -156,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     made = not out.exists()
     written = [out / name for name in OUTPUTS.get(args.probe, (f"{args.probe}.csv", f"{args.probe}.html"))]
     try:
+        if not args.out.strip():  # Path("") is the working folder: an empty flag is a slip, not a choice
+            raise ValueError("--out: an empty path; give the folder for the results")
         check_writable_folder(out, "--out")
         for path in written:  # before the grid: results are never lost to, nor written through, what is there
             if path.is_symlink() or (path.exists() and not path.is_file()):

@@ -173,3 +173,15 @@ def test_results_are_never_written_through_a_link_nor_lost_to_a_folder(checkpoin
     done = probes_cli("passkey", checkpoint, "--lengths", 300, "--depths", 0, "--n", 1, "--out", out)
     assert done.returncode == 2 and "passkey.csv is there and is not a plain file" in done.stderr
     assert precious.read_text() == "keep me" and sorted(p.name for p in out.iterdir()) == ["passkey.csv"]
+
+
+def test_an_empty_out_is_refused_not_the_working_folder(checkpoint, tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "probes", "facts", str(checkpoint), "--n", "1", "--out", "", "--no-progress"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2 and "--out: an empty path" in done.stderr and list(tmp_path.iterdir()) == []

@@ -769,7 +769,7 @@ def load(directory: str | Path, device: str | torch.device = "cpu", **overrides:
     check_float_weights(directory)
     check_size(directory, config)
     torch_dtype = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}.get(dtype)
-    if torch_dtype is None or not isinstance(segment_len, int) or segment_len < 1:
+    if torch_dtype is None or not isinstance(segment_len, int) or isinstance(segment_len, bool) or segment_len < 1:
         raise ReleasedCheckpointError(
             f"{directory}: dtype must be float32, float64 or bfloat16 and segment_len a positive "
             f"integer, got {dtype!r} and {segment_len!r}"
