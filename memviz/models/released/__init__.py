@@ -672,19 +672,13 @@ def check_text_config(where: Path, config) -> None:
             raise ReleasedCheckpointError(f"{where}: field {field!r} is {value}, not a finite number")
 
 
-def check_size(directory: Path, config) -> None:
-    """Refuse, before anything is allocated, a config that makes a model far larger than the weights beside it
-    (a config missing its sizes gets transformers' defaults, a 9-billion-parameter model): the parameter count is
-    read from the model built on the meta device, the stored count from the safetensors headers."""
-    from safetensors import safe_open
-
-    stored = 0
-    for path in sorted(directory.glob("*.safetensors")):
-        try:
-            with safe_open(path, "pt") as weights:
-                stored += sum(math.prod(weights.get_slice(name).get_shape()) for name in weights.keys())
-        except Exception:  # safetensors raises its own types; transformers names a file it cannot read
-            return
+def check_size(directory: Path, config, stored: int | None) -> None:
+    """Refuse, before anything is allocated, a config that makes a model far larger than the `stored` numbers of
+    the weights beside it (a config missing its sizes gets transformers' defaults, a 9-billion-parameter model):
+    the parameter count is read from the model built on the meta device. None: a file safetensors cannot open,
+    left for transformers to name."""
+    if stored is None:
+        return
     try:
         with torch.device("meta"):
             wanted = sum(p.numel() for p in hf_class(config.model_type)(config).parameters())
@@ -723,23 +717,29 @@ def special_ids(config, backend) -> tuple[int, int, int]:
     return (last if eos is None else eos), pad, bos
 
 
-def check_float_weights(directory: Path) -> None:
-    """Refuse weights stored as integers (a quantised checkpoint): transformers would read their codes as the
-    weights themselves. A file safetensors cannot open is left for transformers to name."""
+def stored_numbers(directory: Path) -> int | None:
+    """How many numbers the folder's *.safetensors hold, read from their headers; refuse weights stored as
+    integers (a quantised checkpoint: transformers would read their codes as the weights themselves). None where
+    safetensors cannot open a file, which transformers names below."""
     from safetensors import safe_open
 
+    stored: int | None = 0
     for path in sorted(directory.glob("*.safetensors")):
         try:
             with safe_open(path, "pt") as weights:
-                kinds = {weights.get_slice(name).get_dtype() for name in weights.keys()}
-        except Exception:  # safetensors raises its own types; transformers reports them below
+                slices = [weights.get_slice(name) for name in weights.keys()]
+                kinds = {part.get_dtype() for part in slices}
+                stored = None if stored is None else stored + sum(math.prod(part.get_shape()) for part in slices)
+        except Exception:  # safetensors raises its own types
+            stored = None
             continue
-        stored = sorted(kind for kind in kinds if not kind.startswith(("F", "BF")))
-        if stored:
+        quantised = sorted(kind for kind in kinds if not kind.startswith(("F", "BF")))
+        if quantised:
             raise ReleasedCheckpointError(
-                f"{path}: weights stored as {', '.join(stored)}: a quantised checkpoint, which memviz does not "
+                f"{path}: weights stored as {', '.join(quantised)}: a quantised checkpoint, which memviz does not "
                 "read (give one in float32, float16 or bfloat16)"
             )
+    return stored
 
 
 def load(directory: str | Path, device: str | torch.device = "cpu", **overrides: Any) -> ReleasedLM:
@@ -766,8 +766,7 @@ def load(directory: str | Path, device: str | torch.device = "cpu", **overrides:
         raise ReleasedCheckpointError(
             f"{directory / TOKENIZER_FILE}: missing; memviz needs the checkpoint's own tokenizer.json"
         )
-    check_float_weights(directory)
-    check_size(directory, config)
+    check_size(directory, config, stored_numbers(directory))
     torch_dtype = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}.get(dtype)
     if torch_dtype is None or not isinstance(segment_len, int) or isinstance(segment_len, bool) or segment_len < 1:
         raise ReleasedCheckpointError(
