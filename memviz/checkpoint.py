@@ -166,6 +166,10 @@ def usable_device(device: str | torch.device) -> torch.device:
         device = torch.device(device)
     except (RuntimeError, TypeError) as exc:
         raise ValueError(f"device {device!r} is not a torch device ('cpu', 'cuda', 'cuda:1', ...)") from exc
+    if device.type not in ("cpu", "cuda", "mps"):  # 'meta' holds no weights; the rest this project never runs on
+        raise ValueError(f"device {str(device)!r}: memviz runs models on 'cpu', 'cuda' or 'mps'")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {str(device)!r}: this torch ({torch.__version__}) sees no Apple GPU; use 'cpu'")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {str(device)!r}: this torch ({torch.__version__}) sees no CUDA GPU; use 'cpu'")
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():

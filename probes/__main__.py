@@ -16,7 +16,7 @@ CHECKPOINT is a checkpoint folder or the name of a sample checkpoint. Each run w
 for facts, the accuracy-against-distance curve for retention, one line per checkpoint) and
 prints the accuracy table. `lm` writes `lm.csv` (bits per byte per document and model),
 `lm_positions.csv` and `lm.html` (loss against token position, one line per checkpoint) and prints
-bits per byte per corpus.
+bits per byte per corpus. A probe's files already in `<out>` are replaced only with `--replace`.
 """
 
 from __future__ import annotations
@@ -47,6 +47,9 @@ def parser() -> argparse.ArgumentParser:
     )
     common.add_argument("--seed", type=int, default=0)
     common.add_argument("--out", default="probe_results", help="folder for the CSV and HTML files")
+    common.add_argument(
+        "--replace", action="store_true", help="replace this probe's files already in --out (refused without it)"
+    )
     common.add_argument("--no-progress", action="store_true")
     common.add_argument(
         "--threads",
@@ -162,6 +165,13 @@ def main(argv: list[str] | None = None) -> int:
         for path in written:  # before the grid: results are never lost to, nor written through, what is there
             if path.is_symlink() or (path.exists() and not path.is_file()):
                 raise ValueError(f"--out {out}: {path} is there and is not a plain file (a link or a folder)")
+            if path.exists() and not args.replace:
+                raise ValueError(f"--out {out}: {path} holds an earlier run's results; pass --replace to replace them")
+        if args.probe in ("retention", "lm"):  # one line per checkpoint: a name given twice would merge into one
+            named = [args.checkpoint, *args.more]
+            twice = sorted({name for name in named if named.count(name) > 1})
+            if twice:
+                raise ValueError(f"checkpoint {', '.join(map(repr, twice))} is given more than once")
         try:  # before the grid: a folder that cannot be made loses no results
             out.mkdir(parents=True, exist_ok=True)
         except OSError as exc:

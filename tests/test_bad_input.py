@@ -158,7 +158,7 @@ def test_figures_refuse_no_columns_and_a_trace_whose_meta_names_another_family(m
         family_figures(trace)
 
 
-@pytest.mark.parametrize("device", ["cuda:99", "tpu", 3.5])
+@pytest.mark.parametrize("device", ["cuda:99", "tpu", 3.5, "meta", "xpu"])
 def test_a_device_this_machine_cannot_run_is_named(folder, device):
     with pytest.raises(ValueError, match=f"device '?{device}"):
         memviz.load(folder, device=device)

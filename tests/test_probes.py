@@ -292,6 +292,9 @@ def test_loader_errors(tmp_path):
     bad.write_text(json.dumps([{"input": "x"}]))
     with pytest.raises(ValueError, match=r"lack the fields \['question', 'target'\]"):
         babilong.load(bad, "qa1")
+    bad.write_text(json.dumps([{"input": "Mary went home.", "question": "Where is Mary?", "target": " "}]))
+    with pytest.raises(ValueError, match=r"sample 0's fields \['target'\] are empty"):
+        babilong.load(bad, "qa1")
 
 
 def test_babilong_run_with_the_solver_scores_everything():

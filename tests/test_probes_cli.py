@@ -185,3 +185,22 @@ def test_an_empty_out_is_refused_not_the_working_folder(checkpoint, tmp_path):
         timeout=300,
     )
     assert done.returncode == 2 and "--out: an empty path" in done.stderr and list(tmp_path.iterdir()) == []
+
+
+def test_a_second_run_into_the_same_out_keeps_the_first_unless_replace(checkpoint, tmp_path):
+    args = ("facts", checkpoint, "--n", 1, "--out", tmp_path)
+    assert probes_cli(*args).returncode == 0
+    first = (tmp_path / "facts.csv").read_bytes()
+    again = probes_cli(*args, "--seed", 5)
+    assert again.returncode == 2 and "facts.csv holds an earlier run's results; pass --replace" in again.stderr
+    assert (tmp_path / "facts.csv").read_bytes() == first
+    replaced = probes_cli(*args, "--seed", 5, "--replace")
+    assert replaced.returncode == 0, replaced.stderr
+    assert (tmp_path / "facts.csv").read_bytes() != first
+
+
+@pytest.mark.parametrize("probe, extra", [("retention", ["--distances", 64]), ("lm", ["--max-tokens", 50])])
+def test_a_checkpoint_named_twice_is_refused_not_merged_into_one_line(checkpoint, tmp_path, probe, extra):
+    done = probes_cli(probe, checkpoint, checkpoint, *extra, "--out", tmp_path / "res")
+    assert done.returncode == 2 and f"checkpoint '{checkpoint}' is given more than once" in done.stderr
+    assert not (tmp_path / "res").exists()

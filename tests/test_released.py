@@ -501,6 +501,9 @@ def test_cost_counts_the_attention_cache_and_the_fixed_state(checkpoint):
     )
     tr = memviz.trace(model, ids[0].tolist())
     assert cost["trace"] == sum(a.nbytes for a in tr.arrays.values())
+    for nonsense in (-5, 2.5, True):
+        with pytest.raises(ValueError, match="n_tokens must be a whole number of tokens"):
+            model.cost(nonsense)
 
 
 def test_the_app_opens_a_hugging_face_folder_and_traces_it(checkpoint):

@@ -54,6 +54,9 @@ def load(data_path: str | Path, task: str, length: str | int | None = None) -> l
             raise ValueError(
                 f"{path}: sample {i}'s fields {wrong} must be text, got {[type(row[k]).__name__ for k in wrong]}"
             )
+        blank = [k for k in ("question", "target") if not row[k].strip()]
+        if blank:  # an empty target would score every answer as right
+            raise ValueError(f"{path}: sample {i}'s fields {blank} are empty")
     if isinstance(length, int):
         longest = max(range(len(rows)), key=lambda i: len(rows[i]["input"]))
         if len(rows[longest]["input"]) > MAX_CHARS_PER_TOKEN * length:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -537,6 +538,8 @@ class ReleasedLM(MemoryLM):
     def cost(self, n_tokens: int) -> dict[str, int]:
         """Bytes a run over `n_tokens` holds beyond the weights: the full-attention layers' key/value cache
         (it grows with the input), the Gated DeltaNet layers' states (fixed), what a default trace keeps."""
+        if isinstance(n_tokens, bool) or not isinstance(n_tokens, numbers.Integral) or n_tokens < 0:
+            raise ValueError(f"n_tokens must be a whole number of tokens, 0 or more; got {n_tokens!r}")
         item, state = torch.finfo(self.dtype).bits // 8, self.init_state(1)
         kv = sum(2 * p.k.shape[1] * p.k.shape[3] for p in state.layers if isinstance(p, LocalCache))
         memory = sum(p.S.numel() + p.conv.numel() for p in state.layers if isinstance(p, DeltaNetState))
