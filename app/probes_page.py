@@ -102,7 +102,7 @@ def run_lm(model_paths: tuple[str, ...], corpus: str | None, max_tokens: int | N
     return pd.concat(frames, ignore_index=True)
 
 
-def render_lm() -> None:
+def render_lm(model) -> None:
     st.caption(
         "Every token's loss over whole held-out documents (Hamlet and The Tempest, Botchan's last chapter), "
         "which no sample was trained on: bits per byte, and the loss against the token's position. Where a "
@@ -123,9 +123,7 @@ def render_lm() -> None:
         st.error(str(exc))
         return
     positions = lm.by_position(df)
-    st.plotly_chart(
-        lm.position_curve(positions, window=lm.local_span(current_model())), width="stretch", key="lm_curve"
-    )
+    st.plotly_chart(lm.position_curve(positions, window=lm.local_span(model)), width="stretch", key="lm_curve")
     st.dataframe(lm.summary(df), width="stretch")
     st.download_button(
         "Download CSV", positions.to_csv(index=False), file_name="lm_positions.csv", key="lm_csv", on_click="ignore"
@@ -144,7 +142,7 @@ def render() -> None:
         render_retention()
         return
     if probe == "language modelling":
-        render_lm()
+        render_lm(model)
         return
     lengths = st.multiselect("Lengths (tokens)", [256, 512, 1024, 2048, 4096, 8192], default=[256, 512], key="lengths")
     if probe == "passkey":

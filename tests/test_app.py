@@ -272,6 +272,9 @@ def test_probes_page_draws_language_modelling_beside_the_control(infini_checkpoi
     assert len(at.get("plotly_chart")) == 1
     table = at.dataframe[0].value
     assert len(table) == 2 and (table["tokens"] == 299 + 1).all() and table["bits_per_byte"].between(0.5, 12).all()
+    assert [c.value for c in at.caption].count(
+        f"Model: **{infini_checkpoint}** (infini); the Model page changes it."
+    ) == 1
 
 
 def test_intervene_page_ablates_replaces_and_sweeps(infini_checkpoint):
