@@ -79,6 +79,10 @@ def resolve(path: str | Path) -> Path:
     """A path, the name of a folder in sample_checkpoints/, a checkpoint's path from the project's
     root (`families/gated_deltanet/sample_qa1_text`, from any working directory), or the name of a
     sample a family ships."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise CheckpointError(f"a checkpoint path is a folder's path or a sample's name, not {type(path).__name__}")
+    if not str(path).strip():  # Path("") is the working folder: an empty field is a slip, not a choice
+        raise CheckpointError("an empty checkpoint path: give a checkpoint folder or a sample checkpoint's name")
     try:
         p = Path(path).expanduser()
         if not p.exists() and not p.is_absolute():

@@ -56,6 +56,15 @@ def test_a_sample_in_a_family_folder_loads_by_its_project_path_from_any_director
         load(folder / "config.json")
 
 
+@pytest.mark.parametrize(
+    "path, message",
+    [("", "an empty checkpoint path"), ("  ", "an empty checkpoint path"), (None, "not NoneType"), (3, "not int")],
+)
+def test_an_empty_or_wrongly_typed_path_is_named_not_read_as_the_working_folder(path, message):
+    with pytest.raises(CheckpointError, match=message):
+        load(path)
+
+
 def test_corrupt_safetensors(saved):
     _, path = saved
     weights = path / "model.safetensors"
