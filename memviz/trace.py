@@ -402,6 +402,8 @@ def token_ids(values) -> list[int]:
     not one."""
     import numbers
 
+    if isinstance(values, (str, bytes, bytearray)) or not isinstance(values, (torch.Tensor, np.ndarray, Iterable)):
+        raise TypeError(f"expected text (a str) or a sequence of token ids, got {type(values).__name__}")
     ids = values.tolist() if isinstance(values, (torch.Tensor, np.ndarray)) else list(values)
     bad = next((v for v in ids if not isinstance(v, numbers.Integral) or isinstance(v, bool)), None)
     if bad is not None:
@@ -477,11 +479,7 @@ def trace(
     if not ids:
         raise ValueError("empty input: there is nothing to trace")
     answer_ids = (
-        []
-        if answer is None
-        else model.tokenizer.encode(answer)
-        if isinstance(answer, str)
-        else [int(i) for i in answer]
+        [] if answer is None else model.tokenizer.encode(answer) if isinstance(answer, str) else token_ids(answer)
     )
     answer_span = [len(ids), len(ids) + len(answer_ids)] if answer_ids else None
     ids = ids + answer_ids

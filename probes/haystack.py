@@ -187,6 +187,8 @@ def make_haystack(haystack: str | Path | None, seed: int) -> Haystack:
         return ShakespeareHaystack(seed, split="train" if haystack == "shakespeare_train" else "all")
     if haystack == "grass":
         return RepeatedHaystack(seed)
+    if not str(haystack).strip():  # Path("") is the working folder
+        raise ValueError(f"haystack: an empty name; give a background ({', '.join(BACKGROUNDS)}) or a text file")
     if not Path(haystack).expanduser().exists():  # a misspelt name, most likely: say what the names are
         raise ValueError(
             f"haystack {str(haystack)[:200]!r} does not exist: neither a background "

@@ -48,6 +48,10 @@ def token_losses(model, tokens: Sequence[int], chunk_len: int | None = None) -> 
 
 
 def select(corpus: str | None, split: str, documents: Sequence[str] | None) -> list[texts.Document]:
+    if corpus is not None and not (isinstance(corpus, str) and corpus.strip()):
+        raise ValueError(f"corpus must name a corpus, a file or a folder (None: every built-in one), got {corpus!r}")
+    if documents is not None and (isinstance(documents, str) or not documents):
+        raise ValueError(f"documents must be a non-empty list of names (None: every one), got {documents!r}")
     corpora = [corpus] if corpus else list(texts.CORPORA)
     docs = [d for c in corpora for d in texts.documents(c, split)]
     if documents:

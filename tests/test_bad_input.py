@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 
 import memviz
 from memviz import CheckpointError, ConfigError, ModelConfig, Trace
-from probes import babilong, passkey
+from probes import babilong, lm, passkey
 from tests.conftest import small_model
 from training.config import TrainConfig
 
@@ -167,6 +167,24 @@ def test_a_device_this_machine_cannot_run_is_named(folder, device):
 CALL_CASES = {
     "trace of bytes": (lambda m: memviz.trace(m, b"some bytes"), TypeError, "not bytes"),
     "trace of nothing": (lambda m: memviz.trace(m, ""), ValueError, "empty"),
+    "trace of None": (lambda m: memviz.trace(m, None), TypeError, "a sequence of token ids, got NoneType"),
+    "trace with an answer of one int": (lambda m: memviz.trace(m, "hi", answer=7), TypeError, "got int"),
+    "trace with answer ids outside the vocabulary": (
+        lambda m: memviz.trace(m, "hi", answer=[99_999]),
+        ValueError,
+        "99999",
+    ),
+    "pass key in an empty-named filler": (
+        lambda m: passkey.run(m, lengths=[256], depths=[0.5], n=1, haystack=""),
+        ValueError,
+        "haystack: an empty name",
+    ),
+    "language modelling on an empty corpus name": (lambda m: lm.run(m, corpus=""), ValueError, "corpus must name"),
+    "language modelling on no documents": (
+        lambda m: lm.run(m, documents=[]),
+        ValueError,
+        "documents must be a non-empty list",
+    ),
     "trace of unknown hooks": (
         lambda m: memviz.trace(m, "hello", names=["blocks.9.hook_nothing"]),
         KeyError,
