@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from memviz.model import generic_hook_name
-from memviz.trace import Trace
+from memviz.trace import Trace, position_window
 
 WIDTH = 1500
 
@@ -103,10 +103,7 @@ def hover_text(trace: Trace, positions: np.ndarray, bin_size: int) -> list[str]:
 
 
 def window_of(trace: Trace, start: int, stop: int | None) -> tuple[int, int]:
-    stop = len(trace) if stop is None else min(stop, len(trace))
-    if not 0 <= start < stop:
-        raise ValueError(f"empty position range [{start}, {stop}) for a trace of {len(trace)} tokens")
-    return start, stop
+    return position_window(start, stop, len(trace))
 
 
 def timeline(

@@ -199,9 +199,7 @@ class Trace:
         events), 'mean' averages, 'first' subsamples (for index arrays, where neither max nor mean
         means anything)."""
         arr = self[name]
-        stop = len(arr) if stop is None else min(stop, len(arr))
-        if not 0 <= start < stop:
-            raise ValueError(f"empty position range [{start}, {stop}) for a trace of {len(arr)} tokens")
+        start, stop = position_window(start, stop, len(arr))
         window = arr[start:stop]
         size = bin_size(len(window), width)
         n_bins = -(-len(window) // size)
@@ -395,6 +393,17 @@ def non_finite_summary(
             kept = values[:-1] if name == "loss" else values
             bad[name] = bad_rows(kept, name in empty_is_nan)
     return {name: {"first": int(b.argmax()), "count": int(b.sum())} for name, b in bad.items() if b.any()}
+
+
+def position_window(start: int, stop: int | None, n_tokens: int) -> tuple[int, int]:
+    """[start, stop) within a trace of `n_tokens` (stop None or past the end: the end); ValueError naming the range
+    where it is empty or starts before 0."""
+    stop = n_tokens if stop is None else min(stop, n_tokens)
+    if start < 0:
+        raise ValueError(f"position range [{start}, {stop}) starts before 0 (a trace of {n_tokens} tokens)")
+    if not start < stop:
+        raise ValueError(f"empty position range [{start}, {stop}) for a trace of {n_tokens} tokens")
+    return start, stop
 
 
 def token_ids(values) -> list[int]:

@@ -27,6 +27,8 @@ def test_long_traces_are_pooled_to_screen_width_with_true_positions():
     assert list(zoom.data[0].x) == list(range(123_400, 123_500)) and zoom.data[0].y[56] == 9.0
     with pytest.raises(ValueError, match="empty position range"):
         figure_parts.timeline(tr, {"s": "s"}, "t", start=5, stop=5)
+    with pytest.raises(ValueError, match=r"position range \[-5, 200000\) starts before 0"):
+        figure_parts.timeline(tr, {"s": "s"}, "t", start=-5)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILY_CONFIGS))
