@@ -6,7 +6,8 @@ import time
 
 import streamlit as st
 
-from app.common import current_model
+from app.common import current_model, current_path, load_model, weights_stamp
+from app.trace_page import tokens_per_second
 from memviz import interventions, viz
 from memviz.registry import Intervention, get_family
 from probes import facts, passkey
@@ -14,14 +15,41 @@ from probes import facts, passkey
 SWEEP_POINTS = 32  # boundaries a sweep ablates at most: its time stays linear in the prompt's length
 
 
+def hook_point(model) -> Intervention | None:
+    """The family's first intervention made through hooks (Memory+'s silenced read), if it has one."""
+    return next((p for p in get_family(model.family).interventions.values() if p.through_hooks), None)
+
+
+@st.cache_data(show_spinner="Running the prompt…", max_entries=64)
+def cached_answer(
+    model_path: str, stamp: int, prompt: str, answer: str, edit: tuple = (), layer: int | None = None
+) -> dict:
+    """`interventions.answer_logprob` once per (checkpoint, prompt, edit), not on every rerun: over a long prompt a
+    run takes minutes. `edit` is () for the clean run, ("ablate", segment) or ("replace", segment, donor prompt);
+    `layer` turns the family's hook intervention on there."""
+    model = load_model(model_path)
+    edits = []
+    if edit:
+        kind, segment, *donor = edit
+        at = (
+            interventions.ablate_at(model, segment)
+            if kind == "ablate"
+            else interventions.replace_at(model, segment, *donor)
+        )
+        edits.append(at)
+    point = hook_point(model)
+    hooks = point.hooks(model, layer) if layer is not None and point is not None else ()
+    return interventions.answer_logprob(model, prompt, answer, edits, fwd_hooks=hooks)
+
+
 def render() -> None:
     st.title("Intervene")
     model = current_model()
     if model is None:
         return
-    hooked = [point for point in get_family(model.family).interventions.values() if point.through_hooks]
-    if hooked and "facts" in model.card:
-        render_fact_question(model, hooked[0])
+    point = hook_point(model)
+    if point is not None and "facts" in model.card:
+        render_fact_question(model, point)
         return
     c1, c2, c3 = st.columns(3)
     length = c1.number_input("pass-key length (tokens)", 100, 20_000, 512, step=128, key="iv_length")
@@ -33,13 +61,21 @@ def render() -> None:
         st.error(str(exc))
         return
     answer = sample.reply
-    clean = interventions.answer_logprob(model, sample.prompt, answer)
+    path = current_path()
+    stamp = weights_stamp(path)
+    if sample.n_tokens > 4096:  # say what a long prompt costs before it runs
+        seconds = sample.n_tokens / tokens_per_second(path, stamp)
+        st.caption(
+            f"Each run over the {sample.n_tokens:,} tokens takes about {seconds:.0f} s on this machine at the "
+            "model's measured speed (the clean one and each edit, each once: they are cached)."
+        )
+    clean = cached_answer(path, stamp, sample.prompt, answer)
     st.write(
         f"Answer **{sample.answer}** · clean run: greedy **{clean['greedy'].strip()!r}**, "
         f"log p(answer) = **{clean['logprob']:.2f}**"
     )
-    if hooked:
-        intervene_through_hooks(model, hooked[0], sample.prompt, answer, clean)
+    if point is not None:
+        intervene_through_hooks(model, point, sample.prompt, answer, clean)
         return
     try:
         seg = interventions.segment_length(model)
@@ -65,12 +101,16 @@ def render() -> None:
         else 1
     )
     if mode == "ablate":
-        edit = interventions.ablate_at(model, segment)
+        edit: tuple = ("ablate", segment)
     else:
         donor = passkey.seeded_sample(model.tokenizer, int(length), float(depth), int(seed) + 1, 0)
-        edit = interventions.replace_at(model, segment, donor.prompt)
+        edit = ("replace", segment, donor.prompt)
         st.caption(f"donor sample's key: {donor.answer}")
-    result = interventions.answer_logprob(model, sample.prompt, answer, [edit])
+    try:
+        result = cached_answer(path, stamp, sample.prompt, answer, edit)
+    except ValueError as exc:  # a donor too short for the segment
+        st.error(str(exc))
+        return
     st.metric(
         f"log p(answer) after the edit at token {segment * seg}",
         f"{result['logprob']:.2f}",
@@ -112,7 +152,7 @@ def render_fact_question(model, point: Intervention) -> None:
     sample = facts.make_sample(model.tokenizer, kb.entities[int(person)], attribute)
     st.code(sample.prompt, language=None)
     answer = sample.reply
-    clean = interventions.answer_logprob(model, sample.prompt, answer)
+    clean = cached_answer(current_path(), weights_stamp(current_path()), sample.prompt, answer)
     st.write(
         f"Answer **{sample.answer}** · clean run: greedy **{clean['greedy'].strip()!r}**, "
         f"log p(answer) = **{clean['logprob']:.2f}**"
@@ -124,7 +164,7 @@ def intervene_through_hooks(model, point: Intervention, prompt: str, answer: str
     """The answer with a hook intervention (the registry's `point`) on at a chosen memory layer."""
     st.caption(point.summary)
     layer = st.selectbox("memory layer to act on", point.sites(model), key="iv_layer")
-    result = interventions.answer_logprob(model, prompt, answer, fwd_hooks=point.hooks(model, layer))
+    result = cached_answer(current_path(), weights_stamp(current_path()), prompt, answer, layer=layer)
     st.metric(
         f"log p(answer) with layer {layer}'s intervention on",
         f"{result['logprob']:.2f}",

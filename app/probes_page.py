@@ -117,6 +117,9 @@ def render_lm(model) -> None:
     )
     if not st.button("Run", key="run_lm"):
         return
+    if max_tokens == 1:  # the loss needs a token to predict from
+        st.error("Tokens a document at most: 0 (whole documents) or 2 or more.")
+        return
     try:
         df = run_lm((current_path(), *compare), None if corpus == "all" else corpus, int(max_tokens) or None)
     except (ValueError, memviz.CheckpointError) as exc:

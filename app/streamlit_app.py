@@ -30,9 +30,10 @@ def model_page_by_url() -> None:
 st.set_page_config(page_title="memviz", layout="wide")
 torch.set_num_threads(app_threads())
 # Streamlit forgets a widget's value when its page is left; held as session state (re-assigned on
-# every run, whichever page runs), the chosen checkpoint and the Trace page's input are still there
-# when the user comes back
-for key in (
+# every run, whichever page runs), each page's settings are still there when the user comes back.
+# Not kept: ranges and choices that depend on the model or the input (zoom, segment, layer, person).
+KEPT_SETTINGS = (
+    # Model and Trace
     "checkpoint_choice",
     "checkpoint_path",
     "source",
@@ -42,12 +43,51 @@ for key in (
     "bl_task",
     "bl_length",
     "bl_seed",
+    "bl_haystack",
     "text_input",
     "fq_person",
     "fq_attribute",
     "ro_position",
-):
-    if key in st.session_state:
+    # Intervene
+    "iv_length",
+    "iv_depth",
+    "iv_seed",
+    "iv_mode",
+    "iv_attribute",
+    # Compare
+    "cmp_left",
+    "cmp_left_path",
+    "cmp_right",
+    "cmp_right_path",
+    "cmp_length",
+    "cmp_depth",
+    "cmp_seed",
+    # Probes
+    "probe",
+    "lengths",
+    "depths",
+    "ruler_tasks",
+    "ruler_depths",
+    "tasks",
+    "pk_haystack",
+    "haystack",
+    "n",
+    "probe_seed",
+    "rt_models",
+    "rt_distances",
+    "rt_n",
+    "rt_seed",
+    "lm_models",
+    "lm_corpus",
+    "lm_max",
+    # Train (its learning rate and length are keyed by family and task)
+    "tr_family",
+    "tr_task",
+    "tr_steps",
+    "tr_curriculum",
+)
+for key in list(st.session_state):
+    if key in KEPT_SETTINGS or str(key).startswith(("tr_lr_", "tr_length_")):
         st.session_state[key] = st.session_state[key]
 page = st.navigation(
     [

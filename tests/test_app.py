@@ -275,6 +275,25 @@ def test_probes_page_draws_language_modelling_beside_the_control(infini_checkpoi
     assert [c.value for c in at.caption].count(
         f"Model: **{infini_checkpoint}** (infini); the Model page changes it."
     ) == 1
+    at.number_input(key="lm_max").set_value(1).run()
+    at.button(key="run_lm").click().run()
+    assert at.error[0].value.startswith("Tokens a document at most: 0 (whole documents) or 2 or more")
+
+
+def test_intervene_page_runs_the_clean_prompt_and_each_edit_once(infini_checkpoint, monkeypatch):
+    from memviz import interventions
+
+    runs = []
+    real = interventions.answer_logprob
+    monkeypatch.setattr(interventions, "answer_logprob", lambda *a, **k: runs.append(1) or real(*a, **k))
+    at = page("intervene_page", infini_checkpoint)
+    at.run()
+    at.number_input(key="iv_seed").set_value(4321).run()  # a prompt no other test has cached
+    assert not at.exception, at.exception
+    first = len(runs)  # the clean run and the ablation
+    at.radio(key="iv_mode").set_value("replace with another sample's memory").run()
+    at.radio(key="iv_mode").set_value("ablate").run()
+    assert not at.exception and len(runs) == first + 1  # only the replacement ran anew
 
 
 def test_intervene_page_ablates_replaces_and_sweeps(infini_checkpoint):

@@ -200,3 +200,35 @@ def test_the_trace_input_survives_a_visit_to_another_page(app_url):
         page.get_by_label("length (tokens)").wait_for(timeout=120_000)
         assert page.get_by_label("length (tokens)").input_value() == "640"
         browser.close()
+
+
+def test_the_intervene_and_probes_settings_survive_a_visit_to_another_page(app_url):
+    from playwright.sync_api import sync_playwright
+
+    def visit(page, link: str, title: str) -> None:
+        page.get_by_role("link", name=link).first.click()
+        page.locator("h1", has_text=title).first.wait_for(timeout=120_000)
+        page.wait_for_timeout(1500)
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"{app_url}/intervene")
+        length = page.get_by_label("pass-key length (tokens)")
+        length.wait_for(timeout=120_000)
+        length.fill("300")
+        length.press("Enter")
+        page.wait_for_timeout(3000)
+        visit(page, "Probes", "Probes")
+        samples = page.get_by_label("Samples per cell")
+        samples.wait_for(timeout=120_000)
+        samples.fill("3")
+        samples.press("Enter")
+        page.wait_for_timeout(1500)
+        visit(page, "Model", "memviz")
+        visit(page, "Intervene", "Intervene")
+        assert page.get_by_label("pass-key length (tokens)").input_value() == "300"
+        visit(page, "Probes", "Probes")
+        assert page.get_by_label("Samples per cell").input_value() == "3"
+        assert page.get_by_text("Traceback").count() == 0
+        browser.close()
