@@ -180,55 +180,44 @@ def test_every_page_opens_by_its_url(app_url):
         browser.close()
 
 
-def test_the_trace_input_survives_a_visit_to_another_page(app_url):
+def visit(page, link: str, title: str) -> None:
+    """Follow the sidebar's link to a page and wait for its title."""
+    page.get_by_role("link", name=link).first.click()
+    page.locator("h1", has_text=title).first.wait_for(timeout=120_000)
+    page.wait_for_timeout(1500)
+
+
+def enter_number(page, label: str, value: str) -> None:
+    field = page.get_by_label(label)
+    field.wait_for(timeout=120_000)
+    field.fill(value)
+    field.press("Enter")
+
+
+def test_settings_survive_a_visit_to_another_page(app_url):
+    """Streamlit forgets a page's widgets when another page runs; the Trace, Intervene and Probes settings stay."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.goto(f"{app_url}/trace")
-        length = page.get_by_label("length (tokens)")
-        length.wait_for(timeout=120_000)
-        length.fill("640")
-        length.press("Enter")
+        enter_number(page, "length (tokens)", "640")
         page.get_by_text("tokens · answer").first.wait_for(timeout=120_000)
-        page.wait_for_timeout(1500)
-        page.get_by_role("link", name="Model").first.click()
-        page.locator("h1", has_text="memviz").first.wait_for(timeout=120_000)
-        page.get_by_role("link", name="Trace").first.click()
-        page.locator("h1", has_text="Trace").first.wait_for(timeout=120_000)
-        page.get_by_label("length (tokens)").wait_for(timeout=120_000)
-        assert page.get_by_label("length (tokens)").input_value() == "640"
-        browser.close()
-
-
-def test_the_intervene_and_probes_settings_survive_a_visit_to_another_page(app_url):
-    from playwright.sync_api import sync_playwright
-
-    def visit(page, link: str, title: str) -> None:
-        page.get_by_role("link", name=link).first.click()
-        page.locator("h1", has_text=title).first.wait_for(timeout=120_000)
-        page.wait_for_timeout(1500)
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.goto(f"{app_url}/intervene")
-        length = page.get_by_label("pass-key length (tokens)")
-        length.wait_for(timeout=120_000)
-        length.fill("300")
-        length.press("Enter")
+        visit(page, "Intervene", "Intervene")
+        enter_number(page, "pass-key length (tokens)", "300")
         page.wait_for_timeout(3000)
         visit(page, "Probes", "Probes")
-        samples = page.get_by_label("Samples per cell")
-        samples.wait_for(timeout=120_000)
-        samples.fill("3")
-        samples.press("Enter")
+        enter_number(page, "Samples per cell", "3")
         page.wait_for_timeout(1500)
         visit(page, "Model", "memviz")
-        visit(page, "Intervene", "Intervene")
-        assert page.get_by_label("pass-key length (tokens)").input_value() == "300"
-        visit(page, "Probes", "Probes")
-        assert page.get_by_label("Samples per cell").input_value() == "3"
+        for link, label, value in [
+            ("Trace", "length (tokens)", "640"),
+            ("Intervene", "pass-key length (tokens)", "300"),
+            ("Probes", "Samples per cell", "3"),
+        ]:
+            visit(page, link, link)
+            page.get_by_label(label).first.wait_for(timeout=120_000)
+            assert page.get_by_label(label).first.input_value() == value, link
         assert page.get_by_text("Traceback").count() == 0
         browser.close()
