@@ -5,8 +5,8 @@ from __future__ import annotations
 import streamlit as st
 
 import memviz
-from app.common import checkpoint_picker, control_samples, current_path, greedy_answer, load_model, weights_stamp
-from app.trace_page import cached_trace, tokens_per_second
+from app.common import checkpoint_picker, control_samples, current_path, greedy_answer, load_model
+from app.trace_page import cached_trace, duration, run_seconds
 from memviz import viz
 from probes import passkey
 
@@ -33,8 +33,7 @@ def render() -> None:
     depth = c2.slider("needle depth", 0.0, 1.0, 0.5, key="cmp_depth")
     seed = c3.number_input("seed", 0, 10_000, 0, key="cmp_seed")
     if length > 20_000:  # say what two long traces cost before they run
-        seconds = sum(length / tokens_per_second(path, weights_stamp(path)) for path in (left, right))
-        took = f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+        took = duration(sum(run_seconds(path, length) for path in (left, right)))
         st.caption(f"Tracing both models over {length:,} tokens takes about {took} on this machine, once (cached).")
     traces = []
     for path, model in zip((left, right), models):

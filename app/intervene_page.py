@@ -7,7 +7,7 @@ import time
 import streamlit as st
 
 from app.common import current_model, current_path, load_model, weights_stamp
-from app.trace_page import tokens_per_second
+from app.trace_page import duration, run_seconds
 from memviz import interventions, viz
 from memviz.registry import Intervention, get_family
 from probes import facts, passkey
@@ -18,6 +18,12 @@ SWEEP_POINTS = 32  # boundaries a sweep ablates at most: its time stays linear i
 def hook_point(model) -> Intervention | None:
     """The family's first intervention made through hooks (Memory+'s silenced read), if it has one."""
     return next((p for p in get_family(model.family).interventions.values() if p.through_hooks), None)
+
+
+def answer_run(prompt: str, answer: str, edit: tuple = (), layer: int | None = None) -> dict:
+    """`cached_answer` for the checkpoint chosen on the Model page."""
+    path = current_path()
+    return cached_answer(path, weights_stamp(path), prompt, answer, edit, layer)
 
 
 @st.cache_data(show_spinner="Running the prompt…", max_entries=64)
@@ -61,15 +67,13 @@ def render() -> None:
         st.error(str(exc))
         return
     answer = sample.reply
-    path = current_path()
-    stamp = weights_stamp(path)
     if sample.n_tokens > 4096:  # say what a long prompt costs before it runs
-        seconds = sample.n_tokens / tokens_per_second(path, stamp)
         st.caption(
-            f"Each run over the {sample.n_tokens:,} tokens takes about {seconds:.0f} s on this machine at the "
-            "model's measured speed (the clean one and each edit, each once: they are cached)."
+            f"Each run over the {sample.n_tokens:,} tokens takes about "
+            f"{duration(run_seconds(current_path(), sample.n_tokens))} on this machine at the model's measured speed "
+            "(the clean one and each edit, each once: they are cached)."
         )
-    clean = cached_answer(path, stamp, sample.prompt, answer)
+    clean = answer_run(sample.prompt, answer)
     st.write(
         f"Answer **{sample.answer}** · clean run: greedy **{clean['greedy'].strip()!r}**, "
         f"log p(answer) = **{clean['logprob']:.2f}**"
@@ -107,7 +111,7 @@ def render() -> None:
         edit = ("replace", segment, donor.prompt)
         st.caption(f"donor sample's key: {donor.answer}")
     try:
-        result = cached_answer(path, stamp, sample.prompt, answer, edit)
+        result = answer_run(sample.prompt, answer, edit)
     except ValueError as exc:  # a donor too short for the segment
         st.error(str(exc))
         return
@@ -152,7 +156,7 @@ def render_fact_question(model, point: Intervention) -> None:
     sample = facts.make_sample(model.tokenizer, kb.entities[int(person)], attribute)
     st.code(sample.prompt, language=None)
     answer = sample.reply
-    clean = cached_answer(current_path(), weights_stamp(current_path()), sample.prompt, answer)
+    clean = answer_run(sample.prompt, answer)
     st.write(
         f"Answer **{sample.answer}** · clean run: greedy **{clean['greedy'].strip()!r}**, "
         f"log p(answer) = **{clean['logprob']:.2f}**"
@@ -164,7 +168,7 @@ def intervene_through_hooks(model, point: Intervention, prompt: str, answer: str
     """The answer with a hook intervention (the registry's `point`) on at a chosen memory layer."""
     st.caption(point.summary)
     layer = st.selectbox("memory layer to act on", point.sites(model), key="iv_layer")
-    result = cached_answer(current_path(), weights_stamp(current_path()), prompt, answer, layer=layer)
+    result = answer_run(prompt, answer, layer=layer)
     st.metric(
         f"log p(answer) with layer {layer}'s intervention on",
         f"{result['logprob']:.2f}",

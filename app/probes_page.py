@@ -7,8 +7,8 @@ import pandas as pd
 import streamlit as st
 
 import memviz
-from app.common import control_samples, current_model, current_path, load_model, weights_stamp
-from app.trace_page import tokens_per_second
+from app.common import control_samples, current_model, current_path, load_model
+from app.trace_page import run_seconds
 from probes import babilong, lm, passkey, retention, ruler, texts
 from probes.haystack import BACKGROUNDS
 
@@ -68,11 +68,11 @@ def render_retention() -> None:
     seed = c2.number_input("Seed", 0, 10_000, 0, key="rt_seed")
     if distances and max(distances) > 20_000:  # say what long distances cost before they run
         paths = (current_path(), *compare)
-        seconds = sum(int(n) * sum(distances) / tokens_per_second(p, weights_stamp(p)) for p in paths)
+        seconds = sum(run_seconds(p, int(n) * sum(distances)) for p in paths)
         st.caption(
             f"About {seconds / 60:,.0f} min on this machine at the models' measured speeds; the progress bar moves "
             f"once a sample (one at {max(distances):,} tokens takes about "
-            f"{max(distances) / tokens_per_second(paths[0], weights_stamp(paths[0])):,.0f} s for this model)."
+            f"{run_seconds(paths[0], max(distances)):,.0f} s for this model)."
         )
     if not st.button("Run", key="run_retention"):
         return

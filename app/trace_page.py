@@ -50,6 +50,15 @@ def tokens_per_second(model_path: str, stamp: int) -> float:
     return 1024 / (time.perf_counter() - began)
 
 
+def run_seconds(model_path: str, n_tokens: float) -> float:
+    """About how long a run over `n_tokens` takes this checkpoint on this machine (`tokens_per_second`)."""
+    return n_tokens / tokens_per_second(model_path, weights_stamp(model_path))
+
+
+def duration(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
 @st.cache_data(show_spinner="Decomposing the memory's read…", max_entries=8)
 def cached_readout(model_path: str, text: str, answer: str | None, position: int):
     model = load_model(model_path)
@@ -171,8 +180,7 @@ def render() -> None:
     text, evidence, answer = chosen
     n_tokens = len(text.encode()) / bytes_per_token(path)
     if n_tokens > 20_000:  # say what a long input costs before it runs
-        seconds = n_tokens / tokens_per_second(path, weights_stamp(path))
-        took = f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+        took = duration(run_seconds(path, n_tokens))
         st.caption(
             f"About {n_tokens:,.0f} tokens (by this model's bytes a token on English): the trace takes about {took} "
             "on this machine at the model's measured speed, once; it is cached afterwards."
