@@ -26,7 +26,7 @@ def run_grid(
 ):
     model = load_model(model_path)
     bar = st.progress(0.0, text="Running the probe…")
-    progress = lambda done, total: bar.progress(done / total, text=f"{done} / {total} samples")  # noqa: E731
+    progress = lambda done, total: bar.progress(done / total, text=f"{int(done)} / {total} samples")  # noqa: E731
     if probe == "passkey":
         df = passkey.run(model, lengths, depths_or_tasks, n=n, seed=seed, haystack=haystack, progress=progress)
     elif probe == "ruler":
@@ -45,7 +45,7 @@ def run_retention(model_paths: tuple[str, ...], distances: tuple[int, ...], n: i
     for k, path in enumerate(model_paths):
 
         def progress(done, total, k=k):
-            bar.progress((k + done / total) / len(model_paths), text=f"{path}: {done} / {total} samples")
+            bar.progress((k + done / total) / len(model_paths), text=f"{path}: {int(done)} / {total} samples")
 
         frames.append(retention.run(load_model(path), distances, n=n, seed=seed, progress=progress).assign(model=path))
     bar.empty()
@@ -70,9 +70,8 @@ def render_retention() -> None:
         paths = (current_path(), *compare)
         seconds = sum(run_seconds(p, int(n) * sum(distances)) for p in paths)
         st.caption(
-            f"About {seconds / 60:,.0f} min on this machine at the models' measured speeds; the progress bar moves "
-            f"once a sample (one at {max(distances):,} tokens takes about "
-            f"{run_seconds(paths[0], max(distances)):,.0f} s for this model)."
+            f"About {seconds / 60:,.0f} min on this machine at the models' measured speeds (one sample at "
+            f"{max(distances):,} tokens takes about {run_seconds(paths[0], max(distances)):,.0f} s for this model)."
         )
     if not st.button("Run", key="run_retention"):
         return

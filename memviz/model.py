@@ -41,6 +41,8 @@ from memviz.tokenizer import ByteTokenizer, Tokenizer
 MAX_PROMPT_TOKENS = 1 << 22
 #: the most tokens `generate` writes after it: one token at a time, the answer of a probe or a look at what follows
 MAX_NEW_TOKENS = 1 << 16
+#: a long run's progress: called with (done, total), e.g. the prompt's tokens read so far and all of them
+Progress = Callable[[int, int], None]
 BACKBONE_FIELDS = (
     "vocab_size",
     "d_model",
@@ -517,25 +519,33 @@ class MemoryLM(HookedRootModule):
             del logits  # so that the next chunk's forward does not hold this chunk's [chunk, vocab] logits
 
     @torch.no_grad()
-    def prefill(self, tokens: Sequence[int] | Tensor, state: ModelState | None = None) -> tuple[Tensor, ModelState]:
+    def prefill(
+        self, tokens: Sequence[int] | Tensor, state: ModelState | None = None, progress: Progress | None = None
+    ) -> tuple[Tensor, ModelState]:
         """Read a prompt for what follows it: the last position's logits [batch, 1, vocab] and the
         state after the prompt, as `stream` gives them. A family may skip work that cannot reach
-        them (LongMem's side network far from the end)."""
+        them (LongMem's side network far from the end). `progress(done, total)` after each chunk, in tokens."""
         tokens = self.as_tokens(tokens)
         if tokens.shape[1] == 0:
             raise ValueError("empty prompt: at least one token is needed")
         logits = None
-        for _, chunk_logits, chunk_state in self.stream(tokens, state=state):
+        for start, chunk_logits, chunk_state in self.stream(tokens, state=state):
             logits, state = chunk_logits, chunk_state
+            if progress is not None:
+                progress(start + logits.shape[1], tokens.shape[1])
         assert logits is not None and state is not None  # the prompt is not empty: stream yields
         return logits[:, -1:], state
 
     @torch.no_grad()
     def generate_ids(
-        self, prompt_ids: Sequence[int], max_new_tokens: int = 16, state: ModelState | None = None
+        self,
+        prompt_ids: Sequence[int],
+        max_new_tokens: int = 16,
+        state: ModelState | None = None,
+        progress: Progress | None = None,
     ) -> list[int]:
-        """Greedy decoding after streaming the prompt; stops at eos. Special ids other than
-        eos are never produced."""
+        """Greedy decoding after streaming the prompt (`progress` as `prefill` reports it); stops at eos.
+        Special ids other than eos are never produced."""
         if (
             not isinstance(max_new_tokens, int)
             or isinstance(max_new_tokens, bool)
@@ -544,7 +554,7 @@ class MemoryLM(HookedRootModule):
             raise ValueError(
                 f"max_new_tokens must be a whole number from 0 to {MAX_NEW_TOKENS:,}, got {max_new_tokens!r}"
             )
-        logits, state = self.prefill(prompt_ids, state)
+        logits, state = self.prefill(prompt_ids, state, progress)
         banned = [self.tokenizer.pad_id, self.tokenizer.bos_id]
         out: list[int] = []
         for step in range(max_new_tokens):
@@ -563,14 +573,15 @@ class MemoryLM(HookedRootModule):
             logits, state = self(torch.tensor([[nxt]], device=self.device), state=state, return_state=True)
         return out
 
-    def generate(self, prompt: str, max_new_tokens: int = 16) -> str:
+    def generate(self, prompt: str, max_new_tokens: int = 16, progress: Progress | None = None) -> str:
         """Greedy continuation of `prompt`, streaming over long prompts in bounded memory; a prompt of more than
-        MAX_PROMPT_TOKENS is refused before it is tokenized whole."""
+        MAX_PROMPT_TOKENS is refused before it is tokenized whole. `progress(done, total)`: the prompt's tokens
+        read, after each chunk."""
         ids = self.tokenizer.encode_within(prompt, MAX_PROMPT_TOKENS, "prompt", "prompt limit")
         if not ids:
             raise ValueError("empty prompt: at least one token is needed")
         with self.evaluating():
-            return self.tokenizer.decode(self.generate_ids(ids, max_new_tokens))
+            return self.tokenizer.decode(self.generate_ids(ids, max_new_tokens, progress=progress))
 
     @contextmanager
     def evaluating(self) -> Iterator[None]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from memviz.model import NonFiniteError
+from memviz.model import MemoryLM, NonFiniteError
 
 
 @dataclass
@@ -121,6 +121,11 @@ def check_n(n: int) -> None:
         raise ValueError(f"n must be a positive integer, got {n!r}")
 
 
+#: a probe run's progress: (samples done, with the share of the prompt read in the one being run; samples in all)
+SampleProgress = Callable[[float, int], None]
+#: the steps a sample's own progress is reported in, so that a long prompt moves a bar without flooding it
+PROMPT_STEPS = 50
+
 SAMPLE_COLUMNS = ("n_tokens", "answer", "prediction", "correct", "diverged", "evidence")  # after the keys
 
 
@@ -129,14 +134,15 @@ def run_samples(
     jobs: Sequence[tuple[dict[str, Any], Callable[[], Sample]]],
     score: Callable[[str, Sample], bool | float],
     max_new_tokens: int | Callable[[dict[str, Any]], int],
-    progress: bool | Callable[[int, int], None] = True,
+    progress: bool | SampleProgress = True,
     desc: str = "probe",
     shard: tuple[int, int] = (0, 1),
 ) -> pd.DataFrame:
     """Generate greedily for each sample and score it; one row per sample (`diverged`: the model's logits stopped
     being finite, scored wrong). `max_new_tokens` may
     depend on the job's keys. With `shard` (i, n) only jobs i, i + n, ... run, each row with its
-    job index in "job" (`run_in_workers` puts the shards back in order)."""
+    job index in "job" (`run_in_workers` puts the shards back in order). A callable `progress` hears of a
+    memviz model's long prompt as it is read, in PROMPT_STEPS steps, not only when its sample is done."""
     from tqdm.auto import tqdm
 
     index, count = shard
@@ -147,7 +153,12 @@ def run_samples(
         sample = make()
         budget = max_new_tokens(keys) if callable(max_new_tokens) else max_new_tokens
         try:
-            prediction, diverged = model.generate(sample.prompt, max_new_tokens=budget), False
+            if callable(progress) and isinstance(model, MemoryLM):
+                reading = prompt_progress(progress, i, len(picked))
+                prediction = model.generate(sample.prompt, max_new_tokens=budget, progress=reading)
+            else:
+                prediction = model.generate(sample.prompt, max_new_tokens=budget)
+            diverged = False
         except NonFiniteError:  # the model's state diverged on this input: a wrong answer, marked
             prediction, diverged = "", True
         result = score(prediction, sample)
@@ -169,6 +180,20 @@ def run_samples(
     bar.close()
     columns = [*(["job"] if count > 1 else []), *(jobs[0][0] if jobs else {}), *SAMPLE_COLUMNS]
     return pd.DataFrame(rows, columns=columns)  # the columns of a shard past the grid too, which has no rows
+
+
+def prompt_progress(progress: SampleProgress, done: int, total: int) -> Callable[[int, int], None]:
+    """A prompt's tokens read, as the share of one sample after `done` of `total`, at most PROMPT_STEPS times."""
+    reported = 0
+
+    def read(tokens: int, prompt: int) -> None:
+        nonlocal reported
+        step = tokens * PROMPT_STEPS // prompt
+        if reported < step < PROMPT_STEPS:  # the sample's end is reported once it is scored
+            reported = step
+            progress(done + step / PROMPT_STEPS, total)
+
+    return read
 
 
 def check_workers(workers: int) -> None:

@@ -16,12 +16,12 @@ the corpus is shuffled take their own seeds.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pandas as pd
 
-from probes.common import Sample, check_n, run_samples
+from probes.common import Sample, SampleProgress, check_n, run_samples
 
 SYLLABLES = """ka lo mi ra ven tor sul qui bel dar fen gor hal is jun kel mor nal os pel
 rin sev tal ul vor wen xan yel zor bri cla dro fla gri plo stra tre vel mar nor""".split()
@@ -149,7 +149,7 @@ def run(
     seed: int = 0,
     kb_seed: int | None = None,
     n_entities: int | None = None,
-    progress: bool | Callable[[int, int], None] = True,
+    progress: bool | SampleProgress = True,
 ) -> pd.DataFrame:
     """Ask `n` facts drawn (by `seed`) from the knowledge base the model was trained on (named
     in its card unless given; every fact when `n` is more than it holds). One row per fact: entity, attribute,

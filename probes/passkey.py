@@ -13,12 +13,13 @@ greedy continuation equals the key.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import pandas as pd
 
 from probes.common import (
     Sample,
+    SampleProgress,
     accuracy_heatmap,
     as_list,
     check_depths,
@@ -112,7 +113,7 @@ def run(
     n: int = 10,
     seed: int = 0,
     haystack=None,
-    progress: bool | Callable[[int, int], None] = True,
+    progress: bool | SampleProgress = True,
     workers: int = 1,
     shard: tuple[int, int] = (0, 1),
 ) -> pd.DataFrame:

@@ -14,11 +14,21 @@ the pass-key probe's needle and filler, seeded apart from it ("retention", seed,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
-from probes.common import Sample, as_list, check_grid_size, check_n, run_samples, sample_rng, spans_of, take_filler
+from probes.common import (
+    Sample,
+    SampleProgress,
+    as_list,
+    check_grid_size,
+    check_n,
+    run_samples,
+    sample_rng,
+    spans_of,
+    take_filler,
+)
 from probes.haystack import make_haystack
 from probes.passkey import INSTRUCTION, QUESTION, leading_digits, needle, score
 
@@ -71,7 +81,7 @@ def run(
     seed: int = 0,
     prefix: int = 32,
     haystack=None,
-    progress: bool | Callable[[int, int], None] = True,
+    progress: bool | SampleProgress = True,
 ) -> pd.DataFrame:
     """One row per sample: distance (asked), gap (tokens really between needle and question),
     length, answer, prediction, correct, leading_digits (and n_tokens, evidence)."""
@@ -100,7 +110,7 @@ def compare(
     distances: Sequence[int] = DISTANCES[:5],
     n: int = 10,
     seed: int = 0,
-    progress: bool | Callable[[int, int], None] = True,
+    progress: bool | SampleProgress = True,
     **kw,
 ) -> pd.DataFrame:
     """`run` for each named model on the same samples, with a `model` column."""

@@ -48,6 +48,7 @@ import pandas as pd
 
 from probes.common import (
     Sample,
+    SampleProgress,
     accuracy_heatmap,
     as_list,
     check_depths,
@@ -574,7 +575,7 @@ def run(
     n: int = 10,
     seed: int = 0,
     haystack=None,
-    progress: bool | Callable[[int, int], None] = True,
+    progress: bool | SampleProgress = True,
     workers: int = 1,
     shard: tuple[int, int] = (0, 1),
 ) -> pd.DataFrame:

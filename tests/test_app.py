@@ -260,7 +260,7 @@ def test_probes_page_draws_retention_beside_the_control(infini_checkpoint):
     assert "at least one distance" in at.error[0].value
     at.multiselect(key="rt_distances").set_value([64, 2**20]).run()  # not run: the cost is said first
     assert not at.exception and re.search(r"About [\d,]+ min on this machine", at.caption[-1].value)
-    assert "one at 1,048,576 tokens takes about" in at.caption[-1].value
+    assert "one sample at 1,048,576 tokens takes about" in at.caption[-1].value
 
 
 def test_probes_page_draws_language_modelling_beside_the_control(infini_checkpoint):

@@ -388,6 +388,23 @@ def test_retention_run_against_a_solver_and_a_model_with_a_window():
     assert list(fig.data[1].y) == [1.0, 1.0, 0.0] and list(fig.data[1].x) == [64, 400, 2000]
 
 
+def test_a_long_prompt_moves_the_progress_while_it_is_read():
+    """A callable progress hears of each chunk of a memviz model's prompt (1,024 tokens here), as a share of the
+    sample, and of each sample once it is scored; a duck-typed model only of its samples."""
+    from tests.conftest import small_model
+
+    calls = []
+    df = retention.run(small_model("sliding_window", window=8), [3000], n=2, progress=lambda *c: calls.append(c))
+    assert {total for _, total in calls} == {2} and calls[-1] == (2, 2)
+    done = [d for d, _ in calls]
+    assert done == sorted(done) and len(set(done)) == len(done)
+    assert [d for d in done if d == int(d)] == [1, 2]  # each sample's end
+    assert sum(0 < d < 1 for d in done) == -(-df["n_tokens"][0] // 1024) - 1  # each chunk but the last
+    calls.clear()
+    retention.run(Oracle(lambda p: ""), [3000], n=2, progress=lambda *c: calls.append(c))
+    assert calls == [(1, 2), (2, 2)]
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [

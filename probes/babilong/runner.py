@@ -5,7 +5,7 @@ the target is the only label left."""
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -13,7 +13,16 @@ import pandas as pd
 from probes.babilong.released import load, released_sample
 from probes.babilong.samples import seeded_sample
 from probes.babilong.stories import check_task, vocabulary
-from probes.common import Sample, accuracy_heatmap, as_list, check_grid_size, check_lengths, check_n, run_samples
+from probes.common import (
+    Sample,
+    SampleProgress,
+    accuracy_heatmap,
+    as_list,
+    check_grid_size,
+    check_lengths,
+    check_n,
+    run_samples,
+)
 
 
 def first_sentence(output: str) -> str:
@@ -39,7 +48,7 @@ def run(
     data_path: str | Path | None = None,
     haystack=None,
     names: str = "babi",
-    progress: bool | Callable[[int, int], None] = True,
+    progress: bool | SampleProgress = True,
 ) -> pd.DataFrame:
     """One row per sample: task, length, answer, prediction, correct (depth is the position of
     the last supporting fact, as a fraction of the prompt, for generated samples)."""

@@ -66,7 +66,7 @@ from memviz.figure_parts import (
     window_of,
 )
 from memviz.layers import AttentionSpan, LocalAttention, LocalCache, SwiGLU
-from memviz.model import BACKBONE_FIELDS, Block, HookDoc, MemoryLM, ModelState
+from memviz.model import BACKBONE_FIELDS, Block, HookDoc, MemoryLM, ModelState, Progress
 from memviz.models.longmem.bank import SEARCHES, ChunkBank
 from memviz.options import check_choice, check_positive
 from memviz.registry import register_family
@@ -545,7 +545,9 @@ class LongMemLM(MemoryLM):
         return hidden, new_states, bank, OpenSegment(ext_k[:, n_closed:], ext_v[:, n_closed:]), open_from
 
     @torch.no_grad()
-    def prefill(self, tokens: Tensor | Sequence[int], state: ModelState | None = None) -> tuple[Tensor, ModelState]:
+    def prefill(
+        self, tokens: Tensor | Sequence[int], state: ModelState | None = None, progress: Progress | None = None
+    ) -> tuple[Tensor, ModelState]:
         """`MemoryLM.prefill` without the work nobody reads: a token more than the side network's
         reach (side_layers x the attention span) before the end reaches the last logits only
         through the bank, which the frozen backbone writes. So over those tokens only the backbone
@@ -560,16 +562,18 @@ class LongMemLM(MemoryLM):
         assert self.attention is not None  # default_attention is causal
         span = self.attention.span
         if span is None:
-            return super().prefill(tokens, state)
+            return super().prefill(tokens, state, progress)
         o = self.options
         reach = o.side_layers * span + (o.recent_queries if o.search == "hnsw" else 0)
         head = max(0, tokens.shape[1] - reach)
         if head:
-            state = self.backbone_prefill(tokens[:, :head], state)
-        return super().prefill(tokens[:, head:], state)
+            state = self.backbone_prefill(tokens[:, :head], state, shifted(progress, 0, tokens.shape[1]))
+        return super().prefill(tokens[:, head:], state, shifted(progress, head, tokens.shape[1]))
 
     @torch.no_grad()
-    def backbone_prefill(self, tokens: Tensor | Sequence[int], state: ModelState | None = None) -> ModelState:
+    def backbone_prefill(
+        self, tokens: Tensor | Sequence[int], state: ModelState | None = None, progress: Progress | None = None
+    ) -> ModelState:
         """The state after `tokens` as the frozen backbone leaves it (its caches, the bank, the open
         segment), the side caches empty. No trained weight enters it, so training can start batch
         after batch from one such state (a bank of distractors: `data.prefix_tokens`)."""
@@ -587,6 +591,8 @@ class LongMemLM(MemoryLM):
             )
             state = ModelState(state.pos + chunk.shape[1], layer_states, shared)
             heap.release_between(start, start + chunk.shape[1])
+            if progress is not None:
+                progress(start + chunk.shape[1], tokens.shape[1])
         return state
 
     def query_groups(self, bank: ChunkBank, pos: int, T: int) -> list[tuple[int, int, int, int]]:
@@ -602,6 +608,14 @@ class LongMemLM(MemoryLM):
             groups.append((start, stop, lo, hi))
             start = stop
         return groups
+
+
+def shifted(progress: Progress | None, offset: int, total: int) -> Progress | None:
+    """`progress` over a whole prompt, for a part of it that starts `offset` tokens in."""
+    if progress is None:
+        return None
+    whole = progress
+    return lambda done, _: whole(offset + done, total)
 
 
 @dataclass

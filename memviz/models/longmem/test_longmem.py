@@ -84,11 +84,11 @@ def test_streamed_run_equals_one_pass_and_state_is_bounded(chunk_len):
 def test_prefill_runs_the_side_network_only_where_it_reaches_the_end_and_equals_a_stream(length, search):
     model = longmem(search=search, exact_below=1, recent_queries=6).double()
     ids = random_ids(length + 4, seed=length)
-    seen = []
+    seen, read = [], []
     with torch.no_grad():
         *_, (_, streamed, stream_state) = model.stream(ids[:, :length], 7)
         with model.hooks(fwd_hooks=[("side_blocks.0.hook_resid_pre", lambda x, hook: seen.append(x.shape[1]))]):
-            last, state = model.prefill(ids[:, :length])
+            last, state = model.prefill(ids[:, :length], progress=lambda *c: read.append(c))
         torch.testing.assert_close(last, streamed[:, -1:], atol=1e-12, rtol=0)
         # the state carries on as the stream's does: the bank, the backbone's and the side caches
         torch.testing.assert_close(
@@ -96,6 +96,8 @@ def test_prefill_runs_the_side_network_only_where_it_reaches_the_end_and_equals_
         )
     reach = 2 * 8 + (6 if search == "hnsw" else 0)  # side_layers x window (and the queries a query reads the finds of)
     assert sum(seen) == min(length, reach)
+    # progress over the whole prompt (in one chunk of 1,024 tokens): the backbone's part, then the full model's
+    assert read == [(head, length) for head in (length - reach,) if head > 0] + [(length, length)]
     if search == "hnsw":
         assert torch.equal(state.shared.recent, stream_state.shared.recent)
         assert state.shared.recent.shape[2] == min(6, max(0, length - 8))  # tokens past the first segment search
