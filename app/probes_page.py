@@ -8,7 +8,7 @@ import streamlit as st
 
 import memviz
 from app.common import control_samples, current_model, current_path, load_model
-from app.trace_page import run_seconds
+from app.trace_page import duration, run_seconds
 from probes import babilong, lm, passkey, retention, ruler, texts
 from probes.haystack import BACKGROUNDS
 
@@ -70,8 +70,8 @@ def render_retention() -> None:
         paths = (current_path(), *compare)
         seconds = sum(run_seconds(p, int(n) * sum(distances)) for p in paths)
         st.caption(
-            f"About {seconds / 60:,.0f} min on this machine at the models' measured speeds (one sample at "
-            f"{max(distances):,} tokens takes about {run_seconds(paths[0], max(distances)):,.0f} s for this model)."
+            f"About {duration(seconds)} on this machine at the models' measured speeds (one sample at "
+            f"{max(distances):,} tokens takes about {duration(run_seconds(paths[0], max(distances)))} for this model)."
         )
     if not st.button("Run", key="run_retention"):
         return

@@ -261,6 +261,9 @@ def test_probes_page_draws_retention_beside_the_control(infini_checkpoint):
     at.multiselect(key="rt_distances").set_value([64, 2**20]).run()  # not run: the cost is said first
     assert not at.exception and re.search(r"About [\d,]+ min on this machine", at.caption[-1].value)
     assert "one sample at 1,048,576 tokens takes about" in at.caption[-1].value
+    at.multiselect(key="rt_distances").set_value([64, 65536]).run()
+    at.number_input(key="rt_n").set_value(1).run()  # a short run is said in seconds, not as "0 min"
+    assert re.search(r"About \d+ s on this machine.* takes about \d+ s for this model", at.caption[-1].value)
 
 
 def test_probes_page_draws_language_modelling_beside_the_control(infini_checkpoint):
