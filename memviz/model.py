@@ -43,6 +43,11 @@ MAX_PROMPT_TOKENS = 1 << 22
 MAX_NEW_TOKENS = 1 << 16
 #: a long run's progress: called with (done, total), e.g. the prompt's tokens read so far and all of them
 Progress = Callable[[int, int], None]
+
+
+def check_progress(progress: Progress | None) -> None:
+    if progress is not None and not callable(progress):
+        raise TypeError(f"progress is called with (tokens read, tokens in all), or None; got {progress!r}")
 BACKBONE_FIELDS = (
     "vocab_size",
     "d_model",
@@ -528,6 +533,7 @@ class MemoryLM(HookedRootModule):
         tokens = self.as_tokens(tokens)
         if tokens.shape[1] == 0:
             raise ValueError("empty prompt: at least one token is needed")
+        check_progress(progress)
         logits = None
         for start, chunk_logits, chunk_state in self.stream(tokens, state=state):
             logits, state = chunk_logits, chunk_state

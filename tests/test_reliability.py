@@ -1073,3 +1073,13 @@ def test_titans_at_the_token_cap_is_refused_for_its_memory_before_the_work(tmp_p
         ValueError, match=r"data.curriculum's longest length 131,072 x optim.batch_size 2: a step of this titans"
     ):
         Trainer(config, progress=False)
+
+
+@pytest.mark.parametrize(
+    "family, memory",
+    [("sliding_window", {}), ("longmem", {"chunk_size": 4, "topk_chunks": 3, "bank_size": 16, "side_layers": 2})],
+)
+def test_generate_refuses_a_progress_that_cannot_be_called_before_it_reads(family, memory):
+    model = small_model(family, window=8, segment_len=8, memory=memory) if memory else small_model(family, window=8)
+    with pytest.raises(TypeError, match="progress is called with .* got 5"):
+        model.generate("a prompt long enough to pass the longmem side network's reach" * 3, progress=5)

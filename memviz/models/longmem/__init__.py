@@ -66,7 +66,7 @@ from memviz.figure_parts import (
     window_of,
 )
 from memviz.layers import AttentionSpan, LocalAttention, LocalCache, SwiGLU
-from memviz.model import BACKBONE_FIELDS, Block, HookDoc, MemoryLM, ModelState, Progress
+from memviz.model import BACKBONE_FIELDS, Block, HookDoc, MemoryLM, ModelState, Progress, check_progress
 from memviz.models.longmem.bank import SEARCHES, ChunkBank
 from memviz.options import check_choice, check_positive
 from memviz.registry import register_family
@@ -559,6 +559,7 @@ class LongMemLM(MemoryLM):
         search a query also reads what the search found for the `recent_queries` tokens before it,
         so the reach is that much longer."""
         tokens = self.as_tokens(tokens)
+        check_progress(progress)
         assert self.attention is not None  # default_attention is causal
         span = self.attention.span
         if span is None:
