@@ -56,7 +56,7 @@ def run_seconds(model_path: str, n_tokens: float) -> float:
 
 
 def duration(seconds: float) -> str:
-    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+    return f"{seconds / 60:,.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
 @st.cache_data(show_spinner="Decomposing the memory's read…", max_entries=8)

@@ -48,6 +48,8 @@ Progress = Callable[[int, int], None]
 def check_progress(progress: Progress | None) -> None:
     if progress is not None and not callable(progress):
         raise TypeError(f"progress is called with (tokens read, tokens in all), or None; got {progress!r}")
+
+
 BACKBONE_FIELDS = (
     "vocab_size",
     "d_model",

@@ -1083,3 +1083,6 @@ def test_generate_refuses_a_progress_that_cannot_be_called_before_it_reads(famil
     model = small_model(family, window=8, segment_len=8, memory=memory) if memory else small_model(family, window=8)
     with pytest.raises(TypeError, match="progress is called with .* got 5"):
         model.generate("a prompt long enough to pass the longmem side network's reach" * 3, progress=5)
+    if memory:  # the backbone's pass alone, as training's bank of distractors runs it
+        with pytest.raises(TypeError, match="progress is called with .* got 5"):
+            model.backbone_prefill(list(range(40)), progress=5)

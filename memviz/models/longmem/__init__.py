@@ -579,6 +579,7 @@ class LongMemLM(MemoryLM):
         segment), the side caches empty. No trained weight enters it, so training can start batch
         after batch from one such state (a bank of distractors: `data.prefix_tokens`)."""
         tokens = self.as_tokens(tokens)
+        check_progress(progress)
         state = state or self.init_state(tokens.shape[0])
         fresh_side = self.init_side_state(tokens.shape[0])
         for start in range(0, tokens.shape[1], self.chunk_len):
