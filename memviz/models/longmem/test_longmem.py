@@ -104,6 +104,13 @@ def test_prefill_runs_the_side_network_only_where_it_reaches_the_end_and_equals_
     assert state.pos == length and len(state.shared.bank) == len(stream_state.shared.bank)
 
 
+def test_prefill_reports_each_chunk_of_the_backbone_and_then_of_the_full_model():
+    model, read = longmem(), []
+    model.prefill(random_ids(2500), progress=lambda *c: read.append(c))
+    head = 2500 - 2 * 8  # side_layers x window before the end: the backbone alone, in chunks of 1,024
+    assert read == [(1024, 2500), (2048, 2500), (head, 2500), (2500, 2500)]
+
+
 def test_the_bank_carries_information_past_every_window():
     model = longmem()
     ids = random_ids(40)
