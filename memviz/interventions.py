@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from memviz.model import ModelState
+from memviz.model import ModelState, Progress
 from memviz.registry import get_family
 from memviz.state import with_memory_of
 
@@ -170,7 +170,7 @@ class SweepRow:
 
 @torch.no_grad()
 def ablation_sweep(
-    model, prompt: str, answer: str, points: int = 32, progress: Callable[[int, int], None] | None = None
+    model, prompt: str, answer: str, points: int = 32, progress: Progress | None = None
 ) -> list[SweepRow]:
     """Ablate the memory at the prompt's segment boundaries in turn (every one, or `points` of them
     evenly spaced from the first to the last when there are more); `delta` is the change in

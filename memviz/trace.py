@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from memviz.files import atomic_write_bytes, check_regular_file
+from memviz.model import Progress
 from memviz.registry import get_family
 
 REDUCERS = ("none", "mean", "norm")
@@ -462,7 +463,7 @@ def trace(
     text: str | Sequence[int],
     names=None,
     chunk_len: int | None = None,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Progress | None = None,
     max_tokens: int = MAX_TRACE_TOKENS,
     evidence: Sequence[Sequence[int]] = (),
     answer: str | Sequence[int] | None = None,
