@@ -197,27 +197,51 @@ CALL_CASES = {
     ),
     "generate a negative count": (lambda m: m.generate("hi", max_new_tokens=-1), ValueError, "max_new_tokens"),
     "generate a trillion tokens": (lambda m: m.generate("hi", max_new_tokens=10**12), ValueError, "max_new_tokens"),
-    "token ids outside the vocabulary": (lambda m: m(torch.tensor([[0, 999]])), ValueError, "999"),
+    "token ids outside the vocabulary": (
+        lambda m: m(torch.tensor([[0, 999]])),
+        ValueError,
+        r"token ids must lie in \[0, 259\), got range \[0, 999\]",
+    ),
     "a state that is no state": (lambda m: next(m.stream([1, 2, 3], 2, state="abc")), TypeError, "got str"),
     "another family's state": (
         lambda m: next(m.stream([1, 2, 3], 2, state=small_model("lm2", window=8).init_state())),
         ValueError,
         "LM2BlockState.*sliding_window model's has 2 of \\['LocalCache'\\]",
     ),
-    "pass key with no lengths": (lambda m: passkey.run(m, lengths=[], depths=[0.5], n=1), ValueError, "lengths"),
+    "pass key with no lengths": (
+        lambda m: passkey.run(m, lengths=[], depths=[0.5], n=1),
+        ValueError,
+        r"lengths and depths need at least one value each, got lengths=\[\]",
+    ),
     "pass key shorter than its needle": (
         lambda m: passkey.run(m, lengths=[20], depths=[0.5], n=1),
         ValueError,
         "length 20",
     ),
-    "pass key depth 2": (lambda m: passkey.run(m, lengths=[256], depths=[2.0], n=1), ValueError, "depth"),
-    "pass key n 0": (lambda m: passkey.run(m, lengths=[256], depths=[0.5], n=0), ValueError, "n"),
-    "BABILong tasks as one string": (lambda m: babilong.run(m, tasks="qa1", lengths=[256], n=1), ValueError, "tasks"),
-    "BABILong unknown task": (lambda m: babilong.run(m, tasks=["qa9"], lengths=[256], n=1), ValueError, "qa9"),
+    "pass key depth 2": (
+        lambda m: passkey.run(m, lengths=[256], depths=[2.0], n=1),
+        ValueError,
+        r"depth must lie in \[0, 1\] .*got 2.0",
+    ),
+    "pass key n 0": (
+        lambda m: passkey.run(m, lengths=[256], depths=[0.5], n=0),
+        ValueError,
+        "n must be a positive integer, got 0",
+    ),
+    "BABILong tasks as one string": (
+        lambda m: babilong.run(m, tasks="qa1", lengths=[256], n=1),
+        ValueError,
+        "tasks must be a list, got 'qa1'",
+    ),
+    "BABILong unknown task": (
+        lambda m: babilong.run(m, tasks=["qa9"], lengths=[256], n=1),
+        ValueError,
+        "unknown task 'qa9'; tasks are",
+    ),
     "BABILong data file missing": (
         lambda m: babilong.run(m, tasks=["qa1"], lengths=[256], n=1, data_path="/nowhere/qa1.json"),
         ValueError,
-        "/nowhere",
+        "BABILong data path /nowhere/qa1.json does not exist",
     ),
 }
 
@@ -286,19 +310,31 @@ def train_config(**changes) -> dict:
 
 
 TRAIN_CASES = {
-    "min_lr_frac -5": ({"optim.min_lr_frac": -5}, "min_lr_frac"),
-    "steps -5": ({"optim.steps": -5}, "steps"),
-    "steps 0": ({"optim.steps": 0}, "steps"),
-    "batch_size 0": ({"optim.batch_size": 0}, "batch_size"),
-    "lr negative": ({"optim.lr": -1e-3}, "lr"),
-    "lr infinite": ({"optim.lr": float("inf")}, "lr"),
-    "memory_value_lr infinite": ({"optim.memory_value_lr": float("inf")}, "memory_value_lr"),
-    "a NaN task weight": ({"data.mix": {"passkey": float("nan")}}, "data.mix"),
-    "save_every 0": ({"save_every": 0}, "save_every"),
-    "a length of 100k x batch 64": ({"data.curriculum": [[0, 100_000]], "optim.batch_size": 64}, "curriculum"),
-    "an eval grid of 5e7 samples": ({"eval.n": 50_000_000}, "eval"),
-    "a billion people": ({"data.n_entities": 10**9}, "n_entities"),
-    "an unknown field": ({"optim.speed": "fast"}, "speed"),
+    "min_lr_frac -5": (
+        {"optim.min_lr_frac": -5},
+        r"optim.min_lr_frac \(the last step's share of lr\) must lie in \[0, 1\], got -5",
+    ),
+    "steps -5": ({"optim.steps": -5}, "optim.steps must be a positive integer, got -5"),
+    "steps 0": ({"optim.steps": 0}, "optim.steps must be a positive integer, got 0"),
+    "batch_size 0": ({"optim.batch_size": 0}, "optim.batch_size must be a positive integer, got 0"),
+    "lr negative": ({"optim.lr": -1e-3}, "optim needs a finite lr > 0.*got lr -0.001"),
+    "lr infinite": ({"optim.lr": float("inf")}, "optim needs a finite lr > 0.*got lr inf"),
+    "memory_value_lr infinite": (
+        {"optim.memory_value_lr": float("inf")},
+        "optim.memory_value_lr must be a finite number > 0, got inf",
+    ),
+    "a NaN task weight": (
+        {"data.mix": {"passkey": float("nan")}},
+        "data.mix needs finite non-negative weights with a positive sum",
+    ),
+    "save_every 0": ({"save_every": 0}, "save_every must be a positive number of steps, got 0"),
+    "a length of 100k x batch 64": (
+        {"data.curriculum": [[0, 100_000]], "optim.batch_size": 64},
+        "data.curriculum's longest length 100,000 x optim.batch_size 64",
+    ),
+    "an eval grid of 5e7 samples": ({"eval.n": 50_000_000}, "the eval grid asks for 150,000,000 samples"),
+    "a billion people": ({"data.n_entities": 10**9}, "data.n_entities 1,000,000,000 is over the cap"),
+    "an unknown field": ({"optim.speed": "fast"}, r"unknown optim fields \['speed'\]"),
     "precision float16": ({"optim.precision": "float16"}, "optim.precision"),
     "a seed past 64 bits": ({"seed": 2**70}, "^seed must lie in"),
     "a negative data seed": ({"data.seed": -1}, "data.seed must lie in"),

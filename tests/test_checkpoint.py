@@ -165,6 +165,7 @@ model = memviz.build_model(cfg)
 print("ready", flush=True)
 while True:
     memviz.save(model, sys.argv[1])
+    print("saved", flush=True)
 """
 
 
@@ -182,15 +183,18 @@ def test_a_save_killed_at_any_moment_leaves_a_whole_checkpoint(tmp_path):
     script = tmp_path / "saver.py"
     script.write_text(KILLED_SAVER)
     widths = set()
-    for delay in (0.0, 0.01, 0.03, 0.05, 0.08, 0.13, 0.21, 0.34):
+    # (whole saves to wait for, then a delay): kills inside the first save, and inside a later one
+    for saves, delay in [(0, 0.0), (0, 0.01), (0, 0.03), (0, 0.05), (0, 0.08), (1, 0.0), (1, 0.02), (2, 0.05)]:
         proc = subprocess.Popen([sys.executable, str(script), str(folder)], stdout=subprocess.PIPE, text=True)
         assert proc.stdout.readline().strip() == "ready"
+        for _ in range(saves):
+            assert proc.stdout.readline().strip() == "saved"
         time.sleep(delay)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         widths.add(memviz.load(folder).cfg.d_model)
         assert (folder / "notes.txt").read_text() == "mine"
-    assert widths <= {32, 48} and 48 in widths
+    assert widths <= {32, 48} and 48 in widths  # 48: at least the kills after a whole save
     memviz.save(small_model("transformer"), folder)  # the next save clears what the killed ones left beside it
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".ckpt")] == []
 

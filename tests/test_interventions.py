@@ -5,6 +5,8 @@ import pytest
 import torch
 
 from memviz.interventions import ablate_at, ablation_sweep, answer_logprob, replace_at
+from memviz.model import ModelState
+from memviz.state import field_names, memory_fields, tensors_of
 from tests.conftest import scrambled, small_model
 
 SEG = 8
@@ -113,14 +115,65 @@ def test_topk_ablation_zeroes_a_memory_layers_read():
         ablate_at(model, 1)
 
 
-@pytest.mark.parametrize(
-    "family, config",
-    [
-        ("titans", {"segment_len": 8, "memory": {"variant": "mac"}}),
-        ("lm2", {"window": 8, "segment_len": 8, "memory": {"slots": 4, "update": "slots"}}),
-        ("longmem", {"window": 8, "segment_len": 8, "memory": {"chunk_size": 4, "topk_chunks": 2, "bank_size": 16}}),
-    ],
-)
+STATEFUL = [
+    ("infini", {"segment_len": SEG}),
+    ("titans", {"segment_len": 8, "memory": {"variant": "mac"}}),
+    ("lm2", {"window": 8, "segment_len": 8, "memory": {"slots": 4, "update": "slots"}}),
+    ("longmem", {"window": 8, "segment_len": 8, "memory": {"chunk_size": 4, "topk_chunks": 2, "bank_size": 16}}),
+]
+
+
+def memory_and_kept(part, memory: list, kept: list) -> None:
+    """Sort a state's parts into the `Memory` fields (whole) and every other leaf (caches), in order."""
+    names = field_names(part)
+    if names:
+        marked = memory_fields(type(part))
+        for name in names:
+            (memory.append if name in marked else lambda p: memory_and_kept(p, memory, kept))(getattr(part, name))
+    elif isinstance(part, (list, tuple)):
+        for p in part:
+            memory_and_kept(p, memory, kept)
+    elif isinstance(part, dict):
+        for p in part.values():
+            memory_and_kept(p, memory, kept)
+    elif part is not None:
+        kept.append(part)
+
+
+def parts_of(state: ModelState) -> tuple[list, list]:
+    memory: list = []
+    kept: list = []
+    memory_and_kept([state.layers, state.shared], memory, kept)
+    return memory, kept
+
+
+@pytest.mark.parametrize("family, config", STATEFUL)
+def test_an_edit_swaps_every_memory_field_whole_and_keeps_every_cache_object(family, config):
+    """On a state mid-prompt, ablation puts in init_state's memory and a patch the donor run's, each
+    field the very object; the local caches stay the state's own objects, and the position too."""
+    model = scrambled(small_model(family, **config), std=0.2)
+    ids = model.tokenizer.encode("the pass key is 12345. " * 3)
+    _, state = model(ids[:20], state=model.init_state(1), return_state=True)
+    memory, kept = parts_of(state)
+    assert memory and kept  # both kinds exist, so each assertion below can fail
+    donor = "Sandra moved to the office. " * 3
+    _, donor_state = model(model.tokenizer.encode(donor)[: 2 * 8], state=model.init_state(1), return_state=True)
+    for edit, expected in (
+        (ablate_at(model, 2)[1], model.init_state(1)),
+        (replace_at(model, 2, donor)[1], donor_state),
+    ):
+        edited = edit(state)
+        edited_memory, edited_kept = parts_of(edited)
+        assert edited.pos == state.pos
+        assert len(edited_kept) == len(kept) and all(a is b for a, b in zip(edited_kept, kept))
+        assert not any(a is b for a, b in zip(edited_memory, memory) if a is not None)
+        for a, b in zip(edited_memory, parts_of(expected)[0], strict=True):
+            assert type(a) is type(b)
+            for x, y in zip(tensors_of(a), tensors_of(b), strict=True):
+                torch.testing.assert_close(x, y, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("family, config", STATEFUL[1:])
 def test_every_stateful_family_resets_and_patches(family, config):
     """A reset before anything was written and a patch with the model's own text change nothing;
     a late reset does (Titans' fresh weights are held as None, LongMem's bank in the shared state)."""

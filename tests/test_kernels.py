@@ -13,7 +13,33 @@ from tests.conftest import scrambled, small_model
 
 
 # ----- dispatcher --------------------------------------------------------------------------------
-def test_the_reference_is_taken_on_cpu_unless_the_kernel_is_asked_for(monkeypatch):
+@needs_cc
+def test_on_cpu_auto_takes_the_compiled_kernel_and_reference_takes_none(monkeypatch, seed):  # noqa: F811
+    monkeypatch.delenv("MEMVIZ_KERNELS", raising=False)
+    B, T, N, d = 2, 17, 5, 8
+    q_slot, g_in, W_V, W_f, b_f, bank = (
+        torch.randn(B, T, d),
+        torch.rand(B, T, d),
+        torch.randn(d, d) / d**0.5,
+        torch.randn(d, d) / d**0.5,
+        torch.randn(d),
+        torch.randn(B, N, d),
+    )
+    expected = lm2_scan_reference(q_slot, g_in, bank, W_V, W_f, b_f)
+    handed_out: list[tuple[str, str]] = []
+    for loader in ("native_kernel", "triton_kernel"):
+        kernel = getattr(dispatch, loader)
+        monkeypatch.setattr(dispatch, loader, lambda op, k=kernel, n=loader: handed_out.append((n, op)) or k(op))
+    for mode, used in (("auto", [("native_kernel", "lm2_scan")]), ("reference", [])):
+        handed_out.clear()
+        outputs, final = dispatch.lm2_scan(q_slot, g_in, W_V, W_f, b_f, bank, impl=mode)
+        assert handed_out == used, (mode, seed)
+        for a, b in zip((*outputs, final), expected, strict=True):
+            torch.testing.assert_close(a, b, msg=lambda m: f"{mode}, seed {seed}: {m}")
+
+
+def test_triton_is_taken_only_when_asked_for_and_never_for_training(monkeypatch):
+    monkeypatch.delenv("MEMVIZ_KERNELS", raising=False)
     q = torch.randn(1, 3, 4)
     q_slot, g_in, W_V, W_f, b_f, bank = (
         q,
@@ -24,9 +50,6 @@ def test_the_reference_is_taken_on_cpu_unless_the_kernel_is_asked_for(monkeypatc
         torch.randn(1, 2, 4),
     )
     assert not dispatch.use_triton("lm2_scan", q)
-    outputs, final = dispatch.lm2_scan(q_slot, g_in, W_V, W_f, b_f, bank)  # the C kernel where it builds
-    for a, b in zip((*outputs, final), lm2_scan_reference(q_slot, g_in, bank, W_V, W_f, b_f)):
-        torch.testing.assert_close(a, b)
     with torch.no_grad():
         assert dispatch.use_triton("lm2_scan", q, impl="triton")
         monkeypatch.setenv("MEMVIZ_KERNELS", "triton")

@@ -83,17 +83,37 @@ def test_a_second_thread_gets_the_same_answer_or_one_refusal_never_another_runs_
 
 
 def test_two_threads_tracing_one_model_each_get_their_own_trace_or_a_refusal():
+    """The first thread's trace is held inside its forward until the second has tried: the second is
+    refused, and the first's trace is the one it gets alone."""
     model = small_model("infini", segment_len=8)
     text = "the quick brown fox jumps over the lazy dog " * 4
     alone = memviz.trace(model, text)
-    results = run_in_threads(lambda: memviz.trace(model, text), lambda: memviz.trace(model, text))
-    assert any(isinstance(r, memviz.Trace) for r in results)
-    for result in results:
-        if isinstance(result, Exception):
-            assert isinstance(result, ModelBusyError), result
-            continue
-        for name in alone.names:
-            np.testing.assert_array_equal(result[name], alone[name])
+    inside, tried = threading.Event(), threading.Event()
+    first = []
+
+    def hold(value, hook):
+        if threading.current_thread() is first[0]:
+            inside.set()
+            tried.wait(30)
+
+    def second():
+        assert inside.wait(30), "the first trace never started"
+        try:
+            return memviz.trace(model, text)
+        finally:
+            tried.set()
+
+    model.add_hook("blocks.0.hook_resid_post", hold)
+    try:
+        first_result, second_result = run_in_threads(
+            lambda: (first.append(threading.current_thread()), memviz.trace(model, text))[1], second
+        )
+    finally:
+        model.reset_hooks(including_permanent=True)
+    assert isinstance(second_result, ModelBusyError), second_result
+    assert isinstance(first_result, memviz.Trace), first_result
+    for name in alone.names:
+        np.testing.assert_array_equal(first_result[name], alone[name])
 
 
 def test_the_same_thread_may_nest_runs_and_the_model_is_free_after_an_error():
