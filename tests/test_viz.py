@@ -31,6 +31,16 @@ def test_long_traces_are_pooled_to_screen_width_with_true_positions():
         figure_parts.timeline(tr, {"s": "s"}, "t", start=-5)
 
 
+def numbers(drawn: dict) -> np.ndarray:
+    """What a trace draws as numbers: a heatmap's z, else y, else x (y may be labels, as heads are)."""
+    for axis in ("z", "y", "x"):
+        try:
+            return np.asarray(drawn[axis], dtype=float).ravel()
+        except (KeyError, TypeError, ValueError):
+            continue
+    return np.array([])
+
+
 @pytest.mark.parametrize("family", sorted(FAMILY_CONFIGS))
 def test_every_family_has_its_views(family):
     model = small_model(family, **FAMILY_CONFIGS[family])
@@ -49,9 +59,15 @@ def test_every_family_has_its_views(family):
         "product_key_memory": 4,
     }
     assert len(figs) == expected[family], list(figs)
-    for fig in figs.values():
+    for title, fig in figs.items():
         assert fig.layout.title.text
         fig.to_json()  # serialisable for the browser
+        values = [numbers(d.to_plotly_json()) for d in fig.data]
+        assert any(np.isfinite(v).any() for v in values), f"{family} {title!r}: no finite value drawn"
+    loss = figs["loss"].data[0]
+    pooled = tr.pool("loss", width=200)
+    np.testing.assert_array_equal(np.asarray(loss.x), pooled.positions)
+    assert 0 < np.nanmax(loss.y) <= np.nanmax(tr["loss"]) + 1e-6 and loss.x[-1] < len(tr)
 
 
 @pytest.mark.parametrize("sink", [None, 0.5])
