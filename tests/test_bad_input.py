@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -319,6 +320,11 @@ TRAIN_CASES = {
     "batch_size 0": ({"optim.batch_size": 0}, "optim.batch_size must be a positive integer, got 0"),
     "lr negative": ({"optim.lr": -1e-3}, "optim needs a finite lr > 0.*got lr -0.001"),
     "lr infinite": ({"optim.lr": float("inf")}, "optim needs a finite lr > 0.*got lr inf"),
+    "memory_value_lr 0": ({"optim.memory_value_lr": 0}, "optim.memory_value_lr must be a finite number > 0, got 0"),
+    "an unknown top-level field": ({"colour": 1}, r"unknown training config fields \['colour'\]"),
+    "an unknown task": ({"data.mix": {"qa9": 1.0}}, r"unknown data tasks \['qa9'\]; tasks are"),
+    "a negative drill": ({"data.drill": -1}, "data.drill must be >= 0, got -1"),
+    "max_facts of none": ({"data.max_facts": [[0, 0]]}, r"data.max_facts is a list of \[from_step, n\] with n >= 1"),
     "memory_value_lr infinite": (
         {"optim.memory_value_lr": float("inf")},
         "optim.memory_value_lr must be a finite number > 0, got inf",
@@ -343,6 +349,59 @@ TRAIN_CASES = {
     "a BPE of 'abc' ids": ({"tokenizer": "bpe:abc"}, "tokenizer 'bpe:abc'.*whole number"),
     "a BPE of a billion ids": ({"tokenizer": "bpe:1000000000"}, "to 1,048,576"),
 }
+
+#: fields of the wrong type or order, matched literally
+TYPED_CASES = {
+    "curriculum steps not increasing": ({"data.curriculum": [[5, 160], [0, 1000]]}, "data.curriculum's steps"),
+    "curriculum from a negative step": ({"data.curriculum": [[-1, 160]]}, "data.curriculum's steps"),
+    "max_facts steps not increasing": ({"data.max_facts": [[10, 2], [10, 3]]}, "data.max_facts's steps"),
+    "eval.every -1": ({"eval.every": -1}, "eval.every"),
+    "eval.passkey_depths 2": ({"eval.passkey_depths": [2.0]}, "eval.passkey_depths"),
+    "eval.passkey_lengths 0": ({"eval.passkey_lengths": [0]}, "eval.passkey_lengths"),
+    "threads -1": ({"threads": -1}, "threads"),
+    "optim.lr a string": ({"optim.lr": "big"}, "optim.lr must be a number"),
+    "optim.warmup a float": ({"optim.warmup": 1.5}, "optim.warmup must be a whole number"),
+    "optim.betas one number": ({"optim.betas": 0.9}, "optim.betas must be a list of 2 numbers"),
+    "data.min_len_frac a string": ({"data.min_len_frac": "0.5"}, "data.min_len_frac must be a number"),
+    "data.mix a list": ({"data.mix": ["passkey"]}, "data.mix must be a mapping"),
+    "data.curriculum of strings": ({"data.curriculum": [["0", "256"]]}, "data.curriculum must be a list of lists"),
+    "data.drill true": ({"data.drill": True}, "data.drill must be a whole number"),
+    "eval.lm 'yes'": ({"eval.lm": "yes"}, "eval.lm must be true or false"),
+    "eval.n 1.5": ({"eval.n": 1.5}, "eval.n must be a whole number"),
+    "tokenizer a number": ({"tokenizer": 5}, "tokenizer must be a string"),
+    "name a number": ({"name": 5}, "name must be a string"),
+    "optim a number": ({"optim": 5}, "optim must be a mapping"),
+    "optim.clip NaN": ({"optim.clip": float("nan")}, "clip > 0, got lr 0.001, warmup 100 and clip nan"),
+    "optim.weight_decay inf": (
+        {"optim.weight_decay": float("inf")},
+        "got weight_decay inf and betas (0.9, 0.95)",
+    ),
+    "data.text_weight NaN": ({"data.text_weight": float("nan")}, "data.text_weight must be a finite number >= 0"),
+    "data.answer_weight -5": ({"data.answer_weight": -5.0}, "data.answer_weight must be a finite number >= 0"),
+    "data.prompt_weight inf": ({"data.prompt_weight": float("inf")}, "data.prompt_weight must be a finite"),
+    "every loss weight 0": (
+        {"data.text_weight": 0.0, "data.answer_weight": 0.0},
+        "data.text_weight, data.answer_weight and data.prompt_weight are all 0",
+    ),
+    "babilong tasks without lengths": (
+        {"eval.babilong_tasks": ["qa1"]},
+        "eval.babilong_tasks and eval.babilong_lengths go",
+    ),
+    "data.names unknown": ({"data.names": "xyz"}, "data.names must be one of ['babi', 'varied'], got 'xyz'"),
+    "data.align_to past the curriculum": (
+        {"data.align_to": 4096, "data.aligned_frac": 1.0},
+        "data.align_to (4096) is longer than the curriculum's shortest max_len",
+    ),
+    "eval grid 1000 x 1000 x 50": (
+        {
+            "eval.passkey_lengths": list(range(1, 1001)),
+            "eval.passkey_depths": [i / 1000 for i in range(1000)],
+            "eval.n": 50,
+        },
+        "the eval grid asks for 50,000,000 samples",
+    ),
+}
+TRAIN_CASES |= {case: (changes, re.escape(message)) for case, (changes, message) in TYPED_CASES.items()}
 
 
 @pytest.mark.parametrize("case", sorted(TRAIN_CASES))

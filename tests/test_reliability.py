@@ -20,6 +20,7 @@ import torch
 import memviz
 from memviz.model import ModelBusyError
 from tests.conftest import HIGH_WATER_KB, small_model
+from tests.test_bad_input import train_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -289,73 +290,6 @@ def test_a_resume_after_a_kill_logs_each_step_once_and_clears_leftovers(tmp_path
 
 
 # ----- values checked where they enter --------------------------------------------------------------
-def train_config(**changes) -> dict:
-    from tests.test_bad_input import train_config as base
-
-    return base(**changes)
-
-
-TRAIN_CASES = {
-    "curriculum steps not increasing": ({"data.curriculum": [[5, 160], [0, 1000]]}, "data.curriculum's steps"),
-    "curriculum from a negative step": ({"data.curriculum": [[-1, 160]]}, "data.curriculum's steps"),
-    "max_facts steps not increasing": ({"data.max_facts": [[10, 2], [10, 3]]}, "data.max_facts's steps"),
-    "eval.every -1": ({"eval.every": -1}, "eval.every"),
-    "eval.passkey_depths 2": ({"eval.passkey_depths": [2.0]}, "eval.passkey_depths"),
-    "eval.passkey_lengths 0": ({"eval.passkey_lengths": [0]}, "eval.passkey_lengths"),
-    "threads -1": ({"threads": -1}, "threads"),
-    "optim.lr a string": ({"optim.lr": "big"}, "optim.lr must be a number"),
-    "optim.warmup a float": ({"optim.warmup": 1.5}, "optim.warmup must be a whole number"),
-    "optim.betas one number": ({"optim.betas": 0.9}, "optim.betas must be a list of 2 numbers"),
-    "data.min_len_frac a string": ({"data.min_len_frac": "0.5"}, "data.min_len_frac must be a number"),
-    "data.mix a list": ({"data.mix": ["passkey"]}, "data.mix must be a mapping"),
-    "data.curriculum of strings": ({"data.curriculum": [["0", "256"]]}, "data.curriculum must be a list of lists"),
-    "data.drill true": ({"data.drill": True}, "data.drill must be a whole number"),
-    "eval.lm 'yes'": ({"eval.lm": "yes"}, "eval.lm must be true or false"),
-    "eval.n 1.5": ({"eval.n": 1.5}, "eval.n must be a whole number"),
-    "tokenizer a number": ({"tokenizer": 5}, "tokenizer must be a string"),
-    "name a number": ({"name": 5}, "name must be a string"),
-    "optim a number": ({"optim": 5}, "optim must be a mapping"),
-    "optim.clip NaN": ({"optim.clip": float("nan")}, "clip > 0, got lr 0.001, warmup 100 and clip nan"),
-    "optim.weight_decay inf": (
-        {"optim.weight_decay": float("inf")},
-        "got weight_decay inf and betas (0.9, 0.95)",
-    ),
-    "data.text_weight NaN": ({"data.text_weight": float("nan")}, "data.text_weight must be a finite number >= 0"),
-    "data.answer_weight -5": ({"data.answer_weight": -5.0}, "data.answer_weight must be a finite number >= 0"),
-    "data.prompt_weight inf": ({"data.prompt_weight": float("inf")}, "data.prompt_weight must be a finite"),
-    "every loss weight 0": (
-        {"data.text_weight": 0.0, "data.answer_weight": 0.0},
-        "data.text_weight, data.answer_weight and data.prompt_weight are all 0",
-    ),
-    "babilong tasks without lengths": (
-        {"eval.babilong_tasks": ["qa1"]},
-        "eval.babilong_tasks and eval.babilong_lengths go",
-    ),
-    "data.names unknown": ({"data.names": "xyz"}, "data.names must be one of ['babi', 'varied'], got 'xyz'"),
-    "data.align_to past the curriculum": (
-        {"data.align_to": 4096, "data.aligned_frac": 1.0},
-        "data.align_to (4096) is longer than the curriculum's shortest max_len",
-    ),
-    "eval grid 1000 x 1000 x 50": (
-        {
-            "eval.passkey_lengths": list(range(1, 1001)),
-            "eval.passkey_depths": [i / 1000 for i in range(1000)],
-            "eval.n": 50,
-        },
-        "the eval grid asks for 50,000,000 samples",
-    ),
-}
-
-
-@pytest.mark.parametrize("case", sorted(TRAIN_CASES))
-def test_a_training_config_of_the_wrong_type_or_order_names_the_field(case):
-    from training.config import TrainConfig
-
-    changes, named = TRAIN_CASES[case]
-    with pytest.raises(ValueError, match=re.escape(named)):
-        TrainConfig.from_dict(train_config(**changes))
-
-
 def test_the_command_line_names_a_wrong_typed_option_in_one_line(tmp_path):
     import subprocess
     import sys
