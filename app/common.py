@@ -20,8 +20,7 @@ from memviz.threads import check_threads
 def app_threads() -> int:
     """Torch threads for the app's runs: MEMVIZ_THREADS, else half the cores (at least one): the
     sessions of a served app and other jobs share the machine, and oversubscribed torch threads
-    run many times slower than fewer (a pass-key run on 2 cores beside another job: 270 s with
-    2 threads, 5.3 s alone)."""
+    run many times slower than fewer."""
     value = os.environ.get("MEMVIZ_THREADS", "")
     if value:
         return check_threads(int(value) if value.isdigit() else value, "MEMVIZ_THREADS")

@@ -115,7 +115,7 @@ def denormals_flushed() -> Iterator[None]:
     Memories that decay multiplicatively make such subnormal numbers in bulk: Titans' closed-form
     chunk update forms w[t,i] = prod eta_j, and with a trained sample's rates a third of those
     entries and up to half of some products' outputs are subnormal, where each x86 multiply takes
-    a slow microcode path (a `titans` forward and backward at 320 tokens 1.5x slower). Flushing
+    a slow microcode path. Flushing
     moves no value by more than 1.2e-38. Every forward runs in it, and a training step with its
     backward (training/loop.py)."""
     was_flushing = flushing_subnormals()

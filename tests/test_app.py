@@ -459,7 +459,9 @@ def test_the_app_takes_its_thread_count_from_memviz_threads(monkeypatch):
     from app.common import app_threads
 
     monkeypatch.delenv("MEMVIZ_THREADS", raising=False)
-    assert app_threads() == max(1, (os.cpu_count() or 2) // 2)
+    for cores, threads in ((8, 4), (3, 1), (1, 1), (None, 1)):  # half the cores, at least one
+        monkeypatch.setattr(os, "cpu_count", lambda c=cores: c)
+        assert app_threads() == threads, cores
     monkeypatch.setenv("MEMVIZ_THREADS", "3")
     assert app_threads() == 3
     for bad in ("0", "two", "-1"):
