@@ -19,6 +19,8 @@ INIT_SCHEMES = ("gpt2", "fan_in")
 #: the largest model a config may describe, checked before any weight is allocated (memviz is for
 #: small models; 2e9 float32 parameters is 8 GB)
 MAX_PARAMETERS = 2_000_000_000
+#: the longest segment or attention span a config may give: far past any input the workbench streams
+MAX_SPAN = 2**24
 
 
 class ConfigError(ValueError):
@@ -70,10 +72,13 @@ class ModelConfig:
         if self.d_head % 2:
             raise ConfigError(f"d_head must be even for rotary embeddings, got {self.d_head}")
         if self.segment_len is not None and (
-            not isinstance(self.segment_len, int) or isinstance(self.segment_len, bool) or self.segment_len <= 0
+            not isinstance(self.segment_len, int)
+            or isinstance(self.segment_len, bool)
+            or not 0 < self.segment_len <= MAX_SPAN
         ):
             raise ConfigError(
-                f"config field 'segment_len' must be a positive integer or null, got {self.segment_len!r}"
+                f"config field 'segment_len' must be a whole number of tokens from 1 to {MAX_SPAN:,} or null, "
+                f"got {self.segment_len!r}"
             )
         if self.attention is not None and (
             not isinstance(self.attention, dict) or set(self.attention) - {"kind", "span"}

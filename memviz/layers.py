@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 from typing_extensions import TypeVar  # typing's takes a default from Python 3.13
 
-from memviz.config import ConfigError, ModelConfig
+from memviz.config import MAX_SPAN, ConfigError, ModelConfig
 
 ATTENTION_KINDS = ("causal", "window", "segment")
 
@@ -39,8 +39,13 @@ class AttentionSpan:
             raise ConfigError(f"attention kind must be one of {list(ATTENTION_KINDS)}, got {self.kind!r}")
         if self.kind == "causal" and self.span is not None:
             raise ConfigError(f"causal attention sees every earlier token and takes no span, got span {self.span!r}")
-        if self.kind != "causal" and (not isinstance(self.span, int) or isinstance(self.span, bool) or self.span <= 0):
-            raise ConfigError(f"{self.kind} attention needs a span, a positive number of tokens, got {self.span!r}")
+        if self.kind != "causal" and (
+            not isinstance(self.span, int) or isinstance(self.span, bool) or not 0 < self.span <= MAX_SPAN
+        ):
+            raise ConfigError(
+                f"{self.kind} attention needs a span, a whole number of tokens from 1 to {MAX_SPAN:,}, "
+                f"got {self.span!r}"
+            )
 
     @classmethod
     def parse(cls, data: dict[str, Any]) -> AttentionSpan:

@@ -737,7 +737,8 @@ class MemoryLM(HookedRootModule):
         fitted as a + b L + c L^2 per sequence (c is causal attention's quadratic part: its masks and any scores
         kept), twice over for the gradients the backward makes of them, and the local attention's position mask
         (int64 differences and booleans, queries x keys) built one layer at a time."""
-        unit = max(64, self.cfg.segment_len or 0)  # whole segments, so a segment's memory update is in each
+        # whole segments, so a segment's memory update is in each (none longer than the step's own length)
+        unit = max(64, min(self.cfg.segment_len or 0, length))
         short, middle, long = (self.saved_bytes(n * unit) for n in (4, 8, 16))
         slope_low, slope_high = (middle - short) / (4 * unit), (long - middle) / (8 * unit)
         quadratic = max(0.0, (slope_high - slope_low) / (12 * unit))  # slopes at 6 and 12 units, per token

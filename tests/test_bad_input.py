@@ -120,6 +120,14 @@ CONFIG_CASES = {
     "negative norm_eps": (dict(norm_eps=-1e-5), "norm_eps"),
     "window of zero": (dict(attention={"kind": "window", "span": 0}), "span"),
     "unknown attention kind": (dict(attention={"kind": "sideways", "span": 8}), "sideways"),
+    "a window of 1e30 tokens": (
+        dict(attention={"kind": "window", "span": 10**30}),
+        "window attention needs a span, a whole number of tokens from 1 to 16,777,216, got 1" + "0" * 30,
+    ),
+    "a segment of a billion tokens": (
+        dict(segment_len=10**9),
+        "config field 'segment_len' must be a whole number of tokens from 1 to 16,777,216 or null, got 1000000000",
+    ),
 }
 
 
@@ -409,6 +417,36 @@ def test_a_nonsense_training_config_names_the_field(case):
     changes, named = TRAIN_CASES[case]
     with pytest.raises(ValueError, match=named):
         TrainConfig.from_dict(train_config(**changes))
+
+
+def test_a_config_file_that_is_no_object_or_no_text_is_named(tmp_path):
+    path = tmp_path / "run.train.json"
+    for content, said in (("[1, 2]", "got list"), ("null", "got NoneType"), ("7", "got int")):
+        path.write_text(content)
+        with pytest.raises(ValueError, match=f"training config {path}: a training config is a JSON object.*{said}"):
+            TrainConfig.load(path)
+    path.write_bytes(b"\xff\xfe{}")
+    with pytest.raises(ValueError, match=f"training config {path}: cannot read it as UTF-8 text"):
+        TrainConfig.load(path)
+    with pytest.raises(ValueError, match=f"training config {tmp_path}: cannot read it"):
+        TrainConfig.load(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "changes, named",
+    [
+        ({"model": {"family": "sliding_window", "d_model": -3}}, "model: config field 'd_model' must be"),
+        ({"model": {"family": "sliding_window", "bogus": 1}}, r"model: unknown config fields \['bogus'\]"),
+        ({"init_from": "/nonexistent"}, "init_from: /nonexistent"),
+    ],
+)
+def test_a_model_section_or_start_the_trainer_refuses_names_its_field(changes, named, tmp_path):
+    from training import Trainer
+
+    cfg = TrainConfig.from_dict({**train_config(out=str(tmp_path / "run")), **changes})
+    with pytest.raises(ValueError, match=named):
+        Trainer(cfg, progress=False)
+    assert not (tmp_path / "run").exists()
 
 
 # ----- the command lines: exit 2 and one line naming the file or field --------------------------

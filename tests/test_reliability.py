@@ -275,6 +275,40 @@ def test_a_resume_without_its_training_state_names_the_file(damage, tmp_path):
         Trainer(tiny_run(tmp_path / "run", steps=3), resume=True, progress=False)
 
 
+@pytest.mark.parametrize(
+    "damage, named",
+    [
+        ("step -3", r"train_state.json says step -3, its folder step-0000002"),
+        ("a moment dropped", r"optimizer.safetensors does not match .*moment '0.exp_avg' is missing"),
+        ("a moment of another shape", r"optimizer.safetensors does not match .*moment '0.exp_avg' has shape \(3,\)"),
+        ("fewer steps than done", r"the run in .*run is at step 2 .*past optim.steps 1; resume with at least"),
+    ],
+)
+def test_a_resume_from_a_state_that_does_not_add_up_is_refused_and_loses_no_log(damage, named, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from training import Trainer
+
+    Trainer(tiny_run(tmp_path / "run"), progress=False).run()
+    checkpoint = tmp_path / "run" / "checkpoints" / "step-0000002"
+    metrics = (tmp_path / "run" / "metrics.jsonl").read_text()
+    if damage == "step -3":
+        state = json.loads((checkpoint / "train_state.json").read_text())
+        (checkpoint / "train_state.json").write_text(json.dumps({**state, "step": -3}))
+    elif damage.startswith("a moment"):
+        moments = load_file(checkpoint / "optimizer.safetensors")
+        if damage == "a moment dropped":
+            del moments["0.exp_avg"]
+        else:
+            moments["0.exp_avg"] = torch.zeros(3)
+        save_file(moments, checkpoint / "optimizer.safetensors")
+    with pytest.raises(ValueError, match=named):
+        Trainer(
+            tiny_run(tmp_path / "run", steps=1 if damage == "fewer steps than done" else 3), resume=True, progress=False
+        )
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == metrics
+
+
 def test_a_resume_after_a_kill_logs_each_step_once_and_clears_leftovers(tmp_path):
     from training import Trainer
 

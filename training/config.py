@@ -164,6 +164,8 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        if not isinstance(data, dict):
+            raise ValueError(f"a training config is a JSON object of fields, got {type(data).__name__}")
         data = dict(data)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
@@ -216,6 +218,10 @@ class TrainConfig:
             return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
         except FileNotFoundError as exc:
             raise ValueError(f"training config {path} does not exist") from exc
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(
+                f"training config {path}: cannot read it as UTF-8 text ({exc.__class__.__name__})"
+            ) from exc
         except (json.JSONDecodeError, TypeError, ValueError) as exc:
             raise ValueError(f"training config {path}: {exc}") from exc
 

@@ -76,11 +76,29 @@ def optimizer_to_files(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torc
     return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
 
 
+#: the per-parameter tensors AdamW keeps, each of its parameter's shape
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
 def optimizer_from_files(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+    """Load what `optimizer_to_files` wrote; a moment missing or of another shape than its parameter is a
+    ValueError naming it (torch would fail only at the next step)."""
     state: dict[int, dict[str, Any]] = {}
     for key, value in [*tensors.items(), *meta["scalars"].items()]:
         index, name = key.split(".", 1)
         state.setdefault(int(index), {})[name] = value
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for index, entries in state.items():
+        if not 0 <= index < len(params):
+            raise ValueError(f"state for parameter {index}, but the optimizer has {len(params)}")
+        for name in MOMENTS:
+            if name not in entries:
+                raise ValueError(f"moment '{index}.{name}' is missing")
+            if entries[name].shape != params[index].shape:
+                raise ValueError(
+                    f"moment '{index}.{name}' has shape {tuple(entries[name].shape)}, its parameter "
+                    f"{tuple(params[index].shape)}"
+                )
     optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
 
 
@@ -204,7 +222,10 @@ class Trainer:
         if checkpoint is not None:
             tokenizer = load_tokenizer(checkpoint / "tokenizer.json")
         elif cfg.init_from:
-            base = load(cfg.init_from)
+            try:
+                base = load(cfg.init_from)
+            except CheckpointError as exc:
+                raise CheckpointError(f"init_from: {exc}") from exc
             tokenizer = base.tokenizer
         else:
             tokenizer = build_tokenizer(cfg.tokenizer)
@@ -214,8 +235,11 @@ class Trainer:
                 f"model.vocab_size is {asked!r} but the run's tokenizer has {tokenizer.vocab_size} ids; "
                 "leave it out (the tokenizer sets it)"
             )
-        model_cfg = ModelConfig.from_dict({**cfg.model, "vocab_size": tokenizer.vocab_size, "name": cfg.name})
-        model = build_model(model_cfg, tokenizer=tokenizer)
+        try:
+            model_cfg = ModelConfig.from_dict({**cfg.model, "vocab_size": tokenizer.vocab_size, "name": cfg.name})
+            model = build_model(model_cfg, tokenizer=tokenizer)
+        except ConfigError as exc:
+            raise ConfigError(f"model: {exc}") from exc
         if cfg.init_from and checkpoint is None:
             try:
                 model.warm_start(base)
@@ -348,6 +372,13 @@ class Trainer:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError, KeyError, ValueError) as exc:
             detail = f"lacks {exc}" if isinstance(exc, KeyError) else f"is not a run's training state ({exc})"
             raise ValueError(f"--resume: {state_file} {detail}") from exc
+        if self.step != int(path.name.removeprefix("step-")):
+            raise ValueError(f"--resume: {state_file} says step {meta['step']!r}, its folder {path.name}")
+        if self.step > self.cfg.optim.steps:
+            raise ValueError(
+                f"--resume: the run in {self.out} is at step {self.step:,} ({path}), past optim.steps "
+                f"{self.cfg.optim.steps:,}; resume with at least that many steps"
+            )
         try:
             optimizer_from_files(self.optimizer, read_weights(path / "optimizer.safetensors"), optimizer_meta)
         except (KeyError, TypeError, ValueError) as exc:
