@@ -116,8 +116,15 @@ def run_lm(args, model):
 
 
 def torchrun_shard() -> tuple[int, int]:
-    """(rank, world size) under torchrun; (0, 1) otherwise."""
-    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    """(rank, world size) under torchrun; (0, 1) otherwise. ValueError naming RANK or WORLD_SIZE if they are
+    not whole numbers with 0 <= RANK < WORLD_SIZE."""
+    rank, world = os.environ.get("RANK", "0"), os.environ.get("WORLD_SIZE", "1")
+    if not (rank.isdigit() and world.isdigit() and int(rank) < int(world)):
+        raise ValueError(
+            f"RANK and WORLD_SIZE (torchrun's) must be whole numbers, 0 <= RANK < WORLD_SIZE; got "
+            f"RANK={rank!r} and WORLD_SIZE={world!r}"
+        )
+    return int(rank), int(world)
 
 
 def gathered(df, world: int):
@@ -137,7 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     import memviz
 
-    rank, world = torchrun_shard()
+    try:
+        rank, world = torchrun_shard()
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if world > 1:
         if args.probe not in ("passkey", "ruler") or args.workers > 1:
             print("error: torchrun splits the passkey and ruler grids, without --workers", file=sys.stderr)
@@ -248,9 +259,12 @@ def main(argv: list[str] | None = None) -> int:
         else:
             df = facts.run(model, n=args.n, seed=args.seed, progress=progress)
             fig, table = facts.bar(df), df.groupby("attribute")["correct"].mean()
-    except (memviz.CheckpointError, ValueError, OSError) as exc:
-        if made and out.is_dir() and not any(out.iterdir()):  # a refused input leaves no folder behind
+    except (memviz.CheckpointError, ValueError, OSError, KeyboardInterrupt) as exc:
+        if made and out.is_dir() and not any(out.iterdir()):  # a refused or stopped run leaves no folder behind
             out.rmdir()
+        if isinstance(exc, KeyboardInterrupt):
+            print("interrupted: no results written; what --out held before is as it was", file=sys.stderr)
+            return 130
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.probe == "lm":

@@ -129,6 +129,18 @@ PROMPT_STEPS = 50
 SAMPLE_COLUMNS = ("n_tokens", "answer", "prediction", "correct", "diverged", "evidence")  # after the keys
 
 
+def check_shard(shard) -> tuple[int, int]:
+    """`shard` (i, n): the i-th of n parts of a grid, 0 <= i < n; ValueError naming it otherwise."""
+    if (
+        not isinstance(shard, tuple | list)
+        or len(shard) != 2
+        or not all(isinstance(v, int) and not isinstance(v, bool) for v in shard)
+        or not 0 <= shard[0] < shard[1]
+    ):
+        raise ValueError(f"shard must be (index, count) with 0 <= index < count, got {shard!r}")
+    return shard[0], shard[1]
+
+
 def run_samples(
     model,
     jobs: Sequence[tuple[dict[str, Any], Callable[[], Sample]]],
@@ -145,7 +157,7 @@ def run_samples(
     memviz model's long prompt as it is read, in PROMPT_STEPS steps, not only when its sample is done."""
     from tqdm.auto import tqdm
 
-    index, count = shard
+    index, count = check_shard(shard)
     picked = [(j, keys, make) for j, (keys, make) in enumerate(jobs) if j % count == index]
     rows = []
     bar = tqdm(total=len(picked), desc=desc, disable=progress is not True, leave=False)

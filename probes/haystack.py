@@ -9,6 +9,7 @@ plain-text file (a public-domain book, say) and yields its sentences from a seed
 
 from __future__ import annotations
 
+import os
 import random
 import re
 from collections.abc import Iterator
@@ -181,6 +182,10 @@ def make_haystack(haystack: str | Path | None, seed: int) -> Haystack:
     the papers' repeated filler; anything else is a path to a text file."""
     if haystack is None or haystack == "procedural":
         return ProceduralHaystack(seed)
+    if not isinstance(haystack, str | os.PathLike):
+        raise ValueError(
+            f"haystack must be a background's name ({', '.join(BACKGROUNDS)}) or a text file's path, got {haystack!r}"
+        )
     if haystack in ("shakespeare", "shakespeare_train"):
         from probes.texts import ShakespeareHaystack
 

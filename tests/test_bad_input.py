@@ -14,13 +14,14 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from safetensors.torch import save_file
 
 import memviz
 from memviz import CheckpointError, ConfigError, ModelConfig, Trace
-from probes import babilong, lm, passkey
+from probes import babilong, lm, passkey, texts
 from tests.conftest import small_model
 from training.config import TrainConfig
 
@@ -246,6 +247,38 @@ CALL_CASES = {
         lambda m: babilong.run(m, tasks=["qa9"], lengths=[256], n=1),
         ValueError,
         "unknown task 'qa9'; tasks are",
+    ),
+    "token ids that are floats": (
+        lambda m: lm.token_losses(m, [1.5, 2.7]),
+        ValueError,
+        "tokens must be whole-number token ids, got torch.float32",
+    ),
+    "zero bins an octave": (
+        lambda m: lm.by_position(lm.run(m, "botchan", max_tokens=20), per_octave=0),
+        ValueError,
+        "per_octave must be a whole number of bins >= 1, got 0",
+    ),
+    "a summary of nothing": (lambda m: lm.summary(pd.DataFrame()), ValueError, "summary needs the rows of lm.run"),
+    "a comparison of no models": (lambda m: lm.compare({}), ValueError, "compare needs at least one model"),
+    "held-out names as one string": (
+        lambda m: texts.documents("botchan", "heldout", held_out="chapter_11"),
+        ValueError,
+        "held_out must be a list of document names, got 'chapter_11'",
+    ),
+    "a haystack that is a number": (
+        lambda m: passkey.run(m, lengths=[256], depths=[0.5], n=1, haystack=123),
+        ValueError,
+        r"haystack must be a background's name \(.*\) or a text file's path, got 123",
+    ),
+    "a shard of none": (
+        lambda m: passkey.run(m, lengths=[256], depths=[0.5], n=1, shard=(0, 0)),
+        ValueError,
+        r"shard must be \(index, count\) with 0 <= index < count, got \(0, 0\)",
+    ),
+    "a shard past the count": (
+        lambda m: passkey.run(m, lengths=[256], depths=[0.5], n=1, shard=(3, 2)),
+        ValueError,
+        r"shard must be .*got \(3, 2\)",
     ),
     "BABILong data file missing": (
         lambda m: babilong.run(m, tasks=["qa1"], lengths=[256], n=1, data_path="/nowhere/qa1.json"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -70,6 +71,30 @@ def test_a_held_out_name_not_in_the_corpus_is_named(tmp_path):
         texts.documents("shakespeare", "heldout", held_out=["hamlett"])
     with pytest.raises(ValueError, match=r"document\(s\) \['macbeth'\] are not in the heldout split"):
         lm.run(small_model(), documents=["macbeth"])
+
+
+def test_a_corpus_file_edited_or_removed_is_read_again_not_served_from_the_cache(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("first version")
+    assert texts.documents(str(path))[0].text.strip() == "first version"
+    path.write_text("the SECOND version, longer")
+    assert texts.documents(str(path))[0].text.strip() == "the SECOND version, longer"
+    (tmp_path / "more.txt").write_text("another")
+    assert [d.name for d in texts.documents(str(tmp_path))] == ["more", "notes"]
+    path.unlink()
+    with pytest.raises(ValueError, match="neither a built-in corpus"):
+        texts.documents(str(path))
+
+
+def test_a_document_cut_to_the_token_cap_says_so_and_one_cut_on_request_does_not(tmp_path, monkeypatch):
+    (tmp_path / "long.txt").write_text("words and more words. " * 40)
+    model = small_model()
+    monkeypatch.setattr(lm, "MAX_TOKENS", 64)
+    with pytest.warns(UserWarning, match=r"long: 880 tokens, scored on its first 64 \(pass max_tokens to choose\)"):
+        assert lm.run(model, str(tmp_path), split="all")["tokens"].tolist() == [64]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert lm.run(model, tmp_path, split="all", max_tokens=32)["tokens"].tolist() == [32]  # a Path too
 
 
 def test_the_english_tokenizer_reads_english_in_several_bytes_a_token_and_digits_one_each():

@@ -204,3 +204,30 @@ def test_a_checkpoint_named_twice_is_refused_not_merged_into_one_line(checkpoint
     done = probes_cli(probe, checkpoint, checkpoint, *extra, "--out", tmp_path / "res")
     assert done.returncode == 2 and f"checkpoint '{checkpoint}' is given more than once" in done.stderr
     assert not (tmp_path / "res").exists()
+
+
+@pytest.mark.parametrize("rank, world", [("0", "0"), ("abc", "2"), ("5", "1")])
+def test_torchrun_variables_that_make_no_shard_are_named(monkeypatch, capsys, checkpoint, rank, world):
+    from probes.__main__ import main
+
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setenv("WORLD_SIZE", world)
+    assert main(["passkey", str(checkpoint), "--lengths", "512"]) == 2
+    assert f"got RANK={rank!r} and WORLD_SIZE={world!r}" in capsys.readouterr().err
+
+
+def test_ctrl_c_during_a_grid_writes_nothing_and_leaves_no_new_folder(checkpoint, tmp_path, monkeypatch, capsys):
+    from probes import passkey
+    from probes.__main__ import main
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(passkey, "run", interrupted)
+    out = tmp_path / "results"
+    assert main(["passkey", str(checkpoint), "--lengths", "512", "--out", str(out), "--no-progress"]) == 130
+    assert "interrupted: no results written" in capsys.readouterr().err and not out.exists()
+    out.mkdir()
+    (out / "passkey.csv").write_text("earlier")
+    assert main(["passkey", str(checkpoint), "--lengths", "512", "--out", str(out), "--replace"]) == 130
+    assert (out / "passkey.csv").read_text() == "earlier"
