@@ -24,7 +24,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from retention_curve import save_png  # noqa: E402
+from long_grid import load_checkpoints, refused  # noqa: E402
+from retention_curve import check_output, save_png  # noqa: E402
 
 
 def window_split(losses, window: int) -> tuple[float, float]:
@@ -35,7 +36,6 @@ def window_split(losses, window: int) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import memviz
     from memviz.checkpoint import CARD_FILE, resolve
     from memviz.files import atomic_write_text
     from memviz.threads import thread_count
@@ -43,7 +43,9 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoints", nargs="+")
-    parser.add_argument("--corpus", default="all", help="shakespeare, botchan or all (the held-out split)")
+    parser.add_argument(
+        "--corpus", default="all", choices=[*texts.CORPORA, "all"], help="the held-out split of one corpus, or all"
+    )
     parser.add_argument("--max-tokens", type=int)
     parser.add_argument("--window", type=int, default=64)
     parser.add_argument("--threads", type=thread_count, default=2)
@@ -52,10 +54,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.window < 2 or (args.max_tokens is not None and args.max_tokens < 2):
         parser.error(f"--window and --max-tokens must be at least 2 tokens, got {args.window} and {args.max_tokens}")
-    torch.set_num_threads(args.threads)
+    corpus = None if args.corpus == "all" else args.corpus
+    refused(parser, "--corpus", lm.select, corpus, "heldout", None)  # its texts are there (Botchan's is installed)
+    if args.png:
+        check_output(parser, "--png", args.png)
     started = time.perf_counter()
-    models = {name: memviz.load(name) for name in args.checkpoints}
-    df = lm.compare(models, corpus=None if args.corpus == "all" else args.corpus, max_tokens=args.max_tokens)
+    models = load_checkpoints(parser, args.checkpoints, record=args.record)
+    torch.set_num_threads(args.threads)
+    df = lm.compare(models, corpus=corpus, max_tokens=args.max_tokens)
     table = lm.summary(df)["bits_per_byte"].unstack("corpus")
     control = next((n for n in args.checkpoints if "sliding_window" in n), None)
     splits = {name: window_split(group["losses"], args.window) for name, group in df.groupby("model", sort=False)}

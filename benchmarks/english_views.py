@@ -20,7 +20,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from retention_curve import save_png  # noqa: E402
+from long_grid import load_checkpoints  # noqa: E402
+from retention_curve import check_output, save_png  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,13 +38,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=thread_count, default=2)
     parser.add_argument("--png-dir", type=Path)
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    if args.tokens < 2:  # the first token is not scored: bits per byte need a second
+        parser.error(f"--tokens must be at least 2, got {args.tokens}")
+    if args.start < 0:
+        parser.error(f"--start must be 0 or more, got {args.start}")
+    if args.png_dir:
+        check_output(parser, "--png-dir", args.png_dir, folder=True)
     held = {d.name: d for c in texts.CORPORA for d in texts.documents(c, "heldout")}
     if args.document not in held:
         parser.error(f"--document must be a held-out document, one of {sorted(held)}")
-    for name in args.checkpoints:
-        model = memviz.load(name)
-        ids = model.tokenizer.encode(held[args.document].text)[args.start : args.start + args.tokens]
+    passages = {}
+    for name, model in load_checkpoints(parser, args.checkpoints).items():
+        document = model.tokenizer.encode(held[args.document].text)
+        if args.start > len(document) - 2:
+            parser.error(
+                f"--start must lie inside {args.document}, {len(document):,} tokens in {name}'s tokenizer: "
+                f"at most {len(document) - 2:,} (2 tokens before its end), got {args.start:,}"
+            )
+        passages[name] = model, document[args.start : args.start + args.tokens]
+    torch.set_num_threads(args.threads)
+    for name, (model, ids) in passages.items():
         tr = memviz.trace(model, ids)
         bits = (
             float(np.nansum(tr["loss"])) / math.log(2) / model.tokenizer.byte_length(ids[1:])

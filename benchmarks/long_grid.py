@@ -61,6 +61,39 @@ def check_settings(parser: argparse.ArgumentParser, checkpoints, settings: list[
         parser.error(f"--set {', '.join(unknown)}: no checkpoint's family has that option (theirs: {sorted(known)})")
 
 
+def refused(parser: argparse.ArgumentParser, flag: str, check, *args):
+    """`check(*args)`; its ValueError exits as one line naming `flag` (the probes' own checks, run up front)."""
+    try:
+        return check(*args)
+    except ValueError as exc:
+        parser.error(f"{flag}: {exc}")
+
+
+def load_checkpoints(
+    parser: argparse.ArgumentParser, names, settings: list[tuple[str, object]] = (), record: bool = False
+) -> dict:
+    """Every named checkpoint loaded (with its `--set` options) before any work starts: {name: model}. A name
+    that is no checkpoint, weights that do not load, a bad option or (with `record`) a missing card.json exits
+    as one line naming it, not as a traceback after the first checkpoints' runs."""
+    from memviz.checkpoint import CARD_FILE, CheckpointError, check_folder
+
+    for name in names:  # every folder's files first: quick, and a slip in the last name is found at once
+        try:
+            folder = check_folder(name)
+        except CheckpointError as exc:
+            parser.error(str(exc))
+        if record and not (folder / CARD_FILE).is_file():
+            parser.error(f"--record: {folder / CARD_FILE} is missing (the scores are stored in the checkpoint's card)")
+    check_settings(parser, names, settings)
+    models = {}
+    for name in names:
+        try:
+            models[name] = load_with_settings(name, settings)[0]
+        except CheckpointError as exc:
+            parser.error(str(exc))
+    return models
+
+
 def load_with_settings(checkpoint, settings: list[tuple[str, object]]):
     """The checkpoint loaded with those `--set` options its family knows (options that hold no
     weights): (model, the overrides applied)."""
@@ -73,9 +106,11 @@ def load_with_settings(checkpoint, settings: list[tuple[str, object]]):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from memviz.checkpoint import CARD_FILE, CheckpointError, atomic_write_text, check_folder, resolve
+    from memviz.checkpoint import CARD_FILE, atomic_write_text, resolve
     from memviz.threads import thread_count
     from probes import babilong, passkey
+    from probes.common import check_depths, check_grid_size, check_lengths, check_n
+    from probes.haystack import make_haystack
     from training.evaluate import trained_haystack
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -95,20 +130,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", dest="settings", type=parse_setting, action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--record", action="store_true", help="store the scores in each checkpoint's card.json")
     args = parser.parse_args(argv)
-    if args.babilong:
-        babilong.check_task(args.babilong)
-    for name in args.checkpoints:
-        try:
-            check_folder(name)
-        except CheckpointError as exc:
-            parser.error(str(exc))
-    check_settings(parser, args.checkpoints, args.settings)
     args.lengths = args.lengths or ([4096, 8192, 16384] if args.babilong else [1024, 4096, 16384, 65536])
+    # the whole grid is checked, and every checkpoint loaded, before the first grid runs
+    if args.babilong:
+        refused(parser, "--babilong", babilong.check_task, args.babilong)
+    refused(parser, "--n", check_n, args.n)
+    refused(parser, "--lengths", check_lengths, args.lengths)
+    if not args.babilong:
+        refused(parser, "--depths", check_depths, args.depths)
+    cells = len(args.lengths) * (1 if args.babilong else len(args.depths))
+    refused(parser, "--lengths, --depths and --n", check_grid_size, cells * args.n)
+    if args.haystack:
+        refused(parser, "--haystack", make_haystack, args.haystack, args.seed)
+    models = load_checkpoints(parser, args.checkpoints, args.settings, record=args.record)
+
+    def first_sample(model):
+        """The grid's first prompt at its shortest length: ValueError where that cannot hold the fixed text."""
+        shortest = min(args.lengths)
+        if args.babilong:
+            haystack = args.haystack or trained_haystack(model.card)
+            return babilong.seeded_sample(model.tokenizer, args.babilong, shortest, args.seed, 0, haystack)
+        return passkey.seeded_sample(model.tokenizer, shortest, args.depths[0], args.seed, 0, args.haystack)
+
+    for name, model in models.items():
+        refused(parser, f"--lengths {min(args.lengths)} on {name}", first_sample, model)
     torch.set_num_threads(args.threads)
     command = "python benchmarks/long_grid.py " + shlex.join(argv if argv is not None else sys.argv[1:])
-    for name in args.checkpoints:
+    for name, model in models.items():
         directory = resolve(name)
-        model, overrides = load_with_settings(directory, args.settings)
+        overrides = {k: v for k, v in args.settings if k in option_names(model.family)}  # those applied
         started = time.perf_counter()
         if args.babilong:
             haystack = args.haystack or trained_haystack(model.card)

@@ -18,7 +18,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from long_grid import check_settings, load_with_settings, parse_setting  # noqa: E402
+from long_grid import load_checkpoints, parse_setting  # noqa: E402
 
 
 def save_png(fig, path: Path, width: int = 900, height: int = 520) -> None:
@@ -37,6 +37,20 @@ def save_png(fig, path: Path, width: int = 900, height: int = 520) -> None:
             browser.close()
 
 
+def check_output(parser: argparse.ArgumentParser, flag: str, path: Path, folder: bool = False) -> None:
+    """Exit with one line naming `flag` when a picture cannot be saved as `path` (with `folder`, in it): a folder
+    in the picture's place, a file in the folder's place or above it. Checked before the work, not after it;
+    folders that do not exist yet are made when the picture is saved."""
+    if not folder and path.is_dir():
+        parser.error(f"{flag}: {path} is a folder; give the picture's file name")
+    place = path if folder else path.parent
+    for above in (place, *place.parents):
+        if above.exists():
+            if not above.is_dir():
+                parser.error(f"{flag}: {above} is a file, not a folder")
+            return
+
+
 def main(argv: list[str] | None = None) -> int:
     from memviz.threads import thread_count
     from probes import retention
@@ -50,9 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", dest="settings", type=parse_setting, action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--png", type=Path)
     args = parser.parse_args(argv)
-    check_settings(parser, args.checkpoints, args.settings)
+    if args.png:
+        check_output(parser, "--png", args.png)
+    models = load_checkpoints(parser, args.checkpoints, args.settings)
     torch.set_num_threads(args.threads)
-    models = {name: load_with_settings(name, args.settings)[0] for name in args.checkpoints}
     df = retention.compare(models, args.distances, n=args.n, seed=args.seed, progress=False)
     table = df.pivot_table(index="model", columns="distance", values="correct", aggfunc="mean", sort=False)
     print(f"retention, {args.n} samples a cell, probe seed {args.seed}")

@@ -25,6 +25,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from long_grid import load_checkpoints  # noqa: E402
+
 #: standard modules whose docstrings are mostly prose, together past MAX_CHARS
 DOC_MODULES = ("socketserver", "shelve", "copy", "site", "configparser")
 #: each text is cut to at most this many characters, so every model reads the same bytes
@@ -45,7 +47,6 @@ def python_docs() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import memviz
     from memviz.threads import thread_count
     from probes import passkey
     from probes.lm import token_losses
@@ -54,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("checkpoints", nargs="+")
     parser.add_argument("--threads", type=thread_count, default=2)
     args = parser.parse_args(argv)
+    models = load_checkpoints(parser, args.checkpoints)
     torch.set_num_threads(args.threads)
     texts = {"Apache licence": licence_text()[:MAX_CHARS], "Python docstrings": python_docs()[:MAX_CHARS]}
     transformers_version = importlib.metadata.version("transformers")
@@ -63,8 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("| model | " + " | ".join(texts) + " | pass-key prompt, 1k, procedural (trained on) |")
     print("|---|" + "---|" * (len(texts) + 1))
-    for name in args.checkpoints:
-        model = memviz.load(name)
+    for name, model in models.items():
         prompt = passkey.seeded_sample(model.tokenizer, 1024, 0.5, 11, 0).prompt
         cells = []
         for text in [*texts.values(), prompt]:

@@ -280,6 +280,121 @@ def test_benchmark_scripts_name_a_bad_argument_in_one_line(script, args, named, 
     assert [line for line in error.splitlines() if "error:" in line] == [error.splitlines()[-1]]
 
 
+@pytest.fixture
+def no_work(monkeypatch):
+    """The probes' runs, the trace and the per-token losses fail the test if called: a bad argument is refused first."""
+    import memviz
+    import probes.babilong
+    import probes.lm
+    import probes.passkey
+
+    def ran(*args, **kwargs):
+        raise AssertionError("the work started before the arguments were checked")
+
+    for module, name in [
+        (probes.passkey, "run"),
+        (probes.babilong, "run"),
+        (probes.lm, "compare"),
+        (probes.lm, "token_losses"),
+        (memviz, "trace"),
+    ]:
+        monkeypatch.setattr(module, name, ran)
+
+
+def one_error_line(main, args, capsys) -> str:
+    """`main(args)` exits with status 2 and one error line, its last, with no traceback: that line."""
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    error = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in error, error
+    assert [line for line in error.splitlines() if "error:" in line] == [error.splitlines()[-1]], error
+    return error.splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    "script, args, named",
+    [
+        ("english_views", ["nope_ckpt"], "error: nope_ckpt: no such checkpoint folder (sample checkpoints: dense, "),
+        ("english_lm", ["nope_ckpt"], "error: nope_ckpt: no such checkpoint folder (sample checkpoints: dense, "),
+        ("user_text", ["nope_ckpt"], "error: nope_ckpt: no such checkpoint folder (sample checkpoints: dense, "),
+        ("long_grid", ["dense", "--babilong", "qa9"], "error: --babilong: unknown task 'qa9'; tasks are ['qa1', "),
+        ("long_grid", ["dense", "--n", "0"], "error: --n: n must be a positive integer, got 0"),
+        ("long_grid", ["dense", "--lengths", "-5"], "error: --lengths: lengths are whole numbers of tokens in 1.."),
+        ("long_grid", ["dense", "--depths", "3"], "error: --depths: depth must lie in [0, 1] (depths are fractions"),
+        ("long_grid", ["dense", "--haystack", "/nonexistent"], "error: --haystack: haystack '/nonexistent' does not"),
+        ("long_grid", ["dense", "--n", "100000"], "error: --lengths, --depths and --n: this grid asks for 1,200,000"),
+        (
+            "long_grid",
+            ["longmem_long", "--set", "bank_size=-1"],
+            "config.json with overrides {'bank_size': -1}: bad longmem memory options: bank_size must be positive",
+        ),
+        (
+            "long_grid",
+            ["dense", "--lengths", "10", "--n", "1"],
+            "error: --lengths 10 on dense: length 10 is shorter than the instruction, needle and question itself",
+        ),
+        ("english_lm", ["dense", "--corpus", "bogus"], "error: argument --corpus: invalid choice: 'bogus'"),
+        ("english_lm", ["dense", "--corpus", "/tmp"], "error: argument --corpus: invalid choice: '/tmp'"),
+        ("english_lm", ["dense", "--png", "/tmp"], "error: --png: /tmp is a folder; give the picture's file name"),
+        ("english_views", ["dense", "--tokens", "-3"], "error: --tokens must be at least 2, got -3"),
+        ("english_views", ["dense", "--tokens", "0"], "error: --tokens must be at least 2, got 0"),
+        ("english_views", ["dense", "--tokens", "1"], "error: --tokens must be at least 2, got 1"),
+        ("english_views", ["dense", "--start", "-5"], "error: --start must be 0 or more, got -5"),
+        (
+            "english_views",
+            ["dense", "--start", "99999999"],
+            "error: --start must lie inside hamlet, ",  # its length in tokens follows, then the largest start
+        ),
+    ],
+)
+def test_a_bad_benchmark_argument_is_one_line_before_any_work(script, args, named, no_work, capsys):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    assert named in one_error_line(__import__(script).main, args, capsys)
+
+
+def test_every_checkpoint_a_benchmark_names_is_checked_before_the_first_runs(tmp_path, no_work, capsys):
+    """A corrupt second checkpoint, a --record checkpoint without card.json and a picture whose folder is a file are
+    refused before anything runs, not after the first checkpoint's grid or the whole run."""
+    import shutil
+
+    from memviz.checkpoint import resolve
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import english_lm
+    import english_views
+    import long_grid
+    import retention_curve
+
+    corrupt, no_card, a_file = tmp_path / "corrupt", tmp_path / "no_card", tmp_path / "a_file"
+    for folder in (corrupt, no_card):
+        shutil.copytree(resolve("dense"), folder)
+    (corrupt / "model.safetensors").write_bytes(b"not weights")
+    (no_card / "card.json").unlink()
+    a_file.write_text("")
+    grid = ["--lengths", "128", "--n", "1"]
+    assert f"error: {corrupt}/model.safetensors: not a readable safetensors file" in one_error_line(
+        long_grid.main, ["dense", str(corrupt), *grid], capsys
+    )
+    missing = f"error: --record: {no_card}/card.json is missing (the scores are stored in the checkpoint's card)"
+    assert one_error_line(long_grid.main, ["dense", str(no_card), *grid, "--record"], capsys).endswith(missing)
+    assert one_error_line(english_lm.main, ["dense", str(no_card), "--record"], capsys).endswith(missing)
+    for main, flag, place in [
+        (english_lm.main, "--png", a_file / "x.png"),
+        (retention_curve.main, "--png", a_file / "deeper" / "x.png"),
+        (english_views.main, "--png-dir", a_file / "pictures"),
+    ]:
+        error = one_error_line(main, ["dense", flag, str(place)], capsys)
+        assert error.endswith(f"error: {flag}: {a_file} is a file, not a folder")
+
+
+def test_english_views_traces_the_passage_it_is_asked_for(capsys):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from english_views import main
+
+    assert main(["dense", "--start", "10", "--tokens", "40", "--threads", "1"]) == 0
+    assert capsys.readouterr().out.startswith("dense: hamlet tokens 10-50, ")
+
+
 def test_long_retention_goes_on_where_it_stopped_under_the_same_memory_options_only(tmp_path):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import long_retention
