@@ -14,8 +14,11 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     path = Path(path)
     if path.is_dir():  # before any temporary file: os.replace would fail on it only after the write
         raise IsADirectoryError(f"{path} is a folder; give the path of a file to write")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:  # named by the file asked for, not the temporary one beside it
+        raise OSError(exc.errno, f"cannot write {path}: {exc.strerror or exc}") from exc
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -129,6 +132,8 @@ def check_regular_file(path: str | Path, limit: int, what: str) -> int:
     ValueError naming the file, what it is for and the limit (a folder, a device such as /dev/zero, a pipe)."""
     import stat
 
+    if not isinstance(path, str | os.PathLike):
+        raise ValueError(f"{what} must be a path, got {path!r}")
     try:
         info = os.stat(path)
     except FileNotFoundError as exc:

@@ -606,12 +606,21 @@ class MemoryLM(HookedRootModule):
     @contextmanager
     def hooks(self, fwd_hooks=(), bwd_hooks=(), reset_hooks_end: bool = True, clear_contexts: bool = False):
         """TransformerLens' temporary hooks (so `run_with_hooks` and `run_with_cache` too), with the model this
-        thread's while they are on: another thread's run would otherwise pass through them."""
+        thread's while they are on: another thread's run would otherwise pass through them. A hook named that
+        this model does not have is a KeyError naming it (TransformerLens would say only the name)."""
+        self.check_hook_names([name for name, _ in [*fwd_hooks, *bwd_hooks] if isinstance(name, str)])
         with (
             running_alone(self, "a hooked run"),
             super().hooks(list(fwd_hooks), list(bwd_hooks), reset_hooks_end, clear_contexts) as model,
         ):
             yield model
+
+    def run_with_cache(self, *args, names_filter=None, **kwargs):
+        """TransformerLens' `run_with_cache`; a `names_filter` naming hooks this model does not have is a KeyError
+        naming them, not an empty cache."""
+        if isinstance(names_filter, str | list | tuple):
+            self.check_hook_names([names_filter] if isinstance(names_filter, str) else names_filter)
+        return super().run_with_cache(*args, names_filter=names_filter, **kwargs)
 
     def value_tables(self) -> list[nn.Parameter]:
         """Tables read a few rows at a time, so each row is trained only when selected (memory

@@ -250,15 +250,22 @@ def ablation_sweep_figure(
 
 
 def training_loss(metrics: str | Path) -> go.Figure:
-    """Loss and answer loss over steps from a training run's metrics.jsonl (empty while absent)."""
+    """Loss and answer loss over steps from a training run's metrics.jsonl (empty while absent); a line that is no
+    step's record (one being written as it is read, a note) is passed over."""
     metrics = Path(metrics)
-    rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
-    rows = [r for r in rows if "loss" in r]
+    rows = []
+    for line in metrics.read_text(encoding="utf-8", errors="replace").splitlines() if metrics.is_file() else []:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and "step" in record and "loss" in record:
+            rows.append(record)
     steps = [r["step"] for r in rows]
     fig = go.Figure(
         [
             go.Scatter(x=steps, y=[r["loss"] for r in rows], name="loss"),
-            go.Scatter(x=steps, y=[r["answer_loss"] for r in rows], name="answer loss"),
+            go.Scatter(x=steps, y=[r.get("answer_loss") for r in rows], name="answer loss"),
         ]
     )
     fig.update_layout(title="Training loss", xaxis_title="step", yaxis_title="nats", height=350)

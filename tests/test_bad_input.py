@@ -280,6 +280,22 @@ CALL_CASES = {
         ValueError,
         r"shard must be .*got \(3, 2\)",
     ),
+    "a cache of a hook the model lacks": (
+        lambda m: m.run_with_cache("hello", names_filter=["blocks.0.hook_resid_pots"]),
+        KeyError,
+        r"unknown hook names \['blocks.0.hook_resid_pots'\]; the nearest are \['blocks.0.hook_resid_post'",
+    ),
+    "a hook on a name the model lacks": (
+        lambda m: m.run_with_hooks("hello", fwd_hooks=[("nope", lambda value, hook: value)]),
+        KeyError,
+        r"unknown hook names \['nope'\]",
+    ),
+    "a trace file that is no path": (lambda m: Trace.load(None), ValueError, "trace file must be a path, got None"),
+    "a trace saved where nothing can be written": (
+        lambda m: memviz.trace(m, "hello").save("/proc/nope.npz"),
+        OSError,
+        "cannot write /proc/nope.npz",
+    ),
     "BABILong data file missing": (
         lambda m: babilong.run(m, tasks=["qa1"], lengths=[256], n=1, data_path="/nowhere/qa1.json"),
         ValueError,
@@ -395,6 +411,10 @@ TRAIN_CASES = {
 TYPED_CASES = {
     "curriculum steps not increasing": ({"data.curriculum": [[5, 160], [0, 1000]]}, "data.curriculum's steps"),
     "curriculum from a negative step": ({"data.curriculum": [[-1, 160]]}, "data.curriculum's steps"),
+    "a curriculum from step 100": (
+        {"data.curriculum": [[100, 256]]},
+        "data.curriculum must start at step 0 (the first entry holds until the next), got [100]",
+    ),
     "max_facts steps not increasing": ({"data.max_facts": [[10, 2], [10, 3]]}, "data.max_facts's steps"),
     "eval.every -1": ({"eval.every": -1}, "eval.every"),
     "eval.passkey_depths 2": ({"eval.passkey_depths": [2.0]}, "eval.passkey_depths"),

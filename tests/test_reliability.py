@@ -314,12 +314,13 @@ def test_a_resume_after_a_kill_logs_each_step_once_and_clears_leftovers(tmp_path
 
     Trainer(tiny_run(tmp_path / "run"), progress=False).run()
     metrics = tmp_path / "run" / "metrics.jsonl"
-    with open(metrics, "a") as fh:  # what a run killed after logging step 3, before saving it, leaves
-        fh.write(json.dumps({"step": 3, "loss": 1.0}) + "\n" + '{"step": 4, "lo')
+    with open(metrics, "a") as fh:  # a note of the user's, then what a run killed after logging step 3 leaves
+        fh.write("# lr halved by hand here\n" + json.dumps({"step": 3, "loss": 1.0}) + "\n" + '{"step": 4, "lo')
     (tmp_path / "run" / "checkpoints" / ".latest.abc123.tmp").write_text("step-00")
     Trainer(tiny_run(tmp_path / "run", steps=4), resume=True, progress=False).run()
-    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
-    assert steps == [1, 2, 3, 4]
+    lines = metrics.read_text().splitlines()
+    assert lines[2] == "# lr halved by hand here"
+    assert [json.loads(line)["step"] for line in lines[:2] + lines[3:]] == [1, 2, 3, 4]
     assert list((tmp_path / "run" / "checkpoints").glob(".*.tmp")) == []
 
 

@@ -317,6 +317,9 @@ def test_a_missing_config_and_nonsense_command_line_numbers_are_named(capsys):
         with pytest.raises(SystemExit):
             training_cli.main(["--config", "/no/such/config.json", "--steps", steps])
         assert f"--steps: must be a positive integer, got {steps}" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        training_cli.main(["--config", "/no/such/config.json", "--resume", "--overwrite"])
+    assert "--overwrite: not allowed with argument --resume" in capsys.readouterr().err
 
 
 def test_memory_values_get_their_own_lr_and_no_decay(tmp_path):

@@ -122,6 +122,10 @@ def test_training_loss_reads_the_metrics_log(tmp_path):
     log.write_text("\n".join(json.dumps(r) for r in rows))
     fig = viz.training_loss(log)
     assert list(fig.data[0].x) == [10, 20] and list(fig.data[1].y) == [3.0, 2.5]
+    with open(log, "a") as fh:  # a note, and the next step's line as the app reads it half written
+        fh.write('\n# a note\n{"step": 30, "loss": 1.')
+    fig = viz.training_loss(log)
+    assert list(fig.data[0].x) == [10, 20] and list(fig.data[0].y) == [2.0, 1.5]
 
 
 def test_a_pooled_axis_says_it_is_pooled_and_how():

@@ -24,8 +24,9 @@ def positive_int(text: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True, help="training config (JSON)")
-    parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
-    parser.add_argument(
+    start = parser.add_mutually_exclusive_group()  # continue the run there, or replace it: not both
+    start.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    start.add_argument(
         "--overwrite", action="store_true", help="start afresh in a run folder that holds an earlier run"
     )
     parser.add_argument("--steps", type=positive_int, help="override optim.steps")

@@ -82,10 +82,13 @@ def check_types(config: Any, prefix: str = "") -> None:
 
 
 def check_schedule(schedule: list[list[int]], field_name: str) -> None:
-    """A [from_step, value] schedule starts at step >= 0 and its steps increase."""
+    """A [from_step, value] schedule starts at step 0 (its first entry is used from there whatever it says) and its
+    steps increase."""
     steps = [entry[0] for entry in schedule]
     if any(s < 0 for s in steps) or any(b <= a for a, b in zip(steps, steps[1:])):
         raise ValueError(
             f"{field_name}'s steps must be >= 0 and increasing, got {steps} (a stage that starts "
             "before the one above it would replace it from its start)"
         )
+    if steps and steps[0] != 0:
+        raise ValueError(f"{field_name} must start at step 0 (the first entry holds until the next), got {steps}")

@@ -394,13 +394,17 @@ class Trainer:
         path = self.out / "metrics.jsonl"
         if self.rank != 0 or not path.is_file():
             return
+        text = path.read_text(encoding="utf-8", errors="replace")
+        lines = text.splitlines()
         kept = []
-        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        for i, line in enumerate(lines):
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
+                if i < len(lines) - 1 or text.endswith("\n"):  # not the torn last line: someone's, kept
+                    kept.append(line)
                 continue
-            if isinstance(record, dict) and record.get("step", 0) <= step:
+            if not isinstance(record, dict) or record.get("step", 0) <= step:
                 kept.append(line)
         atomic_write_text(path, "".join(f"{line}\n" for line in kept))
 
