@@ -84,6 +84,9 @@ def check_lengths(lengths: Any, name: str = "lengths") -> list[int]:
     for length in lengths:
         if not isinstance(length, numbers.Integral) or isinstance(length, bool) or not 0 < length <= MAX_PROBE_LENGTH:
             raise ValueError(f"{name} are whole numbers of tokens in 1..{MAX_PROBE_LENGTH:,}, got {length!r}")
+    twice = sorted({int(length) for length in lengths if lengths.count(length) > 1})
+    if twice:
+        raise ValueError(f"{name} gives {', '.join(map(str, twice))} more than once (each would run again)")
     return [int(length) for length in lengths]
 
 
@@ -95,6 +98,9 @@ def check_depths(depths: Any, name: str = "depths") -> list[float]:
     for depth in depths:
         if not isinstance(depth, numbers.Real) or isinstance(depth, bool) or not 0 <= depth <= 1:
             raise ValueError(f"depth must lie in [0, 1] ({name} are fractions of the prompt), got {depth!r}")
+    twice = sorted({float(depth) for depth in depths if depths.count(depth) > 1})
+    if twice:
+        raise ValueError(f"{name} gives {', '.join(map(str, twice))} more than once (each would run again)")
     return [float(depth) for depth in depths]
 
 

@@ -296,6 +296,16 @@ CALL_CASES = {
         OSError,
         "cannot write /proc/nope.npz",
     ),
+    "a length given twice": (
+        lambda m: passkey.run(m, lengths=[256, 512, 256], depths=[0.5], n=1),
+        ValueError,
+        r"lengths gives 256 more than once \(each would run again\)",
+    ),
+    "a depth given twice": (
+        lambda m: passkey.run(m, lengths=[256], depths=[0.5, 0.5], n=1),
+        ValueError,
+        "depths gives 0.5 more than once",
+    ),
     "BABILong data file missing": (
         lambda m: babilong.run(m, tasks=["qa1"], lengths=[256], n=1, data_path="/nowhere/qa1.json"),
         ValueError,
@@ -316,6 +326,10 @@ def test_babilong_rows_with_lists_or_nulls_name_the_file_and_field(tmp_path, mod
     rows.write_text(json.dumps([{"input": ["a list"], "question": None, "target": "kitchen"}]))
     with pytest.raises(ValueError, match=f"{rows}.*(input|question)"):
         babilong.run(model, tasks=["qa1"], lengths=[256], n=1, data_path=rows)
+    lines = tmp_path / "qa1.jsonl"
+    lines.write_text('{"input": "a", "question": "b", "target": "c"}\n\n{"input": oops}\n')
+    with pytest.raises(ValueError, match=f"{lines}: cannot read BABILong data \\(line 3: Expecting value \\(column 11"):
+        babilong.run(model, tasks=["qa1"], lengths=[256], n=1, data_path=lines)
     rows.write_text("[" * 200_000 + "]" * 200_000)  # nested past Python's stack
     with pytest.raises(ValueError, match=f"{rows}: cannot read BABILong data"):
         babilong.run(model, tasks=["qa1"], lengths=[256], n=1, data_path=rows)

@@ -18,6 +18,18 @@ from probes.common import Sample
 MAX_DATA_FILE_BYTES = 2**30
 
 
+def json_lines(text: str) -> list:
+    """One JSON value a non-blank line; a line that is none is a ValueError naming its line number in the file."""
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"line {number}: {exc.msg} (column {exc.colno})") from exc
+    return rows
+
+
 def load(data_path: str | Path, task: str, length: str | int | None = None) -> list[dict]:
     """Rows {input, question, target} of a released BABILong file, or of the file for `task`
     (and `length`, e.g. '1k') found under a folder."""
@@ -32,7 +44,7 @@ def load(data_path: str | Path, task: str, length: str | int | None = None) -> l
         if path.suffix == ".parquet":
             rows = pd.read_parquet(path).to_dict("records")
         elif path.suffix == ".jsonl":
-            rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+            rows = json_lines(path.read_text(encoding="utf-8"))
         else:
             data = json.loads(path.read_text(encoding="utf-8"))
             rows = (
