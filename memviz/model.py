@@ -115,9 +115,8 @@ def denormals_flushed() -> Iterator[None]:
     Memories that decay multiplicatively make such subnormal numbers in bulk: Titans' closed-form
     chunk update forms w[t,i] = prod eta_j, and with a trained sample's rates a third of those
     entries and up to half of some products' outputs are subnormal, where each x86 multiply takes
-    a slow microcode path. Flushing
-    moves no value by more than 1.2e-38. Every forward runs in it, and a training step with its
-    backward (training/loop.py)."""
+    a slow microcode path. Flushing moves no value by more than 1.2e-38. Every forward runs in it,
+    and a training step with its backward (training/loop.py)."""
     was_flushing = flushing_subnormals()
     torch.set_flush_denormal(True)
     try:
@@ -608,6 +607,7 @@ class MemoryLM(HookedRootModule):
         """TransformerLens' temporary hooks (so `run_with_hooks` and `run_with_cache` too), with the model this
         thread's while they are on: another thread's run would otherwise pass through them. A hook named that
         this model does not have is a KeyError naming it (TransformerLens would say only the name)."""
+        fwd_hooks, bwd_hooks = list(fwd_hooks), list(bwd_hooks)  # read once: a generator would be empty after
         self.check_hook_names([name for name, _ in [*fwd_hooks, *bwd_hooks] if isinstance(name, str)])
         with (
             running_alone(self, "a hooked run"),
@@ -746,7 +746,8 @@ class MemoryLM(HookedRootModule):
         fitted as a + b L + c L^2 per sequence (c is causal attention's quadratic part: its masks and any scores
         kept), twice over for the gradients the backward makes of them, and the local attention's position mask
         (int64 differences and booleans, queries x keys) built one layer at a time."""
-        # whole segments, so a segment's memory update is in each (none longer than the step's own length)
+        # whole segments, so a segment's memory update is in each; a segment longer than the step is measured at
+        # the step's length (a share of a segment: the fit can only overestimate)
         unit = max(64, min(self.cfg.segment_len or 0, length))
         short, middle, long = (self.saved_bytes(n * unit) for n in (4, 8, 16))
         slope_low, slope_high = (middle - short) / (4 * unit), (long - middle) / (8 * unit)

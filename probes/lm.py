@@ -35,11 +35,11 @@ MAX_TOKENS = 1 << 20
 def token_losses(model, tokens: Sequence[int], chunk_len: int | None = None) -> np.ndarray:
     """nll_t in nats for t = 1..n-1 (predicting tokens[t] from tokens[:t]), streamed chunk by chunk."""
     ids = torch.as_tensor(list(tokens))
+    if ids.numel() < 2:
+        raise ValueError(f"a document needs at least 2 tokens to score, got {ids.numel()}")
     if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
         raise ValueError(f"tokens must be whole-number token ids, got {ids.dtype}")
     ids = ids.long()
-    if ids.numel() < 2:
-        raise ValueError(f"a document needs at least 2 tokens to score, got {ids.numel()}")
     out = np.empty(ids.numel() - 1, dtype=np.float64)
     with torch.no_grad(), model.evaluating():
         for start, logits, _ in model.stream(ids[None].to(model.device), chunk_len=chunk_len):

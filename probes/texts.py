@@ -154,7 +154,8 @@ def path_stamp(corpus: str) -> tuple:
     if corpus in CORPORA or not path.exists():
         return ()
     files = sorted(path.glob("*.txt")) if path.is_dir() else [path]
-    return tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+    stats = [(f, f.stat()) for f in files]
+    return tuple((str(f), s.st_size, s.st_mtime_ns) for f, s in stats)
 
 
 @lru_cache(maxsize=8)

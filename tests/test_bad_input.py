@@ -253,6 +253,7 @@ CALL_CASES = {
         ValueError,
         "tokens must be whole-number token ids, got torch.float32",
     ),
+    "no tokens to score": (lambda m: lm.token_losses(m, []), ValueError, "a document needs at least 2 tokens"),
     "zero bins an octave": (
         lambda m: lm.by_position(lm.run(m, "botchan", max_tokens=20), per_octave=0),
         ValueError,
@@ -425,6 +426,11 @@ TRAIN_CASES = {
 TYPED_CASES = {
     "curriculum steps not increasing": ({"data.curriculum": [[5, 160], [0, 1000]]}, "data.curriculum's steps"),
     "curriculum from a negative step": ({"data.curriculum": [[-1, 160]]}, "data.curriculum's steps"),
+    "an eval length given twice": (
+        {"eval.passkey_lengths": [256, 256]},
+        "eval.passkey_lengths gives 256 more than once",
+    ),
+    "an eval depth given twice": ({"eval.passkey_depths": [0.5, 0.5]}, "eval.passkey_depths gives 0.5 more than once"),
     "a curriculum from step 100": (
         {"data.curriculum": [[100, 256]]},
         "data.curriculum must start at step 0 (the first entry holds until the next), got [100]",

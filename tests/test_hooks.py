@@ -73,3 +73,11 @@ def test_a_string_runs_through_the_tokenizer_as_transformer_lens_users_expect():
     assert hooked.shape == expected.shape and not torch.equal(hooked, expected)
     with pytest.raises(TypeError, match="not bytes"):
         model(text.encode())
+
+
+def test_hooks_given_as_a_generator_all_run():
+    model = small_model("sliding_window", window=8)
+    seen = []
+    names = ["blocks.0.hook_resid_post", "blocks.1.hook_resid_post"]
+    model.run_with_hooks("hello there", fwd_hooks=((n, lambda value, hook: seen.append(hook.name)) for n in names))
+    assert seen == names

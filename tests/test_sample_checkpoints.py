@@ -89,7 +89,10 @@ STAGED = [name for name in SAMPLES if TrainConfig.load(ROOT / f"{name}.train.jso
 
 
 def tracked(path: str) -> bool:
-    """Whether `path` (from the project's root) is in git: what a fresh clone has, unlike an ignored `runs/` folder."""
+    """Whether `path` (from the project's root) is in git: what a fresh clone has, unlike an ignored `runs/` folder
+    (outside a git checkout: whether it is there)."""
+    if not (shutil.which("git") and (ROOT.parent / ".git").exists()):
+        return (ROOT.parent / path).exists()
     return (
         subprocess.run(["git", "ls-files", "--error-unmatch", path], cwd=ROOT.parent, capture_output=True).returncode
         == 0

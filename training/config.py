@@ -113,6 +113,10 @@ class EvalConfig:
             )
         if any(not 0 <= d <= 1 for d in self.passkey_depths):
             raise ValueError(f"eval.passkey_depths must lie in [0, 1], got {self.passkey_depths}")
+        for name in ("passkey_lengths", "babilong_lengths", "passkey_depths"):  # the probes refuse a cell twice
+            values = getattr(self, name)
+            if twice := sorted({v for v in values if values.count(v) > 1}):
+                raise ValueError(f"eval.{name} gives {', '.join(map(str, twice))} more than once")
         if not isinstance(self.passkey_haystacks, list) or not all(isinstance(h, str) for h in self.passkey_haystacks):
             raise ValueError(
                 f"eval.passkey_haystacks is a list of background names or text files, got {self.passkey_haystacks!r}"
@@ -215,13 +219,15 @@ class TrainConfig:
     def load(cls, path: str | Path) -> TrainConfig:
         path = Path(path)
         try:
-            return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
+            text = path.read_text(encoding="utf-8")
         except FileNotFoundError as exc:
             raise ValueError(f"training config {path} does not exist") from exc
         except (OSError, UnicodeDecodeError) as exc:
             raise ValueError(
                 f"training config {path}: cannot read it as UTF-8 text ({exc.__class__.__name__})"
             ) from exc
+        try:
+            return cls.from_dict(json.loads(text))
         except (json.JSONDecodeError, TypeError, ValueError) as exc:
             raise ValueError(f"training config {path}: {exc}") from exc
 

@@ -244,7 +244,7 @@ class Trainer:
             try:
                 model.warm_start(base)
             except ConfigError as exc:
-                raise CheckpointError(f"{cfg.init_from}: {exc}") from exc
+                raise CheckpointError(f"init_from: {cfg.init_from}: {exc}") from exc
         if cfg.data.mix.get("facts"):  # the facts probe asks the knowledge base named here
             model.card["facts"] = {"kb_seed": cfg.data.kb_seed, "n_entities": cfg.data.n_entities}
         if cfg.optim.train_only:
