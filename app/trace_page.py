@@ -50,6 +50,23 @@ def tokens_per_second(model_path: str, stamp: int) -> float:
     return 1024 / (time.perf_counter() - began)
 
 
+#: how long a trace waits for the stopped run that still holds the session's model
+BUSY_WAIT_S = 60.0
+
+
+def trace_when_free(path: str, text: str, evidence, answer, wait: float | None = None):
+    """`cached_trace`, once this session's previous run of the model has let go of it: an input changed mid-trace
+    starts a new script run before the stopped one reaches its next progress update and ends."""
+    deadline = time.monotonic() + (BUSY_WAIT_S if wait is None else wait)
+    while True:
+        try:
+            return cached_trace(path, text, evidence, answer)
+        except memviz.ModelBusyError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
 def run_seconds(model_path: str, n_tokens: float) -> float:
     """About how long a run over `n_tokens` takes this checkpoint on this machine (`tokens_per_second`)."""
     return n_tokens / tokens_per_second(model_path, weights_stamp(model_path))
@@ -188,9 +205,9 @@ def render() -> None:
     if get_family(model.family).cost:  # a model that says what a run holds (a released model's growing KV cache)
         st.caption(cost_line(model.cost(round(n_tokens)), round(n_tokens)))
     try:
-        tr = cached_trace(path, text, evidence, answer)
-    except memviz.ModelBusyError as exc:
-        st.error(f"The model is busy with another run in this session; try again when it has finished. ({exc})")
+        tr = trace_when_free(path, text, evidence, answer)
+    except memviz.ModelBusyError:
+        st.error(f"The previous run on this model has not stopped within {BUSY_WAIT_S:.0f} s; try again when it has.")
         return
     except ValueError as exc:
         st.error(str(exc))

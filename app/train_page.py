@@ -107,17 +107,22 @@ def render() -> None:
         key="tr_curriculum",
         placeholder="0:256, 150:1024",
     )
+    started = st.session_state.pop("_tr_started", None)
     if (
-        st.session_state.get("tr_name") in (None, "")
-        or st.session_state.pop("_tr_renew", False)
+        "tr_name" not in st.session_state
+        or st.session_state["tr_name"] == started
         or st.session_state.get("_tr_default") != (family, task)
-    ):  # a fresh name for each run and each choice
+    ):  # a fresh name for each choice, and after a run starts unless another was typed since
         st.session_state["tr_name"] = fresh_name(family, task)
         st.session_state["_tr_default"] = (family, task)
     name = st.text_input("Name (a new folder under runs/ and the checkpoints)", key="tr_name")
     if st.button("Start", key="tr_start"):
         busy = names_in_use().get(name)
-        if not NAME.fullmatch(name or ""):
+        if not name.strip():
+            st.error("Give the run a name.")
+        elif name != name.strip():
+            st.error(f"The name {name!r} begins or ends with a space; take it out.")
+        elif not NAME.fullmatch(name):
             st.error("The name may hold letters, digits, '.', '_' and '-' only, and starts with a letter or digit.")
         elif len(name) > MAX_NAME:
             st.error(
@@ -146,6 +151,6 @@ def render() -> None:
                         curriculum=curriculum,
                     ),
                 )
-                st.session_state["_tr_renew"] = True
+                st.session_state["_tr_started"] = name
     for name in list(jobs()):
         live(name)

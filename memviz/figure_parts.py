@@ -106,6 +106,12 @@ def window_of(trace: Trace, start: int, stop: int | None) -> tuple[int, int]:
     return position_window(start, stop, len(trace))
 
 
+def line_mode(points: int) -> str:
+    """A line over two points or more; a single point (a one-token input or zoom) as a marker, which a line
+    of one point would not draw."""
+    return "lines" if points > 1 else "markers"
+
+
 def timeline(
     trace: Trace,
     names: dict[str, str],
@@ -140,7 +146,7 @@ def timeline(
             go.Scatter(
                 x=pooled.positions,
                 y=values,
-                mode="lines",
+                mode=line_mode(len(values)),
                 name=names[name],
                 hovertext=hover_text(trace, pooled.positions, pooled.bin_size),
                 hoverinfo="text+y",

@@ -22,6 +22,7 @@ from plotly.subplots import make_subplots
 from memviz.figure_parts import (
     WIDTH,
     answer_loss_note,
+    line_mode,
     outline_answer,
     outline_evidence,
     position_axis,
@@ -171,11 +172,14 @@ def loss_comparison(traces: dict[str, Trace], width: int = WIDTH, start: int = 0
     )
     pooled = {label: tr.pool("loss", width, start, stop, reduce="mean") for label, tr in traces.items()}
     for label, p in pooled.items():
-        fig.add_trace(go.Scatter(x=p.positions, y=p.values, mode="lines", name=label), row=1, col=1)
+        fig.add_trace(go.Scatter(x=p.positions, y=p.values, mode=line_mode(len(p.values)), name=label), row=1, col=1)
     for label, p in list(pooled.items())[1:]:
         fig.add_trace(
             go.Scatter(
-                x=p.positions, y=p.values - pooled[first_label].values, mode="lines", name=f"{label} - {first_label}"
+                x=p.positions,
+                y=p.values - pooled[first_label].values,
+                mode=line_mode(len(p.values)),
+                name=f"{label} - {first_label}",
             ),
             row=2,
             col=1,

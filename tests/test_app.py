@@ -405,6 +405,10 @@ def test_train_page_trains_exports_and_lists_the_checkpoint(tmp_path, monkeypatc
         assert said in at.error[0].value and "tiny-facts" not in at.session_state["_train_jobs"], bad
     at.text_input(key="tr_curriculum").input("0:64, 2:96").run()
     at.button(key="tr_start").click().run()
+    at.run()
+    assert at.text_input(key="tr_name").value == "sliding_window-facts-1"  # the next run gets a new name
+    at.text_input(key="tr_name").input("my-next-run").run()
+    assert at.text_input(key="tr_name").value == "my-next-run"  # and a name typed after a start is kept
     deadline = time.time() + 180
     while not (tmp_path / "checkpoints" / "tiny-facts" / "card.json").exists():
         assert time.time() < deadline
@@ -414,7 +418,11 @@ def test_train_page_trains_exports_and_lists_the_checkpoint(tmp_path, monkeypatc
     config = json.loads((tmp_path / "checkpoints" / "tiny-facts" / "card.json").read_text())["train_config"]
     assert config["data"]["curriculum"] == [[0, 64], [2, 96]]  # the stages the page was given
     at.run()
-    assert at.text_input(key="tr_name").value == "sliding_window-facts-1"  # the next run gets a new name
+    assert at.text_input(key="tr_name").value == "my-next-run"
+    for blank, said in (("", "Give the run a name."), ("my-run ", "begins or ends with a space")):
+        at.text_input(key="tr_name").input(blank).run()
+        at.button(key="tr_start").click().run()
+        assert said in at.error[0].value and at.text_input(key="tr_name").value == blank
     at.text_input(key="tr_name").input("tiny-facts").run()
     at.button(key="tr_start").click().run()
     assert "an earlier run's folder" in at.error[0].value  # never into an existing folder
@@ -491,9 +499,10 @@ def test_trace_page_says_where_a_trace_stops_being_finite_and_when_the_model_is_
         raise memviz.ModelBusyError("this model is running another input")
 
     monkeypatch.setattr(memviz, "trace", busy)
+    monkeypatch.setattr(trace_page, "BUSY_WAIT_S", 0.3)
     at.radio(key="source").set_value("text").run()
     at.text_area(key="text_input").input("another text, not cached").run()
-    assert not at.exception and "The model is busy with another run" in at.error[0].value
+    assert not at.exception and "The previous run on this model has not stopped within 0 s" in at.error[0].value
 
 
 def test_the_model_page_keeps_the_checkpoint_chosen_before_its_widget_was_forgotten(tmp_path):
@@ -589,3 +598,19 @@ def test_a_run_time_is_said_in_seconds_under_90_and_in_minutes_past():
         "90 min",
         "16,667 min",
     ]
+
+
+def test_a_trace_waits_for_the_stopped_run_that_still_holds_the_model(monkeypatch):
+    calls = []
+
+    def busy_twice(*args):
+        calls.append(args)
+        if len(calls) < 3:
+            raise memviz.ModelBusyError("held by the stopped script run")
+        return "the trace"
+
+    monkeypatch.setattr(trace_page, "cached_trace", busy_twice)
+    assert trace_page.trace_when_free("ckpt", "text", None, None) == "the trace" and len(calls) == 3
+    monkeypatch.setattr(trace_page, "cached_trace", lambda *a: (_ for _ in ()).throw(memviz.ModelBusyError("held")))
+    with pytest.raises(memviz.ModelBusyError):
+        trace_page.trace_when_free("ckpt", "text", None, None, wait=0.2)

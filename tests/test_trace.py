@@ -140,7 +140,13 @@ def test_a_one_token_input_traces_and_draws_for_every_family(family):
     model = small_model(family, **FAMILY_CONFIGS[family])
     tr = memviz.trace(model, [7])
     assert len(tr) == 1 and tr.tokens.tolist() == [7]
-    assert viz.family_figures(tr)
+    figures = viz.family_figures(tr)
+    lines = [(title, d) for title, fig in figures.items() for d in fig.data if d.type in ("scatter", "scattergl")]
+    for title, line in lines:  # a line through one point draws nothing: each is a marker
+        assert line.x is None or len(line.x) != 1 or "markers" in line.mode, (family, title)
+    assert any(line.x is not None and len(line.x) == 1 for _, line in lines)
+    tr2 = memviz.trace(model, [7, 8, 9, 10])
+    assert viz.loss_comparison({"a": tr2, "b": tr2}, start=2, stop=3).data[0].mode == "markers"
 
 
 def test_trace_rejects_bad_input():
