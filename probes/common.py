@@ -84,9 +84,7 @@ def check_lengths(lengths: Any, name: str = "lengths") -> list[int]:
     for length in lengths:
         if not isinstance(length, numbers.Integral) or isinstance(length, bool) or not 0 < length <= MAX_PROBE_LENGTH:
             raise ValueError(f"{name} are whole numbers of tokens in 1..{MAX_PROBE_LENGTH:,}, got {length!r}")
-    twice = sorted({int(length) for length in lengths if lengths.count(length) > 1})
-    if twice:
-        raise ValueError(f"{name} gives {', '.join(map(str, twice))} more than once (each would run again)")
+    check_no_repeats([int(length) for length in lengths], name)
     return [int(length) for length in lengths]
 
 
@@ -98,10 +96,14 @@ def check_depths(depths: Any, name: str = "depths") -> list[float]:
     for depth in depths:
         if not isinstance(depth, numbers.Real) or isinstance(depth, bool) or not 0 <= depth <= 1:
             raise ValueError(f"depth must lie in [0, 1] ({name} are fractions of the prompt), got {depth!r}")
-    twice = sorted({float(depth) for depth in depths if depths.count(depth) > 1})
-    if twice:
-        raise ValueError(f"{name} gives {', '.join(map(str, twice))} more than once (each would run again)")
+    check_no_repeats([float(depth) for depth in depths], name)
     return [float(depth) for depth in depths]
+
+
+def check_no_repeats(values: list, name: str) -> None:
+    """ValueError naming the values `name` gives more than once: a grid would run each of their cells again."""
+    if twice := sorted({v for v in values if values.count(v) > 1}):
+        raise ValueError(f"{name} gives {', '.join(map(str, twice))} more than once (each would run again)")
 
 
 def check_grid_size(samples: int) -> None:

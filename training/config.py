@@ -113,10 +113,10 @@ class EvalConfig:
             )
         if any(not 0 <= d <= 1 for d in self.passkey_depths):
             raise ValueError(f"eval.passkey_depths must lie in [0, 1], got {self.passkey_depths}")
+        from probes.common import check_no_repeats
+
         for name in ("passkey_lengths", "babilong_lengths", "passkey_depths"):  # the probes refuse a cell twice
-            values = getattr(self, name)
-            if twice := sorted({v for v in values if values.count(v) > 1}):
-                raise ValueError(f"eval.{name} gives {', '.join(map(str, twice))} more than once")
+            check_no_repeats(list(getattr(self, name)), f"eval.{name}")
         if not isinstance(self.passkey_haystacks, list) or not all(isinstance(h, str) for h in self.passkey_haystacks):
             raise ValueError(
                 f"eval.passkey_haystacks is a list of background names or text files, got {self.passkey_haystacks!r}"
