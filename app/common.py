@@ -130,3 +130,21 @@ def checkpoint_picker(label: str, choice_key: str, path_key: str, default: str |
     if choice != LOCAL_PATH:
         return choice
     return st.text_input(f"{label} folder", key=path_key).strip()
+
+
+def last_run(key: str, inputs: tuple, run, clicked: bool):
+    """What this page's Run button `key` last gave, kept in the session: a result drawn only under a clicked
+    button vanished at the next widget change. `run()` when `clicked` (its errors propagate, and nothing is
+    kept); then (result, whether it was run on `inputs`), or None before any run."""
+    runs = st.session_state.setdefault("_last_runs", {})
+    if clicked:
+        runs.pop(key, None)
+        runs[key] = (inputs, run())
+    if key not in runs:
+        return None
+    ran_on, result = runs[key]
+    return result, ran_on == inputs
+
+
+#: said above results kept from a Run on other inputs
+STALE = "These results are from the last Run, with other settings or another model than those above: Run for these."

@@ -6,7 +6,7 @@ import time
 
 import streamlit as st
 
-from app.common import current_model, current_path, load_model, weights_stamp
+from app.common import current_model, current_path, last_run, load_model, weights_stamp
 from app.trace_page import duration, run_seconds
 from memviz import interventions, viz
 from memviz.registry import Intervention, get_family
@@ -128,7 +128,9 @@ def render() -> None:
         where = f"each of the {points} segment boundaries"
     else:
         where = f"{points} evenly spaced of the {n_segments - 1} segment boundaries"
-    if st.button(f"Sweep: ablate at {where}", key="iv_sweep"):
+    clicked = st.button(f"Sweep: ablate at {where}", key="iv_sweep")
+
+    def sweep() -> list:
         bar, began = st.progress(0.0, text="Sweeping…"), time.perf_counter()
 
         def show(done: int, total: int) -> None:
@@ -136,10 +138,14 @@ def render() -> None:
             bar.progress(done / total, text=f"Sweeping: {done:,} / {total:,} tokens run · about {left:.0f} s left")
 
         try:
-            rows = interventions.ablation_sweep(model, sample.prompt, answer, points=SWEEP_POINTS, progress=show)
+            return interventions.ablation_sweep(model, sample.prompt, answer, points=SWEEP_POINTS, progress=show)
         finally:
             bar.empty()
-        st.plotly_chart(viz.ablation_sweep_figure(rows, sample.evidence), width="stretch", key="iv_sweep_fig")
+
+    path = current_path()
+    kept = last_run("iv_sweep", (path, weights_stamp(path), sample.prompt, answer), sweep, clicked)
+    if kept is not None and kept[1]:  # a sweep of another prompt says nothing about this one
+        st.plotly_chart(viz.ablation_sweep_figure(kept[0], sample.evidence), width="stretch", key="iv_sweep_fig")
 
 
 def render_fact_question(model, point: Intervention) -> None:

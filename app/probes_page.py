@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 import memviz
-from app.common import control_samples, current_model, current_path, load_model
+from app.common import STALE, control_samples, current_model, current_path, last_run, load_model
 from app.trace_page import duration, run_seconds
 from probes import babilong, lm, passkey, retention, ruler, texts
 from probes.haystack import BACKGROUNDS
@@ -73,16 +73,21 @@ def render_retention() -> None:
             f"About {duration(seconds)} on this machine at the models' measured speeds (one sample at "
             f"{max(distances):,} tokens takes about {duration(run_seconds(paths[0], max(distances)))} for this model)."
         )
-    if not st.button("Run", key="run_retention"):
-        return
-    if not distances:
+    clicked = st.button("Run", key="run_retention")
+    if clicked and not distances:
         st.error("Choose at least one distance.")
         return
+    inputs = ((current_path(), *compare), tuple(sorted(distances)), int(n), int(seed))
     try:
-        df = run_retention((current_path(), *compare), tuple(sorted(distances)), int(n), int(seed))
+        kept = last_run("run_retention", inputs, lambda: run_retention(*inputs), clicked)
     except (ValueError, memviz.CheckpointError) as exc:
         st.error(str(exc))
         return
+    if kept is None:
+        return
+    df, current = kept
+    if not current:
+        st.caption(STALE)
     st.plotly_chart(retention.curve(df), width="stretch", key="retention_curve")
     st.download_button(
         "Download CSV",
@@ -123,16 +128,21 @@ def render_lm(model) -> None:
     max_tokens = c2.number_input(
         "Tokens a document at most (0: whole)", 0, lm.MAX_TOKENS, 8192, step=1024, key="lm_max"
     )
-    if not st.button("Run", key="run_lm"):
-        return
-    if max_tokens == 1:  # the loss needs a token to predict from
+    clicked = st.button("Run", key="run_lm")
+    if clicked and max_tokens == 1:  # the loss needs a token to predict from
         st.error("Tokens a document at most: 0 (whole documents) or 2 or more.")
         return
+    inputs = ((current_path(), *compare), None if corpus == "all" else corpus, int(max_tokens) or None)
     try:
-        df = run_lm((current_path(), *compare), None if corpus == "all" else corpus, int(max_tokens) or None)
+        kept = last_run("run_lm", inputs, lambda: run_lm(*inputs), clicked)
     except (ValueError, memviz.CheckpointError) as exc:
         st.error(str(exc))
         return
+    if kept is None:
+        return
+    df, current = kept
+    if not current:
+        st.caption(STALE)
     positions = lm.by_position(df)
     st.plotly_chart(lm.position_curve(positions, window=lm.local_span(model)), width="stretch", key="lm_curve")
     st.dataframe(lm.summary(df), width="stretch")
@@ -193,25 +203,29 @@ def render() -> None:
     c1, c2 = st.columns(2)
     n = c1.number_input("Samples per cell", 1, 200, 5, key="n")
     seed = c2.number_input("Seed", 0, 10_000, 0, key="probe_seed")
-    if not st.button("Run", key="run_probe"):
-        return
-    if not lengths or not axis:
+    depths = tuple(sorted(fixed)) or None if probe == "ruler" else None
+    prompts = int(n) * len(axis) * len(depths or (None,))  # a grid's prompts at each length
+    if prompts * sum(lengths) > 100_000:  # say what a large grid costs before it runs
+        took = duration(run_seconds(current_path(), prompts * sum(lengths)))
+        st.caption(
+            f"{prompts * len(lengths):,} prompts, {prompts * sum(lengths):,} tokens: about {took} on this machine at "
+            "the model's measured speed."
+        )
+    clicked = st.button("Run", key="run_probe")
+    if clicked and (not lengths or not axis):
         st.error("Choose at least one length and one " + ("depth." if probe == "passkey" else "task."))
         return
+    inputs = (current_path(), probe, tuple(sorted(lengths)), tuple(sorted(axis)), int(n), int(seed), depths, haystack)
     try:
-        df = run_grid(
-            current_path(),
-            probe,
-            tuple(sorted(lengths)),
-            tuple(sorted(axis)),
-            int(n),
-            int(seed),
-            tuple(sorted(fixed)) or None if probe == "ruler" else None,
-            haystack,
-        )
+        kept = last_run(f"run_{probe}", inputs, lambda: run_grid(*inputs), clicked)
     except ValueError as exc:
         st.error(str(exc))
         return
+    if kept is None:
+        return
+    df, current = kept
+    if not current:
+        st.caption(STALE)
     fig = {"passkey": passkey.heatmap, "ruler": ruler.heatmap}.get(probe, babilong.heatmap)(df)
     st.plotly_chart(fig, width="stretch", key="probe_heatmap")
     st.metric("accuracy", f"{df['correct'].mean():.0%}", help=f"{len(df)} samples")

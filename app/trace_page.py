@@ -67,6 +67,29 @@ def trace_when_free(path: str, text: str, evidence, answer, wait: float | None =
             time.sleep(0.1)
 
 
+@st.cache_data(show_spinner="Timing the model's views…", max_entries=16)
+def view_seconds(model_path: str, stamp: int) -> dict[str, float]:
+    """Seconds a token that the views drawn after a trace take on this machine, from 1,024 tokens: the needle hold
+    (inputs with evidence) and the read-out, each where the family has it (`stamp`: the weights' mtime)."""
+    model = load_model(model_path)
+    ids = [i % min(256, model.cfg.vocab_size) for i in range(1024)]
+    views = {"needle hold": lambda: model.needle_hold(ids, (256, 272))}
+    if get_family(model.family).readout:
+        views["read-out"] = lambda: model.memory_readout(ids, len(ids) - 1)
+    seconds = {}
+    for name, view in views.items():
+        began = time.perf_counter()
+        if view() is not None:
+            seconds[name] = (time.perf_counter() - began) / len(ids)
+    return seconds
+
+
+@st.cache_data(show_spinner="Counting the input's tokens…", max_entries=8)
+def token_count(model_path: str, text: str) -> int:
+    """The input's tokens, exactly; ValueError (as the trace's) for one over the trace limit, counted only so far."""
+    return len(load_model(model_path).tokenizer.encode_within(text, MAX_TOKENS, limit="trace limit"))
+
+
 def run_seconds(model_path: str, n_tokens: float) -> float:
     """About how long a run over `n_tokens` takes this checkpoint on this machine (`tokens_per_second`)."""
     return n_tokens / tokens_per_second(model_path, weights_stamp(model_path))
@@ -196,12 +219,13 @@ def render() -> None:
         return
     text, evidence, answer = chosen
     n_tokens = len(text.encode()) / bytes_per_token(path)
-    if n_tokens > 20_000:  # say what a long input costs before it runs
-        took = duration(run_seconds(path, n_tokens))
-        st.caption(
-            f"About {n_tokens:,.0f} tokens (by this model's bytes a token on English): the trace takes about {took} "
-            "on this machine at the model's measured speed, once; it is cached afterwards."
-        )
+    if n_tokens > 20_000:  # say what a long input costs before it runs, once it is known to fit
+        try:
+            n_tokens = token_count(path, text)
+        except ValueError as exc:
+            st.error(str(exc))
+            return
+        st.caption(time_line(path, n_tokens, bool(evidence)))
     if get_family(model.family).cost:  # a model that says what a run holds (a released model's growing KV cache)
         st.caption(cost_line(model.cost(round(n_tokens)), round(n_tokens)))
     try:
@@ -250,6 +274,22 @@ def render() -> None:
         file_name="trace.npz",
         key="dl-trace",
         on_click="ignore",
+    )
+
+
+def time_line(path: str, n_tokens: int, evidence: bool) -> str:
+    """What tracing `n_tokens` and drawing the views after it take on this machine at the model's measured speeds."""
+    views = view_seconds(path, weights_stamp(path))
+    drawn = [name for name in ("needle hold", "read-out") if name in views and (evidence or name != "needle hold")]
+    after = (
+        f", and its {' and '.join(drawn)} view{'s' if len(drawn) > 1 else ''} about "
+        f"{duration(n_tokens * sum(views[name] for name in drawn))} more"
+        if drawn
+        else ""
+    )
+    return (
+        f"{n_tokens:,} tokens: the trace takes about {duration(run_seconds(path, n_tokens))} on this machine at the "
+        f"model's measured speed{after}, once; each is cached afterwards."
     )
 
 

@@ -1,8 +1,10 @@
 """Train page: a small training run of a chosen family and task, live and stoppable.
 
-A run belongs to the session that started it: only that session sees and can stop it. Names are
-one path component (letters, digits, '.', '_', '-', starting with a letter or digit) under
-MEMVIZ_HOME, and a name another session's run is using is refused, so no two runs share folders."""
+A run belongs to the session that started it: only that session sees and can stop it, until that
+session's page is closed or reloaded; then the next session to open the Train page is offered to watch
+and stop it (`orphaned`), so a reload loses sight of no run. Names are one path component (letters,
+digits, '.', '_', '-', starting with a letter or digit) under MEMVIZ_HOME, and a name another
+session's run is using is refused, so no two runs share folders."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import re
 import threading
 
 import streamlit as st
+from streamlit.runtime import Runtime
+from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from app.model_page import score_rows
 from memviz import viz
@@ -30,6 +34,28 @@ def names_in_use() -> dict:
 def jobs() -> dict:
     """This session's training jobs, surviving reruns: name -> {trainer, thread, status}."""
     return st.session_state.setdefault("_train_jobs", {})
+
+
+def session_id() -> str:
+    """This browser session's id ("" outside a running script)."""
+    ctx = get_script_run_ctx()
+    return ctx.session_id if ctx is not None else ""
+
+
+def session_open(sid: str) -> bool:
+    """Whether the session `sid` still has a page connected; True where no Streamlit server runs (bare mode,
+    AppTest), so a run is never handed to another session there."""
+    return not Runtime.exists() or Runtime.instance().is_active_session(sid)
+
+
+def orphaned() -> list[dict]:
+    """Runs still going whose session's page was closed or reloaded (not this session's own)."""
+    mine = jobs()
+    return [
+        job
+        for name, job in list(names_in_use().items())
+        if name not in mine and job["status"] in ("running", "exporting") and not session_open(job["owner"])
+    ]
 
 
 def run_job(job: dict) -> None:
@@ -71,7 +97,7 @@ def start(name: str, cfg) -> None:
     except ValueError as exc:
         st.error(f"{exc}. Choose another name.")
         return
-    job = {"name": name, "status": "running", "trainer": trainer}
+    job = {"name": name, "status": "running", "trainer": trainer, "owner": session_id()}
     job["thread"] = threading.Thread(target=run_job, args=(job,), daemon=True)
     jobs()[name] = names_in_use()[name] = job
     job["thread"].start()
@@ -152,5 +178,15 @@ def render() -> None:
                     ),
                 )
                 st.session_state["_tr_started"] = name
+    for job in orphaned():
+        left = job["trainer"]
+        st.info(
+            f"Run **{job['name']}** ({job['status']}, step {left.step} / {left.cfg.optim.steps}) goes on from a page "
+            "that was closed or reloaded."
+        )
+        if st.button(f"Watch and stop {job['name']} here", key=f"adopt-{job['name']}"):
+            job["owner"] = session_id()
+            jobs()[job["name"]] = job
+            st.rerun()
     for name in list(jobs()):
         live(name)

@@ -37,15 +37,6 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="probe", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("checkpoint", help="checkpoint folder or sample checkpoint name")
-    common.add_argument(
-        "--n",
-        "--samples",
-        dest="n",
-        type=int,
-        default=10,
-        help="samples per cell (facts: facts asked); under torchrun spell it --samples",
-    )
-    common.add_argument("--seed", type=int, default=0)
     common.add_argument("--out", default="probe_results", help="folder for the CSV and HTML files")
     common.add_argument(
         "--replace", action="store_true", help="replace this probe's files already in --out (refused without it)"
@@ -56,7 +47,18 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         help="torch threads (default: torch's, one per core; with other jobs on the machine fewer are often faster)",
     )
-    pk = sub.add_parser("passkey", parents=[common], help="pass-key retrieval over lengths x depths")
+    # the probes that draw samples; lm reads whole documents, so it takes neither flag (none is ignored)
+    sampled = argparse.ArgumentParser(add_help=False, parents=[common])
+    sampled.add_argument(
+        "--n",
+        "--samples",
+        dest="n",
+        type=int,
+        default=10,
+        help="samples per cell (facts: facts asked); under torchrun spell it --samples",
+    )
+    sampled.add_argument("--seed", type=int, default=0)
+    pk = sub.add_parser("passkey", parents=[sampled], help="pass-key retrieval over lengths x depths")
     pk.add_argument("--lengths", type=int, nargs="+", required=True)
     pk.add_argument("--depths", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0])
     pk.add_argument(
@@ -65,19 +67,19 @@ def parser() -> argparse.ArgumentParser:
         "plain-text file",
     )
     pk.add_argument("--workers", type=int, default=1, help="processes to split the grid over")
-    bl = sub.add_parser("babilong", parents=[common], help="bAbI qa1-qa5 hidden in background text")
+    bl = sub.add_parser("babilong", parents=[sampled], help="bAbI qa1-qa5 hidden in background text")
     bl.add_argument("--tasks", nargs="+", default=["qa1"])
     bl.add_argument("--lengths", type=int, nargs="+", required=True)
     bl.add_argument("--data-path", help="released BABILong files (JSON/JSONL/parquet) instead of generated samples")
     bl.add_argument("--haystack", help="the background: shakespeare (the default), procedural, or a plain-text file")
-    sub.add_parser("facts", parents=[common], help="factual recall on the model's knowledge base")
+    sub.add_parser("facts", parents=[sampled], help="factual recall on the model's knowledge base")
     rt = sub.add_parser(
-        "retention", parents=[common], help="pass key against the distance to the question, per checkpoint"
+        "retention", parents=[sampled], help="pass key against the distance to the question, per checkpoint"
     )
     rt.add_argument("more", nargs="*", metavar="CHECKPOINT", help="more checkpoints, one line each")
     rt.add_argument("--distances", type=int, nargs="+", default=list(retention.DISTANCES[:5]))
     rt.add_argument("--haystack", help="the filler: procedural (the default), grass, shakespeare, or a plain-text file")
-    ru = sub.add_parser("ruler", parents=[common], help="RULER's needle, tracing and aggregation tasks over lengths")
+    ru = sub.add_parser("ruler", parents=[sampled], help="RULER's needle, tracing and aggregation tasks over lengths")
     ru.add_argument("--tasks", nargs="+", default=list(ruler.SINGLE_NEEDLE), help=f"of {', '.join(ruler.TASKS)}")
     ru.add_argument("--lengths", type=int, nargs="+", required=True)
     ru.add_argument(
@@ -97,6 +99,8 @@ def parser() -> argparse.ArgumentParser:
     lmp.add_argument("--split", default="heldout", choices=texts.SPLITS)
     lmp.add_argument("--documents", nargs="+", help="only these documents of the split")
     lmp.add_argument("--max-tokens", type=int, help="cut each document to this many tokens")
+    for flag in ("--n", "--samples", "--seed"):  # named, so that they are refused rather than read as --no-progress
+        lmp.add_argument(flag, dest=f"unused_{flag.strip('-')}", help=argparse.SUPPRESS)
     return p
 
 
@@ -178,6 +182,13 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError(f"--out {out}: {path} is there and is not a plain file (a link or a folder)")
             if path.exists() and not args.replace:
                 raise ValueError(f"--out {out}: {path} holds an earlier run's results; pass --replace to replace them")
+        if args.probe == "lm":
+            given = [f"--{name[7:]}" for name, value in vars(args).items() if name.startswith("unused_") and value]
+            if given:
+                raise ValueError(
+                    f"lm reads every token of whole documents and draws nothing: {' and '.join(given)} does not apply "
+                    "(choose what it reads with --documents and --max-tokens)"
+                )
         if args.probe in ("retention", "lm"):  # one line per checkpoint: a name given twice would merge into one
             named = [args.checkpoint, *args.more]
             twice = sorted({name for name in named if named.count(name) > 1})

@@ -129,10 +129,10 @@ def knowledge_base_of(model, kb_seed: int | None = None, n_entities: int | None 
     """The knowledge base the model was trained on, as its card names it (unless given); ValueError naming the
     card's field where it holds something else than a knowledge base's seed and size."""
     card = model.card.get("facts", {})
+    folder = model.card.get("path")  # memviz.load notes the checkpoint's folder; a model built in memory has none
+    where = f"{folder}/card.json" if folder else "the model's card.json"
     if not isinstance(card, dict):
-        raise ValueError(
-            f"the model's card.json: facts must be an object with kb_seed and n_entities, got {card!r:.60}"
-        )
+        raise ValueError(f"{where}: facts must be an object with kb_seed and n_entities, got {card!r:.60}")
     try:
         return KnowledgeBase(
             card.get("kb_seed", 0) if kb_seed is None else kb_seed,
@@ -140,7 +140,7 @@ def knowledge_base_of(model, kb_seed: int | None = None, n_entities: int | None 
         )
     except ValueError as exc:
         named_by_card = (kb_seed is None and "kb_seed" in str(exc)) or (n_entities is None and "n_entities" in str(exc))
-        raise ValueError(f"the model's card.json: facts.{exc}" if named_by_card else str(exc)) from exc
+        raise ValueError(f"{where}: facts.{exc}" if named_by_card else str(exc)) from exc
 
 
 def run(

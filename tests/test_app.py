@@ -14,6 +14,7 @@ from streamlit.testing.v1 import AppTest
 
 import memviz
 from app import trace_page
+from app.common import STALE
 from probes import lm, passkey
 from tests.conftest import small_model
 
@@ -238,9 +239,29 @@ def test_probes_page_runs_a_grid_and_offers_the_csv(infini_checkpoint):
     pd.testing.assert_frame_equal(table.reset_index(drop=True), expected.drop(columns=["evidence"]), check_dtype=False)
     assert at.metric[0].label == "accuracy" and at.metric[0].value == f"{expected['correct'].mean():.0%}"
     assert [b.proto.label for b in at.get("download_button")] == ["Download CSV"]
+    assert STALE not in [c.value for c in at.caption]
+    at.number_input(key="probe_seed").set_value(7).run()  # a widget changed: the results stay, marked as the last Run
+    assert STALE in [c.value for c in at.caption] and len(at.get("plotly_chart")) == 1
+    pd.testing.assert_frame_equal(at.dataframe[0].value, table)
+    at.number_input(key="probe_seed").set_value(0).run()  # back to the Run's settings: current again
+    assert STALE not in [c.value for c in at.caption] and len(at.get("plotly_chart")) == 1
     at.multiselect(key="depths").set_value([]).run()
     at.button(key="run_probe").click().run()
     assert "at least one length and one depth" in at.error[0].value
+
+
+def test_probes_page_says_what_a_large_grid_costs_before_it_runs(infini_checkpoint, monkeypatch):
+    monkeypatch.setattr(trace_page, "tokens_per_second", lambda path, stamp: 1000.0)  # the cost, not this machine's
+    at = page("probes_page", infini_checkpoint)
+    at.run()
+    assert not [c.value for c in at.caption if "prompts" in c.value]  # the default grid is small: nothing said
+    at.multiselect(key="lengths").set_value([4096, 8192]).run()
+    at.number_input(key="n").set_value(50).run()
+    # 50 samples x 3 depths at each length: 150 x (4,096 + 8,192) tokens at 1,000 tokens a second
+    assert "300 prompts, 1,843,200 tokens: about 31 min on this machine at the model's measured speed." in [
+        c.value for c in at.caption
+    ]
+    assert not at.get("plotly_chart")  # said, not run
 
 
 def test_probes_page_runs_a_ruler_grid_over_depths(infini_checkpoint):
@@ -278,7 +299,8 @@ def test_probes_page_draws_retention_beside_the_control(infini_checkpoint, monke
     at.multiselect(key="rt_distances").set_value([64, 2**20]).run()  # not run: the cost is said first
     assert not at.exception, at.exception
     # 2 samples x (64 + 1,048,576) tokens x 2 models at 1,000 tokens/s; one sample alone is 1,049 s
-    assert at.caption[-1].value.startswith(
+    assert at.caption[-1].value == STALE  # the last Run's curve stays below
+    assert at.caption[-2].value.startswith(
         "About 70 min on this machine at the models' measured speeds (one sample at 1,048,576 tokens takes about 17 min"
     )
 
@@ -331,6 +353,10 @@ def test_intervene_page_ablates_replaces_and_sweeps(infini_checkpoint):
     assert not at.exception and "donor sample's key" in at.caption[2].value
     at.button(key="iv_sweep").click().run()
     assert not at.exception and len(at.get("plotly_chart")) == 1
+    at.radio(key="iv_mode").set_value("ablate").run()  # another edit: the sweep of the same prompt stays
+    assert not at.exception and len(at.get("plotly_chart")) == 1
+    at.number_input(key="iv_seed").set_value(1).run()  # another prompt: its sweep is not this one's
+    assert not at.exception and not at.get("plotly_chart")
     at.number_input(key="iv_length").set_value(100).run()
     assert "shorter than the instruction" in at.error[0].value
 
@@ -440,15 +466,60 @@ def test_train_page_trains_exports_and_lists_the_checkpoint(tmp_path, monkeypatc
     assert memviz.load(tmp_path / "checkpoints" / "tiny-facts").card["steps"] == 4
 
 
+def test_a_run_whose_page_was_reloaded_is_offered_to_the_next_train_page(tmp_path, monkeypatch):
+    import memviz.checkpoint
+    from app import train_page
+
+    monkeypatch.setenv("MEMVIZ_HOME", str(tmp_path))
+    monkeypatch.setattr(memviz.checkpoint, "USER_DIR", tmp_path / "checkpoints")
+    monkeypatch.setattr(train_page, "USER_DIR", tmp_path / "checkpoints")
+    at = page("train_page")
+    at.run()
+    at.selectbox(key="tr_family").select("sliding_window").run()
+    at.selectbox(key="tr_task").select("facts").run()
+    at.number_input(key="tr_steps").set_value(100_000).run()  # goes on until stopped
+    at.text_input(key="tr_name").input("left-run").run()
+    at.button(key="tr_start").click().run()
+    job = at.session_state["_train_jobs"]["left-run"]
+    try:
+        reloaded = page("train_page")  # the same browser after a reload: a new session
+        reloaded.run()
+        assert not [b for b in reloaded.button if b.key == "adopt-left-run"]  # its page is open: not offered
+        monkeypatch.setattr(train_page, "session_open", lambda sid: sid != job["owner"])  # that page is gone
+        reloaded.run()
+        assert any("Run **left-run** (running" in m.value for m in reloaded.info)
+        reloaded.button(key="adopt-left-run").click().run()
+        assert not reloaded.exception, reloaded.exception
+        assert reloaded.session_state["_train_jobs"]["left-run"] is job and not reloaded.info
+        reloaded.button(key="stop-left-run").click().run()  # its Stop button is here now
+        job["thread"].join(120)
+        assert job["status"] == "stopped", job.get("error")
+        assert (tmp_path / "checkpoints" / "left-run" / "card.json").exists()
+    finally:
+        job["trainer"].stop.set()
+        job["thread"].join(120)
+
+
 def test_trace_page_says_what_a_long_input_costs_and_the_upload_limit_in_tokens(infini_checkpoint, monkeypatch):
     monkeypatch.setattr(trace_page, "tokens_per_second", lambda path, stamp: 100.0)
+    views = {"needle hold": 0.01, "read-out": 0.03}  # seconds a token: the views' cost, not this machine's
+    monkeypatch.setattr(trace_page, "view_seconds", lambda path, stamp: views)
     at = open_trace_page(infini_checkpoint)
     at.number_input(key="pk_length").set_value(24_000).run()
     assert not at.exception, at.exception
     estimate = [c.value for c in at.caption if "the trace takes about" in c.value]
     assert len(estimate) == 1, estimate
-    tokens, minutes = re.match(r"About ([\d,]+) tokens .* the trace takes about (\d+) min", estimate[0]).groups()
-    assert int(tokens.replace(",", "")) > 20_000 and int(minutes) == round(int(tokens.replace(",", "")) / 100 / 60)
+    tokens = int(estimate[0].split(" tokens")[0].replace(",", ""))  # the prompt's, counted
+    assert 23_000 < tokens <= 24_000 and estimate[0] == (
+        f"{tokens:,} tokens: the trace takes about {tokens / 100 / 60:.0f} min on this machine at the model's "
+        f"measured speed, and its needle hold and read-out views about {tokens * 0.04 / 60:.0f} min more, once; "
+        "each is cached afterwards."
+    )
+    assert "and its read-out view about 20 min more" in trace_page.time_line(infini_checkpoint, 40_000, False)
+    at.radio(key="source").set_value("text").run()
+    at.text_area(key="text_input").set_value("the cat sat. " * 400_000).run()  # over the limit: refused, no estimate
+    assert "over the trace limit" in at.error[0].value or "than the trace limit" in at.error[0].value
+    assert not [c for c in at.caption if "the trace takes about" in c.value]
     at.radio(key="source").set_value("file").run()
     label = at.get("file_uploader")[0].proto.label
     assert "at most 1,000,000 tokens" in label and "MB of English text" in label

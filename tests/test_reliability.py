@@ -609,7 +609,10 @@ def test_a_card_asking_for_a_billion_people_is_refused_naming_the_field():
     ):
         facts.run(model, n=1, progress=False)
     model.card["facts"] = "people"
-    with pytest.raises(ValueError, match="card.json: facts must be an object"):
+    with pytest.raises(ValueError, match="^the model's card.json: facts must be an object"):
+        facts.run(model, n=1, progress=False)
+    model.card["path"] = "/data/ckpt"  # what memviz.load notes: the message names the file to mend
+    with pytest.raises(ValueError, match="^/data/ckpt/card.json: facts must be an object"):
         facts.run(model, n=1, progress=False)
 
 
