@@ -147,4 +147,7 @@ def last_run(key: str, inputs: tuple, run, clicked: bool):
 
 
 #: said above results kept from a Run on other inputs
-STALE = "These results are from the last Run, with other settings or another model than those above: Run for these."
+STALE = (
+    "These results are from the last Run, with other settings or another model than those above; "
+    "press Run for results on these."
+)

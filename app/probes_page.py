@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 import memviz
-from app.common import STALE, control_samples, current_model, current_path, last_run, load_model
+from app.common import STALE, control_samples, current_model, current_path, last_run, load_model, weights_stamp
 from app.trace_page import duration, run_seconds
 from probes import babilong, lm, passkey, retention, ruler, texts
 from probes.haystack import BACKGROUNDS
@@ -16,6 +16,7 @@ from probes.haystack import BACKGROUNDS
 @st.cache_data(show_spinner=False, max_entries=16)
 def run_grid(
     model_path: str,
+    stamp: int,
     probe: str,
     lengths: tuple[int, ...],
     depths_or_tasks: tuple,
@@ -24,6 +25,7 @@ def run_grid(
     depths: tuple[float, ...] | None = None,
     haystack: str | None = None,
 ):
+    """The probe's table (`stamp`: the weights' mtime, so a checkpoint saved anew is run anew)."""
     model = load_model(model_path)
     bar = st.progress(0.0, text="Running the probe…")
     progress = lambda done, total: bar.progress(done / total, text=f"{int(done)} / {total} samples")  # noqa: E731
@@ -39,7 +41,7 @@ def run_grid(
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
-def run_retention(model_paths: tuple[str, ...], distances: tuple[int, ...], n: int, seed: int):
+def run_retention(model_paths: tuple[str, ...], stamps: tuple[int, ...], distances: tuple[int, ...], n: int, seed: int):
     bar = st.progress(0.0, text="Running the probe…")
     frames = []
     for k, path in enumerate(model_paths):
@@ -77,7 +79,8 @@ def render_retention() -> None:
     if clicked and not distances:
         st.error("Choose at least one distance.")
         return
-    inputs = ((current_path(), *compare), tuple(sorted(distances)), int(n), int(seed))
+    paths = (current_path(), *compare)
+    inputs = (paths, tuple(map(weights_stamp, paths)), tuple(sorted(distances)), int(n), int(seed))
     try:
         kept = last_run("run_retention", inputs, lambda: run_retention(*inputs), clicked)
     except (ValueError, memviz.CheckpointError) as exc:
@@ -100,7 +103,7 @@ def render_retention() -> None:
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
-def run_lm(model_paths: tuple[str, ...], corpus: str | None, max_tokens: int | None):
+def run_lm(model_paths: tuple[str, ...], stamps: tuple[int, ...], corpus: str | None, max_tokens: int | None):
     bar = st.progress(0.0, text="Reading the held-out documents…")
     frames = []
     for k, path in enumerate(model_paths):
@@ -112,10 +115,10 @@ def run_lm(model_paths: tuple[str, ...], corpus: str | None, max_tokens: int | N
             lm.run(load_model(path), corpus=corpus, max_tokens=max_tokens, progress=progress).assign(model=path)
         )
     bar.empty()
-    return pd.concat(frames, ignore_index=True)
+    return pd.concat(frames, ignore_index=True), lm.local_span(load_model(model_paths[0]))
 
 
-def render_lm(model) -> None:
+def render_lm() -> None:
     st.caption(
         "Every token's loss over whole held-out documents (Hamlet and The Tempest, Botchan's last chapter), "
         "which no sample was trained on: bits per byte, and the loss against the token's position. Where a "
@@ -132,7 +135,8 @@ def render_lm(model) -> None:
     if clicked and max_tokens == 1:  # the loss needs a token to predict from
         st.error("Tokens a document at most: 0 (whole documents) or 2 or more.")
         return
-    inputs = ((current_path(), *compare), None if corpus == "all" else corpus, int(max_tokens) or None)
+    paths = (current_path(), *compare)
+    inputs = (paths, tuple(map(weights_stamp, paths)), None if corpus == "all" else corpus, int(max_tokens) or None)
     try:
         kept = last_run("run_lm", inputs, lambda: run_lm(*inputs), clicked)
     except (ValueError, memviz.CheckpointError) as exc:
@@ -140,11 +144,11 @@ def render_lm(model) -> None:
         return
     if kept is None:
         return
-    df, current = kept
+    (df, window), current = kept  # the window of the model the Run read, which another may have replaced
     if not current:
         st.caption(STALE)
     positions = lm.by_position(df)
-    st.plotly_chart(lm.position_curve(positions, window=lm.local_span(model)), width="stretch", key="lm_curve")
+    st.plotly_chart(lm.position_curve(positions, window=window), width="stretch", key="lm_curve")
     st.dataframe(lm.summary(df), width="stretch")
     st.download_button(
         "Download CSV", positions.to_csv(index=False), file_name="lm_positions.csv", key="lm_csv", on_click="ignore"
@@ -163,7 +167,7 @@ def render() -> None:
         render_retention()
         return
     if probe == "language modelling":
-        render_lm(model)
+        render_lm()
         return
     lengths = st.multiselect("Lengths (tokens)", [256, 512, 1024, 2048, 4096, 8192], default=[256, 512], key="lengths")
     if probe == "passkey":
@@ -215,7 +219,9 @@ def render() -> None:
     if clicked and (not lengths or not axis):
         st.error("Choose at least one length and one " + ("depth." if probe == "passkey" else "task."))
         return
-    inputs = (current_path(), probe, tuple(sorted(lengths)), tuple(sorted(axis)), int(n), int(seed), depths, haystack)
+    path = current_path()
+    grid = (tuple(sorted(lengths)), tuple(sorted(axis)), int(n), int(seed), depths, haystack)
+    inputs = (path, weights_stamp(path), probe, *grid)
     try:
         kept = last_run(f"run_{probe}", inputs, lambda: run_grid(*inputs), clicked)
     except ValueError as exc:

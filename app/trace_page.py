@@ -225,7 +225,10 @@ def render() -> None:
         except ValueError as exc:
             st.error(str(exc))
             return
-        st.caption(time_line(path, n_tokens, bool(evidence)))
+        try:
+            st.caption(time_line(path, n_tokens, bool(evidence)))
+        except memviz.ModelBusyError:  # a stopped run still holds the model to time it: the trace below waits for it
+            pass
     if get_family(model.family).cost:  # a model that says what a run holds (a released model's growing KV cache)
         st.caption(cost_line(model.cost(round(n_tokens)), round(n_tokens)))
     try:
@@ -289,7 +292,7 @@ def time_line(path: str, n_tokens: int, evidence: bool) -> str:
     )
     return (
         f"{n_tokens:,} tokens: the trace takes about {duration(run_seconds(path, n_tokens))} on this machine at the "
-        f"model's measured speed{after}, once; each is cached afterwards."
+        f"model's measured speed{after}; each is kept afterwards (the read-out for each token it is asked at)."
     )
 
 

@@ -1,10 +1,11 @@
 """Train page: a small training run of a chosen family and task, live and stoppable.
 
-A run belongs to the session that started it: only that session sees and can stop it, until that
-session's page is closed or reloaded; then the next session to open the Train page is offered to watch
-and stop it (`orphaned`), so a reload loses sight of no run. Names are one path component (letters,
-digits, '.', '_', '-', starting with a letter or digit) under MEMVIZ_HOME, and a name another
-session's run is using is refused, so no two runs share folders."""
+A run belongs to one session at a time: only that session sees and can stop it. When its page is
+closed or reloaded, a run still going (or one that failed, with its error) is offered on every open
+Train page, and the first session to take it becomes its one owner (`orphaned`, `adopt`): after a
+reload the user finds their run again. Names are one path component (letters, digits, '.', '_', '-',
+starting with a letter or digit) under MEMVIZ_HOME, and a name another session's run is using is
+refused, so no two runs share folders."""
 
 from __future__ import annotations
 
@@ -43,19 +44,33 @@ def session_id() -> str:
 
 
 def session_open(sid: str) -> bool:
-    """Whether the session `sid` still has a page connected; True where no Streamlit server runs (bare mode,
-    AppTest), so a run is never handed to another session there."""
-    return not Runtime.exists() or Runtime.instance().is_active_session(sid)
+    """Whether the session `sid` still has a page connected; True where no Streamlit server runs (bare mode),
+    so a run is never handed to another session there."""
+    return not Runtime.exists() or bool(Runtime.instance().is_active_session(sid))
+
+
+#: held while a session checks a run's owner and takes it, so two sessions never both take one run
+OWNERSHIP = threading.Lock()
 
 
 def orphaned() -> list[dict]:
-    """Runs still going whose session's page was closed or reloaded (not this session's own)."""
-    mine = jobs()
+    """Runs of other sessions whose page was closed or reloaded: still going, or failed with an error no one saw."""
+    me = session_id()
     return [
         job
-        for name, job in list(names_in_use().items())
-        if name not in mine and job["status"] in ("running", "exporting") and not session_open(job["owner"])
+        for job in list(names_in_use().values())
+        if job["owner"] != me and job["status"] in ("running", "exporting", "failed") and not session_open(job["owner"])
     ]
+
+
+def adopt(job: dict) -> bool:
+    """Make this session the run's one owner, if its owner's page is still gone; whether it did."""
+    with OWNERSHIP:
+        if session_open(job["owner"]):
+            return False
+        job["owner"] = session_id()
+        jobs()[job["name"]] = job
+        return True
 
 
 def run_job(job: dict) -> None:
@@ -72,7 +87,10 @@ def run_job(job: dict) -> None:
 
 @st.fragment(run_every=2.0)
 def live(name: str) -> None:
-    job = jobs()[name]
+    job = jobs().get(name)
+    if job is None or job["owner"] != session_id():  # taken by another page while this one was away
+        st.info(f"Run **{name}** is watched from another page now.")
+        return
     trainer = job["trainer"]
     st.plotly_chart(viz.training_loss(trainer.out / "metrics.jsonl"), width="stretch", key=f"loss-{name}")
     st.write(f"**{name}**: {job['status']} · step {trainer.step} / {trainer.cfg.optim.steps}")
@@ -181,12 +199,13 @@ def render() -> None:
     for job in orphaned():
         left = job["trainer"]
         st.info(
-            f"Run **{job['name']}** ({job['status']}, step {left.step} / {left.cfg.optim.steps}) goes on from a page "
-            "that was closed or reloaded."
+            f"Run **{job['name']}** ({job['status']}, step {left.step} / {left.cfg.optim.steps}) was started from a "
+            "page that has since been closed or reloaded."
         )
-        if st.button(f"Watch and stop {job['name']} here", key=f"adopt-{job['name']}"):
-            job["owner"] = session_id()
-            jobs()[job["name"]] = job
+        if st.button(f"Take over {job['name']} here", key=f"adopt-{job['name']}") and adopt(job):
             st.rerun()
-    for name in list(jobs()):
-        live(name)
+    for name, job in list(jobs().items()):
+        if job["owner"] == session_id():  # a run another page took over is no longer this one's
+            live(name)
+        else:
+            del jobs()[name]

@@ -291,7 +291,7 @@ def load(path: str | Path, device: str | torch.device = "cpu", **overrides: Any)
             f"{exc}; the overrides {overrides} change the weights, and only options that hold "
             "none can be set when loading"
         ) from exc
-    model.card.setdefault("path", str(directory))
+    model.card["path"] = str(directory)  # where it was read from, even if a copied card named another folder
     return model.to(device).eval()
 
 

@@ -174,6 +174,16 @@ def main(argv: list[str] | None = None) -> int:
     made = not out.exists()
     written = [out / name for name in OUTPUTS.get(args.probe, (f"{args.probe}.csv", f"{args.probe}.html"))]
     try:
+        if args.probe == "lm":
+            given = [
+                f"--{key[7:]}" for key, value in vars(args).items() if key.startswith("unused_") and value is not None
+            ]
+            if given:
+                raise ValueError(
+                    f"lm reads every token of whole documents and draws nothing: {' and '.join(given)} "
+                    f"{'does' if len(given) == 1 else 'do'} not apply (choose what it reads with --documents and "
+                    "--max-tokens)"
+                )
         if not args.out.strip():  # Path("") is the working folder: an empty flag is a slip, not a choice
             raise ValueError("--out: an empty path; give the folder for the results")
         check_writable_folder(out, "--out")
@@ -182,13 +192,6 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError(f"--out {out}: {path} is there and is not a plain file (a link or a folder)")
             if path.exists() and not args.replace:
                 raise ValueError(f"--out {out}: {path} holds an earlier run's results; pass --replace to replace them")
-        if args.probe == "lm":
-            given = [f"--{name[7:]}" for name, value in vars(args).items() if name.startswith("unused_") and value]
-            if given:
-                raise ValueError(
-                    f"lm reads every token of whole documents and draws nothing: {' and '.join(given)} does not apply "
-                    "(choose what it reads with --documents and --max-tokens)"
-                )
         if args.probe in ("retention", "lm"):  # one line per checkpoint: a name given twice would merge into one
             named = [args.checkpoint, *args.more]
             twice = sorted({name for name in named if named.count(name) > 1})

@@ -158,7 +158,7 @@ def test_lm_cli_writes_bits_per_byte_and_the_position_curve_for_each_checkpoint(
     assert "local window (16)" in (tmp_path / "res" / "lm.html").read_text() and "shakespeare" in out.stdout
     bad = probes_cli("lm", checkpoint, "--documents", "macbeth", "--out", tmp_path / "bad")
     assert bad.returncode == 2 and "not in the heldout split" in bad.stderr and not (tmp_path / "bad").exists()
-    for flag in ("--n", "--seed"):  # lm reads whole documents: a sample count or seed would be ignored, so is refused
+    for flag in ("--n", "--samples", "--seed"):  # lm reads whole documents: what it would ignore is refused
         ignored = probes_cli("lm", checkpoint, flag, 5, "--out", tmp_path / "ignored")
         assert ignored.returncode == 2 and not (tmp_path / "ignored").exists()
         assert ignored.stderr == (

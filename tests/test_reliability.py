@@ -599,7 +599,7 @@ def test_a_babilong_row_far_longer_than_its_length_is_refused_naming_the_file_an
     assert len(babilong.load(path, "qa1")) == 2
 
 
-def test_a_card_asking_for_a_billion_people_is_refused_naming_the_field():
+def test_a_card_asking_for_a_billion_people_is_refused_naming_the_field(tmp_path):
     from probes import facts
 
     model = small_model("sliding_window", window=8)
@@ -614,6 +614,10 @@ def test_a_card_asking_for_a_billion_people_is_refused_naming_the_field():
     model.card["path"] = "/data/ckpt"  # what memviz.load notes: the message names the file to mend
     with pytest.raises(ValueError, match="^/data/ckpt/card.json: facts must be an object"):
         facts.run(model, n=1, progress=False)
+    copy = memviz.load(memviz.save(model, tmp_path / "copy"))  # its card.json names /data/ckpt: the copy is named
+    with pytest.raises(ValueError, match=f"^{re.escape(str(copy.card['path']))}/card.json: facts must be an object"):
+        facts.run(copy, n=1, progress=False)
+    assert Path(copy.card["path"]).resolve() == (tmp_path / "copy").resolve()
 
 
 # ----- probes' own arguments --------------------------------------------------------------------------
