@@ -132,10 +132,18 @@ def checkpoint_picker(label: str, choice_key: str, path_key: str, default: str |
     return st.text_input(f"{label} folder", key=path_key).strip()
 
 
-def last_run(key: str, inputs: tuple, run, clicked: bool):
+#: said above results kept from a Run on other inputs
+STALE = (
+    "These results are from the last Run, with other settings or another model than those above; "
+    "press Run for results on these."
+)
+
+
+def last_run(key: str, inputs: tuple, run, clicked: bool, show_stale: bool = True):
     """What this page's Run button `key` last gave, kept in the session: a result drawn only under a clicked
     button vanished at the next widget change. `run()` when `clicked` (its errors propagate, and nothing is
-    kept); then (result, whether it was run on `inputs`), or None before any run."""
+    kept); None before any run. A result run on other `inputs` is returned under the STALE caption, or with
+    `show_stale` False not at all."""
     runs = st.session_state.setdefault("_last_runs", {})
     if clicked:
         runs.pop(key, None)
@@ -143,11 +151,8 @@ def last_run(key: str, inputs: tuple, run, clicked: bool):
     if key not in runs:
         return None
     ran_on, result = runs[key]
-    return result, ran_on == inputs
-
-
-#: said above results kept from a Run on other inputs
-STALE = (
-    "These results are from the last Run, with other settings or another model than those above; "
-    "press Run for results on these."
-)
+    if ran_on != inputs:
+        if not show_stale:
+            return None
+        st.caption(STALE)
+    return result

@@ -143,9 +143,10 @@ def render() -> None:
             bar.empty()
 
     path = current_path()
-    kept = last_run("iv_sweep", (path, weights_stamp(path), sample.prompt, answer), sweep, clicked)
-    if kept is not None and kept[1]:  # a sweep of another prompt says nothing about this one
-        st.plotly_chart(viz.ablation_sweep_figure(kept[0], sample.evidence), width="stretch", key="iv_sweep_fig")
+    # a sweep of another prompt says nothing about this one: not shown
+    rows = last_run("iv_sweep", (path, weights_stamp(path), sample.prompt, answer), sweep, clicked, show_stale=False)
+    if rows is not None:
+        st.plotly_chart(viz.ablation_sweep_figure(rows, sample.evidence), width="stretch", key="iv_sweep_fig")
 
 
 def render_fact_question(model, point: Intervention) -> None:

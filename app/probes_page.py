@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 import memviz
-from app.common import STALE, control_samples, current_model, current_path, last_run, load_model, weights_stamp
+from app.common import control_samples, current_model, current_path, last_run, load_model, weights_stamp
 from app.trace_page import duration, run_seconds
 from probes import babilong, lm, passkey, retention, ruler, texts
 from probes.haystack import BACKGROUNDS
@@ -68,8 +68,8 @@ def render_retention() -> None:
     c1, c2 = st.columns(2)
     n = c1.number_input("Samples per distance", 1, 200, 5, key="rt_n")
     seed = c2.number_input("Seed", 0, 10_000, 0, key="rt_seed")
+    paths = (current_path(), *compare)
     if distances and max(distances) > 20_000:  # say what long distances cost before they run
-        paths = (current_path(), *compare)
         seconds = sum(run_seconds(p, int(n) * sum(distances)) for p in paths)
         st.caption(
             f"About {duration(seconds)} on this machine at the models' measured speeds (one sample at "
@@ -79,18 +79,14 @@ def render_retention() -> None:
     if clicked and not distances:
         st.error("Choose at least one distance.")
         return
-    paths = (current_path(), *compare)
     inputs = (paths, tuple(map(weights_stamp, paths)), tuple(sorted(distances)), int(n), int(seed))
     try:
-        kept = last_run("run_retention", inputs, lambda: run_retention(*inputs), clicked)
+        df = last_run("run_retention", inputs, lambda: run_retention(*inputs), clicked)
     except (ValueError, memviz.CheckpointError) as exc:
         st.error(str(exc))
         return
-    if kept is None:
+    if df is None:
         return
-    df, current = kept
-    if not current:
-        st.caption(STALE)
     st.plotly_chart(retention.curve(df), width="stretch", key="retention_curve")
     st.download_button(
         "Download CSV",
@@ -144,9 +140,7 @@ def render_lm() -> None:
         return
     if kept is None:
         return
-    (df, window), current = kept  # the window of the model the Run read, which another may have replaced
-    if not current:
-        st.caption(STALE)
+    df, window = kept  # the window of the model the Run read, which another may have replaced
     positions = lm.by_position(df)
     st.plotly_chart(lm.position_curve(positions, window=window), width="stretch", key="lm_curve")
     st.dataframe(lm.summary(df), width="stretch")
@@ -207,10 +201,11 @@ def render() -> None:
     c1, c2 = st.columns(2)
     n = c1.number_input("Samples per cell", 1, 200, 5, key="n")
     seed = c2.number_input("Seed", 0, 10_000, 0, key="probe_seed")
+    path = current_path()
     depths = tuple(sorted(fixed)) or None if probe == "ruler" else None
     prompts = int(n) * len(axis) * len(depths or (None,))  # a grid's prompts at each length
     if prompts * sum(lengths) > 100_000:  # say what a large grid costs before it runs
-        took = duration(run_seconds(current_path(), prompts * sum(lengths)))
+        took = duration(run_seconds(path, prompts * sum(lengths)))
         st.caption(
             f"{prompts * len(lengths):,} prompts, {prompts * sum(lengths):,} tokens: about {took} on this machine at "
             "the model's measured speed."
@@ -219,19 +214,15 @@ def render() -> None:
     if clicked and (not lengths or not axis):
         st.error("Choose at least one length and one " + ("depth." if probe == "passkey" else "task."))
         return
-    path = current_path()
     grid = (tuple(sorted(lengths)), tuple(sorted(axis)), int(n), int(seed), depths, haystack)
     inputs = (path, weights_stamp(path), probe, *grid)
     try:
-        kept = last_run(f"run_{probe}", inputs, lambda: run_grid(*inputs), clicked)
+        df = last_run(f"run_{probe}", inputs, lambda: run_grid(*inputs), clicked)
     except ValueError as exc:
         st.error(str(exc))
         return
-    if kept is None:
+    if df is None:
         return
-    df, current = kept
-    if not current:
-        st.caption(STALE)
     fig = {"passkey": passkey.heatmap, "ruler": ruler.heatmap}.get(probe, babilong.heatmap)(df)
     st.plotly_chart(fig, width="stretch", key="probe_heatmap")
     st.metric("accuracy", f"{df['correct'].mean():.0%}", help=f"{len(df)} samples")
