@@ -611,7 +611,7 @@ class MemoryLM(HookedRootModule):
         self.check_hook_names([name for name, _ in [*fwd_hooks, *bwd_hooks] if isinstance(name, str)])
         with (
             running_alone(self, "a hooked run"),
-            super().hooks(list(fwd_hooks), list(bwd_hooks), reset_hooks_end, clear_contexts) as model,
+            super().hooks(fwd_hooks, bwd_hooks, reset_hooks_end, clear_contexts) as model,
         ):
             yield model
 

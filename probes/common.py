@@ -84,8 +84,9 @@ def check_lengths(lengths: Any, name: str = "lengths") -> list[int]:
     for length in lengths:
         if not isinstance(length, numbers.Integral) or isinstance(length, bool) or not 0 < length <= MAX_PROBE_LENGTH:
             raise ValueError(f"{name} are whole numbers of tokens in 1..{MAX_PROBE_LENGTH:,}, got {length!r}")
-    check_no_repeats([int(length) for length in lengths], name)
-    return [int(length) for length in lengths]
+    values = [int(length) for length in lengths]
+    check_no_repeats(values, name)
+    return values
 
 
 def check_depths(depths: Any, name: str = "depths") -> list[float]:
@@ -96,8 +97,9 @@ def check_depths(depths: Any, name: str = "depths") -> list[float]:
     for depth in depths:
         if not isinstance(depth, numbers.Real) or isinstance(depth, bool) or not 0 <= depth <= 1:
             raise ValueError(f"depth must lie in [0, 1] ({name} are fractions of the prompt), got {depth!r}")
-    check_no_repeats([float(depth) for depth in depths], name)
-    return [float(depth) for depth in depths]
+    values = [float(depth) for depth in depths]
+    check_no_repeats(values, name)
+    return values
 
 
 def check_no_repeats(values: list, name: str) -> None:
