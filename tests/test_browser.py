@@ -4,6 +4,7 @@ for the memory figures, and saves screenshots."""
 
 import contextlib
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -188,10 +189,14 @@ def visit(page, link: str, title: str) -> None:
 
 
 def enter_number(page, label: str, value: str) -> None:
+    """Type a value and wait for the run it starts to end: leaving the page while an earlier run is still going
+    can drop the value (seen in CI: the Trace length was back at its default after a visit to Intervene)."""
     field = page.get_by_label(label)
     field.wait_for(timeout=120_000)
     field.fill(value)
     field.press("Enter")
+    page.wait_for_timeout(500)  # the rerun's request reaches the server and the status widget shows
+    page.locator('[data-testid="stStatusWidget"]').wait_for(state="detached", timeout=180_000)
 
 
 def test_settings_survive_a_visit_to_another_page(app_url):
@@ -203,13 +208,11 @@ def test_settings_survive_a_visit_to_another_page(app_url):
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.goto(f"{app_url}/trace")
         enter_number(page, "length (tokens)", "640")
-        page.get_by_text("tokens · answer").first.wait_for(timeout=120_000)
+        page.get_by_text(re.compile(r"\b6\d\d tokens · answer")).first.wait_for(timeout=120_000)  # 633 of them
         visit(page, "Intervene", "Intervene")
         enter_number(page, "pass-key length (tokens)", "300")
-        page.wait_for_timeout(3000)
         visit(page, "Probes", "Probes")
         enter_number(page, "Samples per cell", "3")
-        page.wait_for_timeout(1500)
         visit(page, "Model", "memviz")
         for link, label, value in [
             ("Trace", "length (tokens)", "640"),
