@@ -1,32 +1,63 @@
-"""pytest collects the tests inside family folders by their path, as `families.*`; this makes that name the
-installed package `memviz_families`, so that each family module exists once and registers its family once."""
+"""pytest imports the tests inside kernels/, probes/ and families/ under the names those folders install as
+(`memviz_kernels`, `memviz_probes`, `memviz_families`; setup.py), never under the folder's own name: `kernels` and
+`probes` are other distributions' packages (Hugging Face's `kernels`, which transformers imports), and a module
+executed under two names would register its family twice.
+
+The kernels' tests run the Triton kernels in the interpreter on the CPU; with MEMVIZ_TEST_DEVICE=cuda
+(`benchmarks/gpu.py` sets it) every tensor they make is a CUDA tensor and the kernels compile for the GPU."""
 
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.util
-import sys
-from types import ModuleType
+import os
+from pathlib import Path
 
-FOLDER, INSTALLED = "families", "memviz_families"
+import pytest
+
+ROOT = Path(__file__).resolve().parent
+#: each folder whose package installs under another name, and that name
+INSTALLED = {"kernels": "memviz_kernels", "probes": "memviz_probes", "families": "memviz_families"}
+DEVICE = os.environ.get("MEMVIZ_TEST_DEVICE", "cpu")  # memviz_kernels.testing reads the same variable
+
+if DEVICE == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+else:
+    import torch
+
+    torch.set_default_device(DEVICE)
 
 
-class FolderAlias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Imports `families.x` as the module `memviz_families.x` (the same object under both names)."""
+pytest_plugins = ("memviz_kernels.testing",)  # the kernel tests' fixtures: seed, poisoned_buffers
 
-    def find_spec(self, name, path=None, target=None):
-        if name == FOLDER or name.startswith(FOLDER + "."):
-            return importlib.util.spec_from_loader(name, self)
+
+def installed_name(path: Path) -> str | None:
+    """`kernels/lm2/test_lm2_scan.py` -> `memviz_kernels.lm2.test_lm2_scan`; None outside those folders."""
+    try:
+        parts = list(path.resolve().relative_to(ROOT).with_suffix("").parts)
+    except ValueError:
         return None
+    if not parts or parts[0] not in INSTALLED:
+        return None
+    return ".".join([INSTALLED[parts[0]], *parts[1:]])
 
-    def create_module(self, spec) -> ModuleType:
-        module = importlib.import_module(INSTALLED + spec.name[len(FOLDER) :])
-        spec.loader_state = module.__spec__  # importlib sets the alias's spec on the module; exec_module puts it back
+
+class InstalledModule(pytest.Module):
+    """A test file imported by its installed module name (the editable install maps it to this very file)."""
+
+    def _getobj(self):
+        module = importlib.import_module(installed_name(self.path))
+        assert Path(module.__file__).resolve() == self.path.resolve(), f"{module.__name__} is {module.__file__}"
         return module
 
-    def exec_module(self, module: ModuleType) -> None:
-        module.__spec__ = module.__spec__.loader_state  # already executed under its installed name
+
+def pytest_collect_directory(path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    """A plain directory, not a `Package`: a Package imports its `__init__.py` by the folder's own name."""
+    if installed_name(path) is not None:
+        return pytest.Dir.from_parent(parent, path=path)
+    return None
 
 
-sys.meta_path.insert(0, FolderAlias())
+def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector) -> pytest.Module | None:
+    if installed_name(module_path) is not None:
+        return InstalledModule.from_parent(parent, path=module_path)
+    return None

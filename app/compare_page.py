@@ -8,7 +8,7 @@ import memviz
 from app.common import checkpoint_picker, control_samples, current_path, greedy_answer, load_model
 from app.trace_page import cached_trace, duration, run_seconds
 from memviz import viz
-from probes import passkey
+from memviz_probes import passkey
 
 
 def render() -> None:

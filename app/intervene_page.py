@@ -10,7 +10,7 @@ from app.common import current_model, current_path, last_run, load_model, weight
 from app.trace_page import duration, run_seconds
 from memviz import interventions, viz
 from memviz.registry import Intervention, get_family
-from probes import facts, passkey
+from memviz_probes import facts, passkey
 
 SWEEP_POINTS = 32  # boundaries a sweep ablates at most: its time stays linear in the prompt's length
 

@@ -9,8 +9,8 @@ import streamlit as st
 import memviz
 from app.common import control_samples, current_model, current_path, last_run, load_model, weights_stamp
 from app.trace_page import duration, run_seconds
-from probes import babilong, lm, passkey, retention, ruler, texts
-from probes.haystack import BACKGROUNDS
+from memviz_probes import babilong, lm, passkey, retention, ruler, texts
+from memviz_probes.haystack import BACKGROUNDS
 
 
 @st.cache_data(show_spinner=False, max_entries=16)

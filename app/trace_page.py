@@ -10,8 +10,8 @@ import memviz
 from app.common import current_model, current_path, greedy_answer, load_model, weights_stamp
 from memviz import viz
 from memviz.registry import get_family
-from probes import babilong, facts, passkey
-from probes.haystack import BACKGROUNDS
+from memviz_probes import babilong, facts, passkey
+from memviz_probes.haystack import BACKGROUNDS
 
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024
 MAX_TOKENS = 1_000_000

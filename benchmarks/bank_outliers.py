@@ -28,8 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     import memviz
     from memviz.models.longmem.bank import ChunkBank
     from memviz.threads import thread_count
-    from probes.passkey import QUESTION
-    from probes.retention import seeded_sample
+    from memviz_probes.passkey import QUESTION
+    from memviz_probes.retention import seeded_sample
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint")

@@ -19,7 +19,7 @@ import torch
 
 import memviz
 from memviz.layers import apply_rotary, local_mask, rotary_cos_sin
-from probes.passkey import make_sample
+from memviz_probes.passkey import make_sample
 
 
 @torch.no_grad()

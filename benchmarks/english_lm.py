@@ -1,7 +1,7 @@
 """Language modelling on held-out text: `python benchmarks/english_lm.py NAME [NAME ...] [--corpus all]
 [--max-tokens N] [--record] [--png docs/images/lm_position.png]`.
 
-`probes.lm` over the held-out documents (Hamlet and The Tempest, Botchan's last chapter) for each named
+`memviz_probes.lm` over the held-out documents (Hamlet and The Tempest, Botchan's last chapter) for each named
 checkpoint: bits per byte per corpus, and each model's loss against token position over the whole documents,
 binned on a log scale. Prints a table of bits per byte and, per model, the mean loss inside the local window
 (tokens 1-63) and past it (64 on), with the difference from the first checkpoint named `*sliding_window*`
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     from memviz.checkpoint import CARD_FILE, resolve
     from memviz.files import atomic_write_text
     from memviz.threads import thread_count
-    from probes import lm, texts
+    from memviz_probes import lm, texts
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoints", nargs="+")

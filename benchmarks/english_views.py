@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     import memviz
     from memviz import viz
     from memviz.threads import thread_count
-    from probes import texts
+    from memviz_probes import texts
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoints", nargs="+")

@@ -64,7 +64,7 @@ def kernel_cases(device: str, tokens: int, dtype=None):
     import torch
     import torch.nn.functional as F
 
-    from kernels import dispatch
+    from memviz_kernels import dispatch
 
     dtype = dtype or torch.float32
     small = device == "cpu"
@@ -213,7 +213,7 @@ def trace_rows(device: str, sample: str, tokens: int, rounds: int) -> list[str]:
     import torch
 
     import memviz
-    from probes import passkey
+    from memviz_probes import passkey
 
     model = memviz.load(sample)
     text = passkey.seeded_sample(model.tokenizer, tokens, 0.5, 0, 0).prompt

@@ -67,7 +67,7 @@ def load_checked(parser: argparse.ArgumentParser, args: argparse.Namespace):
 
 def prompts(model, args: argparse.Namespace):
     """(length, depth, index, sample, token ids) for every prompt the arguments ask for."""
-    from probes.passkey import seeded_sample
+    from memviz_probes.passkey import seeded_sample
 
     for length in args.lengths:
         for depth in args.depths:
@@ -77,7 +77,7 @@ def prompts(model, args: argparse.Namespace):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from probes.passkey import score
+    from memviz_probes.passkey import score
 
     parser = prompt_parser(__doc__.split("\n\n")[0], depths=[0.1, 0.5, 0.9], n=3)
     args = parser.parse_args(argv)

@@ -108,9 +108,9 @@ def load_with_settings(checkpoint, settings: list[tuple[str, object]]):
 def main(argv: list[str] | None = None) -> int:
     from memviz.checkpoint import CARD_FILE, atomic_write_text, resolve
     from memviz.threads import thread_count
-    from probes import babilong, passkey
-    from probes.common import check_depths, check_grid_size, check_lengths, check_n
-    from probes.haystack import make_haystack
+    from memviz_probes import babilong, passkey
+    from memviz_probes.common import check_depths, check_grid_size, check_lengths, check_n
+    from memviz_probes.haystack import make_haystack
     from training.evaluate import trained_haystack
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

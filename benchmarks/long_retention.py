@@ -29,8 +29,8 @@ from long_grid import check_settings, load_with_settings, parse_setting  # noqa:
 def main(argv: list[str] | None = None) -> int:
     from memviz.checkpoint import CARD_FILE, atomic_write_text, resolve
     from memviz.threads import thread_count
-    from probes import retention
-    from probes.passkey import score
+    from memviz_probes import retention
+    from memviz_probes.passkey import score
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint")

@@ -35,7 +35,7 @@ WINDOW = 16384
 
 def filler_ids(model, n: int) -> list[int]:
     """n tokens of the probes' procedural filler with a pass-key needle near the start."""
-    from probes import retention
+    from memviz_probes import retention
 
     return model.tokenizer.encode(retention.seeded_sample(model.tokenizer, n - 100, seed=0, index=0).prompt)[:n]
 

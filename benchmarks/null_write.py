@@ -41,7 +41,7 @@ def columns(row: list[list[float]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     from key_share import load_checked, prompt_parser, prompts
 
-    from probes.passkey import score
+    from memviz_probes.passkey import score
 
     parser = prompt_parser(__doc__.split("\n\n")[0], depths=[0.5], n=1)
     args = parser.parse_args(argv)

@@ -22,7 +22,7 @@ import memviz
 from memviz.interventions import reset_rates
 from memviz.registry import get_family
 from memviz.trace import first_non_blank
-from probes import passkey
+from memviz_probes import passkey
 
 SEED, N, DEPTHS = 21, 5, (0.1, 0.5, 0.9)
 

@@ -34,7 +34,7 @@ import memviz
 from memviz.interventions import reset_rates
 from memviz.models import build_model
 from memviz.models.lm2 import segment_softmax
-from probes import babilong
+from memviz_probes import babilong
 
 ACTORS, ROOMS = list(babilong.BABI.actors), list(babilong.BABI.rooms)
 

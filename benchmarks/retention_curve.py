@@ -1,7 +1,7 @@
 """The retention figure of docs/long_context.md: `python benchmarks/retention_curve.py NAME [NAME ...]
 [--distances 64 256 ...] [--n 10] [--set KEY=VALUE] [--png docs/images/retention.png]`.
 
-`probes.retention.compare` over the named checkpoints (probe seed 11), printed as a table of
+`memviz_probes.retention.compare` over the named checkpoints (probe seed 11), printed as a table of
 accuracy per distance; with `--png` the figure of `retention.curve` is drawn in Chromium
 (`/usr/bin/chromium`, through playwright) and saved as a picture.
 """
@@ -53,7 +53,7 @@ def check_output(parser: argparse.ArgumentParser, flag: str, path: Path, folder:
 
 def main(argv: list[str] | None = None) -> int:
     from memviz.threads import thread_count
-    from probes import retention
+    from memviz_probes import retention
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoints", nargs="+")

@@ -51,8 +51,8 @@ def rounds(quick: bool, full: int = 5) -> int:
 
 
 def lm2_scan(quick: bool) -> list[dict]:
-    from kernels.lm2 import cpu as lm2_scan_cpu
-    from kernels.lm2.reference import lm2_scan_naive, lm2_scan_reference
+    from memviz_kernels.lm2 import cpu as lm2_scan_cpu
+    from memviz_kernels.lm2.reference import lm2_scan_naive, lm2_scan_reference
 
     rows = []
     d, N = 128, 64
@@ -136,7 +136,7 @@ def lm2_scan(quick: bool) -> list[dict]:
 
 
 def product_keys(quick: bool) -> list[dict]:
-    from kernels.product_keys.reference import product_key_topk, weighted_bag
+    from memviz_kernels.product_keys.reference import product_key_topk, weighted_bag
 
     rows = []
     H, dk, k, d = 4, 64, 16, 128
@@ -176,7 +176,7 @@ def product_keys(quick: bool) -> list[dict]:
 def titans_update(quick: bool) -> list[dict]:
     import torch.nn.functional as F
 
-    from kernels.titans.reference import titans_linear_reference
+    from memviz_kernels.titans.reference import titans_linear_reference
 
     def per_token_autograd(q, k, v, rates, W, S):
         """Eqs. 10, 12, 13 one token at a time, the gradient from torch.autograd."""
@@ -381,7 +381,7 @@ import json, sys, time
 sys.path.insert(0, {root!r})
 import memviz
 from benchmarks.released import status
-from probes import passkey
+from memviz_probes import passkey
 model = memviz.load({checkpoint!r})
 sample = passkey.seeded_sample(model.tokenizer, {length}, 0.5, 0, 0)
 start = time.perf_counter()
@@ -444,7 +444,7 @@ def app(quick: bool) -> list[dict]:
     import memviz
     from app.common import default_sample
     from memviz import viz
-    from probes import passkey
+    from memviz_probes import passkey
 
     out = subprocess.run(
         [sys.executable, "-c", APP_SCRIPT.format(root=str(ROOT))], capture_output=True, text=True, cwd=ROOT

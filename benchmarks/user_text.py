@@ -48,8 +48,8 @@ def python_docs() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from memviz.threads import thread_count
-    from probes import passkey
-    from probes.lm import token_losses
+    from memviz_probes import passkey
+    from memviz_probes.lm import token_losses
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoints", nargs="+")

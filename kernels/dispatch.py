@@ -29,27 +29,27 @@ import os
 import torch
 from torch import Tensor
 
-from kernels.infini.reference import InfiniMemory, infini_memory_reference, infini_memory_stream
-from kernels.lm2.reference import lm2_scan_reference
-from kernels.product_keys.reference import product_key_topk as product_key_topk_reference
-from kernels.product_keys.reference import weighted_bag as weighted_bag_reference
-from kernels.titans.reference import LinearMemory, chunk_coefficients, chunk_update, titans_linear_reference
+from memviz_kernels.infini.reference import InfiniMemory, infini_memory_reference, infini_memory_stream
+from memviz_kernels.lm2.reference import lm2_scan_reference
+from memviz_kernels.product_keys.reference import product_key_topk as product_key_topk_reference
+from memviz_kernels.product_keys.reference import weighted_bag as weighted_bag_reference
+from memviz_kernels.titans.reference import LinearMemory, chunk_coefficients, chunk_update, titans_linear_reference
 
 CHOICES = ("auto", "triton", "native", "reference")
 #: operation -> "module:function" of its Triton kernel, imported on first use (so importing
 #: memviz never imports triton)
 TRITON_KERNELS: dict[str, str] = {
-    "product_key_topk": "kernels.product_keys.triton:product_key_topk",
-    "weighted_bag": "kernels.product_keys.triton:weighted_bag",
-    "infini_memory": "kernels.infini.triton:infini_memory",
-    "lm2_scan": "kernels.lm2.triton:lm2_scan",
-    "titans_linear_memory": "kernels.titans.triton:titans_linear_memory",
+    "product_key_topk": "memviz_kernels.product_keys.triton:product_key_topk",
+    "weighted_bag": "memviz_kernels.product_keys.triton:weighted_bag",
+    "infini_memory": "memviz_kernels.infini.triton:infini_memory",
+    "lm2_scan": "memviz_kernels.lm2.triton:lm2_scan",
+    "titans_linear_memory": "memviz_kernels.titans.triton:titans_linear_memory",
 }
 #: operation -> "module:function" of its compiled CPU kernel; the module has `available()`
 NATIVE_KERNELS: dict[str, str] = {
-    "lm2_scan": "kernels.lm2.cpu:lm2_scan",
-    "product_key_topk": "kernels.product_keys.cpu:product_key_topk",
-    "weighted_bag": "kernels.product_keys.cpu:weighted_bag",
+    "lm2_scan": "memviz_kernels.lm2.cpu:lm2_scan",
+    "product_key_topk": "memviz_kernels.product_keys.cpu:product_key_topk",
+    "weighted_bag": "memviz_kernels.product_keys.cpu:weighted_bag",
 }
 #: Triton kernels without a backward: when a gradient is needed the reference runs instead
 #: (every compiled CPU kernel has one)

@@ -54,7 +54,7 @@ def offending_globals(tree: ast.Module, namespace: dict) -> dict[str, str]:
 def test_kernels_read_only_constexpr_globals(path):
     tree = ast.parse(path.read_text())
     assert jit_functions(tree), f"{path} defines no @triton.jit function"
-    module = importlib.import_module(f"kernels.{path.parent.name}.triton")
+    module = importlib.import_module(f"memviz_kernels.{path.parent.name}.triton")
     assert offending_globals(tree, vars(module)) == {}, f"{path}: make these tl.constexpr"
 
 

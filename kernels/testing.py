@@ -1,4 +1,6 @@
-"""What the kernel tests share: fresh random seeds, NaN-poisoned buffers, float64 comparison."""
+"""What the kernel tests share: fresh random seeds, NaN-poisoned buffers, float64 comparison. The root conftest.py
+registers this module's fixtures; a kernel test module asks for the poisoned buffers with
+`pytestmark = pytest.mark.usefixtures("poisoned_buffers")`."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ def seed():
     return value
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def poisoned_buffers(monkeypatch):
     """torch.empty hands out NaN (floats) or -7 (integers) instead of whatever memory held, so
     an element a kernel forgot to write fails the comparison."""

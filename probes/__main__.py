@@ -1,14 +1,14 @@
 """Run a probe from the command line and write its results as CSV and an HTML figure.
 
-    python -m probes passkey  CHECKPOINT --lengths 512 2048 --depths 0 0.5 1 --n 10 --out results/
-    python -m probes babilong CHECKPOINT --tasks qa1 qa2 --lengths 1000 2000 [--data-path DIR]
-    python -m probes facts    CHECKPOINT --n 200
-    python -m probes retention CHECKPOINT [CHECKPOINT ...] --distances 64 1024 16384 --n 30
-    python -m probes ruler    CHECKPOINT --tasks niah_single_1 niah_single_2 --lengths 2048 4096 [--depths 0 0.5 1]
-    python -m probes lm       CHECKPOINT [CHECKPOINT ...] [--corpus shakespeare] [--split heldout] [--max-tokens N]
+    python -m memviz_probes passkey  CHECKPOINT --lengths 512 2048 --depths 0 0.5 1 --n 10 --out results/
+    python -m memviz_probes babilong CHECKPOINT --tasks qa1 qa2 --lengths 1000 2000 [--data-path DIR]
+    python -m memviz_probes facts    CHECKPOINT --n 200
+    python -m memviz_probes retention CHECKPOINT [CHECKPOINT ...] --distances 64 1024 16384 --n 30
+    python -m memviz_probes ruler CHECKPOINT --tasks niah_single_1 niah_single_2 --lengths 2048 4096 [--depths 0 1]
+    python -m memviz_probes lm CHECKPOINT [CHECKPOINT ...] [--corpus shakespeare] [--split heldout] [--max-tokens N]
 
 `--workers N` (passkey, ruler) splits the grid over N processes and gathers the same table; so does
-`torchrun --nproc_per_node N -m probes ...` (ranks on one machine or, by torchrun's rendezvous, on
+`torchrun --nproc_per_node N -m memviz_probes ...` (ranks on one machine or, by torchrun's rendezvous, on
 several; rank 0 writes the files).
 
 CHECKPOINT is a checkpoint folder or the name of a sample checkpoint. Each run writes
@@ -28,12 +28,12 @@ from pathlib import Path
 
 from memviz.files import atomic_write_text, check_writable_folder
 from memviz.threads import check_threads
-from probes import babilong, facts, lm, passkey, retention, ruler, texts
-from probes.common import merge_shards
+from memviz_probes import babilong, facts, lm, passkey, retention, ruler, texts
+from memviz_probes.common import merge_shards
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m probes", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m memviz_probes", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="probe", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("checkpoint", help="checkpoint folder or sample checkpoint name")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from probes.common import Sample, SampleProgress, check_n, run_samples
+from memviz_probes.common import Sample, SampleProgress, check_n, run_samples
 
 SYLLABLES = """ka lo mi ra ven tor sul qui bel dar fen gor hal is jun kel mor nal os pel
 rin sev tal ul vor wen xan yel zor bri cla dro fla gri plo stra tre vel mar nor""".split()

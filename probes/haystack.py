@@ -137,7 +137,7 @@ class FileHaystack:
     SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
     def __init__(self, path: str | Path, seed: int = 0) -> None:
-        from probes.texts import read_utf8
+        from memviz_probes.texts import read_utf8
 
         path = Path(path).expanduser()
         check_regular_file(path, MAX_HAYSTACK_FILE_BYTES, "haystack file")
@@ -178,7 +178,7 @@ BACKGROUNDS = ("shakespeare", "procedural", "grass")  # the built-in backgrounds
 
 def make_haystack(haystack: str | Path | None, seed: int) -> Haystack:
     """None or 'procedural' gives the generator, 'shakespeare' the plays the set-up installs
-    (`probes.texts`; 'shakespeare_train' without the held-out plays, what training reads), 'grass'
+    (`memviz_probes.texts`; 'shakespeare_train' without the held-out plays, what training reads), 'grass'
     the papers' repeated filler; anything else is a path to a text file."""
     if haystack is None or haystack == "procedural":
         return ProceduralHaystack(seed)
@@ -187,7 +187,7 @@ def make_haystack(haystack: str | Path | None, seed: int) -> Haystack:
             f"haystack must be a background's name ({', '.join(BACKGROUNDS)}) or a text file's path, got {haystack!r}"
         )
     if haystack in ("shakespeare", "shakespeare_train"):
-        from probes.texts import ShakespeareHaystack
+        from memviz_probes.texts import ShakespeareHaystack
 
         return ShakespeareHaystack(seed, split="train" if haystack == "shakespeare_train" else "all")
     if haystack == "grass":

@@ -10,7 +10,7 @@ control beside it says by how much.
   context and is not scored; it is independent of the tokenizer, so models with other vocabularies compare.
 * `by_position` averages nll_t over documents in log-spaced position bins (every token in its bin).
 
-The documents are `probes.texts` corpora (default: the held-out split, which no training run reads) or any
+The documents are `memviz_probes.texts` corpora (default: the held-out split, which no training run reads) or any
 UTF-8 file or folder of `.txt` files.
 """
 
@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 
 from memviz.model import NonFiniteError
-from probes import texts
+from memviz_probes import texts
 
 #: a document is cut to this many tokens unless asked otherwise (Hamlet is 60k of the English samples' tokens)
 MAX_TOKENS = 1 << 20

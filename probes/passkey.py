@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from probes.common import (
+from memviz_probes.common import (
     Sample,
     SampleProgress,
     accuracy_heatmap,
@@ -34,7 +34,7 @@ from probes.common import (
     spans_of,
     take_filler,
 )
-from probes.haystack import make_haystack
+from memviz_probes.haystack import make_haystack
 
 INSTRUCTION = (
     "There is important info hidden inside a lot of irrelevant text. Find it and memorize it. "

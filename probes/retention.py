@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
-from probes.common import (
+from memviz_probes.common import (
     Sample,
     SampleProgress,
     as_list,
@@ -29,8 +29,8 @@ from probes.common import (
     spans_of,
     take_filler,
 )
-from probes.haystack import make_haystack
-from probes.passkey import INSTRUCTION, QUESTION, leading_digits, needle, score
+from memviz_probes.haystack import make_haystack
+from memviz_probes.passkey import INSTRUCTION, QUESTION, leading_digits, needle, score
 
 #: 64 tokens to 1M on a log scale (powers of four)
 DISTANCES = (64, 256, 1024, 4096, 16384, 65536, 262144, 1048576)

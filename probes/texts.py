@@ -9,7 +9,7 @@
   off), as shipped in the `sentencepiece` 0.2.3 source distribution's test data (that package is Apache-2.0;
   its LICENSE is kept beside the text). A document is the translator's preface or a chapter.
 
-`python -m probes.texts` (which `python3 tasks.py setup` runs) downloads both source distributions with pip,
+`python -m memviz_probes.texts` (which `python3 tasks.py setup` runs) downloads both source distributions with pip,
 never installing or running their code, and keeps the texts under `<sys.prefix>/share/memviz/`.
 
 The held-out split (`HELD_OUT`) is whole documents that no training run reads, not as language-modelling text
@@ -138,7 +138,7 @@ def read_utf8(path: Path, what: str = "corpus file") -> str:
 
 def not_installed(folder: Path) -> ValueError:
     return ValueError(
-        f"the corpus in {folder} is not installed: run `python3 tasks.py setup` or `python -m probes.texts`"
+        f"the corpus in {folder} is not installed: run `python3 tasks.py setup` or `python -m memviz_probes.texts`"
     )
 
 
@@ -252,7 +252,7 @@ def sentences(folder: Path = FOLDER, exclude: tuple[str, ...] = ()) -> tuple[str
     if not plays:
         raise ValueError(
             f"the Shakespeare haystack is not installed in {folder}: run `python3 tasks.py setup` "
-            "or `python -m probes.texts`"
+            "or `python -m memviz_probes.texts`"
         )
     found = []
     for play in plays:

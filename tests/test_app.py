@@ -15,7 +15,7 @@ from streamlit.testing.v1 import AppTest
 import memviz
 from app import trace_page
 from app.common import STALE
-from probes import lm, passkey
+from memviz_probes import lm, passkey
 from tests.conftest import small_model
 
 ROOT = Path(__file__).resolve().parent.parent

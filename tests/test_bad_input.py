@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 
 import memviz
 from memviz import CheckpointError, ConfigError, ModelConfig, Trace
-from probes import babilong, lm, passkey, texts
+from memviz_probes import babilong, lm, passkey, texts
 from tests.conftest import small_model
 from training.config import TrainConfig
 
@@ -558,14 +558,14 @@ def test_the_command_lines_exit_2_with_one_line(case, tmp_path):
         "training export empty": (["-m", "training", "--config", str(good), "--export", ""], "--export: an empty"),
         "training threads 100000": (["-m", "training", "--config", str(good), "--threads", "100000"], "--threads"),
         "probes threads 100000": (
-            ["-m", "probes", "passkey", "infini_english_16k", "--lengths", "512", "--threads", "100000"],
+            ["-m", "memviz_probes", "passkey", "infini_english_16k", "--lengths", "512", "--threads", "100000"],
             "--threads",
         ),
         "evaluate": (["-m", "training.evaluate", str(tmp_path / "nowhere")], "nowhere"),
         "evaluate a huge grid": (["-m", "training.evaluate", "sliding_window", "--n", "100000000"], "samples, over"),
-        "probes": (["-m", "probes", "passkey", str(tmp_path / "nowhere"), "--lengths", "512"], "nowhere"),
+        "probes": (["-m", "memviz_probes", "passkey", str(tmp_path / "nowhere"), "--lengths", "512"], "nowhere"),
         "probes threads": (
-            ["-m", "probes", "passkey", "infini_english_16k", "--lengths", "512", "--threads", "0"],
+            ["-m", "memviz_probes", "passkey", "infini_english_16k", "--lengths", "512", "--threads", "0"],
             "--threads",
         ),
     }[case]

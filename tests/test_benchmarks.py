@@ -195,7 +195,7 @@ def test_long_grid_records_a_babilong_grid_equal_to_the_probe_run(tmp_path):
     import long_grid
 
     import memviz
-    from probes import babilong
+    from memviz_probes import babilong
     from tests.conftest import small_model
 
     memviz.save(small_model("infini", segment_len=16), tmp_path / "m")
@@ -284,18 +284,18 @@ def test_benchmark_scripts_name_a_bad_argument_in_one_line(script, args, named, 
 def no_work(monkeypatch):
     """The probes' runs, the trace and the per-token losses fail the test if called: a bad argument is refused first."""
     import memviz
-    import probes.babilong
-    import probes.lm
-    import probes.passkey
+    import memviz_probes.babilong
+    import memviz_probes.lm
+    import memviz_probes.passkey
 
     def ran(*args, **kwargs):
         raise AssertionError("the work started before the arguments were checked")
 
     for module, name in [
-        (probes.passkey, "run"),
-        (probes.babilong, "run"),
-        (probes.lm, "compare"),
-        (probes.lm, "token_losses"),
+        (memviz_probes.passkey, "run"),
+        (memviz_probes.babilong, "run"),
+        (memviz_probes.lm, "compare"),
+        (memviz_probes.lm, "token_losses"),
         (memviz, "trace"),
     ]:
         monkeypatch.setattr(module, name, ran)
@@ -400,7 +400,7 @@ def test_long_retention_goes_on_where_it_stopped_under_the_same_memory_options_o
     import long_retention
 
     import memviz
-    from probes import retention
+    from memviz_probes import retention
     from tests.conftest import small_model
 
     memviz.save(
@@ -505,7 +505,7 @@ def test_english_lm_records_the_probes_bits_per_byte_and_the_window_split(tmp_pa
     from english_lm import main
 
     import memviz
-    from probes import lm
+    from memviz_probes import lm
     from tests.conftest import small_model
 
     configs = {"sliding_window": {"attention": {"kind": "window", "span": 8}}, "infini": {"segment_len": 8}}
@@ -526,7 +526,7 @@ def test_user_text_prints_each_texts_bits_per_byte_as_a_one_pass_cross_entropy(t
     from user_text import MAX_CHARS, licence_text, main, python_docs
 
     import memviz
-    from probes import passkey
+    from memviz_probes import passkey
     from tests.conftest import scrambled, small_model
 
     folder = memviz.save(scrambled(small_model("infini", segment_len=16)), tmp_path / "infini")

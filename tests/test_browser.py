@@ -16,7 +16,7 @@ import pytest
 
 import memviz
 from app.common import default_sample
-from probes import passkey
+from memviz_probes import passkey
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from memviz.tokenizer import ByteTokenizer
-from probes import passkey
+from memviz_probes import passkey
 from training.data import DataConfig, TaskSampler
 
 

@@ -15,8 +15,8 @@ import torch
 
 from memviz.state import tensors_of
 from memviz.tokenizer import ByteTokenizer, load_tokenizer
-from probes import lm, passkey, texts
-from probes.haystack import make_haystack
+from memviz_probes import lm, passkey, texts
+from memviz_probes.haystack import make_haystack
 from tests.conftest import FAMILY_CONFIGS, scrambled, small_model
 from training.data import DataConfig, TaskSampler
 
@@ -254,7 +254,7 @@ def test_training_refuses_the_held_out_plays_and_unknown_backgrounds_before_it_s
 
 def test_a_probe_scores_a_diverged_sample_wrong_and_goes_on():
     from memviz import NonFiniteError
-    from probes.common import run_samples
+    from memviz_probes.common import run_samples
 
     class Diverging:
         tokenizer = ByteTokenizer()

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import memviz
-from probes import facts, passkey
+from memviz_probes import facts, passkey
 from tests.conftest import small_model
 from training import evaluate
 from training.evaluate import main, probe_scores

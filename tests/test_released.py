@@ -323,7 +323,7 @@ def test_reset_and_patch_act_on_the_delta_rule_state_only(checkpoint):
 
 def test_trace_figures_and_the_probes_run_on_it(checkpoint):
     from memviz.registry import get_family
-    from probes import lm, passkey, retention, ruler
+    from memviz_probes import lm, passkey, retention, ruler
 
     model = memviz.load(checkpoint)
     tr = memviz.trace(model, TEXT)

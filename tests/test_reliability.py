@@ -463,7 +463,7 @@ elif case == "long text":
 elif case == "trace file":
     call = lambda: memviz.Trace.load(sys.argv[2])
 else:
-    from probes import passkey
+    from memviz_probes import passkey
     m = model()
     call = lambda: passkey.run(m, [100_000_000], [0.5], n=1, progress=False)
 before = high_water_kb()
@@ -532,8 +532,8 @@ def test_a_passkey_length_of_a_hundred_million_is_refused_before_any_prompt():
 
 # ----- files read with their size checked first ----------------------------------------------------
 def test_a_haystack_or_babilong_data_path_that_is_a_device_is_refused_unread():
-    from probes import babilong
-    from probes.haystack import FileHaystack
+    from memviz_probes import babilong
+    from memviz_probes.haystack import FileHaystack
 
     with pytest.raises(ValueError, match="haystack file /dev/zero is not a regular file"):
         FileHaystack("/dev/zero")
@@ -542,7 +542,7 @@ def test_a_haystack_or_babilong_data_path_that_is_a_device_is_refused_unread():
 
 
 def test_a_haystack_file_over_its_cap_is_refused_by_its_size(tmp_path, monkeypatch):
-    from probes import haystack
+    from memviz_probes import haystack
 
     monkeypatch.setattr(haystack, "MAX_HAYSTACK_FILE_BYTES", 100)
     book = tmp_path / "book.txt"
@@ -562,7 +562,7 @@ def test_the_probes_command_refuses_dev_zero_in_one_line(tmp_path):
         (["passkey", folder, "--lengths", 100_000_000], "lengths are whole numbers of tokens"),
     ]:
         out = subprocess.run(
-            [sys.executable, "-W", "ignore", "-m", "probes", *map(str, args), "--out", str(tmp_path / "o")],
+            [sys.executable, "-W", "ignore", "-m", "memviz_probes", *map(str, args), "--out", str(tmp_path / "o")],
             cwd=ROOT,
             capture_output=True,
             text=True,
@@ -573,7 +573,7 @@ def test_the_probes_command_refuses_dev_zero_in_one_line(tmp_path):
 
 @pytest.mark.parametrize("top", ['"a string"', "5", "null"])
 def test_babilong_json_whose_top_level_is_not_a_list_names_the_file(top, tmp_path):
-    from probes import babilong
+    from memviz_probes import babilong
 
     path = tmp_path / "qa1_1k.json"
     path.write_text(top)
@@ -582,7 +582,7 @@ def test_babilong_json_whose_top_level_is_not_a_list_names_the_file(top, tmp_pat
 
 
 def test_a_babilong_row_far_longer_than_its_length_is_refused_naming_the_file_and_row(tmp_path):
-    from probes import babilong
+    from memviz_probes import babilong
 
     rows = [
         {"input": "Mary went to the kitchen. ", "question": "Where is Mary?", "target": "kitchen"},
@@ -600,7 +600,7 @@ def test_a_babilong_row_far_longer_than_its_length_is_refused_naming_the_file_an
 
 
 def test_a_card_asking_for_a_billion_people_is_refused_naming_the_field(tmp_path):
-    from probes import facts
+    from memviz_probes import facts
 
     model = small_model("sliding_window", window=8)
     model.card["facts"] = {"kb_seed": 0, "n_entities": 10**9}
@@ -638,7 +638,7 @@ def test_a_card_asking_for_a_billion_people_is_refused_naming_the_field(tmp_path
     ],
 )
 def test_passkey_arguments_of_the_wrong_type_name_the_argument(kwargs, named):
-    from probes import passkey
+    from memviz_probes import passkey
 
     with pytest.raises(ValueError, match=named):
         passkey.run(small_model("sliding_window", window=8), progress=False, **kwargs)
@@ -973,7 +973,7 @@ def test_a_checkpoint_config_too_big_to_allocate_is_refused_before_any_weight(tm
 
 # ----- files read with their size checked first (probes.texts, a checkpoint's card) ----------------
 def test_a_corpus_file_that_is_a_device_or_too_large_is_refused_before_reading(tmp_path, monkeypatch):
-    from probes import texts
+    from memviz_probes import texts
 
     with pytest.raises(ValueError, match="corpus file /dev/zero is not a regular file"):
         texts.read_utf8(Path("/dev/zero"))

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from memviz.tokenizer import ByteTokenizer
-from probes import ruler
+from memviz_probes import ruler
 
 TOK = ByteTokenizer()
 LENGTH = 2048  # long enough for every task's template in bytes (cwe's list of 10 x 6 words is the longest)
@@ -125,8 +125,8 @@ def test_the_grid_is_the_same_over_one_and_two_processes():
 
 
 def test_a_shard_past_the_grid_has_no_rows_and_the_gathered_grid_is_whole():
-    from probes import passkey
-    from probes.common import merge_shards
+    from memviz_probes import passkey
+    from memviz_probes.common import merge_shards
     from tests.conftest import small_model
 
     model = small_model("sliding_window", window=16)
@@ -160,7 +160,7 @@ def test_bad_input_gets_one_clear_error(kwargs, message):
 
 
 def test_the_essay_haystack_is_shakespeare_by_default_and_procedural_on_request():
-    from probes import texts
+    from memviz_probes import texts
 
     plays = set(texts.sentences())
     default = ruler.seeded_sample(TOK, "niah_single_2", LENGTH, seed=0, index=0)

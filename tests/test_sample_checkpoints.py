@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import memviz
-from probes import facts, passkey
+from memviz_probes import facts, passkey
 from training import TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent / "sample_checkpoints"
@@ -204,7 +204,7 @@ def english_reading():
     """Bits per byte on the first 4,096 tokens of held-out Hamlet and The Tempest, and the pass key at 2,048
     tokens (depths 0.25 / 0.75, 4 keys each, procedural filler: in the plays the memories mostly lose it,
     docs/samples.md), each measured afresh."""
-    from probes import lm
+    from memviz_probes import lm
 
     def measure(name):
         model = memviz.load(ROOT / name)

@@ -12,7 +12,7 @@ import pytest
 import memviz
 from app import common
 from memviz import interventions
-from probes import passkey
+from memviz_probes import passkey
 from tests.conftest import scrambled, small_model
 
 ROUNDS = 100

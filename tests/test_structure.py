@@ -17,22 +17,27 @@ from memviz.registry import FAMILIES
 
 ROOT = Path(__file__).resolve().parent.parent
 #: each top-level package and the first-party packages it may import
+#: each top-level package, by its import name, and the first-party packages it may import
 ALLOWED = {
-    "kernels": {"kernels"},
-    "memviz": {"kernels", "memviz"},
-    "probes": {"kernels", "memviz", "probes"},
-    "training": {"kernels", "memviz", "probes", "training"},
-    "app": {"kernels", "memviz", "probes", "training", "app"},
-    "benchmarks": {"kernels", "memviz", "probes", "training", "app", "benchmarks"},
-    "families": {"kernels", "memviz", "probes", "families"},  # written against the public API, like a user's package
+    "memviz_kernels": {"memviz_kernels"},
+    "memviz": {"memviz_kernels", "memviz"},
+    "memviz_probes": {"memviz_kernels", "memviz", "memviz_probes"},
+    "training": {"memviz_kernels", "memviz", "memviz_probes", "training"},
+    "app": {"memviz_kernels", "memviz", "memviz_probes", "training", "app"},
+    "benchmarks": {"memviz_kernels", "memviz", "memviz_probes", "training", "app", "benchmarks"},
+    # written against the public API, like a user's package
+    "memviz_families": {"memviz_kernels", "memviz", "memviz_probes", "memviz_families"},
 }
+#: the folders that install under another name (setup.py)
+FOLDERS = {"memviz_kernels": "kernels", "memviz_probes": "probes", "memviz_families": "families"}
 
 
 def module_files() -> dict[str, Path]:
     found = {}
     for package in ALLOWED:
-        for path in (ROOT / package).rglob("*.py"):
-            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        folder = ROOT / FOLDERS.get(package, package)
+        for path in folder.rglob("*.py"):
+            parts = [package, *path.relative_to(folder).with_suffix("").parts]
             if parts[-1] == "__init__":
                 parts.pop()
             found[".".join(parts)] = path
@@ -57,8 +62,6 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
                 targets.add(base)
     resolved = set()
     for target in targets:
-        if target.split(".")[0] == "memviz_families":  # families/, installed under that name
-            target = "families" + target[len("memviz_families") :]
         while target and target not in modules:
             target = target.rpartition(".")[0]
         if target and target != name:
@@ -104,7 +107,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_checker_sees_a_circle_and_an_upward_import():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    modules = {"memviz.x": Path("x.py"), "probes.passkey": Path("p.py"), "probes": Path("__init__.py")}
+    modules = {"memviz.x": Path("x.py"), "memviz_probes.passkey": Path("p.py"), "memviz_probes": Path("__init__.py")}
     source = ROOT / "memviz" / "checkpoint.py"
     assert imports_of("memviz.checkpoint", source, {**modules, **module_files()}) >= {"memviz.config", "memviz.models"}
 
@@ -229,25 +232,33 @@ def test_python_m_memviz_needs_a_known_command(bad):
 
 
 def test_the_install_adds_no_generic_top_level_name(tmp_path):
-    """Outside the repository `families` and `training` are not importable (they would collide with a user's own
-    packages); families/ is the installed `memviz_families`, and it brings its families in through the entry point."""
+    """Outside the repository the folders' own names (`kernels`, `probes`, `families`, `training`) are not memviz's:
+    kernels/, probes/ and families/ are the installed `memviz_kernels`, `memviz_probes`, `memviz_families`, and the
+    families come in through the entry point."""
     probe = (
         "import importlib.util, json, memviz\n"
-        "spec = importlib.util.find_spec('memviz_families')\n"
-        "print(json.dumps([importlib.util.find_spec(n) is None for n in ('families', 'training')]"
-        " + [spec.origin, 'gated_deltanet' in [f.name for f in memviz.families()]]))"
+        "names = ('kernels', 'probes', 'families', 'training')\n"
+        "specs = [importlib.util.find_spec(n) for n in names]\n"
+        "print(json.dumps([None if s is None else s.origin for s in specs]"
+        " + [importlib.util.find_spec(n).submodule_search_locations[0]"
+        " for n in ('memviz_kernels', 'memviz_probes', 'memviz_families')]"
+        " + ['gated_deltanet' in [f.name for f in memviz.families()]]))"
     )
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout) == [True, True, str(ROOT / "families" / "__init__.py"), True]
+    *elsewhere, kernels, probes, families, registered = json.loads(out.stdout)
+    names = ("kernels", "probes", "families", "training")
+    assert not any(origin and Path(origin).is_relative_to(ROOT / name) for name, origin in zip(names, elsewhere))
+    assert [kernels, probes, families] == [str(ROOT / "kernels"), str(ROOT / "probes"), str(ROOT / "families")]
+    assert registered
 
 
-def test_pytests_families_modules_are_the_installed_ones():
-    """pytest collects a family folder's tests as `families.*` (their path); the root conftest.py makes that name the
-    installed package, so each family module is executed once and registers its family once."""
-    import families.gated_deltanet
+def test_pytest_imports_the_folders_tests_by_their_installed_names():
+    """pytest collects kernels/ and families/ (the root conftest.py) under the names they install as, so each module
+    is executed once, a family registers once, and no module takes the name `kernels` from Hugging Face's."""
     import memviz_families.gated_deltanet
 
-    assert families.gated_deltanet is memviz_families.gated_deltanet
-    assert memviz_families.gated_deltanet.__spec__.name == "memviz_families.gated_deltanet"  # its own spec kept
     assert FAMILIES["gated_deltanet"].model is memviz_families.gated_deltanet.GatedDeltaNetLM
+    assert not [name for name in sys.modules if name.split(".")[0] in ("families", "probes")]
+    kernels = sys.modules.get("kernels")
+    assert kernels is None or not Path(kernels.__file__ or ROOT).is_relative_to(ROOT / "kernels")

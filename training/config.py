@@ -90,7 +90,7 @@ class EvalConfig:
     babilong_tasks: list[str] = field(default_factory=list)
     babilong_lengths: list[int] = field(default_factory=list)
     facts: int = 0  # number of facts to ask (0 = skip)
-    lm: bool = False  # bits per byte on the held-out documents of every built-in corpus (probes.lm)
+    lm: bool = False  # bits per byte on the held-out documents of every built-in corpus (memviz_probes.lm)
     passkey_haystacks: list[str] = field(
         default_factory=list
     )  # the pass-key grid again in these backgrounds ("grass": the papers')
@@ -113,7 +113,7 @@ class EvalConfig:
             )
         if any(not 0 <= d <= 1 for d in self.passkey_depths):
             raise ValueError(f"eval.passkey_depths must lie in [0, 1], got {self.passkey_depths}")
-        from probes.common import check_no_repeats
+        from memviz_probes.common import check_no_repeats
 
         for name in ("passkey_lengths", "babilong_lengths", "passkey_depths"):  # the probes refuse a cell twice
             check_no_repeats(list(getattr(self, name)), f"eval.{name}")
@@ -121,8 +121,8 @@ class EvalConfig:
             raise ValueError(
                 f"eval.passkey_haystacks is a list of background names or text files, got {self.passkey_haystacks!r}"
             )
-        from probes.haystack import make_haystack
-        from probes.texts import CORPORA, documents
+        from memviz_probes.haystack import make_haystack
+        from memviz_probes.texts import CORPORA, documents
 
         for name in self.passkey_haystacks:
             try:

@@ -1,7 +1,7 @@
 """Training data drawn from the probe generators, and the tokenizer the zoo shares.
 
-Every training sample comes from the same generators the probes use (`probes.passkey`, `probes.ruler`,
-`probes.babilong`, `probes.facts`), seeded from a separate namespace ("train", data seed,
+Every training sample comes from the same generators the probes use (`memviz_probes.passkey`, `memviz_probes.ruler`,
+`memviz_probes.babilong`, `memviz_probes.facts`), seeded from a separate namespace ("train", data seed,
 step, rank, index), so no training sample is ever a probe sample and a given step always
 sees the same batch: resuming regenerates exactly the data the run would have seen.
 
@@ -16,7 +16,7 @@ so a model first meets two- and three-fact stories, where binding a name to its 
 learnt quickly, before stories of ten moves.
 
 The `text` task is language modelling on real English: a window of a training document of one of
-`corpora` (`probes.texts`, the held-out documents never read), every token weighted `text_weight`.
+`corpora` (`memviz_probes.texts`, the held-out documents never read), every token weighted `text_weight`.
 `passkey_haystacks` puts the pass key's filler in other backgrounds (the plays' training split, the
 papers' repeated "The grass is green." filler), one drawn per sample.
 """
@@ -32,9 +32,9 @@ from pathlib import Path
 import torch
 
 from memviz.tokenizer import SPECIALS, BPETokenizer, ByteTokenizer, Tokenizer, load_tokenizer
-from probes import babilong, facts, passkey, ruler, texts
-from probes.common import take_filler
-from probes.haystack import ProceduralHaystack, RepeatedHaystack, make_haystack
+from memviz_probes import babilong, facts, passkey, ruler, texts
+from memviz_probes.common import take_filler
+from memviz_probes.haystack import ProceduralHaystack, RepeatedHaystack, make_haystack
 from training.fields import check_schedule, check_types
 
 LONG_TASKS = ("passkey", *babilong.TASKS, *ruler.TASKS)

@@ -20,7 +20,7 @@ import memviz
 from memviz.checkpoint import CARD_FILE, resolve
 from memviz.files import atomic_write_text
 from memviz.model import NonFiniteError
-from probes import babilong, facts, lm, passkey, texts
+from memviz_probes import babilong, facts, lm, passkey, texts
 from training.config import EvalConfig
 
 
@@ -53,7 +53,7 @@ def card_eval_grid(card: dict) -> EvalConfig:
 def check_grid_fits(tokenizer, grid: EvalConfig, haystack: str = "procedural") -> None:
     """Make each probe's shortest prompt of the grid once, so a length too short for its task (in this tokenizer's
     tokens) is refused before training rather than found at the first evaluation or the export."""
-    from probes.babilong.samples import seeded_sample as babilong_sample
+    from memviz_probes.babilong.samples import seeded_sample as babilong_sample
 
     try:
         if grid.passkey_lengths:

@@ -186,7 +186,7 @@ def test_it_warm_starts_from_a_sliding_window_baseline(tmp_path):
 
 def test_its_sample_keeps_a_pass_key_past_its_window():
     """The family's registered sample (`memviz.load("gated_deltanet")`), on a fresh seed, against the control."""
-    from probes import passkey
+    from memviz_probes import passkey
 
     assert memviz.checkpoint.resolve("gated_deltanet") == FOLDER / "sample_32k"
     model, control = memviz.load("gated_deltanet"), memviz.load("sliding_window")
@@ -201,7 +201,7 @@ def test_its_qa1_samples_answer_where_the_control_cannot(sample, background):
     """Each shipped qa1 sample on fresh stories (seed 13) in the background it was trained on, against the
     sliding-window control, at 1k tokens (the qa1-trained control its first stage started from, sliding_window_qa1,
     is retired: its card says how to restore it)."""
-    from probes import babilong
+    from memviz_probes import babilong
 
     model, control = memviz.load(FOLDER / sample), memviz.load("sliding_window")
     ours = babilong.run(model, ["qa1"], [1000], n=10, seed=13, haystack=background, progress=False)["correct"].mean()
@@ -214,7 +214,7 @@ def test_its_qa1_samples_answer_where_the_control_cannot(sample, background):
 def test_its_ruler_sample_finds_rulers_needle_where_the_control_cannot():
     """sample_ruler (trained on S-NIAH-1/2/3 over Shakespeare) on fresh S-NIAH-1 samples (seed 13)
     at 2k tokens against the sliding-window control, and its pass key kept."""
-    from probes import passkey, ruler
+    from memviz_probes import passkey, ruler
 
     model, control = memviz.load(FOLDER / "sample_ruler"), memviz.load("sliding_window")
     ours = ruler.run(model, ["niah_single_1"], [2048], n=8, seed=13, progress=False)["correct"].mean()

@@ -19,7 +19,7 @@ from memviz.registry import get_family
 from memviz_families import peers
 from memviz_families.peers.pkm import adapt_pkm
 from memviz_families.peers.titans import adapt_mac
-from probes import passkey
+from memviz_probes import passkey
 from tests.conftest import random_ids, small_model
 
 titans_pytorch = pytest.importorskip("titans_pytorch")

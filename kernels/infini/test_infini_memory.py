@@ -5,9 +5,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import dispatch
-from kernels.infini.reference import infini_memory_reference
-from kernels.testing import close, leaves
+from memviz_kernels import dispatch
+from memviz_kernels.infini.reference import infini_memory_reference
+from memviz_kernels.testing import close, leaves
+
+pytestmark = pytest.mark.usefixtures("poisoned_buffers")  # memviz_kernels.testing
 
 
 def empty_open_segment(M):

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.infini.reference import EPS as _EPS
+from memviz_kernels.infini.reference import EPS as _EPS
 
 EPS = tl.constexpr(_EPS)  # a kernel reads a global only as a constexpr (the interpreter does not check)
 #: launch settings: no software pipelining of the segment loop's loads (by count, three stages of its

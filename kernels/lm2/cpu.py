@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from kernels.lm2.reference import ScanResult, finish_scan, read_weights
-from kernels.native import loader, pointers, supports
+from memviz_kernels.lm2.reference import ScanResult, finish_scan, read_weights
+from memviz_kernels.native import loader, pointers, supports
 
 SOURCE = Path(__file__).with_suffix(".c")
 FUNCTIONS = {torch.float32: "lm2_scan_f32", torch.float64: "lm2_scan_f64"}
@@ -78,7 +78,7 @@ class FactoredScan(torch.autograd.Function):
 
 
 def lm2_scan(q_slot: Tensor, g_in: Tensor, M0: Tensor, W_V: Tensor, W_f: Tensor, b_f: Tensor) -> ScanResult:
-    """The same contract as kernels.lm2.reference.lm2_scan_reference, with gradients."""
+    """The same contract as memviz_kernels.lm2.reference.lm2_scan_reference, with gradients."""
     if not supports(q_slot):
         raise ValueError(
             f"the LM2 CPU kernel takes float32 or float64 CPU tensors, got {q_slot.dtype} on {q_slot.device}"

@@ -4,11 +4,13 @@ backward) against the reference in float64, and how the dispatcher picks the CPU
 import pytest
 import torch
 
-from kernels import dispatch
-from kernels.lm2 import cpu
-from kernels.lm2.reference import lm2_scan_reference
-from kernels.native import NativeKernelError
-from kernels.testing import close, cpu_only, needs_cc
+from memviz_kernels import dispatch
+from memviz_kernels.lm2 import cpu
+from memviz_kernels.lm2.reference import lm2_scan_reference
+from memviz_kernels.native import NativeKernelError
+from memviz_kernels.testing import close, cpu_only, needs_cc
+
+pytestmark = pytest.mark.usefixtures("poisoned_buffers")  # memviz_kernels.testing
 
 NAMES = ("attention", "read", "forget", "norms", "bank")
 

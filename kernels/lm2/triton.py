@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.lm2.reference import ScanResult
+from memviz_kernels.lm2.reference import ScanResult
 
 
 @triton.jit

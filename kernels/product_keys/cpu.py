@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from kernels.native import loader, pointers, supports
-from kernels.product_keys.reference import weighted_bag as weighted_bag_reference
+from memviz_kernels.native import loader, pointers, supports
+from memviz_kernels.product_keys.reference import weighted_bag as weighted_bag_reference
 
 SOURCE = Path(__file__).with_suffix(".c")
 FUNCTIONS = {torch.float32: "product_key_topk_f32", torch.float64: "product_key_topk_f64"}
@@ -33,7 +33,7 @@ def threads(rows: int) -> int:
 
 
 def product_key_topk(q: Tensor, keys: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """The contract of kernels.product_keys.reference.product_key_topk, with gradients to q and keys."""
+    """The contract of memviz_kernels.product_keys.reference.product_key_topk, with gradients to q and keys."""
     if not supports(q):
         raise ValueError(
             f"the product-key CPU kernel takes float32 or float64 CPU tensors, got {q.dtype} on {q.device}"
@@ -92,7 +92,7 @@ class WeightedBag(torch.autograd.Function):
 
 
 def weighted_bag(indices: Tensor, weights: Tensor, values: Tensor) -> Tensor:
-    """The contract of kernels.product_keys.reference.weighted_bag, with the C backward."""
+    """The contract of memviz_kernels.product_keys.reference.weighted_bag, with the C backward."""
     if not supports(values):
         raise ValueError(
             f"the weighted-bag CPU kernel takes float32 or float64 CPU values, got {values.dtype} on {values.device}"

@@ -3,10 +3,12 @@
 import pytest
 import torch
 
-from kernels import dispatch
-from kernels.product_keys.reference import product_key_topk as topk_reference
-from kernels.product_keys.reference import weighted_bag as bag_reference
-from kernels.testing import close, cpu_only, leaves, needs_cc
+from memviz_kernels import dispatch
+from memviz_kernels.product_keys.reference import product_key_topk as topk_reference
+from memviz_kernels.product_keys.reference import weighted_bag as bag_reference
+from memviz_kernels.testing import close, cpu_only, leaves, needs_cc
+
+pytestmark = pytest.mark.usefixtures("poisoned_buffers")  # memviz_kernels.testing
 
 
 @pytest.mark.parametrize("impl", ["triton", pytest.param("native", marks=[cpu_only, needs_cc])])
@@ -60,7 +62,7 @@ def test_weighted_bag_matches_embedding_bag_with_gradients(seed, strategy):
 
 
 def test_bag_value_gradient_rejects_an_unknown_strategy():
-    from kernels.product_keys.triton import bag_value_grad
+    from memviz_kernels.product_keys.triton import bag_value_grad
 
     with pytest.raises(ValueError, match="'reverse' or 'atomic'"):
         bag_value_grad(torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2), torch.ones(1, 3), 4, "sorted")

@@ -5,9 +5,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import dispatch
-from kernels.testing import close
-from kernels.titans.reference import titans_linear_reference
+from memviz_kernels import dispatch
+from memviz_kernels.testing import close
+from memviz_kernels.titans.reference import titans_linear_reference
+
+pytestmark = pytest.mark.usefixtures("poisoned_buffers")  # memviz_kernels.testing
 
 
 @pytest.mark.parametrize("T,chunk", [(19, 5), (10, 5), (3, 4)])

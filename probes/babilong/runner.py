@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from probes.babilong.released import load, released_sample
-from probes.babilong.samples import seeded_sample
-from probes.babilong.stories import check_task, vocabulary
-from probes.common import (
+from memviz_probes.babilong.released import load, released_sample
+from memviz_probes.babilong.samples import seeded_sample
+from memviz_probes.babilong.stories import check_task, vocabulary
+from memviz_probes.common import (
     Sample,
     SampleProgress,
     accuracy_heatmap,

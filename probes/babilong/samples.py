@@ -7,9 +7,9 @@ import random
 import re
 from collections.abc import Iterable, Iterator
 
-from probes.babilong.stories import Story, make_story, task_labels, vocabulary
-from probes.common import Sample, check_length, sample_rng, spans_of, take_filler
-from probes.haystack import ProceduralHaystack, make_haystack
+from memviz_probes.babilong.stories import Story, make_story, task_labels, vocabulary
+from memviz_probes.common import Sample, check_length, sample_rng, spans_of, take_filler
+from memviz_probes.haystack import ProceduralHaystack, make_haystack
 
 BACKGROUND = "shakespeare"  # the default haystack: real English prose, as PG19 is in the paper
 

@@ -37,7 +37,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
-from kernels import InfiniMemory, infini_memory
 from memviz.config import ConfigError, ModelConfig
 from memviz.figure_parts import WIDTH, layer_names, memory_share_heatmaps, timeline
 from memviz.layers import AttentionSpan, LocalAttention, LocalCache, SwiGLU
@@ -46,6 +45,7 @@ from memviz.options import check_choice
 from memviz.registry import register_family
 from memviz.state import Memory
 from memviz.trace import Trace
+from memviz_kernels.dispatch import InfiniMemory, infini_memory
 
 GATE = "blocks.{l}.attn.hook_gate"  # [batch, pos, head]  sigmoid(beta), the same at every token
 MEM_OUT = "blocks.{l}.attn.hook_mem_out"  # [batch, pos, head, d_head]  A_mem

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from kernels.infini.reference import memory_retrieve, memory_update
 from memviz.models.infini import feature_map
+from memviz_kernels.infini.reference import memory_retrieve, memory_update
 from tests.conftest import random_ids, scrambled, small_model
 
 SEG = 8

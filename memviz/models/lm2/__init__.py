@@ -65,7 +65,6 @@ import torch
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
-from kernels import lm2_scan
 from memviz.config import ConfigError, ModelConfig
 from memviz.figure_parts import WIDTH, layer_names, layer_prefix, position_heatmap, timeline, with_array
 from memviz.layers import AttentionSpan, LocalAttention, LocalCache, SwiGLU, segment_pieces
@@ -74,6 +73,7 @@ from memviz.options import check_choice, check_finite, check_positive
 from memviz.registry import register_family
 from memviz.state import Memory, State
 from memviz.trace import Trace
+from memviz_kernels.dispatch import lm2_scan
 
 SLOT_ATTN = "blocks.{l}.memory.hook_slot_attn"  # [batch, pos, slot]  the read's attention over slots
 GATES = {g: f"blocks.{{l}}.memory.hook_{g}_gate" for g in ("input", "forget", "output")}  # [batch, pos, d_model]

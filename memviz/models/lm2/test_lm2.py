@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from kernels.lm2.reference import lm2_scan_naive, lm2_scan_reference
+from memviz_kernels.lm2.reference import lm2_scan_naive, lm2_scan_reference
 from tests.conftest import random_ids, scrambled, small_model
 
 SLOTS = 4

@@ -32,7 +32,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
-from kernels import product_key_topk, weighted_bag
 from memviz.config import ConfigError, ModelConfig
 from memviz.figure_parts import WIDTH, layer_names, outline_evidence, window_of
 from memviz.layers import LocalAttention, SwiGLU
@@ -40,6 +39,7 @@ from memviz.model import Block, HookDoc, MemoryLM
 from memviz.options import check_positive
 from memviz.registry import Intervention, register_family
 from memviz.trace import Trace, bin_size
+from memviz_kernels.dispatch import product_key_topk, weighted_bag
 
 TOPK_INDICES = "blocks.{l}.mlp.hook_topk_indices"  # [batch, pos, head, topk]  value index i * n_keys + j
 TOPK_WEIGHTS = "blocks.{l}.mlp.hook_topk_weights"  # [batch, pos, head, topk]  softmax weights

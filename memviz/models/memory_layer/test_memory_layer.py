@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 
 import memviz
-from kernels.product_keys.reference import product_key_topk, weighted_bag
 from memviz.models.memory_layer import spread_layers, usage_report
+from memviz_kernels.product_keys.reference import product_key_topk, weighted_bag
 from tests.conftest import random_ids, scrambled, small_model
 
 OPTIONS = {"n_keys": 8, "topk": 4, "heads": 2, "d_key": 8, "layers": [0, 1]}

@@ -66,7 +66,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
-from kernels import LinearMemory, titans_chunk_coefficients, titans_chunk_update, titans_linear_memory
 from memviz.config import ConfigError, ModelConfig
 from memviz.figure_parts import WIDTH, layer_names, layer_prefix, timeline
 from memviz.layers import AttentionSpan, LocalCache, RMSNorm, SwiGLU, segment_pieces
@@ -76,6 +75,7 @@ from memviz.options import check_choice, check_positive
 from memviz.registry import register_family
 from memviz.state import Memory, State
 from memviz.trace import Trace
+from memviz_kernels.dispatch import LinearMemory, titans_chunk_coefficients, titans_chunk_update, titans_linear_memory
 
 SURPRISE = "blocks.{l}.memory.hook_surprise"  # [batch, pos]  ||grad l(M; x_t)||
 LOSS = "blocks.{l}.memory.hook_loss"  # [batch, pos]  l(M_{t-1}; x_t), before the update
