@@ -5,13 +5,14 @@
     python3 tasks.py test         # set up, then run the whole test suite
     python3 tasks.py lock         # refresh requirements.lock from requirements.txt's ranges (pip-tools)
     python3 tasks.py test-newest  # the whole suite in .venv-newest/, built from the newest releases the ranges admit
+    python3 tasks.py test-oldest  # the same in .venv-oldest/, from the oldest release of each package they admit
 
 Set-up makes `.venv/` from requirements.lock: the exact version of every package, torch==2.13.0+cpu among them (the
 local CPU wheel, so nothing pulls CUDA packages), then installs the project itself (editable), and fetches the
 real-text haystack (Shakespeare's plays and the novel Botchan, `probes/texts.py`). When the lock, pyproject.toml or
 setup.py change, `.venv/` is made anew, so it holds what the lock says and nothing else. The browser test needs
 Debian's chromium; as root, set-up installs it with apt-get when it is missing. Extra arguments after `test` and
-`test-newest` go to pytest.
+`test-newest` or `test-oldest` go to pytest.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
-VENV, NEWEST = ROOT / ".venv", ROOT / ".venv-newest"
+VENV, NEWEST, OLDEST, TOOLS = ROOT / ".venv", ROOT / ".venv-newest", ROOT / ".venv-oldest", ROOT / ".venv-lock"
 LOCK = ROOT / "requirements.lock"
 CHROMIUM = Path("/usr/bin/chromium")
-PIP_TOOLS = "pip-tools==7.7.0"  # the lock's tool, pinned so that a refresh is repeatable
+TOOLS_PINS = ("pip-tools==7.7.0", "uv==0.13.9")  # the resolvers, pinned so that a refresh is repeatable
 
 
 def run(*cmd: str | Path, **kw) -> None:
@@ -75,19 +76,38 @@ def newest() -> Path:
     return make_venv(NEWEST, ("requirements.txt", "pyproject.toml", "setup.py"), "--upgrade", "-r", "requirements.txt")
 
 
+def tools() -> Path:
+    """A throwaway environment with the resolvers: pip-compile (reads pip's own configuration) and uv (for the
+    oldest releases, a resolution pip does not offer)."""
+    if not python_of(TOOLS).exists():
+        run(sys.executable, "-m", "venv", TOOLS)
+        run(python_of(TOOLS), "-m", "pip", "install", "-q", "--upgrade", "pip", *TOOLS_PINS)
+    return python_of(TOOLS)
+
+
 def lock() -> None:
-    """requirements.lock: requirements.txt resolved to exact versions by pip-compile, in a throwaway environment."""
-    tools = ROOT / ".venv-lock"
-    if not python_of(tools).exists():
-        run(sys.executable, "-m", "venv", tools)
-        run(python_of(tools), "-m", "pip", "install", "-q", "--upgrade", "pip", PIP_TOOLS)
+    """requirements.lock: requirements.txt resolved to exact versions by pip-compile."""
     env = dict(os.environ, CUSTOM_COMPILE_COMMAND="python3 tasks.py lock")
-    compile_ = (python_of(tools), "-m", "piptools", "compile", "--quiet", "--strip-extras", "--allow-unsafe")
-    run(*compile_, "--no-emit-index-url", "--no-emit-find-links", "--upgrade", "-o", LOCK, "requirements.txt", env=env)
+    compile_ = (tools(), "-m", "piptools", "compile", "--quiet", "--strip-extras", "--allow-unsafe", "--upgrade")
+    run(*compile_, "--no-emit-index-url", "--no-emit-find-links", "-o", LOCK, "requirements.txt", env=env)
+
+
+def oldest() -> Path:
+    """The oldest release of each package requirements.txt names that installs beside the others (uv's
+    lowest-direct resolution), with the local wheels pip is configured with (the CPU torch)."""
+    resolved = TOOLS / "oldest.txt"
+    pip_config = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "get", "global.find-links"], capture_output=True, text=True
+    )
+    links = [*os.environ.get("PIP_FIND_LINKS", "").split(), *pip_config.stdout.split()]
+    uv = (tools(), "-m", "uv", "pip", "compile", "-q", "--python", sys.executable, "--resolution", "lowest-direct")
+    links_args = [arg for link in links for arg in ("--find-links", link)]
+    run(*uv, *links_args, "--no-emit-find-links", "-o", resolved, "requirements.txt")
+    return make_venv(OLDEST, ("requirements.txt", "pyproject.toml", "setup.py"), "-r", resolved)
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in {"setup", "app", "test", "lock", "test-newest"}:
+    if not argv or argv[0] not in {"setup", "app", "test", "lock", "test-newest", "test-oldest"}:
         print(__doc__)
         return 2
     command, rest = argv[0], argv[1:]
@@ -95,11 +115,11 @@ def main(argv: list[str]) -> int:
     if command == "lock":
         lock()
         return 0
-    python = newest() if command == "test-newest" else setup()
+    python = {"test-newest": newest, "test-oldest": oldest}.get(command, setup)()
     if command == "app":
         os.execv(python, [str(python), "-m", "streamlit", "run", "app", *rest])
-    if command in {"test", "test-newest"}:
-        if command == "test-newest":
+    if command.startswith("test"):
+        if command != "test":
             run(python, "-m", "pip", "freeze", "--exclude-editable")  # the versions this run tested, for the record
         return subprocess.call([str(python), "-m", "pytest", *rest])  # pyproject.toml's testpaths
     return 0
