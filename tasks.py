@@ -99,7 +99,7 @@ def oldest() -> Path:
     pip_config = subprocess.run(
         [sys.executable, "-m", "pip", "config", "get", "global.find-links"], capture_output=True, text=True
     )
-    links = [*os.environ.get("PIP_FIND_LINKS", "").split(), *pip_config.stdout.split()]
+    links = dict.fromkeys([*os.environ.get("PIP_FIND_LINKS", "").split(), *pip_config.stdout.split()])
     uv = (tools(), "-m", "uv", "pip", "compile", "-q", "--python", sys.executable, "--resolution", "lowest-direct")
     links_args = [arg for link in links for arg in ("--find-links", link)]
     run(*uv, *links_args, "--no-emit-find-links", "-o", resolved, "requirements.txt")

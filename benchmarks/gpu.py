@@ -30,7 +30,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+#: the tree's packages by their installed names (memviz_kernels, memviz_probes: links in .names/), for a GPU machine
+#: where memviz is not installed
+IMPORTABLE = [str(ROOT), str(ROOT / ".names")]
+sys.path[:0] = IMPORTABLE
 
 from timing import interleaved, median_s, ratio_text  # noqa: E402  (benchmarks/timing.py)
 
@@ -236,6 +239,7 @@ def trace_rows(device: str, sample: str, tokens: int, rounds: int) -> list[str]:
 def kernel_tests(device: str) -> str:
     """Run the kernel tests (`pytest kernels`) with their tensors on `device`; returns pytest's summary line."""
     env = {**os.environ, "MEMVIZ_TEST_DEVICE": device}
+    env["PYTHONPATH"] = os.pathsep.join([*IMPORTABLE, *filter(None, [os.environ.get("PYTHONPATH")])])
     if device == "cuda":
         env["TRITON_INTERPRET"] = "0"
     else:
