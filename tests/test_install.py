@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
 from tests.test_released import make_checkpoint
@@ -84,18 +85,28 @@ def test_no_folder_at_the_root_is_a_package_another_distribution_installs():
     assert packages.isdisjoint(TAKEN)
 
 
-def test_from_the_root_kernels_is_hugging_faces_and_transformers_finds_it():
+def test_from_the_root_kernels_is_hugging_faces_and_transformers_sees_it_as_elsewhere(tmp_path):
+    """From the repository's root `import kernels` is Hugging Face's, and transformers' hub-kernel check answers as it
+    does in a folder outside the repository (where its version window admits the installed kernels, it imports it)."""
     probe = (
         "import json, kernels, memviz\n"
         "from transformers.utils.import_utils import is_kernels_available\n"
         "import transformers.integrations.hub_kernels as hub\n"
         "print(json.dumps([kernels.__file__, is_kernels_available(), hasattr(hub, 'LayerRepository')]))"
     )
-    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    kernels_file, available, imported = json.loads(out.stdout)
+    seen = []
+    for where in (ROOT, tmp_path):
+        out = subprocess.run([sys.executable, "-c", probe], cwd=where, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        seen.append(json.loads(out.stdout))
+    (kernels_file, available, imported), elsewhere = seen
     assert Path(kernels_file).parent == Path(importlib.metadata.distribution("kernels").locate_file("kernels"))
-    assert available and imported
+    assert [kernels_file, available, imported] == elsewhere
+    from transformers.utils import import_utils
+
+    window = SpecifierSet(f">={import_utils.KERNELS_MIN_VERSION},<{import_utils.KERNELS_MAX_VERSION}")
+    assert available == window.contains(importlib.metadata.version("kernels"))  # its version window decides
+    assert imported or not available
 
 
 def test_the_wheel_in_a_fresh_environment_traces_a_sample_and_a_qwen3_5_folder(wheel, tmp_path):

@@ -146,7 +146,8 @@ def test_a_delta_rules_decay_is_pooled_by_its_dips_and_its_write_by_its_peaks():
     tr = Trace(np.zeros(4_000), {"blocks.0.attn.hook_alpha": alpha, "blocks.0.attn.hook_beta": beta})
     figs = figure_parts.delta_rule_rate_heatmaps(tr, width=400)
     decay, write = figs["blocks.0 alpha"], figs["blocks.0 beta"]
-    assert np.asarray(decay.data[0].z).min() == pytest.approx(0.05) and np.asarray(write.data[0].z).max() == 0.9
+    decay_z, write_z = np.asarray(decay.data[0].z), np.asarray(write.data[0].z)
+    assert decay_z.min() == np.float32(0.05) and write_z.max() == np.float32(0.9)  # the token's own values
     assert "the min over each bin of 10" in decay.layout.xaxis.title.text
     assert "the max over each bin of 10" in write.layout.xaxis.title.text
 

@@ -353,8 +353,8 @@ class ChunkBank(StateValue):
         B, T, H, d = q.shape
         self._index_new_chunks(faiss)
         assert s.graphs is not None  # built by _index_new_chunks
-        # faiss's stub (__init__.pyi) lacks SearchParametersHNSW, which the module has
-        params = faiss.SearchParametersHNSW(efSearch=max(self.ef_search, k), sel=faiss.IDSelectorRange(lo, hi))  # type: ignore[attr-defined]
+        # faiss's stub (__init__.pyi, in the releases that ship one) lacks SearchParametersHNSW, which the module has
+        params = faiss.SearchParametersHNSW(efSearch=max(self.ef_search, k), sel=faiss.IDSelectorRange(lo, hi))  # type: ignore[attr-defined,unused-ignore]
         queries = np.concatenate([q.detach().float().cpu().numpy(), np.zeros((B, T, H, 1), np.float32)], -1)
         entries = torch.empty(B, T, H, k, dtype=torch.long)
         for b in range(B):
