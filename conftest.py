@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent
-#: each folder whose package installs under another name, and that name
-INSTALLED = {"kernels": "memviz_kernels", "probes": "memviz_probes", "families": "memviz_families"}
+#: each folder whose package installs under another name, and that name: the links in .names/ (setup.py's FOLDERS,
+#: which tests/test_install.py checks against them)
+INSTALLED = {link.resolve().name: link.name for link in (ROOT / ".names").iterdir()}
 DEVICE = os.environ.get("MEMVIZ_TEST_DEVICE", "cpu")  # memviz_kernels.testing reads the same variable
 
 if DEVICE == "cpu":
@@ -45,8 +46,14 @@ class InstalledModule(pytest.Module):
     """A test file imported by its installed module name (the editable install maps it to this very file)."""
 
     def _getobj(self):
-        module = importlib.import_module(installed_name(self.path))
-        assert Path(module.__file__).resolve() == self.path.resolve(), f"{module.__name__} is {module.__file__}"
+        name = installed_name(self.path)
+        try:
+            module = importlib.import_module(name)
+        except ImportError as error:
+            raise self.CollectError(f"{self.path}: importing it as {name} failed: {error!r}") from error
+        if Path(module.__file__).resolve() != self.path.resolve():
+            raise self.CollectError(f"{name} is {module.__file__}, not {self.path}: is memviz installed from here?")
+        self.config.pluginmanager.consider_module(module)  # its pytest_plugins, as pytest's own import does
         return module
 
 

@@ -7,7 +7,7 @@ is not installed: it is the repository's command (`python -m training` from its 
 
 from setuptools import find_packages, setup
 
-#: installed name -> folder in the repository
+#: installed name -> folder in the repository (also the links in .names/; tests/test_install.py checks both agree)
 FOLDERS = {"memviz_kernels": "kernels", "memviz_probes": "probes", "memviz_families": "families"}
 
 setup(

@@ -28,7 +28,10 @@ ROOT = Path(__file__).resolve().parent
 VENV, NEWEST, OLDEST, TOOLS = ROOT / ".venv", ROOT / ".venv-newest", ROOT / ".venv-oldest", ROOT / ".venv-lock"
 LOCK = ROOT / "requirements.lock"
 CHROMIUM = Path("/usr/bin/chromium")
-TOOLS_PINS = ("pip-tools==7.7.0", "uv==0.13.9")  # the resolvers, pinned so that a refresh is repeatable
+TOOLS_PINS = ("pip==26.3", "pip-tools==7.7.0", "uv==0.13.9")  # the resolvers, pinned so that a refresh is repeatable
+#: the interpreter that makes the environments: the base one, also when this runs from inside one of them
+BASE_PYTHON = getattr(sys, "_base_executable", sys.executable)
+LOCKED_PYTHON = (3, 11)  # requirements.lock is resolved for this Python (its header); older ones lack its releases
 
 
 def run(*cmd: str | Path, **kw) -> None:
@@ -50,7 +53,7 @@ def make_venv(venv: Path, sources: tuple[str, ...], *install: str | Path) -> Pat
     python, stamp = python_of(venv), venv / ".requirements.sha256"
     if not stamp.is_file() or stamp.read_text() != digest(*sources):
         shutil.rmtree(venv, ignore_errors=True)
-        run(sys.executable, "-m", "venv", venv)
+        run(BASE_PYTHON, "-m", "venv", venv)
         pip = (python, "-m", "pip", "install", "--disable-pip-version-check", "-q")
         run(*pip, *install)
         for stale in ROOT.glob("*.egg-info"):  # an earlier build's metadata, read as installed from the root
@@ -68,20 +71,27 @@ def make_venv(venv: Path, sources: tuple[str, ...], *install: str | Path) -> Pat
 
 
 def setup() -> Path:
+    if sys.version_info[:2] < LOCKED_PYTHON:
+        sys.exit(f"requirements.lock is for Python {'.'.join(map(str, LOCKED_PYTHON))} or newer; this is {sys.version}")
     return make_venv(VENV, ("requirements.lock", "pyproject.toml", "setup.py"), "-r", LOCK)
 
 
 def newest() -> Path:
-    """The newest release of every package that requirements.txt's ranges admit (a fresh resolve, no lock)."""
-    return make_venv(NEWEST, ("requirements.txt", "pyproject.toml", "setup.py"), "--upgrade", "-r", "requirements.txt")
+    """The newest release of every package that requirements.txt's ranges admit (no lock), upgraded on every call."""
+    python = make_venv(NEWEST, ("requirements.txt", "pyproject.toml", "setup.py"), "-r", "requirements.txt")
+    run(python, "-m", "pip", "install", "-q", "--upgrade", "--upgrade-strategy", "eager", "-r", "requirements.txt")
+    return python
 
 
 def tools() -> Path:
     """A throwaway environment with the resolvers: pip-compile (reads pip's own configuration) and uv (for the
     oldest releases, a resolution pip does not offer)."""
-    if not python_of(TOOLS).exists():
-        run(sys.executable, "-m", "venv", TOOLS)
-        run(python_of(TOOLS), "-m", "pip", "install", "-q", "--upgrade", "pip", *TOOLS_PINS)
+    stamp = TOOLS / ".pins"
+    if not stamp.is_file() or stamp.read_text() != " ".join(TOOLS_PINS):
+        shutil.rmtree(TOOLS, ignore_errors=True)
+        run(BASE_PYTHON, "-m", "venv", TOOLS)
+        run(python_of(TOOLS), "-m", "pip", "install", "-q", *TOOLS_PINS)
+        stamp.write_text(" ".join(TOOLS_PINS))
     return python_of(TOOLS)
 
 
@@ -103,7 +113,7 @@ def oldest() -> Path:
     uv = (tools(), "-m", "uv", "pip", "compile", "-q", "--python", sys.executable, "--resolution", "lowest-direct")
     links_args = [arg for link in links for arg in ("--find-links", link)]
     run(*uv, *links_args, "--no-emit-find-links", "-o", resolved, "requirements.txt")
-    return make_venv(OLDEST, ("requirements.txt", "pyproject.toml", "setup.py"), "-r", resolved)
+    return make_venv(OLDEST, (".venv-lock/oldest.txt", "pyproject.toml", "setup.py"), "-r", resolved)
 
 
 def main(argv: list[str]) -> int:

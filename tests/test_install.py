@@ -54,6 +54,23 @@ def top_level_names(wheel: Path) -> set[str]:
     return {name.removesuffix(".py") for name in firsts if not name.endswith((".dist-info", ".data"))}
 
 
+def test_the_wheel_installs_every_module_under_memviz_s_own_names(wheel):
+    """The folders' files under the names .names/ links to them (setup.py's package_dir), the C kernels' sources too."""
+    folders = {"memviz": "memviz", **{link.name: link.resolve().name for link in (ROOT / ".names").iterdir()}}
+    tree = {
+        f"{name}/{path.relative_to(ROOT / folder)}"
+        for name, folder in folders.items()
+        for path in (ROOT / folder).rglob("*")
+        if path.suffix in (".py", ".c")
+        and "__pycache__" not in path.parts
+        and not any(part.startswith("sample") for part in path.relative_to(ROOT / folder).parent.parts)
+    }
+    with zipfile.ZipFile(wheel) as archive:
+        shipped = {name for name in archive.namelist() if not name.split("/")[0].endswith(".dist-info")}
+    assert shipped == tree
+    assert {"memviz_kernels/lm2/cpu.c", "memviz_kernels/product_keys/cpu.c"} <= shipped
+
+
 def test_the_wheel_installs_no_name_another_distribution_installs(wheel):
     names = top_level_names(wheel)
     assert names == {"memviz", "memviz_kernels", "memviz_probes", "memviz_families"}
@@ -146,7 +163,7 @@ print(json.dumps([memviz.__file__, kernels.__file__, len(trace.tokens), trace.na
     assert out.returncode == 0, out.stderr[-3000:]
     memviz_file, kernels_file, n_sample, sample_names, n_released, released_names = json.loads(out.stdout)
     assert Path(memviz_file).is_relative_to(site)  # the wheel's memviz, not the repository's
-    assert not Path(kernels_file).is_relative_to(ROOT / "kernels")  # Hugging Face's kernels
+    assert Path(kernels_file).parent == Path(importlib.metadata.distribution("kernels").locate_file("kernels"))
     assert n_sample == 100 and sample_names and n_released > 0 and released_names
 
 

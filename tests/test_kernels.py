@@ -2,6 +2,8 @@
 reference on fresh random inputs, under TRITON_INTERPRET=1 on the CPU) are beside it, in
 kernels/<op>/test_*.py."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -12,6 +14,7 @@ from memviz_kernels.testing import close, needs_cc
 from tests.conftest import scrambled, small_model
 
 pytestmark = pytest.mark.usefixtures("poisoned_buffers")  # memviz_kernels.testing
+ROOT = Path(__file__).resolve().parent.parent
 
 
 # ----- dispatcher --------------------------------------------------------------------------------
@@ -65,16 +68,30 @@ def test_triton_is_taken_only_when_asked_for_and_never_for_training(monkeypatch)
 
 
 def test_models_reach_kernels_only_through_the_dispatcher():
-    from pathlib import Path
-
     models = Path(memviz.__file__).parent / "models"
-    direct = [
-        f"{path.name}: {line.strip()}"
-        for path in models.glob("*.py")
+    imports = [
+        (path, line.strip())
+        for path in models.rglob("*.py")
+        if not path.name.startswith("test_")
         for line in path.read_text().splitlines()
-        if line.startswith(("from memviz_kernels.", "import memviz_kernels."))
+        if line.startswith(("from memviz_kernels", "import memviz_kernels"))
     ]
+    assert len(imports) >= 4  # the families that call a kernel: infini, lm2, memory_layer, titans
+    direct = [f"{path.name}: {line}" for path, line in imports if not line.startswith("from memviz_kernels.dispatch ")]
     assert direct == []
+
+
+def test_every_kernel_test_module_poisons_its_buffers():
+    """An element a kernel forgot to write is NaN (memviz_kernels.testing.poisoned_buffers), in every op's tests."""
+    import importlib
+
+    modules = sorted(ROOT.glob("kernels/*/test_*.py"))
+    assert len(modules) >= 4
+    for path in modules:
+        module = importlib.import_module(f"memviz_kernels.{path.parent.name}.{path.stem}")
+        marks = getattr(module, "pytestmark", [])
+        marks = marks if isinstance(marks, list) else [marks]
+        assert any(m.name == "usefixtures" and "poisoned_buffers" in m.args for m in marks), path
 
 
 # ----- whole models ------------------------------------------------------------------------------

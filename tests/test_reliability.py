@@ -971,7 +971,7 @@ def test_a_checkpoint_config_too_big_to_allocate_is_refused_before_any_weight(tm
     assert "nothing was allocated" in result["error"]
 
 
-# ----- files read with their size checked first (probes.texts, a checkpoint's card) ----------------
+# ----- files read with their size checked first (memviz_probes.texts, a checkpoint's card) ----------------
 def test_a_corpus_file_that_is_a_device_or_too_large_is_refused_before_reading(tmp_path, monkeypatch):
     from memviz_probes import texts
 

@@ -28,8 +28,8 @@ ALLOWED = {
     # written against the public API, like a user's package
     "memviz_families": {"memviz_kernels", "memviz", "memviz_probes", "memviz_families"},
 }
-#: the folders that install under another name (setup.py)
-FOLDERS = {"memviz_kernels": "kernels", "memviz_probes": "probes", "memviz_families": "families"}
+#: the folders that install under another name (setup.py), as the links in .names/ say
+FOLDERS = {link.name: link.resolve().name for link in (ROOT / ".names").iterdir()}
 
 
 def module_files() -> dict[str, Path]:
@@ -239,7 +239,7 @@ def test_the_install_adds_no_generic_top_level_name(tmp_path):
         "import importlib.util, json, memviz\n"
         "names = ('kernels', 'probes', 'families', 'training')\n"
         "specs = [importlib.util.find_spec(n) for n in names]\n"
-        "print(json.dumps([None if s is None else s.origin for s in specs]"
+        "print(json.dumps([None if s is None else [s.origin, *(s.submodule_search_locations or [])] for s in specs]"
         " + [importlib.util.find_spec(n).submodule_search_locations[0]"
         " for n in ('memviz_kernels', 'memviz_probes', 'memviz_families')]"
         " + ['gated_deltanet' in [f.name for f in memviz.families()]]))"
@@ -248,17 +248,46 @@ def test_the_install_adds_no_generic_top_level_name(tmp_path):
     assert out.returncode == 0, out.stderr
     *elsewhere, kernels, probes, families, registered = json.loads(out.stdout)
     names = ("kernels", "probes", "families", "training")
-    assert not any(origin and Path(origin).is_relative_to(ROOT / name) for name, origin in zip(names, elsewhere))
+    assert not any(
+        place and Path(place).is_relative_to(ROOT / name)
+        for name, places in zip(names, elsewhere)
+        for place in places or ()
+    )
     assert [kernels, probes, families] == [str(ROOT / "kernels"), str(ROOT / "probes"), str(ROOT / "families")]
     assert registered
 
 
-def test_pytest_imports_the_folders_tests_by_their_installed_names():
+def test_pytest_imports_the_folders_tests_by_their_installed_names(pytestconfig):
     """pytest collects kernels/ and families/ (the root conftest.py) under the names they install as, so each module
     is executed once, a family registers once, and no module takes the name `kernels` from Hugging Face's."""
     import memviz_families.gated_deltanet
 
     assert FAMILIES["gated_deltanet"].model is memviz_families.gated_deltanet.GatedDeltaNetLM
-    assert not [name for name in sys.modules if name.split(".")[0] in ("families", "probes")]
-    kernels = sys.modules.get("kernels")
-    assert kernels is None or not Path(kernels.__file__ or ROOT).is_relative_to(ROOT / "kernels")
+    misnamed = []
+    for name, module in list(sys.modules.items()):
+        try:
+            places = [getattr(module, "__file__", None), *getattr(module, "__path__", ())]
+        except TypeError:  # a lazy module's __path__ that is no list of folders
+            places = [getattr(module, "__file__", None)]
+        for installed, folder in FOLDERS.items():
+            inside = any(isinstance(p, str) and Path(p).resolve().is_relative_to(ROOT / folder) for p in places)
+            if inside and name.split(".")[0] != installed:
+                misnamed.append(name)
+    assert misnamed == []
+    named = pytestconfig.pluginmanager.get_plugin(str(ROOT / "conftest.py")).installed_name
+    assert named(ROOT / "kernels" / "lm2" / "test_lm2_scan.py") == "memviz_kernels.lm2.test_lm2_scan"
+    assert named(ROOT / "tests" / "test_structure.py") is None
+
+
+def test_no_first_party_code_imports_a_folder_by_its_own_name():
+    """`kernels`, `probes` and `families` are the folders; their modules are `memviz_kernels`, `memviz_probes` and
+    `memviz_families` (from the root, `import probes.passkey` would still find the folder, a second copy)."""
+    folders = set(FOLDERS.values())
+    found = []
+    for path in [*module_files().values(), *ROOT.glob("tests/*.py"), *ROOT.glob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            found += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names if n.split(".")[0] in folders]
+    assert found == []

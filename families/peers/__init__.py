@@ -8,8 +8,8 @@
     layer of a memviz transformer (traced as memviz's memory-layer hooks: top-k value indices and
     weights); `adapt_pkm({layer: module_or_state_dict}, **config)`.
 
-The peers are optional (`pip install 'memviz[peers]'`); the families register without them and
-say what to install when a model is built. Each adapter supports the versions in `SUPPORTED`.
+The peers are optional (`pip install '/path/to/memviz[peers]'`, memviz's own extra); the families register without
+them and say what to install when a model is built. Each adapter supports the versions in `SUPPORTED`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from types import ModuleType
 from memviz import ConfigError
 from memviz.registry import import_family_folders
 
-#: distribution -> (the version prefix an adapter supports, the pin `memviz[peers]` installs)
+#: distribution -> (the version prefix an adapter supports, the pin memviz's `[peers]` extra installs)
 SUPPORTED = {"titans-pytorch": ("0.5.", "0.5.5"), "product-key-memory": ("0.3.", "0.3.0")}
 
 
@@ -33,7 +33,7 @@ class PeerError(ConfigError):
 def require(distribution: str, module: str) -> ModuleType:
     """Import a peer package after checking that its installed version is one the adapter supports."""
     prefix, pin = SUPPORTED[distribution]
-    install = f"pip install 'memviz[peers]' (or {distribution}=={pin})"
+    install = f"pip install {distribution}=={pin} (or memviz's extra: pip install '/path/to/memviz[peers]')"
     try:
         version = importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:

@@ -197,7 +197,7 @@ def test_an_unsupported_or_missing_peer_says_what_to_install(monkeypatch, tmp_pa
     real = importlib.metadata.version
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.6.0" if name == "titans-pytorch" else real(name))
     with pytest.raises(
-        peers.PeerError, match=r"supports versions 0\.5\.x; 0\.6\.0 is installed: pip install 'memviz\[peers\]'"
+        peers.PeerError, match=r"supports versions 0\.5\.x; 0\.6\.0 is installed: pip install titans-pytorch==0\.5\.5 "
     ):
         adapt_mac(peer_mac(), **MAC)
 
@@ -207,8 +207,8 @@ def test_an_unsupported_or_missing_peer_says_what_to_install(monkeypatch, tmp_pa
     monkeypatch.setattr(importlib.metadata, "version", missing)
     with pytest.raises(
         peers.PeerError,
-        match=r"needs product-key-memory, which is not installed: pip install 'memviz\[peers\]' "
-        r"\(or product-key-memory==0\.3\.0\)",
+        match=r"needs product-key-memory, which is not installed: pip install product-key-memory==0\.3\.0 "
+        r"\(or memviz's extra: pip install '/path/to/memviz\[peers\]'\)",
     ):
         small_model("product_key_memory", window=8)
     monkeypatch.setattr(importlib.metadata, "version", real)

@@ -21,7 +21,7 @@ z = 0 and M = 0, so retrieval is defined as zero rather than 0/0. The memory is 
 a segment completes; a partial segment's keys and values wait in the state, so streaming in
 any chunk size gives the one-pass result.
 
-State per layer (`InfiniState`): the memory, `kernels.InfiniMemory` (M [B,H,d,d], z [B,H,d], the
+State per layer (`InfiniState`): the memory, `memviz_kernels.dispatch.InfiniMemory` (M [B,H,d,d], z [B,H,d], the
 open segment's sigma-mapped pre-RoPE keys and its values), and the local attention's `LocalCache`.
 """
 
