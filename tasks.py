@@ -48,9 +48,11 @@ def digest(*names: str) -> str:
     return hashlib.sha256(b"".join((ROOT / name).read_bytes() for name in names)).hexdigest()
 
 
-def make_venv(venv: Path, sources: tuple[str, ...], *install: str | Path) -> Path:
-    """A virtual environment holding `install` and the project (editable), made anew whenever `sources` change."""
+def make_venv(venv: Path, requirements: str, *install: str | Path) -> Path:
+    """A virtual environment holding `install` and the project (editable), made anew whenever the requirements file
+    or the package's metadata change."""
     python, stamp = python_of(venv), venv / ".requirements.sha256"
+    sources = (requirements, "pyproject.toml", "setup.py")
     if not stamp.is_file() or stamp.read_text() != digest(*sources):
         shutil.rmtree(venv, ignore_errors=True)
         run(BASE_PYTHON, "-m", "venv", venv)
@@ -73,12 +75,12 @@ def make_venv(venv: Path, sources: tuple[str, ...], *install: str | Path) -> Pat
 def setup() -> Path:
     if sys.version_info[:2] < LOCKED_PYTHON:
         sys.exit(f"requirements.lock is for Python {'.'.join(map(str, LOCKED_PYTHON))} or newer; this is {sys.version}")
-    return make_venv(VENV, ("requirements.lock", "pyproject.toml", "setup.py"), "-r", LOCK)
+    return make_venv(VENV, "requirements.lock", "-r", LOCK)
 
 
 def newest() -> Path:
     """The newest release of every package that requirements.txt's ranges admit (no lock), upgraded on every call."""
-    python = make_venv(NEWEST, ("requirements.txt", "pyproject.toml", "setup.py"), "-r", "requirements.txt")
+    python = make_venv(NEWEST, "requirements.txt", "-r", "requirements.txt")
     run(python, "-m", "pip", "install", "-q", "--upgrade", "--upgrade-strategy", "eager", "-r", "requirements.txt")
     return python
 
@@ -113,7 +115,7 @@ def oldest() -> Path:
     uv = (tools(), "-m", "uv", "pip", "compile", "-q", "--python", sys.executable, "--resolution", "lowest-direct")
     links_args = [arg for link in links for arg in ("--find-links", link)]
     run(*uv, *links_args, "--no-emit-find-links", "-o", resolved, "requirements.txt")
-    return make_venv(OLDEST, (".venv-lock/oldest.txt", "pyproject.toml", "setup.py"), "-r", resolved)
+    return make_venv(OLDEST, ".venv-lock/oldest.txt", "-r", resolved)
 
 
 def main(argv: list[str]) -> int:

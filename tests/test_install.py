@@ -18,6 +18,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
 from tests.test_released import make_checkpoint
+from tests.test_structure import FOLDERS
 
 ROOT = Path(__file__).resolve().parent.parent
 #: what the wheel is built from (pyproject.toml and setup.py name nothing else)
@@ -56,7 +57,7 @@ def top_level_names(wheel: Path) -> set[str]:
 
 def test_the_wheel_installs_every_module_under_memviz_s_own_names(wheel):
     """The folders' files under the names .names/ links to them (setup.py's package_dir), the C kernels' sources too."""
-    folders = {"memviz": "memviz", **{link.name: link.resolve().name for link in (ROOT / ".names").iterdir()}}
+    folders = {"memviz": "memviz", **FOLDERS}
     tree = {
         f"{name}/{path.relative_to(ROOT / folder)}"
         for name, folder in folders.items()
