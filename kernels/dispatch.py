@@ -1,6 +1,6 @@
 """The memory ops, one convention: `op(inputs..., initial_state) -> (outputs, final_state)`.
 
-Each op lives in a folder of its own (`kernels/infini`, `lm2`, `titans`, `product_keys`: its
+Each op lives in a folder of its own (`kernels/infini`, `lm2`, `titans`, `product_keys`, `linear_memory`: its
 `reference.py`, the specification; its Triton and compiled CPU kernels; its tests) and is
 called only through the functions here, which take and return plain tensors (named tuples of
 them for a state of several parts: `InfiniMemory`, `LinearMemory`):
@@ -10,6 +10,8 @@ them for a state of several parts: `InfiniMemory`, `LinearMemory`):
   titans_linear_memory(q, k, v, rates, LinearMemory(W, S), chunk) -> ((read, surprise, loss, loss after), state)
   titans_chunk_coefficients(rates) -> the chunk's closed-form scalars   stateless
   titans_chunk_update(factors, coefficients, (params, momentum)) -> ((), (params, momentum))
+  linear_memory(q, k, v, g, beta, S, chunk) -> ((read, ||S_t||), S)   the delta rule and state-space memories
+  linear_memory_read_parts(q, k, g, beta) -> each writer's weight in the last token's read   stateless
   product_key_topk(q, keys, k) -> (scores, indices)          stateless
   weighted_bag(indices, weights, values) -> output            stateless
 
@@ -30,6 +32,8 @@ import torch
 from torch import Tensor
 
 from memviz_kernels.infini.reference import InfiniMemory, infini_memory_reference, infini_memory_stream
+from memviz_kernels.linear_memory.chunked import chunked as linear_memory_chunked
+from memviz_kernels.linear_memory.reference import read_parts as linear_memory_read_parts_reference
 from memviz_kernels.lm2.reference import lm2_scan_reference
 from memviz_kernels.product_keys.reference import product_key_topk as product_key_topk_reference
 from memviz_kernels.product_keys.reference import weighted_bag as weighted_bag_reference
@@ -198,3 +202,26 @@ def titans_chunk_update(
     (params, momentum) -> ((), (params, momentum)) (kernels/titans/; reference only)."""
     params, momentum = chunk_update(*initial_state, factors, coefficients)
     return (), (params, momentum)
+
+
+def linear_memory(
+    q: Tensor | None,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor | None,
+    initial_state: Tensor,
+    chunk: int = 64,
+    state_norms: bool = True,
+) -> tuple[tuple[Tensor | None, Tensor | None], Tensor]:
+    """The linear memory S_t = (I - beta_t k_t k_t^T) Diag(exp g_t) S_{t-1} + beta_t k_t v_t^T (without beta:
+    Diag(exp g_t) S_{t-1} + k_t v_t^T), read o_t = S_t^T q_t (kernels/linear_memory/): q, k [B,H,T,dk],
+    v [B,H,T,dv], g [B,H,T] (a decay per head) or [B,H,T,dk] (per key channel), beta [B,H,T] or None,
+    S [B,H,dk,dv] -> ((o or None without q, ||S_t||_F or None), S_T); the chunked form on every path."""
+    return linear_memory_chunked(q, k, v, g, beta, initial_state, chunk, state_norms)
+
+
+def linear_memory_read_parts(q: Tensor, k: Tensor, g: Tensor, beta: Tensor | None) -> Tensor:
+    """The last token's read o_T = S_T^T q split over the tokens that wrote it: weights [B,H,T] with
+    o_T = sum_j w_j v_j (and the start state's part); q [B,H,dk] (kernels/linear_memory/reference.py)."""
+    return linear_memory_read_parts_reference(q, k, g, beta)

@@ -291,3 +291,50 @@ def test_no_first_party_code_imports_a_folder_by_its_own_name():
                 names = [node.module or ""]
             found += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names if n.split(".")[0] in folders]
     assert found == []
+
+
+#: the one home of the delta rule's recurrence, chunked form and read-out (DESIGN.md: the linear-memory operator)
+LINEAR_MEMORY = ROOT / "kernels" / "linear_memory"
+
+
+def delta_rule_math(source: str) -> list[str]:
+    """Functions that compute a delta rule themselves: a triangular solve (the chunked form), or a loop over
+    token positions that indexes a write strength `beta` by its position (the recurrence, or the read-out's
+    back-recurrence)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        solves = any(isinstance(n, ast.Attribute) and n.attr == "solve_triangular" for n in ast.walk(node))
+        stepping = any(
+            isinstance(sub, ast.Subscript)
+            and "beta" in ast.unparse(sub.value)
+            and loop.target.id in {n.id for n in ast.walk(sub.slice) if isinstance(n, ast.Name)}
+            for loop in ast.walk(node)
+            if isinstance(loop, ast.For) and isinstance(loop.target, ast.Name)
+            for sub in ast.walk(loop)
+        )
+        if solves or stepping:
+            found.append(f"{node.lineno}: {node.name}")
+    return found
+
+
+def test_the_delta_rule_checker_sees_a_copy():
+    planted = (
+        "def chunk(system, rhs):\n    return torch.linalg.solve_triangular(system, rhs, upper=False)\n"
+        "def back(r, k, beta):\n    for j in range(9, -1, -1):\n        r = r - beta[j] * (r @ k[j]) * k[j]\n"
+        "def fine(beta):\n    return beta.sigmoid()\n"
+    )
+    assert delta_rule_math(planted) == ["1: chunk", "3: back"]
+
+
+def test_the_delta_rule_is_computed_in_one_place():
+    """The gated delta rule's recurrence, chunked form and read-out live in kernels/linear_memory; every model
+    (memviz's own, the families', the released adapters') calls the operator. Tests may recompute it."""
+    copies = [
+        f"{path.relative_to(ROOT)}:{where}"
+        for path in module_files().values()
+        if LINEAR_MEMORY not in path.parents and not path.name.startswith("test_")
+        for where in delta_rule_math(path.read_text())
+    ]
+    assert not copies, f"the delta rule computed outside kernels/linear_memory: {copies}"

@@ -1,6 +1,6 @@
-"""Gated DeltaNet, the family written outside memviz: its chunked form against the token-by-token
-recurrence (float64) and fla's plain-torch reference; the model's memory against the equations
-recomputed from its weights; streaming, tracing, figures, interventions and needle_hold."""
+"""Gated DeltaNet, the family written outside memviz: the model's memory against the equations
+recomputed from its weights; streaming, tracing, figures, interventions and needle_hold (the operator
+itself is tested in kernels/linear_memory)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ import memviz
 from memviz import viz
 from memviz.interventions import ablate_at, answer_logprob, replace_at
 from memviz.trace import Trace
-from memviz_families.gated_deltanet.reference import chunked, recurrent
+from memviz_kernels.dispatch import linear_memory
+from memviz_kernels.linear_memory.reference import recurrent
 
 FOLDER = Path(__file__).resolve().parent
 CONFIG = dict(
@@ -39,53 +40,6 @@ def seed():
     value = random.SystemRandom().randrange(2**31)
     torch.manual_seed(value)
     return value
-
-
-def rule_inputs(B, H, T, dk, dv, dtype=torch.float64):
-    q = F.normalize(torch.randn(B, H, T, dk, dtype=dtype), dim=-1)
-    k = F.normalize(torch.randn(B, H, T, dk, dtype=dtype), dim=-1)
-    v = torch.randn(B, H, T, dv, dtype=dtype)
-    alpha, beta = torch.rand(B, H, T, dtype=dtype) * 0.6 + 0.4, torch.rand(B, H, T, dtype=dtype)
-    return q, k, v, alpha, beta, torch.randn(B, H, dk, dv, dtype=dtype)
-
-
-@pytest.mark.parametrize("T, chunk", [(1, 4), (23, 1), (23, 5), (40, 8), (17, 64)])
-def test_the_chunked_form_is_the_recurrence(seed, T, chunk):
-    args = rule_inputs(2, 3, T, 6, 5)
-    (o, norms), S = recurrent(*args)
-    (o_c, norms_c), S_c = chunked(*args, chunk=chunk)
-    for name, a, b in (("o", o_c, o), ("norms", norms_c, norms), ("S", S_c, S)):
-        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10, msg=lambda m: f"{name} (seed {seed}): {m}")
-
-
-def fla_naive():
-    spec = importlib.util.find_spec("fla")
-    path = Path(spec.submodule_search_locations[0]) / "ops" / "gated_delta_rule" / "naive.py" if spec else None
-    if path is None or not path.is_file():
-        pytest.skip("fla-core (a test-only peer reference, requirements.txt) is not installed")
-    module_spec = importlib.util.spec_from_file_location("fla_gated_delta_naive", path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module
-
-
-def test_the_recurrence_matches_flas_reference(seed):
-    """fla's naive recurrence (float32 inside; g = log alpha, q unscaled with scale 1)."""
-    naive = fla_naive()
-    q, k, v, alpha, beta, S = rule_inputs(2, 3, 19, 8, 6, torch.float32)
-    (o, _), S_final = recurrent(q, k, v, alpha, beta, S)
-    ref_o, ref_S = naive.naive_recurrent_gated_delta_rule(
-        q.transpose(1, 2),
-        k.transpose(1, 2),
-        v.transpose(1, 2),
-        beta.transpose(1, 2),
-        alpha.log().transpose(1, 2),
-        scale=1.0,
-        initial_state=S,
-        output_final_state=True,
-    )
-    torch.testing.assert_close(o, ref_o.transpose(1, 2), atol=2e-5, rtol=1e-4, msg=lambda m: f"o (seed {seed}): {m}")
-    torch.testing.assert_close(S_final, ref_S, atol=2e-5, rtol=1e-4, msg=lambda m: f"S (seed {seed}): {m}")
 
 
 def small(seed=0, **memory):
@@ -135,7 +89,9 @@ def test_every_tokens_state_is_built_only_for_a_hook_that_reads_it(monkeypatch):
     part; a hook on one layer's norms builds them for that layer alone, and the logits never change."""
     family = importlib.import_module(type(small().blocks[0].attn).__module__)
     asked = []
-    monkeypatch.setattr(family, "chunked", lambda *a, **kw: (asked.append(kw["state_norms"]), chunked(*a, **kw))[1])
+    monkeypatch.setattr(
+        family, "linear_memory", lambda *a, **kw: (asked.append(kw["state_norms"]), linear_memory(*a, **kw))[1]
+    )
     model = small(chunk=4)
     ids = torch.randint(0, 256, (2, 19), generator=torch.Generator().manual_seed(3))
     plain = model(ids)
@@ -257,21 +213,21 @@ def test_its_later_samples_are_reproduced_by_their_cards_from_a_shipped_sample(s
 
 def test_the_read_out_parts_sum_to_the_state_read():
     """memory_readout decomposes o_t = S_t^T q_t over every token's write; the parts sum to the
-    token-by-token recurrence (reference.recurrent) fed the model's own q, k, v, alpha and beta."""
+    token-by-token recurrence (the operator's reference) fed the model's own q, k, v, alpha and beta, and
+    so does the layer's own `hook_read`."""
     from tests.conftest import random_ids, scrambled, small_model
 
     model = scrambled(small_model("gated_deltanet", window=8), std=0.2).to(torch.float64)
     ids = random_ids(40, seed=5)
-    names = ("q", "write_key", "write_value", "alpha", "beta")
+    names = ("read_query", "write_key", "write_value", "alpha", "beta", "read")
     seen = model.capture(ids, [f"blocks.{l}.attn.hook_{w}" for l in range(2) for w in names])
     for position in (0, 17, 39):
         readout = model.memory_readout(ids, position)
         for layer in range(2):
             c = {w: seen[f"blocks.{layer}.attn.hook_{w}"].transpose(0, 1)[None] for w in names}  # [1, H, T, ...]
             state = torch.zeros(1, 2, 16, 16, dtype=torch.float64)
-            (o, _), _ = recurrent(
-                F.normalize(F.silu(c["q"]), dim=-1), c["write_key"], c["write_value"], c["alpha"], c["beta"], state
-            )
+            (o, _), _ = recurrent(c["read_query"], c["write_key"], c["write_value"], c["alpha"].log(), c["beta"], state)
+            torch.testing.assert_close(c["read"], o, atol=1e-12, rtol=1e-12)
             part = readout.parts[f"blocks.{layer}"]
             assert part.shape == (position + 1, 2, 16)
             torch.testing.assert_close(part.sum(0), o[0, :, position], atol=1e-12, rtol=1e-12)

@@ -52,10 +52,12 @@ from transformer_lens.hook_points import HookPoint
 from memviz.figure_parts import WIDTH, delta_rule_rate_heatmaps, layer_names, timeline
 from memviz.files import MAX_CONFIG_BYTES, read_bytes_within
 from memviz.layers import LocalCache
+from memviz.linear_memory import span_hold, split_read
 from memviz.model import BLOCK_HOOK_DOCS, HookDoc, MemoryLM, ModelState, Readout, hooked
 from memviz.registry import register_family
 from memviz.state import Memory, State
 from memviz.tokenizer import TOKENIZER_FILE, Tokenizer
+from memviz_kernels.dispatch import linear_memory
 
 if TYPE_CHECKING:  # transformers' classes memviz reads (imported where a checkpoint is loaded)
     from transformers.models.qwen3_5.modeling_qwen3_5 import (
@@ -214,52 +216,6 @@ class LayerHooks(nn.Module):
 def unit(x: Tensor) -> Tensor:
     """The layer's l2 normalisation, x rsqrt(|x|^2 + 1e-6)."""
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
-
-
-def delta_rule(
-    q: Tensor | None, k: Tensor, v: Tensor, log_alpha: Tensor, beta: Tensor, S: Tensor, chunk: int = 64
-) -> tuple[Tensor | None, Tensor, Tensor]:
-    """S_t = alpha_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T, o_t = S_t^T q_t over chunks
-    (q, k [B,H,T,dk], v [B,H,T,dv], log_alpha, beta [B,H,T], S [B,H,dk,dv]) -> (o, ||S_t||_F [B,H,T], S_T).
-
-    Within a chunk from S_0, with gamma_i = prod_{j<=i} alpha_j, R_ij = gamma_i/gamma_j (j <= i) and
-    u_t = beta_t (v_t - alpha_t S_{t-1}^T k_t), so that S_i = gamma_i S_0 + sum_{j<=i} R_ij k_j u_j^T:
-      U = W_V - W_K S_0,  (W_V, W_K) = (I + diag(beta) strict(R o KK^T))^-1 diag(beta) (V, diag(gamma) K)
-      O = diag(gamma) Q S_0 + (R o QK^T) U
-      ||S_i||^2 = gamma_i^2 ||S_0||^2 + 2 gamma_i (R p)_i + (R (KK^T o UU^T) R^T)_ii,  p_j = k_j^T S_0 u_j
-    W_V, W_K do not depend on S, so every chunk's are solved at once; no per-token state is formed.
-    The input is padded to whole chunks with tokens that neither decay nor write. Without q, no o."""
-    T, C = k.shape[2], chunk
-    pad = -T % C
-    K, V = (F.pad(t, (0, 0, 0, pad)).unflatten(2, (-1, C)) for t in (k, v))  # [B, H, chunks, C, d]
-    log_alpha, beta = (F.pad(t, (0, pad)) for t in (log_alpha, beta))
-    Bt, G = beta.unflatten(2, (-1, C)), log_alpha.unflatten(2, (-1, C)).cumsum(-1)
-    lower = torch.ones(C, C, dtype=torch.bool, device=k.device).tril()
-    R = torch.where(lower, G[..., :, None] - G[..., None, :], -math.inf).exp()
-    gamma, to_end = G.exp(), (G[..., -1:] - G).exp()
-    KK = K @ K.transpose(-1, -2)
-    system = torch.eye(C, dtype=k.dtype, device=k.device) + Bt[..., :, None] * R.tril(-1) * KK
-    rhs = Bt[..., None] * torch.cat([V, gamma[..., None] * K], -1)
-    W = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)  # its diagonal is exactly 1
-    WV, WK = W.split([V.shape[-1], K.shape[-1]], -1)
-    if q is not None:
-        Q = F.pad(q, (0, 0, 0, pad)).unflatten(2, (-1, C))
-        QK = R * (Q @ K.transpose(-1, -2))
-    outputs, norms = [], []
-    for i in range(K.shape[2]):
-        KS = K[:, :, i] @ S
-        U = WV[:, :, i] - WK[:, :, i] @ S
-        g, r = gamma[:, :, i], R[:, :, i]
-        if q is not None:
-            outputs.append(g[..., None] * (Q[:, :, i] @ S) + QK[:, :, i] @ U)
-        square = (
-            g**2 * S.pow(2).sum((-1, -2))[..., None]
-            + 2 * g * (r @ (KS * U).sum(-1)[..., None])[..., 0]
-            + ((r @ (KK[:, :, i] * (U @ U.transpose(-1, -2)))) * r).sum(-1)
-        )
-        norms.append(square.clamp_min(0).sqrt())
-        S = g[..., -1, None, None] * S + K[:, :, i].transpose(-1, -2) @ (to_end[:, :, i, :, None] * U)
-    return torch.cat(outputs, 2)[:, :, :T] if q is not None else None, torch.cat(norms, 2)[:, :, :T], S
 
 
 def rate_and_norm_figures(trace, width: int = WIDTH, start: int = 0, stop: int | None = None) -> dict:
@@ -522,7 +478,7 @@ class ReleasedLM(MemoryLM):
         if read or hooked(points.hook_state_norm):
             S = seen["S"] if seen["S"] is not None else k.new_zeros(B, gdn.num_v_heads, gdn.head_k_dim, gdn.head_v_dim)
             k_t, v_t, log_alpha_t, beta_t = (t.transpose(1, 2) for t in (k, v, log_alpha, beta))
-            o, norms, _ = delta_rule(
+            (o, norms), _ = linear_memory(
                 q.transpose(1, 2) if read and q is not None else None,  # q is computed for a read
                 k_t,
                 v_t,
@@ -531,8 +487,9 @@ class ReleasedLM(MemoryLM):
                 S.to(k.dtype),
             )
             if read:
-                assert o is not None  # delta_rule reads with the q it was given
+                assert o is not None  # the operator reads with the q it is given
                 points.hook_read(o.transpose(1, 2))
+            assert norms is not None  # and gives the norms by default
             points.hook_state_norm(norms.transpose(1, 2))
 
     def cost(self, n_tokens: int) -> dict[str, int]:
@@ -556,68 +513,16 @@ class ReleasedLM(MemoryLM):
         return [f"blocks.{layer}.attn.hook_{n}" for n in names]
 
     def memory_readout(self, tokens, position: int) -> Readout:
-        """o_t = S_t^T q_t at `position`, per Gated DeltaNet layer, as a sum over writes: S_t is linear in
-        the writes beta_j k_j v_j^T with transitions A_j = alpha_j (I - beta_j k_j k_j^T) (symmetric, not
-        depending on S), so write j gives (r_j . k_j) beta_j v_j with r_t = q_t, r_{j-1} = A_j r_j.
-        The part at j is write j's: its k_j and v_j mix tokens j-3..j through the short convolution."""
-        full = self.as_tokens(tokens)
-        if not 0 <= position < full.shape[1]:
-            raise ValueError(f"position must lie in [0, {full.shape[1]}), got {position}")
-        parts_of = ("read_query", "write_key", "write_value", "alpha", "beta")
-        seen = self.capture(
-            full[:, : position + 1], [n for l in sorted(self.linear) for n in self.gdn_names(l, parts_of)]
-        )
-        parts = {}
-        for layer in sorted(self.linear):
-            q, k, v, alpha, beta = (seen[n] for n in self.gdn_names(layer, parts_of))
-            r = q[position]
-            weights = torch.zeros(position + 1, r.shape[0], dtype=torch.float64)
-            for j in range(position, -1, -1):
-                along = (r * k[j]).sum(-1)
-                weights[j] = along * beta[j]
-                r = alpha[j][:, None] * (r - (beta[j] * along)[:, None] * k[j])
-            parts[f"blocks.{layer}"] = weights[..., None] * v
-        return Readout(position, "o_t = S_t^T q_t, the Gated DeltaNet state's read before the gated norm", parts)
+        """o_t = S_t^T q_t at `position`, per Gated DeltaNet layer, as a sum over writes
+        (`memviz.linear_memory.split_read`). The part at j is write j's: its k_j and v_j mix tokens j-3..j
+        through the short convolution."""
+        what = "o_t = S_t^T q_t, the Gated DeltaNet state's read before the gated norm"
+        return split_read(self, tokens, position, sorted(self.linear), what)
 
-    @torch.no_grad()
     def needle_hold(self, tokens, span: tuple[int, int]) -> dict[str, np.ndarray]:
-        """Per Gated DeltaNet layer, ||S^span_t||_F over its peak (largest over heads): the part of the
-        state the span's writes left, carried by the run's own alpha, beta and keys (S is linear in
-        the writes, so the span's part is the recurrence fed only the span's writes)."""
-        ids, a, b = self.needle_ids(tokens, span)
-        names = ("alpha", "beta", "write_key", "write_value")
-        captured: dict[tuple[int, str], Tensor] = {}
-
-        def keep(value: Tensor, hook) -> None:
-            captured[(int(hook.name.split(".")[1]), hook.name.split("hook_")[1])] = value[0].double()
-
-        hooks = [(n, keep) for l in sorted(self.linear) for n in self.gdn_names(l, names)]
-        parts: dict[int, Tensor | None] = {l: None for l in self.linear}
-        norms: dict[int, list[Tensor]] = {l: [] for l in self.linear}
-        with self.evaluating(), self.hooks(fwd_hooks=hooks):
-            for start, logits, _ in self.stream(ids):
-                positions = torch.arange(start, start + logits.shape[1])
-                in_span = ((positions >= a) & (positions < b)).double()[:, None, None]
-                for l in sorted(self.linear):
-                    k, v = captured[(l, "write_key")], captured[(l, "write_value")] * in_span
-                    alpha, beta = captured[(l, "alpha")], captured[(l, "beta")]
-                    part = parts[l]
-                    S = (
-                        part
-                        if part is not None
-                        else torch.zeros(1, k.shape[1], k.shape[2], v.shape[2], dtype=torch.float64)
-                    )
-                    log_alpha = alpha.clamp_min(1e-300).log()  # an alpha that underflowed to 0 forgets, not NaN
-                    k_t, v_t, log_alpha_t, beta_t = (t.transpose(0, 1)[None] for t in (k, v, log_alpha, beta))
-                    _, n, parts[l] = delta_rule(None, k_t, v_t, log_alpha_t, beta_t, S)
-                    norms[l].append(n[0].amax(0))
-        hold = {}
-        for l in sorted(self.linear):
-            values = torch.cat(norms[l]).numpy()
-            hold[f"layer {l}: share of the span's write still in the state"] = (
-                values / max(values.max(), 1e-30)
-            ).astype(np.float32)
-        return hold
+        """Per Gated DeltaNet layer, the part of the state the span's writes left over its peak
+        (`memviz.linear_memory.span_hold`)."""
+        return span_hold(self, tokens, span, sorted(self.linear), 64)
 
 
 # ----- loading --------------------------------------------------------------------------------

@@ -1,0 +1,117 @@
+"""The linear memory of `reference.py` a chunk of C tokens at a time: one triangular solve and a few matmuls a
+chunk instead of C rank-one updates (Yang et al., arXiv 2412.06464, Section 3.3; derived here).
+
+With u_t = beta_t (v_t - (Diag(alpha_t) S_{t-1})^T k_t) (u_t = v_t without the delta rule) every update is
+S_t = Diag(alpha_t) S_{t-1} + k_t u_t^T, so from the chunk's start state S_0, with gamma_i = prod_{j<=i} alpha_j
+inside the chunk (a scalar or a vector over key channels) and R_ij = gamma_i / gamma_j for j <= i:
+
+  S_i = Diag(gamma_i) S_0 + sum_{j<=i} Diag(R_ij) k_j u_j^T
+  U   = (I + diag(beta) strict(A))^-1 diag(beta) (V - (gamma o K) S_0),   A_ij = k_i^T Diag(R_ij) k_j
+  O   = (gamma o Q) S_0 + (q_i^T Diag(R_ij) k_j, j <= i) U
+  S_C = Diag(gamma_C) S_0 + (R_Cj o k_j)^T U
+
+For a scalar decay A is R o KK^T and the state's norm after every token has a closed form that forms no
+per-token state: ||S_i||^2 = gamma_i^2 ||S_0||^2 + 2 gamma_i (R p)_i + (R (KK^T o UU^T) R^T)_ii with
+p_j = k_j^T S_0 u_j. Per channel the ratios are a [C, C, d_k] tensor (keep C small) and the norms come from the
+states themselves. Ratios are exp of differences of cumulative log decays, masked before exp, so they never
+overflow.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def chunked(
+    q: Tensor | None,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor | None,
+    S: Tensor,
+    chunk: int = 64,
+    state_norms: bool = True,
+) -> tuple[tuple[Tensor | None, Tensor | None], Tensor]:
+    """`reference.recurrent`'s map (same arguments), `chunk` tokens a step; without q no read, with
+    `state_norms` False no norms (None). Half precision is computed in float32 (the triangular solve has no
+    bfloat16 kernel) and returned in the inputs' dtype, the state in its own."""
+    dtype, state_dtype = v.dtype, S.dtype
+    work = torch.promote_types(dtype, torch.float32)
+    k, v, g, S = (t.to(work) for t in (k, v, g, S))
+    beta = None if beta is None else beta.to(work)
+    step = per_channel_chunk if g.dim() == k.dim() else scalar_chunk
+    # The chunks come from split, not slicing: a slice's backward adds a zero tensor of the whole
+    # input's length, which made a long input's backward grow with its length times its chunks.
+    pieces = [t.split(chunk, dim=2) for t in (k, v, g)]
+    queries = q.to(work).split(chunk, dim=2) if q is not None else [None] * len(pieces[0])
+    strengths = beta.split(chunk, dim=2) if beta is not None else [None] * len(pieces[0])
+    outputs: list[Tensor] = []
+    norms: list[Tensor] = []
+    for Q, K, V, G, B in zip(queries, *pieces, strengths):
+        O, N, S = step(Q, K, V, G, B, S, state_norms)
+        outputs += [O] if O is not None else []
+        norms += [N] if N is not None else []
+    o = torch.cat(outputs, 2).to(dtype) if q is not None else None
+    return (o, torch.cat(norms, 2).to(dtype) if state_norms else None), S.to(state_dtype)
+
+
+def scalar_chunk(
+    Q: Tensor | None, K: Tensor, V: Tensor, g: Tensor, beta: Tensor | None, S: Tensor, state_norms: bool
+) -> tuple[Tensor | None, Tensor | None, Tensor]:
+    """One chunk with a decay per head, g [B,H,C] (module docstring) -> (O, ||S_i||, S_C)."""
+    C = K.shape[2]
+    G = g.cumsum(-1)  # log gamma_i
+    diff = G[..., :, None] - G[..., None, :]  # log gamma_i / gamma_j
+    lower = torch.ones(C, C, dtype=torch.bool, device=K.device).tril()
+    ratio = torch.where(lower, diff, torch.full_like(diff, -torch.inf)).exp()  # j <= i
+    gamma = G.exp()
+    KS = K @ S
+    if beta is None:
+        U = V
+    else:
+        strict = ratio * (~torch.eye(C, dtype=torch.bool, device=K.device))
+        A = strict * (K @ K.transpose(-1, -2))
+        system = torch.eye(C, dtype=K.dtype, device=K.device) + beta[..., :, None] * A
+        rhs = beta[..., None] * (V - gamma[..., None] * KS)
+        U = torch.linalg.solve_triangular(system, rhs, upper=False)
+    O = gamma[..., None] * (Q @ S) + (ratio * (Q @ K.transpose(-1, -2))) @ U if Q is not None else None
+    norms = None
+    if state_norms:
+        KK = K @ K.transpose(-1, -2)
+        square = (
+            gamma**2 * S.pow(2).sum((-1, -2))[..., None]
+            + 2 * gamma * (ratio @ (KS * U).sum(-1)[..., None])[..., 0]
+            + ((ratio @ (KK * (U @ U.transpose(-1, -2)))) * ratio).sum(-1)
+        )
+        norms = square.clamp_min(0).sqrt()
+    S = gamma[..., -1, None, None] * S + K.transpose(-1, -2) @ ((G[..., -1:] - G).exp()[..., None] * U)
+    return O, norms, S
+
+
+def per_channel_chunk(
+    Q: Tensor | None, K: Tensor, V: Tensor, g: Tensor, beta: Tensor | None, S: Tensor, state_norms: bool
+) -> tuple[Tensor | None, Tensor | None, Tensor]:
+    """One chunk with a decay per key channel, g [B,H,C,d_k] (module docstring) -> (O, ||S_i||, S_C)."""
+    C = K.shape[2]
+    G = g.cumsum(2)  # log gamma_i per channel
+    diff = G[..., :, None, :] - G[..., None, :, :]  # [B,H,C,C,d_k]
+    lower = torch.ones(C, C, dtype=torch.bool, device=K.device).tril()[..., None]
+    ratio = torch.where(lower, diff, torch.full_like(diff, -torch.inf)).exp()
+    gamma = G.exp()
+    if beta is None:
+        U = V
+    else:
+        A = torch.einsum("bhic,bhijc,bhjc->bhij", K, ratio, K).tril(-1)
+        system = torch.eye(C, dtype=K.dtype, device=K.device) + beta[..., :, None] * A
+        rhs = beta[..., None] * (V - (gamma * K) @ S)
+        U = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
+    O = None
+    if Q is not None:
+        O = (gamma * Q) @ S + torch.einsum("bhic,bhijc,bhjc->bhij", Q, ratio, K) @ U
+    norms = None
+    if state_norms:
+        states = gamma[..., None] * S[:, :, None] + torch.einsum("bhijc,bhjc,bhjv->bhicv", ratio, K, U)
+        norms = states.flatten(3).norm(dim=-1)
+    S = gamma[:, :, -1, :, None] * S + ((G[:, :, -1:] - G).exp() * K).transpose(-1, -2) @ U
+    return O, norms, S
