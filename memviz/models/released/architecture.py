@@ -1,0 +1,103 @@
+"""What memviz needs to know of one released architecture beyond transformers' own classes, as one record per
+architecture module (`qwen3_5.py`, `olmo_hybrid.py`, `kimi_linear.py`, ...), claimed by model_type.
+
+transformers runs the model; memviz reads its memory layers through the kernel it gives them (`recurrence.py`),
+so a record says only where things are: which decoder layers hold a memory, the memory layer and the norm its
+read passes through, the state's shape, the attention layers' hook sites, and how to build the config.
+Adding a model_type whose memory layer transformers already routes through one of those kernels is one such
+record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+
+@dataclass(frozen=True)
+class AttentionSite:
+    """A full-attention hook: the module whose output ("output") or first input ("input") it is, cut into heads of
+    `head_dim`."""
+
+    module: nn.Module
+    side: str
+    head_dim: int
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """One released architecture (module docstring).
+
+    `model_types`: {config.json's model_type: what memviz reads of it}; `config(data)`: transformers' config of the
+    language model from config.json's fields; `causal_lm()`: transformers' causal LM class; `memory(layer)`: a
+    decoder layer's memory layer (its recurrence runs through memviz's kernel), `attention(layer)` its attention;
+    `is_memory(config, l)`: whether decoder layer l holds a memory; `state(memory)`: (heads, d_k, d_v) of its S;
+    `read_norm(memory)`: the norm its read passes through (`hook_mem_out` is that norm's output);
+    `attention_sites(attention)`: {hook name: AttentionSite}; `kv_numbers(config)`: numbers an attention layer
+    caches per token; `tiny`: config fields of a small random model with memory layers 0, 1 and 3 and attention
+    at 2 (`tiny.tiny_checkpoint`; the tests' models); `experts`: a mixture of experts, whose grouped matmul
+    takes no float64 (the eager loop does)."""
+
+    # transformers' modules are typed loosely (their attributes are set in __init__), hence Any
+    model_types: Mapping[str, str]
+    config: Callable[[dict], Any]
+    causal_lm: Callable[[], Any]
+    memory: Callable[[Any], Any]
+    attention: Callable[[Any], Any]
+    is_memory: Callable[[Any, int], bool]
+    state: Callable[[Any], tuple[int, int, int]]
+    read_norm: Callable[[Any], Any]
+    attention_sites: Callable[[Any], dict[str, AttentionSite]]
+    kv_numbers: Callable[[Any], int]
+    tiny: Mapping[str, Any]
+    experts: bool = False
+
+
+class Claimed(Mapping[str, str]):
+    """A family's architectures seen as {model_type: what memviz reads of it} (its `FolderLoader.model_types`),
+    live: an architecture module registered later shows."""
+
+    def __init__(self, architectures: Mapping[str, Architecture]) -> None:
+        self.architectures = architectures
+
+    def __getitem__(self, model_type: str) -> str:
+        return self.architectures[model_type].model_types[model_type]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.architectures)
+
+    def __len__(self) -> int:
+        return len(self.architectures)
+
+
+def register(architectures: dict[str, Architecture], architecture: Architecture) -> Architecture:
+    """Add an architecture to its family's `architectures` under each of its model types."""
+    for model_type in architecture.model_types:
+        if model_type in architectures:
+            raise ValueError(f"model_type {model_type!r} registered twice")
+        architectures[model_type] = architecture
+    return architecture
+
+
+#: the layer pattern of every architecture's `tiny` model: memory layers 0, 1, 3 and attention at 2
+TINY_LAYERS = ["linear_attention", "linear_attention", "full_attention", "linear_attention"]
+#: the fields every `tiny` config shares (no bos or pad id: the tokenizer's ids stand in)
+TINY = dict(
+    vocab_size=320,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=4,
+    num_attention_heads=2,
+    layer_types=TINY_LAYERS,
+    eos_token_id=0,
+    pad_token_id=None,
+    bos_token_id=None,
+)
+
+
+def layer_types_say_linear(config, layer: int) -> bool:
+    """The hybrids' `layer_types` list: "linear_attention" for a memory layer."""
+    return config.layer_types[layer] == "linear_attention"

@@ -1,0 +1,221 @@
+"""Opening a released model's Hugging Face folder: config.json, *.safetensors and tokenizer.json, checked so that
+each way a folder can be wrong is one `ReleasedCheckpointError` naming the file or field, then read by
+transformers' own class. A family's `FolderLoader` calls `load` with its architectures."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from memviz.files import MAX_CONFIG_BYTES, CheckpointError, read_bytes_within
+from memviz.registry import folder_family
+from memviz.tokenizer import TOKENIZER_FILE
+
+from .architecture import Architecture
+from .model import DEFAULT_SEGMENT, ReleasedConfig, ReleasedLM
+from .tokenizer import HFTokenizer, special_ids
+
+CONFIG_FILE = "config.json"
+
+
+class ReleasedCheckpointError(CheckpointError):
+    """A Hugging Face folder memviz cannot load; the message names the file or field."""
+
+
+def read_json(path: Path) -> dict:
+    try:
+        data = json.loads(read_bytes_within(path, MAX_CONFIG_BYTES, "config file").decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # JSONDecodeError and the size check too
+        raise ReleasedCheckpointError(f"{path}: not readable JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ReleasedCheckpointError(f"{path}: a config must be a JSON object")
+    return data
+
+
+def check_text_config(where: Path, config) -> None:
+    """Refuse the values transformers accepts but memviz cannot run by: special ids outside the vocabulary
+    (or an empty list of them), and a number that is not finite (an rms_norm_eps of NaN)."""
+    for field in ("eos_token_id", "pad_token_id", "bos_token_id"):
+        value = getattr(config, field)
+        ids = value if isinstance(value, list) else [] if value is None else [value]
+        if (isinstance(value, list) and not value) or not all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < config.vocab_size for i in ids
+        ):
+            raise ReleasedCheckpointError(
+                f"{where}: field {field!r} is {value!r}; give a token id (or a non-empty list of them) "
+                f"in [0, {config.vocab_size}), or leave it out"
+            )
+    for field, value in config.to_dict().items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ReleasedCheckpointError(f"{where}: field {field!r} is {value}, not a finite number")
+
+
+def check_size(directory: Path, config, arch: Architecture, stored: int | None) -> None:
+    """Refuse, before anything is allocated, a config that makes a model far larger than the `stored` numbers of
+    the weights beside it (a config missing its sizes gets transformers' defaults, a 9-billion-parameter model):
+    the parameter count is read from the model built on the meta device. None: a file safetensors cannot open,
+    left for transformers to name."""
+    if stored is None:
+        return
+    try:
+        with torch.device("meta"):
+            wanted = sum(p.numel() for p in arch.causal_lm()(config).parameters())
+    except Exception as exc:  # transformers' and torch's own types, from the config's values
+        raise ReleasedCheckpointError(
+            f"{directory / CONFIG_FILE}: transformers could not build a model from it ({type(exc).__name__}: {exc})"
+        ) from exc
+    if wanted > 2 * stored:
+        raise ReleasedCheckpointError(
+            f"{directory / CONFIG_FILE} describes a model of {wanted:,} parameters, but its *.safetensors hold "
+            f"{stored:,} numbers (missing sizes take transformers' defaults); nothing was allocated"
+        )
+
+
+def stored_numbers(directory: Path) -> int | None:
+    """How many numbers the folder's *.safetensors hold, read from their headers; refuse weights stored as
+    integers (a quantised checkpoint: transformers would read their codes as the weights themselves). None where
+    safetensors cannot open a file, which transformers names below."""
+    from safetensors import safe_open
+
+    stored: int | None = 0
+    for path in sorted(directory.glob("*.safetensors")):
+        try:
+            with safe_open(path, "pt") as weights:
+                slices = [weights.get_slice(name) for name in weights.keys()]
+                kinds = {part.get_dtype() for part in slices}
+                stored = None if stored is None else stored + sum(math.prod(part.get_shape()) for part in slices)
+        except Exception:  # safetensors raises its own types
+            stored = None
+            continue
+        quantised = sorted(kind for kind in kinds if not kind.startswith(("F", "BF")))
+        if quantised:
+            raise ReleasedCheckpointError(
+                f"{path}: weights stored as {', '.join(quantised)}: a quantised checkpoint, which memviz does not "
+                "read (give one in float32, float16 or bfloat16)"
+            )
+    return stored
+
+
+def claimed(model_type: object, where: Path) -> tuple[type[ReleasedLM], Architecture]:
+    """The released family that claims `model_type` and its architecture, or ReleasedCheckpointError naming `where`."""
+    family = folder_family(model_type)
+    architectures = getattr(family.model, "architectures", None) if family else None
+    if family is None or not architectures or model_type not in architectures:
+        raise ReleasedCheckpointError(f"{where}: model_type {model_type!r} is not a released architecture memviz reads")
+    return family.model, architectures[model_type]
+
+
+def load(directory: str | Path, device: str | torch.device = "cpu", **overrides: Any) -> ReleasedLM:
+    """Load a Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer.json) of a released architecture
+    through transformers' own class, as the model of the family that claims its model_type, in eval mode (a family's
+    `FolderLoader.load`). Overrides: `dtype` ("float32", "float64", "bfloat16") and `segment_len` (where reset and
+    patch act, default 512 tokens)."""
+    from tokenizers import Tokenizer as Backend
+
+    directory = Path(directory)
+    unknown = sorted(set(overrides) - {"dtype", "segment_len"})
+    if unknown:
+        raise ReleasedCheckpointError(
+            f"{directory}: a Hugging Face checkpoint takes the overrides dtype and segment_len, not {unknown}"
+        )
+    dtype, segment_len = overrides.get("dtype", "float32"), overrides.get("segment_len", DEFAULT_SEGMENT)
+    data = read_json(directory / CONFIG_FILE)
+    family, arch = claimed(data.get("model_type"), directory / CONFIG_FILE)
+    try:
+        config = arch.config(data)
+    except Exception as exc:  # transformers' and huggingface_hub's validators raise their own types
+        raise ReleasedCheckpointError(
+            f"{directory / CONFIG_FILE}: not a {data['model_type']} config transformers accepts "
+            f"({type(exc).__name__}: {exc})"
+        ) from exc
+    check_text_config(directory / CONFIG_FILE, config)
+    if not list(directory.glob("*.safetensors")):
+        raise ReleasedCheckpointError(
+            f"{directory}: no *.safetensors weights beside {CONFIG_FILE} (memviz reads safetensors only)"
+        )
+    if not (directory / TOKENIZER_FILE).is_file():
+        raise ReleasedCheckpointError(
+            f"{directory / TOKENIZER_FILE}: missing; memviz needs the checkpoint's own tokenizer.json"
+        )
+    check_size(directory, config, arch, stored_numbers(directory))
+    torch_dtype = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}.get(dtype)
+    if torch_dtype is None or not isinstance(segment_len, int) or isinstance(segment_len, bool) or segment_len < 1:
+        raise ReleasedCheckpointError(
+            f"{directory}: dtype must be float32, float64 or bfloat16 and segment_len a positive "
+            f"integer, got {dtype!r} and {segment_len!r}"
+        )
+    try:
+        backend = Backend.from_file(str(directory / TOKENIZER_FILE))
+    except Exception as exc:  # the tokenizers library raises its own Exception type
+        raise ReleasedCheckpointError(f"{directory / TOKENIZER_FILE}: not a tokenizers file: {exc}") from exc
+    try:
+        # a mixture of experts: torch's grouped_mm takes no float64, the eager loop does
+        experts = {"experts_implementation": "eager"} if arch.experts and dtype == "float64" else {}
+        hf, info = arch.causal_lm().from_pretrained(
+            directory,
+            config=config,
+            dtype=torch_dtype,
+            output_loading_info=True,
+            use_safetensors=True,
+            ignore_mismatched_sizes=True,
+            use_kernels=False,  # memviz maps the memory layers' kernels itself (recurrence.install)
+            **experts,
+        )  # so that the mismatches come back in `info`, named
+    except Exception as exc:  # safetensors', transformers' and torch's own types, from the files or the config's values
+        raise ReleasedCheckpointError(
+            f"{directory}: transformers could not build the model from {CONFIG_FILE} or read its weights "
+            f"({type(exc).__name__}: {exc})"
+        ) from exc
+    bad = [
+        f"tensor {k!r} is {tuple(theirs)} but {CONFIG_FILE} makes it {tuple(ours)}"
+        for k, theirs, ours in sorted(info.get("mismatched_keys", ()))
+    ] + [f"tensor {k!r} is missing" for k in sorted(info.get("missing_keys", ()))]
+    bad += [  # a block the config leaves out would be dropped without a word
+        f"tensor {k!r} belongs to a layer past the config's num_hidden_layers ({config.num_hidden_layers})"
+        for k in sorted(info.get("unexpected_keys", ()))
+        if (layer := re.search(r"(?:^|\.)layers\.(\d+)\.", k)) and int(layer[1]) >= config.num_hidden_layers
+    ]
+    if bad:
+        files = ", ".join(sorted(p.name for p in directory.glob("*.safetensors")))
+        raise ReleasedCheckpointError(
+            f"{directory}: the weights ({files}) do not fit {CONFIG_FILE}: {'; '.join(bad[:3])}"
+            + (f" (and {len(bad) - 3} more)" if len(bad) > 3 else "")
+        )
+    broken = [k for k, p in hf.named_parameters() if not torch.isfinite(p).all()]
+    if broken:
+        raise ReleasedCheckpointError(
+            f"{directory}: tensor {broken[0]!r} holds NaN or infinity"
+            + (f" (and {len(broken) - 1} more)" if len(broken) > 1 else "")
+            + "; a corrupt checkpoint"
+        )
+    card = {"path": str(directory), "model_type": data["model_type"]}
+    return from_transformers(hf, backend, directory.name, segment_len, card).to(device)
+
+
+def from_transformers(
+    hf, backend, name: str = "", segment_len: int = DEFAULT_SEGMENT, card: dict | None = None
+) -> ReleasedLM:
+    """A loaded transformers causal LM of a released architecture and its `tokenizers.Tokenizer` as the model of the
+    family that claims its model_type, in eval mode."""
+    config = hf.config
+    family, arch = claimed(config.model_type, Path(name or "the model"))
+    linear = [l for l in range(config.num_hidden_layers) if arch.is_memory(config, l)]
+    cfg = ReleasedConfig(
+        model_type=config.model_type,
+        vocab_size=config.vocab_size,
+        d_model=config.hidden_size,
+        n_layers=config.num_hidden_layers,
+        n_heads=config.num_attention_heads,
+        d_head=getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads,  # OLMo: none
+        linear_layers=linear,
+        family=family.family,
+        segment_len=segment_len,
+        name=name,
+    )
+    tokenizer = HFTokenizer(backend, config.vocab_size, *special_ids(config, backend))
+    return family(hf, tokenizer, cfg, arch, card=card).eval()
