@@ -36,7 +36,7 @@ from memviz.state import Memory, State
 from memviz.tokenizer import Tokenizer
 
 from .architecture import Architecture
-from .recurrence import ACTIVE, Watch, install
+from .recurrence import ACTIVE, Watch, install, installed
 
 #: what each memory layer's kernel shows (recurrence.Watch), in hook order
 MEMORY_HOOKS = ("alpha", "beta", "write_key", "write_value", "read_query", "read", "state_norm")
@@ -152,6 +152,14 @@ class ReleasedLM(MemoryLM):
             for l in range(cfg.n_layers)
         )
         install(self.hf)
+        unmapped = [l for l in sorted(self.linear) if not installed(self.memory_layer(l))]
+        if unmapped:
+            import transformers
+
+            raise RuntimeError(
+                f"transformers {transformers.__version__} does not send layer {unmapped[0]}'s recurrence through "
+                "Hugging Face's kernel mapping (transformers 5.25 with kernels 0.19 does), so memviz cannot read it"
+            )
         self.setup()
 
     @property
