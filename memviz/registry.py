@@ -195,7 +195,10 @@ def folder_family(model_type: object) -> Family | None:
     """The family whose `folders` claim a checkpoint folder with this config.json `model_type`, or None."""
     if not isinstance(model_type, str):
         return None
-    return next((f for f in registered() if f.folders and model_type in f.folders.model_types), None)
+    claiming = [f for f in registered() if f.folders and model_type in f.folders.model_types]
+    if len(claiming) > 1:
+        raise ValueError(f"model_type {model_type!r} is claimed by families {[f.name for f in claiming]}; one must")
+    return claiming[0] if claiming else None
 
 
 def folder_model_types() -> dict[str, str]:

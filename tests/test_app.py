@@ -700,8 +700,9 @@ def test_a_trace_waits_for_the_stopped_run_that_still_holds_the_model(monkeypatc
 
 
 @pytest.mark.parametrize("model_type", ["qwen3_5_text", "kimi_linear"])
-def test_the_app_opens_a_hugging_face_folder_and_traces_it(model_type, tmp_path):
-    """A released model's folder (memviz.models.released), one per family: its hooks listed, its Trace page."""
+def test_every_page_opens_a_hugging_face_folder(model_type, tmp_path):
+    """A released model's folder (memviz.models.released), one per family: its hooks listed; its Trace page;
+    Intervene's ablation, Probes' grid and Compare beside itself run on it."""
     from memviz.models.released.tiny import tiny_checkpoint
 
     checkpoint = tmp_path / model_type
@@ -719,3 +720,19 @@ def test_the_app_opens_a_hugging_face_folder_and_traces_it(model_type, tmp_path)
         "How much of the evidence the memory still holds",
     } <= set(titles), titles
     assert any(t.startswith("blocks.3: where the read at token") for t in titles), titles
+    intervene = page("intervene_page", str(checkpoint))
+    intervene.run()
+    intervene.number_input(key="iv_length").set_value(1100).run()  # a released model's segments are 512 tokens
+    assert not intervene.exception and "after the edit" in intervene.metric[0].label, intervene.exception
+    probes = page("probes_page", str(checkpoint))
+    probes.run()
+    probes.multiselect(key="lengths").set_value([256]).run()
+    probes.number_input(key="n").set_value(1).run()
+    probes.button(key="run_probe").click().run()
+    assert not probes.exception and len(probes.dataframe[0].value) == 3, probes.exception  # three depths
+    compare = page("compare_page")
+    compare.run()
+    for side in ("cmp_left", "cmp_right"):
+        compare.selectbox(key=side).select("a local path…").run()
+        compare.text_input(key=f"{side}_path").input(str(checkpoint)).run()
+    assert not compare.exception and sum(f"({family})" in m.value for m in compare.markdown) == 2, compare.exception

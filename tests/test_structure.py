@@ -302,14 +302,17 @@ def is_range(node: ast.expr) -> bool:
 
 
 def delta_rule_math(source: str) -> list[str]:
-    """Functions that compute a delta rule themselves: a triangular solve (the chunked form), or a loop over
-    token positions that indexes a write strength `beta` by its position (the recurrence, or the read-out's
-    back-recurrence)."""
+    """Functions that compute a delta rule themselves: a linear solve or an inverse (the chunked form), or a loop
+    over token positions that indexes a write strength `beta` by its position (the recurrence, or the read-out's
+    back-recurrence). A heuristic: what it does not see, review does."""
     found = []
     for node in ast.walk(ast.parse(source)):
         if not isinstance(node, ast.FunctionDef):
             continue
-        solves = any(isinstance(n, ast.Attribute) and n.attr == "solve_triangular" for n in ast.walk(node))
+        solves = any(
+            isinstance(n, ast.Attribute) and n.attr in ("solve_triangular", "solve", "inv", "inverse")
+            for n in ast.walk(node)
+        )
         stepping = any(
             isinstance(sub, ast.Subscript)
             and "beta" in ast.unparse(sub.value)
@@ -326,11 +329,12 @@ def delta_rule_math(source: str) -> list[str]:
 def test_the_delta_rule_checker_sees_a_copy():
     planted = (
         "def chunk(system, rhs):\n    return torch.linalg.solve_triangular(system, rhs, upper=False)\n"
+        "def inverted(system, rhs):\n    return torch.linalg.inv(system) @ rhs\n"
         "def back(r, k, beta):\n    for j in range(9, -1, -1):\n        r = r - beta[j] * (r @ k[j]) * k[j]\n"
         "def fine(beta):\n    return beta.sigmoid()\n"
         "def shown(beta, positions):\n    for t in positions:\n        print(beta[: t + 1])\n"
     )
-    assert delta_rule_math(planted) == ["1: chunk", "3: back"]
+    assert delta_rule_math(planted) == ["1: chunk", "3: inverted", "5: back"]
 
 
 def test_the_delta_rule_is_computed_in_one_place():

@@ -12,9 +12,9 @@ inside the chunk (a scalar or a vector over key channels) and R_ij = gamma_i / g
 
 For a scalar decay A is R o KK^T and the state's norm after every token has a closed form that forms no
 per-token state: ||S_i||^2 = gamma_i^2 ||S_0||^2 + 2 gamma_i (R p)_i + (R (KK^T o UU^T) R^T)_ii with
-p_j = k_j^T S_0 u_j. Per channel the ratios are a [C, C, d_k] tensor (keep C small) and the norms come from the
-states themselves. Ratios are exp of differences of cumulative log decays, masked before exp, so they never
-overflow.
+p_j = k_j^T S_0 u_j. Its terms cancel where the delta rule erases what the state held, so it is summed in float64.
+Per channel the ratios are a [C, C, d_k] tensor (keep C small) and the norms come from the states themselves.
+Ratios are exp of differences of cumulative log decays, masked before exp, so they never overflow.
 """
 
 from __future__ import annotations
@@ -34,10 +34,14 @@ def chunked(
     state_norms: bool = True,
 ) -> tuple[tuple[Tensor | None, Tensor | None], Tensor]:
     """`reference.recurrent`'s map (same arguments), `chunk` tokens a step; without q no read, with
-    `state_norms` False no norms (None). Half precision is computed in float32 (the triangular solve has no
-    bfloat16 kernel) and returned in the inputs' dtype, the state in its own."""
+    `state_norms` False no norms (None). The work is in float32 at least (the triangular solve has no bfloat16
+    kernel), in float64 where v or the state is; the read comes back in v's dtype, the norms in the work's, the
+    state in its own."""
     dtype, state_dtype = v.dtype, S.dtype
-    work = torch.promote_types(dtype, torch.float32)
+    work = torch.promote_types(torch.promote_types(dtype, state_dtype), torch.float32)
+    if k.shape[2] == 0:  # no token: nothing read, the state as it was
+        read = v.new_zeros(v.shape) if q is not None else None
+        return (read, v.new_zeros(v.shape[:3], dtype=work) if state_norms else None), S
     k, v, g, S = (t.to(work) for t in (k, v, g, S))
     beta = None if beta is None else beta.to(work)
     step = per_channel_chunk if g.dim() == k.dim() else scalar_chunk
@@ -53,7 +57,7 @@ def chunked(
         outputs += [O] if O is not None else []
         norms += [N] if N is not None else []
     o = torch.cat(outputs, 2).to(dtype) if q is not None else None
-    return (o, torch.cat(norms, 2).to(dtype) if state_norms else None), S.to(state_dtype)
+    return (o, torch.cat(norms, 2) if state_norms else None), S.to(state_dtype)
 
 
 def scalar_chunk(
@@ -77,14 +81,14 @@ def scalar_chunk(
         U = torch.linalg.solve_triangular(system, rhs, upper=False)
     O = gamma[..., None] * (Q @ S) + (ratio * (Q @ K.transpose(-1, -2))) @ U if Q is not None else None
     norms = None
-    if state_norms:
-        KK = K @ K.transpose(-1, -2)
+    if state_norms:  # summed in float64: the terms cancel where the delta rule erases
+        K64, U64, r64, g64 = (t.double() for t in (K, U, ratio, gamma))
         square = (
-            gamma**2 * S.pow(2).sum((-1, -2))[..., None]
-            + 2 * gamma * (ratio @ (KS * U).sum(-1)[..., None])[..., 0]
-            + ((ratio @ (KK * (U @ U.transpose(-1, -2)))) * ratio).sum(-1)
+            g64**2 * S.double().pow(2).sum((-1, -2))[..., None]
+            + 2 * g64 * (r64 @ (KS.double() * U64).sum(-1)[..., None])[..., 0]
+            + ((r64 @ ((K64 @ K64.transpose(-1, -2)) * (U64 @ U64.transpose(-1, -2)))) * r64).sum(-1)
         )
-        norms = square.clamp_min(0).sqrt()
+        norms = square.clamp_min(0).sqrt().to(K.dtype)
     S = gamma[..., -1, None, None] * S + K.transpose(-1, -2) @ ((G[..., -1:] - G).exp()[..., None] * U)
     return O, norms, S
 

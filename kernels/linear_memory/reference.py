@@ -55,9 +55,11 @@ def read_parts(q: Tensor, k: Tensor, g: Tensor, beta: Tensor | None) -> Tensor:
     o_T = sum_j w_j v_j + (the start state's part, S_0^T r_0). With r_T = q and r_{j-1} = A_j^T r_j,
     A_j^T = Diag(alpha_j) (I - beta_j k_j k_j^T), write j gives (r_j . k_j) beta_j v_j.
 
-    q [B,H,dk], k [B,H,T,dk], g [B,H,T] or [B,H,T,dk], beta [B,H,T] or None."""
-    r = q
-    weights = q.new_zeros(k.shape[:3])
+    q [B,H,dk], k [B,H,T,dk], g [B,H,T] or [B,H,T,dk], beta [B,H,T] or None; in float32 at least."""
+    work = torch.promote_types(q.dtype, torch.float32)
+    r, k, g = q.to(work), k.to(work), g.to(work)
+    beta = None if beta is None else beta.to(work)
+    weights = r.new_zeros(k.shape[:3])
     for j in range(k.shape[2] - 1, -1, -1):
         kj = k[:, :, j]
         along = (r * kj).sum(-1)

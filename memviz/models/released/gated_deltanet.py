@@ -11,7 +11,7 @@ d_k^-1/2; alpha_t = exp(-exp(A_log) softplus(x w_a + dt_bias)); beta_t = sigmoid
 2 sigmoid(x w_b) in (0, 2), a negative eigenvalue allowed); the layer's output is the gated RMS norm of o_t.
 
 Why not TransformerLens 4.3's bridge: its Gated DeltaNet hooks fire only on a cache-less prefill (it looks for
-`cache_params`, which transformers 5.24 passes as `cache`, and given one ignores it), and its state hook keeps
+`cache_params`, which transformers passes as `cache`, and given one ignores it), and its state hook keeps
 S_t per token.
 """
 
@@ -55,7 +55,8 @@ def released_hook_docs(memory: str, decay: HookDoc, beta: HookDoc) -> dict[str, 
         BETA: beta,
         "blocks.{l}.attn.hook_write_key": HookDoc(
             "[batch, pos, head, d_k]",
-            f"{memory} layers: `k_t`, unit-norm after the short convolution, repeated to the value heads (read-only)",
+            f"{memory} layers: `k_t`, unit-norm after the short convolution (repeated to the value heads where there "
+            "are fewer key heads) (read-only)",
         ),
         "blocks.{l}.attn.hook_write_value": HookDoc(
             "[batch, pos, head, d_v]", f"{memory} layers: `v_t` after the short convolution (read-only)"

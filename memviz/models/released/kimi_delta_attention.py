@@ -52,8 +52,9 @@ class KimiDeltaAttentionLM(ReleasedLM):
             "Kimi Delta Attention",
             HookDoc(
                 "[batch, pos, head, d_k]",
-                "Kimi Delta Attention layers: decay per key channel "
-                "`alpha_t = exp(-exp(A_log) softplus(f_b(f_a(x)) + dt_bias))` (read-only)",
+                "Kimi Delta Attention layers: decay per key channel `alpha_t = exp(g_t)`; Kimi Linear "
+                "`g_t = -exp(A_log) softplus(f_b(f_a(x)) + dt_bias)`, Ling 3.0 "
+                "`g_t = -5 sigmoid(exp(A_log) (f(x) + dt_bias))` (read-only)",
             ),
             HookDoc(
                 "[batch, pos, head]",

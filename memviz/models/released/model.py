@@ -36,7 +36,7 @@ from memviz.state import Memory, State
 from memviz.tokenizer import Tokenizer
 
 from .architecture import Architecture
-from .recurrence import ACTIVE, Watch, install, installed
+from .recurrence import CHANNEL_CHUNK, CHUNK, Watch, install, installed, watch, watching_of
 
 #: what each memory layer's kernel shows (recurrence.Watch), in hook order
 MEMORY_HOOKS = ("alpha", "beta", "write_key", "write_value", "read_query", "read", "state_norm")
@@ -152,7 +152,7 @@ class ReleasedLM(MemoryLM):
             for l in range(cfg.n_layers)
         )
         install(self.hf)
-        unmapped = [l for l in sorted(self.linear) if not installed(self.memory_layer(l))]
+        unmapped = [l for l in sorted(self.linear) if len(installed(self.memory_layer(l))) < 2]
         if unmapped:
             import transformers
 
@@ -261,7 +261,8 @@ class ReleasedLM(MemoryLM):
         finally:
             for handle in handles:
                 handle.remove()
-            ACTIVE.set(None)  # a forward that raised left its layer's watch set
+            for l in self.linear:  # a forward that raised left its layer's watch on
+                watch(self.memory_layer(l), None)
 
     def watch_attention(self, attn: nn.Module, points: AttentionHooks, add) -> None:
         for name, site in self.arch.attention_sites(attn).items():
@@ -287,8 +288,7 @@ class ReleasedLM(MemoryLM):
         def before(m, args, kwargs):
             hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
             shape["batch, pos"] = hidden.shape[:2]
-            if wanted:
-                shape["token"] = ACTIVE.set(Watch(norms="state_norm" in wanted))
+            watch(mixer, Watch(frozenset(wanted)) if wanted else None)
 
         add(mixer, "pre_hook", before, with_kwargs=True)
         if hooked(points.hook_mem_out):
@@ -304,10 +304,11 @@ class ReleasedLM(MemoryLM):
             return
 
         def after(m, args, out) -> None:
-            watch = ACTIVE.get()
-            ACTIVE.reset(shape.pop("token"))
-            assert watch is not None and watch.calls, "the memory layer ran without memviz's kernel"
-            seen = watch.seen()
+            kept = watching_of(mixer)
+            watch(mixer, None)
+            if kept is None or not kept.calls:
+                raise RuntimeError(f"{type(mixer).__name__} ran without memviz's kernel; its hooks have nothing")
+            seen = kept.seen()
             for name in wanted:
                 getattr(points, f"hook_{name}")(seen[name])
 
@@ -341,4 +342,4 @@ class ReleasedLM(MemoryLM):
     def needle_hold(self, tokens, span: tuple[int, int]) -> dict[str, np.ndarray]:
         """Per memory layer, the part of the state the span's writes left over its peak
         (`memviz.linear_memory.span_hold`)."""
-        return span_hold(self, tokens, span, sorted(self.linear), 64)
+        return span_hold(self, tokens, span, sorted(self.linear), CHANNEL_CHUNK if self.decay_per_channel else CHUNK)

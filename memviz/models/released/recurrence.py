@@ -11,15 +11,15 @@ do), v [B, T, H_v, d_v] (q and k repeated to the H_v value heads), g the log dec
 [B, T, H_v, d_k], beta [B, T, H_v], and the state [B, H_v, d_k, d_v]. The work is in float32 at least (the
 layers' own precision: transformers' kernels compute in float32), float64 for a float64 model.
 
-While memviz watches a layer (`Watch`, set by the model's hooks around the layer's forward), each call also keeps
-what it read and wrote for the layer's HookPoints; unwatched, it is the layer's recurrence and nothing more.
+While memviz watches a layer (`watch`: the model's hooks give the layer's own kernel instances a `Watch` around the
+layer's forward), each call also keeps what the layer's HookPoints want of what it read and wrote; unwatched, it is
+the layer's recurrence and nothing more.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,19 +34,25 @@ CHUNK, CHANNEL_CHUNK = 64, 32
 
 @dataclass
 class Watch:
-    """One watched forward of one memory layer: whether its hooks want the state's norm (the costly part), and
-    what each kernel call saw (transformers may call the kernel more than once a forward)."""
+    """One watched forward of one memory layer: the quantities its hooks want (the state's norm is the costly
+    one), and what each kernel call saw of them (transformers may call the kernel more than once a forward)."""
 
-    norms: bool
+    wanted: frozenset[str]
     calls: list[dict[str, Tensor]] = field(default_factory=list)
 
     def seen(self) -> dict[str, Tensor]:
         """The calls' quantities joined over positions, [B, T, H, ...]."""
-        return {name: torch.cat([call[name] for call in self.calls], 1) for name in self.calls[0]}
+        if len(self.calls) == 1:
+            return self.calls[0]
+        return {name: torch.cat([call[name] for call in self.calls], 1) for name in self.wanted}
 
 
-#: the layer being watched in this thread, set and reset by the model's hooks around the layer's forward
-ACTIVE: ContextVar[Watch | None] = ContextVar("memviz_released_watch", default=None)
+def watch(layer: nn.Module, seen: Watch | None) -> None:
+    """Give a memory layer's kernels (`install` mapped them; each layer has its own instances) the watch of its
+    coming forward, or None to stop keeping anything."""
+    for name, func in getattr(layer, "_kernel_funcs", {}).items():
+        if name in KERNELS:
+            func.watching = seen
 
 
 def unit(x: Tensor) -> Tensor:
@@ -64,9 +70,10 @@ def run_memory(
     output_final_state: bool,
     normalise: bool,
     extra: dict,
+    watch: Watch | None,
 ) -> tuple[Tensor, Tensor | None]:
     """The layer's recurrence through the operator (module docstring) -> (o [B, T, H_v, d_v] in v's dtype, the
-    final state or None)."""
+    final state or None); with a `watch`, what its hooks want is kept in it."""
     if extra.get("cu_seqlens") is not None:
         raise NotImplementedError("memviz reads one sequence a row: packed sequences (cu_seqlens) are not supported")
     work = torch.promote_types(value.dtype, torch.float32)
@@ -77,7 +84,6 @@ def run_memory(
     q = q * q.shape[-1] ** -0.5
     B, _, _, d_k = k.shape
     S = initial_state if initial_state is not None else k.new_zeros(B, heads, d_k, value.shape[-1])
-    watch = ACTIVE.get()
     per_channel = g.dim() == 4
     heads_first = [t.transpose(1, 2) for t in (q, k, value, g, beta)]  # [B, H, T, ...]
     (o, norms), final = linear_memory(
@@ -88,17 +94,27 @@ def run_memory(
         heads_first[4],
         S,
         CHANNEL_CHUNK if per_channel else CHUNK,
-        state_norms=watch is not None and watch.norms,
+        state_norms=watch is not None and "state_norm" in watch.wanted,
     )
     assert o is not None  # the operator reads with the q it is given
     o = o.transpose(1, 2)
     if watch is not None:
-        seen = dict(read_query=q, write_key=k, write_value=value.to(work), alpha=g.to(work).exp(), beta=beta.to(work))
-        seen["read"] = o.to(work)
+        quantities = dict(read_query=q, write_key=k, write_value=value, alpha=g.to(work).exp(), beta=beta, read=o)
         if norms is not None:
-            seen["state_norm"] = norms.transpose(1, 2).to(work)
-        watch.calls.append(seen)
+            quantities["state_norm"] = norms.transpose(1, 2)
+        watch.calls.append({name: quantities[name].to(work) for name in watch.wanted})
     return o.to(value.dtype), final if output_final_state else None
+
+
+def watching(kernel: nn.Module) -> Watch | None:
+    """The watch `watch` gave this kernel instance, if any."""
+    return kernel.__dict__.get("watching")
+
+
+def watching_of(layer: nn.Module) -> Watch | None:
+    """The watch a memory layer's kernels hold."""
+    funcs = [f for name, f in getattr(layer, "_kernel_funcs", {}).items() if name in KERNELS]
+    return next((w for w in map(watching, funcs) if w is not None), None)
 
 
 class Chunked(nn.Module):
@@ -118,7 +134,16 @@ class Chunked(nn.Module):
         **kwargs,
     ):
         return run_memory(
-            query, key, value, g, beta, initial_state, output_final_state, use_qk_l2norm_in_kernel, kwargs
+            query,
+            key,
+            value,
+            g,
+            beta,
+            initial_state,
+            output_final_state,
+            use_qk_l2norm_in_kernel,
+            kwargs,
+            watching(self),
         )
 
 
@@ -139,7 +164,16 @@ class OneToken(nn.Module):
         **kwargs,
     ):
         return run_memory(
-            query, key, value, g, beta, initial_state, output_final_state, use_qk_l2norm_in_kernel, kwargs
+            query,
+            key,
+            value,
+            g,
+            beta,
+            initial_state,
+            output_final_state,
+            use_qk_l2norm_in_kernel,
+            kwargs,
+            watching(self),
         )
 
 
