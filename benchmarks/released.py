@@ -1,10 +1,11 @@
 """A released hybrid's published shape, with random weights, run by transformers and traced by memviz on this machine:
-`python benchmarks/released.py [--arch qwen3_5|olmo_hybrid|kimi_linear] [--lengths 1024 4096 16384] [--repeats 3]
-[--layers N] [--vocab V] [--bridge-gib 8] [--tiny] [--out FILE]`.
+`python benchmarks/released.py [--arch qwen3_5|qwen3_next|olmo_hybrid|kimi_linear|bailing_hybrid] [--lengths 1024
+4096 16384] [--repeats 3] [--layers N] [--vocab V] [--experts E] [--bridge-gib 8] [--tiny] [--out FILE]`.
 
 The model is the architecture's smallest published config (below; `--tiny` swaps in its 4-layer test model,
 `--layers` keeps the layers' shapes and cuts their number, keeping the published pattern of memory and attention
-layers, and `--vocab` cuts the vocabulary) with random weights, built by transformers itself. For each length, on
+layers, `--vocab` cuts the vocabulary and `--experts` the experts of each mixture: the published memory layers stay
+as they are) with random weights, built by transformers itself. For each length, on
 random token ids, interleaved over `--repeats` rounds:
 
   * `transformers`: transformers' own forward over the input, chunk by chunk (memviz's chunk length) through its
@@ -127,8 +128,81 @@ KIMI_LINEAR_48B_A3B = dict(
     eos_token_id=163586,
     pad_token_id=163839,
 )
+#: Qwen/Qwen3-Next-80B-A3B-Instruct's config.json (its only size; vocab_size and the bos/eos ids from the
+#: 48-layer Qwen3-Next configs beside it, which agree)
+QWEN3_NEXT_80B_A3B = dict(
+    vocab_size=151936,
+    hidden_size=2048,
+    intermediate_size=5120,
+    moe_intermediate_size=512,
+    shared_expert_intermediate_size=512,
+    num_experts=512,
+    num_experts_per_tok=10,
+    decoder_sparse_step=1,
+    mlp_only_layers=[],
+    norm_topk_prob=True,
+    num_hidden_layers=48,
+    num_attention_heads=16,
+    num_key_value_heads=2,
+    head_dim=256,
+    full_attention_interval=4,
+    linear_num_key_heads=16,
+    linear_num_value_heads=32,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    linear_conv_kernel_dim=4,
+    rope_theta=10000000,
+    partial_rotary_factor=0.25,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    max_position_embeddings=262144,
+    bos_token_id=151643,
+    eos_token_id=151645,
+    hidden_act="silu",
+)
+#: inclusionAI/Ling-3.0-tiny (bailing_hybrid, the smallest Ling 3.0), from the field list pinned to its revision
+#: a2ee06c; kda_lower_bound given as a float (its JSON's -5 is refused by transformers' config)
+LING_3_0_TINY = dict(
+    vocab_size=157184,
+    hidden_size=1536,
+    intermediate_size=4608,
+    moe_intermediate_size=512,
+    num_hidden_layers=24,
+    num_attention_heads=16,
+    num_key_value_heads=16,
+    head_dim=128,
+    max_position_embeddings=131072,
+    rms_norm_eps=1e-06,
+    rope_theta=6000000,
+    tie_word_embeddings=False,
+    layer_group_size=4,
+    short_conv_kernel_size=4,
+    kda_safe_gate=True,
+    kda_lower_bound=-5.0,
+    q_lora_rank=256,
+    kv_lora_rank=512,
+    qk_nope_head_dim=128,
+    qk_rope_head_dim=64,
+    v_head_dim=128,
+    num_experts=128,
+    num_experts_per_tok=8,
+    num_shared_experts=1,
+    n_group=8,
+    topk_group=4,
+    first_k_dense_replace=1,
+    routed_scaling_factor=2.5,
+    norm_topk_prob=True,
+    pad_token_id=156892,
+    eos_token_id=156895,
+)
 #: each architecture's smallest published config (the fields transformers reads)
-PUBLISHED = {"qwen3_5": QWEN3_5_0_8B, "olmo_hybrid": OLMO_HYBRID_7B, "kimi_linear": KIMI_LINEAR_48B_A3B}
+PUBLISHED = {
+    "qwen3_5": QWEN3_5_0_8B,
+    "qwen3_next": QWEN3_NEXT_80B_A3B,
+    "olmo_hybrid": OLMO_HYBRID_7B,
+    "kimi_linear": KIMI_LINEAR_48B_A3B,
+    "bailing_hybrid": LING_3_0_TINY,
+}
 
 
 def shape_of(arch_name: str, tiny: bool, layers: int | None, vocab: int | None, experts: int | None) -> dict:
