@@ -26,6 +26,9 @@ a traced Qwen3.5-0.8B shape at 16k tokens at most 1.0 times transformers' untrac
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
+import gc
 import json
 import statistics
 import sys
@@ -267,7 +270,11 @@ def status(field: str) -> int:
 
 
 def measured(fn) -> tuple[float, int]:
-    """(seconds, peak bytes above the resident set before) of fn()."""
+    """(seconds, peak bytes above the resident set before) of fn(). Memory an earlier run freed is first handed
+    back to the system (glibc's malloc_trim), so that the resident set before is what is alive: otherwise a run
+    reuses the freed pages of the one before it unseen, and its peak reads as zero."""
+    gc.collect()
+    ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
     Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current resident set
     before = status("VmRSS")
     start = time.perf_counter()
