@@ -42,6 +42,36 @@ class TraceFileError(ValueError):
     """A trace file that cannot be read as one; the message names the file and what is wrong."""
 
 
+class Rows:
+    """Arrays joined along their first axis as they come, into one buffer that doubles when full: thousands of
+    small kept pieces would sit between a stream's freed activations and hold their pages (`memviz.heap`).
+    `capacity` is a first guess at the rows in all."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity, self.count = capacity, 0
+        self.buffer: np.ndarray | None = None
+
+    def append(self, piece: np.ndarray) -> None:
+        buffer = self.buffer
+        if buffer is None:
+            buffer = np.empty((max(self.capacity, len(piece)), *piece.shape[1:]), piece.dtype)
+        if piece.shape[1:] != buffer.shape[1:]:
+            raise ValueError(f"a kept piece of shape {piece.shape} does not join rows of {buffer.shape[1:]}")
+        if piece.dtype != buffer.dtype:  # as np.concatenate promotes (an int64 piece after int32 ones)
+            buffer = buffer.astype(np.result_type(buffer.dtype, piece.dtype))
+        if self.count + len(piece) > len(buffer):
+            grown = np.empty((max(2 * len(buffer), self.count + len(piece)), *buffer.shape[1:]), buffer.dtype)
+            grown[: self.count] = buffer[: self.count]
+            buffer = grown
+        buffer[self.count : self.count + len(piece)] = piece
+        self.buffer, self.count = buffer, self.count + len(piece)
+
+    def joined(self) -> np.ndarray:
+        if self.buffer is None:
+            raise ValueError("nothing was kept")
+        return self.buffer[: self.count]
+
+
 def reduce_tensor(t: torch.Tensor, how: str) -> torch.Tensor:
     if how == "mean":
         return t.float().mean(-1)
@@ -497,10 +527,13 @@ def trace(
         raise ValueError(f"input has {len(ids):,} tokens, over the trace limit of {max_tokens:,}")
     evidence = checked_evidence(evidence, len(ids))
     reducers = resolve_names(model, names)
-    buffers: dict[str, list[np.ndarray]] = {n: [] for n in reducers}
+    buffers: dict[str, Rows] = {}
 
     def capture(tensor: torch.Tensor, hook) -> None:
-        buffers[hook.name].append(to_numpy(reduce_tensor(tensor[0], reducers[hook.name])))
+        piece = to_numpy(reduce_tensor(tensor[0], reducers[hook.name]))
+        if hook.name not in buffers:  # room for as many rows from every chunk (stream has checked chunk_len)
+            buffers[hook.name] = Rows(-(-len(ids) // int(chunk_len or model.chunk_len)) * len(piece))
+        buffers[hook.name].append(piece)
 
     all_ids = torch.tensor(ids, dtype=torch.long)
     losses = np.full(len(ids), np.nan, dtype=np.float32)
@@ -514,7 +547,10 @@ def trace(
             del logits  # the next chunk's forward should not hold two chunks of [chunk, vocab] logits
             if progress is not None:
                 progress(end, len(ids))
-    arrays = {n: np.concatenate(parts) for n, parts in buffers.items()}
+    silent = [n for n in reducers if n not in buffers]
+    if silent:
+        raise ValueError(f"hooks that never fired over the input, so nothing to keep: {', '.join(silent)}")
+    arrays = {n: buffers[n].joined() for n in reducers}
     arrays["loss"] = losses
     nan_means_none = model.nan_means_none(arrays)
     present = sorted(set(ids))  # the text of the ids the trace holds, not of a whole (250k-token) vocabulary

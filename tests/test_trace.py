@@ -222,3 +222,24 @@ def test_capture_names_an_unknown_hook_and_the_nearest():
         with pytest.raises(ValueError, match="max_tokens must be a positive whole number"):
             memviz.trace(model, "hi", max_tokens=limit)
     assert model.capture([1, 2, 3], ["blocks.0.hook_resid_pre"])["blocks.0.hook_resid_pre"].shape[0] == 3
+
+
+def test_rows_join_pieces_as_concatenate_does_whatever_the_first_guess():
+    from memviz.trace import Rows
+
+    rng = np.random.default_rng(np.random.SeedSequence().entropy)
+    for guess in (0, 1, 7, 500):
+        pieces = [rng.standard_normal((int(n), 3, 2)).astype(np.float32) for n in rng.integers(0, 40, 25)]
+        rows = Rows(guess)
+        for piece in pieces:
+            rows.append(piece)
+        joined = rows.joined()
+        assert joined.dtype == np.float32 and np.array_equal(joined, np.concatenate(pieces))
+    ints = Rows(4)
+    ints.append(np.arange(3, dtype=np.int32))
+    ints.append(np.array([2**40], dtype=np.int64))  # a later piece needing int64 promotes the rows kept before
+    assert ints.joined().dtype == np.int64 and ints.joined().tolist() == [0, 1, 2, 2**40]
+    with pytest.raises(ValueError, match=r"does not join rows of \(3, 2\)"):
+        rows.append(np.zeros((1, 3, 1), np.float32))
+    with pytest.raises(ValueError, match="nothing was kept"):
+        Rows(3).joined()
