@@ -1,9 +1,9 @@
 """Giving a long stream's freed memory back to the system, and keeping a training run's.
 
 glibc serves a stream's activations from its heap once a large block has been freed (its mmap
-threshold then rises), and the small arrays a stream keeps (a trace's reduced hooks, a bank's
-growth) sit between them, so freed pages stay resident until `malloc_trim(0)` returns every free
-page of the heap; off glibc this does nothing.
+threshold then rises), and small arrays a stream keeps (a bank's growth; a trace keeps each hook
+in one growing buffer, `trace.Rows`, for this reason) sit between them, so freed pages stay
+resident until `malloc_trim(0)` returns every free page of the heap; off glibc this does nothing.
 
 A training step is the opposite case: it frees and re-allocates the same activations (logits,
 their log-softmax, gradients) every step, and each page glibc gave back costs a page fault when
