@@ -26,8 +26,6 @@ a traced Qwen3.5-0.8B shape at 16k tokens at most 1.0 times transformers' untrac
 from __future__ import annotations
 
 import argparse
-import ctypes
-import ctypes.util
 import gc
 import json
 import statistics
@@ -273,8 +271,10 @@ def measured(fn) -> tuple[float, int]:
     """(seconds, peak bytes above the resident set before) of fn(). Memory an earlier run freed is first handed
     back to the system (glibc's malloc_trim), so that the resident set before is what is alive: otherwise a run
     reuses the freed pages of the one before it unseen, and its peak reads as zero."""
+    from memviz.heap import release_free_heap
+
     gc.collect()
-    ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
+    release_free_heap()
     Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current resident set
     before = status("VmRSS")
     start = time.perf_counter()
