@@ -25,6 +25,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from memviz.registry import holds_needle, reads_out  # noqa: E402
+
 
 def read_shares(model, ids: list[int], position: int, span: tuple[int, int]) -> list[float]:
     """Per layer, the share of the memory read at `position` that the tokens of `span` wrote
@@ -36,7 +38,8 @@ def read_shares(model, ids: list[int], position: int, span: tuple[int, int]) -> 
 def held_at(model, ids: list[int], position: int, span: tuple[int, int]) -> list[float]:
     """Per layer, `needle_hold` at `position`: what is left of the span's write, over its largest
     (none for a family that does not follow a write)."""
-    hold = model.needle_hold(ids, span)
+    holder = holds_needle(model)
+    hold = holder.needle_hold(ids, span) if holder is not None else None
     return [float(values[position]) for values in hold.values()] if hold else []
 
 
@@ -82,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = prompt_parser(__doc__.split("\n\n")[0], depths=[0.1, 0.5, 0.9], n=3)
     args = parser.parse_args(argv)
     model = load_checked(parser, args)
-    if model.memory_readout([0] * 8, 7) is None:
+    reader = reads_out(model)
+    if reader is None or reader.memory_readout([0] * 8, 7) is None:
         parser.error(f"{args.checkpoint}: its family ({model.family}) gives no memory readout with these options")
     rows = []
     print("length  depth  i  right  share per layer | held per layer")

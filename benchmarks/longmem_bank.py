@@ -63,7 +63,7 @@ def recall_at(model, state, ids: list[int]) -> float:
 
 def run(checkpoint: str, n_tokens: int, threads: int, chunk_size: int | None = None) -> dict:
     import memviz
-    from memviz.trace import trace
+    from memviz.tracing import trace
 
     torch.set_num_threads(threads)
     model = memviz.load(

@@ -20,7 +20,7 @@ import numpy as np
 
 import memviz
 from memviz.interventions import reset_rates
-from memviz.registry import get_family
+from memviz.registry import get_family, holds_needle
 from memviz.trace import first_non_blank
 from memviz_probes import passkey
 
@@ -58,12 +58,15 @@ def up_to_first_digit(tokenizer, sample) -> list[int]:
 def needle_held_at_question(model, lengths, n=15):
     """`model.needle_hold` of the needle where the key's first digit is predicted, the mean over samples per
     length (None for a family that defines none)."""
+    holder = holds_needle(model)
+    if holder is None:
+        return None
     held = {}
     for length in lengths:
         rows = []
         for i in range(n):
             s = passkey.seeded_sample(model.tokenizer, length, DEPTHS[i % 3], SEED, i)
-            hold = model.needle_hold(up_to_first_digit(model.tokenizer, s), tuple(s.evidence[0]))
+            hold = holder.needle_hold(up_to_first_digit(model.tokenizer, s), tuple(s.evidence[0]))
             if hold is None:
                 return None
             rows.append({label: float(values[-1]) for label, values in hold.items()})

@@ -1,6 +1,7 @@
 """What training refuses by, against what a step takes: for each shipped sample, the memory a training step over
-one sequence is predicted to take (`MemoryLM.step_bytes`, what `training` checks before the first step) beside the
-growth of the process's peak RSS over a real forward and backward, each in a fresh subprocess with one thread.
+one sequence is predicted to take (`training.memory.step_bytes`, what `training` checks before the first step)
+beside the growth of the process's peak RSS over a real forward and backward, each in a fresh subprocess with one
+thread.
 
     python benchmarks/step_memory.py --lengths 4096 16384 [NAME ...]
 """
@@ -23,10 +24,11 @@ import json, sys
 import torch
 sys.path.insert(0, {root!r})
 import memviz
+from training.memory import step_bytes
 from benchmarks.released import status  # VmHWM: this process's own peak (ru_maxrss starts from the parent's)
 torch.set_num_threads(1)
 model = memviz.load({folder!r}).train()
-predicted = model.step_bytes(1, {length})
+predicted = step_bytes(model, 1, {length})
 tokens = torch.randint(0, model.cfg.vocab_size, (1, {length}), generator=torch.Generator().manual_seed(0))
 before = status("VmHWM")
 model(tokens, return_type="loss").backward()

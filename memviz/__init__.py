@@ -3,12 +3,17 @@
 from memviz.checkpoint import CheckpointError, list_samples, list_user_checkpoints, load, save
 from memviz.config import ConfigError, ModelConfig
 from memviz.layers import LocalCache
-from memviz.model import MemoryLM, ModelBusyError, ModelState, NonFiniteError
+from memviz.model import MemoryLM
 from memviz.models import build_model, families
+from memviz.protocol import MemoryModel, ModelState
 from memviz.registry import register_family
+from memviz.running import NonFiniteError
 from memviz.state import Memory
+from memviz.threads import ModelBusyError
 from memviz.tokenizer import BPETokenizer, ByteTokenizer, load_tokenizer
-from memviz.trace import Trace, TraceFileError, trace
+from memviz.trace import Trace
+from memviz.trace_files import TraceFileError
+from memviz.tracing import trace
 
 __all__ = [
     "BPETokenizer",
@@ -18,6 +23,7 @@ __all__ = [
     "LocalCache",
     "Memory",
     "MemoryLM",
+    "MemoryModel",
     "ModelBusyError",
     "ModelConfig",
     "ModelState",

@@ -27,6 +27,8 @@ def describe(family) -> str:
     lines += [f"  intervene  {name}: {point.summary}" for name, point in family.interventions.items()]
     if family.readout:
         lines.append("  readout    model.memory_readout: a memory read decomposed over the tokens that wrote it")
+    if family.needle_hold:
+        lines.append("  hold       model.needle_hold: how much of a span's writes the memory still holds")
     if family.prefix_capacity:
         lines.append(f"  prefix     data.prefix_tokens, up to model.memory.{family.prefix_capacity} (backbone_prefill)")
     if family.quick is not None:

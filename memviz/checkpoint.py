@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from memviz.card import trained_facts
 from memviz.config import ConfigError, ModelConfig
 from memviz.files import (
     MAX_CONFIG_BYTES,
@@ -24,7 +25,9 @@ from memviz.files import (
     read_bytes_within,
     replace_folder,
 )
+from memviz.model import MemoryLM
 from memviz.models import build_model, families
+from memviz.protocol import MemoryModel
 from memviz.registry import folder_family, folder_model_types
 from memviz.tokenizer import TOKENIZER_FILE, load_tokenizer
 
@@ -55,8 +58,8 @@ def weights_to_save(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, tor
     return out
 
 
-def save(model, directory: str | Path, card: dict[str, Any] | None = None, dtype: str = "float32") -> Path:
-    """Write a checkpoint folder; `card` is merged into the model's card."""
+def save(model: MemoryLM, directory: str | Path, card: dict[str, Any] | None = None, dtype: str = "float32") -> Path:
+    """Write a checkpoint folder of memviz's own model; `card` is merged into the model's card."""
     from safetensors.torch import save as save_safetensors
 
     if dtype not in DTYPES:
@@ -168,7 +171,7 @@ def hf_config(directory: Path) -> dict | None:
     return data if isinstance(data, dict) and "model_type" in data else None
 
 
-def load_claimed(directory: Path, data: dict, device: torch.device, **overrides: Any):
+def load_claimed(directory: Path, data: dict, device: torch.device, **overrides: Any) -> MemoryModel:
     """A Hugging Face folder, opened by the family whose loader claims its `model_type` (the registry's
     `folder_family`)."""
     family = folder_family(data["model_type"])
@@ -251,7 +254,7 @@ def check_folder(path: str | Path) -> Path:
     return directory
 
 
-def load(path: str | Path, device: str | torch.device = "cpu", **overrides: Any):
+def load(path: str | Path, device: str | torch.device = "cpu", **overrides: Any) -> MemoryModel:
     """Load a checkpoint folder (or a sample checkpoint's name) into a model in eval mode.
 
     `overrides` replace memory options that hold no weights, e.g. a LongMem bank's size and
@@ -288,6 +291,10 @@ def load(path: str | Path, device: str | torch.device = "cpu", **overrides: Any)
             raise CheckpointError(f"{card_path}: a card must be a JSON object, got {type(card).__name__}")
         if nesting_depth(card) > MAX_CARD_DEPTH:
             raise CheckpointError(f"{card_path}: nested more than {MAX_CARD_DEPTH} levels deep; not a card")
+        try:
+            trained_facts(card, str(card_path))  # the fields memviz reads back, checked once here
+        except ValueError as exc:
+            raise CheckpointError(str(exc)) from exc
     try:
         model = build_model(cfg, tokenizer=tokenizer, card=card)
     except ConfigError as exc:

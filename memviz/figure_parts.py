@@ -15,7 +15,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from memviz.model import generic_hook_name
+from memviz.running import generic_hook_name
 from memviz.trace import Trace, position_window
 
 WIDTH = 1500

@@ -1,4 +1,5 @@
-"""Giving a long stream's freed memory back to the system, and keeping a training run's.
+"""The process's memory: what it can still allocate (`allocatable_bytes`, checked before a model is built), giving a
+long stream's freed memory back to the system, and keeping a training run's.
 
 glibc serves a stream's activations from its heap once a large block has been freed (its mmap
 threshold then rises), and small arrays a stream keeps (a bank's growth; a trace keeps each hook
@@ -50,3 +51,26 @@ def release_between(start: int, stop: int) -> None:
     """After a stream's tokens [start, stop): give the free heap back if they crossed a multiple of RELEASE_EVERY."""
     if start // RELEASE_EVERY != stop // RELEASE_EVERY:
         release_free_heap()
+
+
+def allocatable_bytes() -> int | None:
+    """What this process can still allocate: the machine's available memory, or less under an address-space
+    limit (ulimit -v); None where the system does not say."""
+    import resource
+
+    limits = []
+    try:
+        with open("/proc/meminfo") as fh:
+            fields = dict(line.split(":", 1) for line in fh)
+        limits.append(int(fields["MemAvailable"].split()[0]) * 1024)
+    except (OSError, KeyError, ValueError):
+        pass
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        try:
+            with open("/proc/self/statm") as fh:
+                used = int(fh.read().split()[0]) * resource.getpagesize()
+            limits.append(soft - used)
+        except (OSError, ValueError):
+            pass
+    return min(limits) if limits else None

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from memviz.model import ModelState, Progress
+from memviz.protocol import MemoryModel, ModelState, Progress
 from memviz.registry import get_family
 from memviz.state import with_memory_of
 
@@ -45,13 +45,13 @@ def segment_length(model) -> int:
     if "reset" not in points:
         offered = f"; it offers {sorted(points)}" if points else ""
         raise ValueError(f"a {model.family} model carries no memory state to reset or patch{offered}")
-    seg = model.cfg.segment_len or (model.attention.span if model.attention is not None else None)
+    seg = model.segment
     if seg is None:
         raise ValueError(f"a {model.family} model has no segments to intervene at")
     return seg
 
 
-def segment_start(model, segment: int) -> int:
+def segment_start(model: MemoryModel, segment: int) -> int:
     """The first token of `segment` (a whole number >= 0; ValueError naming it otherwise)."""
     try:
         index = operator.index(segment)  # an int, or NumPy's, as a DataFrame gives it
@@ -62,7 +62,7 @@ def segment_start(model, segment: int) -> int:
     return index * segment_length(model)
 
 
-def ablate_at(model, segment: int) -> tuple[int, Edit]:
+def ablate_at(model: MemoryModel, segment: int) -> tuple[int, Edit]:
     """Reset the memory to its initial value at the start of `segment`."""
     position = segment_start(model, segment)
     fresh = model.init_state(1)
@@ -70,7 +70,7 @@ def ablate_at(model, segment: int) -> tuple[int, Edit]:
 
 
 @torch.no_grad()
-def replace_at(model, segment: int, donor_text: str) -> tuple[int, Edit]:
+def replace_at(model: MemoryModel, segment: int, donor_text: str) -> tuple[int, Edit]:
     """Put in, at the start of `segment`, the memory the model built from `donor_text` up to
     the same position (the donor must be at least that long)."""
     position = segment_start(model, segment)
@@ -84,7 +84,9 @@ def replace_at(model, segment: int, donor_text: str) -> tuple[int, Edit]:
 
 
 @torch.no_grad()
-def answer_logprob(model, prompt: str, answer: str, edits: Sequence[tuple[int, Edit]] = (), fwd_hooks=()) -> dict:
+def answer_logprob(
+    model: MemoryModel, prompt: str, answer: str, edits: Sequence[tuple[int, Edit]] = (), fwd_hooks=()
+) -> dict:
     """log p(answer | prompt) and the greedy answer, streaming the prompt and applying each
     (position, edit) to the carried state when the stream reaches that position. An edit at 0 changes
     nothing (the state there is the initial one); one past the prompt is refused."""
@@ -104,7 +106,7 @@ def answer_logprob(model, prompt: str, answer: str, edits: Sequence[tuple[int, E
     return score_answer(model, tail, answer_ids, answer)
 
 
-def run_tail(model, tokens: list[int], state: ModelState, keep: int) -> tuple[Tensor, ModelState]:
+def run_tail(model: MemoryModel, tokens: list[int], state: ModelState, keep: int) -> tuple[Tensor, ModelState]:
     """Stream `tokens` on from `state` in the model's chunks (one call over a long input would
     cost the square of its length): the logits of the last `keep` positions [keep, vocab] and
     the state after them."""
@@ -117,14 +119,14 @@ def run_tail(model, tokens: list[int], state: ModelState, keep: int) -> tuple[Te
     return tail, state
 
 
-def prompt_and_answer(model, prompt: str, answer: str) -> tuple[list[int], list[int]]:
+def prompt_and_answer(model: MemoryModel, prompt: str, answer: str) -> tuple[list[int], list[int]]:
     ids, answer_ids = model.tokenizer.encode(prompt), model.tokenizer.encode(answer)
     if not ids or not answer_ids:
         raise ValueError("prompt and answer must both be non-empty")
     return ids, answer_ids
 
 
-def score_answer(model, logits: Tensor, answer_ids: list[int], answer: str) -> dict:
+def score_answer(model: MemoryModel, logits: Tensor, answer_ids: list[int], answer: str) -> dict:
     """log p(answer) and the greedy answer from `logits` [T, vocab] of a run that ends with the
     answer's tokens (teacher-forced; T > len(answer_ids))."""
     predicting = logits[-len(answer_ids) - 1 : -1]  # the token before the answer up to the one before its last
@@ -134,7 +136,7 @@ def score_answer(model, logits: Tensor, answer_ids: list[int], answer: str) -> d
     return {"logprob": answer_logp, "greedy": greedy, "correct": greedy.strip() == answer.strip()}
 
 
-def reset_rates(model, samples, evidence_name: str) -> dict[str, float]:
+def reset_rates(model: MemoryModel, samples, evidence_name: str) -> dict[str, float]:
     """Exact-answer rate over probe samples (prompt, answer, n_tokens, evidence spans): clean, with the memory
     reset at the start of the question's segment, and at the start of the segment where the
     evidence begins (`reset_at_{evidence_name}_segment`, counted right when that is segment 0)."""

@@ -18,7 +18,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from memviz.model import MemoryLM, Readout
+from memviz.protocol import MemoryModel, Readout
+from memviz.running import StreamingLM
 from memviz_kernels.dispatch import linear_memory, linear_memory_read_parts
 
 WRITES = ("write_key", "write_value", "alpha", "beta")
@@ -38,7 +39,7 @@ def log_decay(alpha: Tensor) -> Tensor:
     return alpha.clamp_min(1e-300).log()
 
 
-def split_read(model: MemoryLM, tokens, position: int, layers: Sequence[int], what: str) -> Readout:
+def split_read(model: MemoryModel, tokens, position: int, layers: Sequence[int], what: str) -> Readout:
     """The read o_t = S_t^T q_t at `position` per layer `layers` as a sum over writes: write j gives
     (r_j . k_j) beta_j v_j, r_t = q_t, r_{j-1} = A_j^T r_j (`memviz_kernels.linear_memory.reference.read_parts`)."""
     full = model.as_tokens(tokens)
@@ -58,7 +59,7 @@ def split_read(model: MemoryLM, tokens, position: int, layers: Sequence[int], wh
 
 @torch.no_grad()
 def span_hold(
-    model: MemoryLM, tokens, span: tuple[int, int], layers: Sequence[int], chunk: int
+    model: StreamingLM, tokens, span: tuple[int, int], layers: Sequence[int], chunk: int
 ) -> dict[str, np.ndarray]:
     """Per layer, ||S^span_t||_F over its peak (the largest over heads): the part of the state the span's writes
     left, carried by the run's own decays, write strengths and keys, i.e. the operator fed only the span's

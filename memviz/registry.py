@@ -22,10 +22,11 @@ A family is one unit (one folder under `memviz/models/` or `families/`, or a use
   * `from_config`: whether `build_model` makes the family's model from a `ModelConfig` (a fresh, trainable
     model); False for a family whose models come only from another library's checkpoint folder (a released
     model loaded through transformers), which the Train page, quick presets and config tests leave out;
-  * `cost`: whether its models say what a run over n tokens holds before it runs (`model.cost(n_tokens)`,
-    bytes by part), shown by the Trace page;
-  * `readout`: whether `model.memory_readout` decomposes a memory read exactly over the tokens that wrote
-    it (a model may still return None for a setting without such a read, Titans' MLP memory);
+  * `readout`: whether its models decompose a memory read exactly over the tokens that wrote it
+    (`memviz.protocol.ReadsOut.memory_readout`; a model may still return None for a setting without such a
+    read, Titans' MLP memory); `needle_hold`: whether they say how much of a span's writes the memory still
+    holds (`memviz.protocol.HoldsNeedle`). A capability is declared here once: the class has the method if and
+    only if its family declares it, and the rest asks `reads_out(model)` / `holds_needle(model)`;
   * `prefix_capacity`: for a memory that frozen weights write (LongMem's bank), the memory option that
     bounds the tokens it holds ("bank_size"), so training may fill it with `data.prefix_tokens` through
     `model.backbone_prefill`; None when the family trains the weights that write its memory;
@@ -33,6 +34,7 @@ A family is one unit (one folder under `memviz/models/` or `families/`, or a use
     Hugging Face folder), the `FolderLoader` that says which folders it claims (config.json's `model_type`)
     and opens them; `memviz.load` asks the registry (`folder_family`), never a family by name.
 The app, training and the probes ask these fields what a model can do, never the model's class.
+Every model keeps `memviz.protocol.MemoryModel`; a family's class is checked for it when registered.
 Nothing here imports a family by name: `memviz.models` imports every family folder beside it
 (`import_family_folders`), which registers them, and an installed package declares its own under the
 `memviz.families` entry point (a module that registers them when imported, such as this repository's
@@ -50,9 +52,19 @@ import pkgutil
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from memviz.config import ConfigError
+from memviz.protocol import HoldsNeedle, HookDoc, MemoryModel, ReadsOut
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+    from transformer_lens.hook_points import HookFunction
+
+    from memviz.trace import Trace
+
+#: a forward hook as TransformerLens takes it: (hook name, function of (value, hook))
+NamedHook = tuple[str, "HookFunction"]
 
 ROLES = ("memory", "baseline", "control")
 
@@ -64,8 +76,8 @@ class Intervention:
     `sites(model)` lists where (memory-layer indices) and `hooks(model, site)` gives the hooks that do it."""
 
     summary: str
-    sites: Callable[[Any], list[int]] | None = None
-    hooks: Callable[[Any, int], list] | None = None
+    sites: Callable[[MemoryModel], list[int]] | None = None
+    hooks: Callable[[MemoryModel, int], list[NamedHook]] | None = None
 
     def __post_init__(self) -> None:
         if (self.sites is None) != (self.hooks is None):
@@ -85,6 +97,14 @@ STATE_INTERVENTIONS = {
 }
 
 
+class Figures(Protocol):
+    """A family's figures of a trace: {title: figure}, over positions [start, stop) pooled to `width` columns."""
+
+    def __call__(
+        self, trace: Trace, width: int = ..., start: int = 0, stop: int | None = None
+    ) -> dict[str, go.Figure]: ...
+
+
 @dataclass(frozen=True)
 class FolderLoader:
     """How a family opens another library's checkpoint folders: `model_types` {config.json's model_type: what
@@ -92,7 +112,7 @@ class FolderLoader:
     **overrides) -> model`, which raises `memviz.files.CheckpointError` naming the file or field."""
 
     model_types: Mapping[str, str]
-    load: Callable[..., Any]
+    load: Callable[..., MemoryModel]
 
 
 @dataclass(frozen=True)
@@ -100,20 +120,20 @@ class Family:
     """Everything the workbench knows of one family (module docstring)."""
 
     name: str
-    model: type
+    model: type[MemoryModel]
     summary: str
     hooks: Mapping[str, str]
-    hook_docs: Mapping[str, Any] = field(default_factory=dict)
-    figures: Callable[..., dict] | None = None
-    figure_settings: Callable[[Any], dict] = lambda model: {}
+    hook_docs: Mapping[str, HookDoc] = field(default_factory=dict)
+    figures: Figures | None = None
+    figure_settings: Callable[[MemoryModel], dict[str, Any]] = lambda model: {}
     interventions: Mapping[str, Intervention] = field(default_factory=dict)
     quick: Mapping[str, Any] | None = None
     tiny: Mapping[str, Any] | None = None
     sample: str | None = None
     role: str = "memory"
     from_config: bool = True
-    cost: bool = False
     readout: bool = False
+    needle_hold: bool = False
     prefix_capacity: str | None = None
     folders: FolderLoader | None = None
 
@@ -128,26 +148,28 @@ class Family:
 FAMILIES: dict[str, Family] = {}
 ENTRY_POINT_GROUP = "memviz.families"
 _entry_points_loaded = False
-M = TypeVar("M", bound=type)
+M = TypeVar("M", bound=MemoryModel)
+#: each capability a family may declare, and the method its models then have (and only then)
+CAPABILITIES = {"readout": "memory_readout", "needle_hold": "needle_hold"}
 
 
 def register_family(
     name: str,
     *,
     summary: str,
-    figures: Callable[..., dict] | None = None,
-    figure_settings: Callable[[Any], dict] | None = None,
+    figures: Figures | None = None,
+    figure_settings: Callable[[MemoryModel], dict[str, Any]] | None = None,
     interventions: Mapping[str, Intervention | str] | None = None,
     quick: Mapping[str, Any] | None = None,
     tiny: Mapping[str, Any] | None = None,
     sample: str | None = None,
     role: str = "memory",
     from_config: bool = True,
-    cost: bool = False,
     readout: bool = False,
+    needle_hold: bool = False,
     prefix_capacity: str | None = None,
     folders: FolderLoader | None = None,
-) -> Callable[[M], M]:
+) -> Callable[[type[M]], type[M]]:
     """Class decorator: register a model class as family `name` (module docstring). The hooks
     are the class's `memory_hooks`; `interventions` defaults to reset and patch of the state (a plain
     string is the summary of a state edit)."""
@@ -158,9 +180,16 @@ def register_family(
         for point, what in (STATE_INTERVENTIONS if interventions is None else interventions).items()
     }
 
-    def decorate(cls: M) -> M:
+    def decorate(cls: type[M]) -> type[M]:
         if name in FAMILIES:
             raise ValueError(f"family {name!r} registered twice")
+        for capability, declared in (("readout", readout), ("needle_hold", needle_hold)):
+            method = CAPABILITIES[capability]
+            if declared != callable(getattr(cls, method, None)):
+                raise ValueError(
+                    f"family {name!r} {'declares' if declared else 'does not declare'} {capability}={declared} but "
+                    f"{cls.__name__} {'lacks' if declared else 'has'} `{method}`: declare a capability with its method"
+                )
         options = getattr(cls, "Options", None)
         if prefix_capacity is not None and prefix_capacity not in {
             f.name for f in (dataclasses.fields(options) if dataclasses.is_dataclass(options) else ())
@@ -181,8 +210,8 @@ def register_family(
             sample=sample,
             role=role,
             from_config=from_config,
-            cost=cost,
             readout=readout,
+            needle_hold=needle_hold,
             prefix_capacity=prefix_capacity,
             folders=folders,
         )
@@ -256,3 +285,13 @@ def get_family(name: str) -> Family:
     if name not in FAMILIES:
         raise ConfigError(f"unknown model family {name!r}; known families are {sorted(FAMILIES)}")
     return FAMILIES[name]
+
+
+def reads_out(model: MemoryModel) -> ReadsOut | None:
+    """`model`, typed as one that decomposes its memory's reads, if its family declares `readout`; else None."""
+    return cast(ReadsOut, model) if get_family(model.family).readout else None
+
+
+def holds_needle(model: MemoryModel) -> HoldsNeedle | None:
+    """`model`, typed as one that says how much of a span its memory holds, if its family declares `needle_hold`."""
+    return cast(HoldsNeedle, model) if get_family(model.family).needle_hold else None

@@ -30,8 +30,8 @@ from memviz.figure_parts import (
     window_of,
     with_array,
 )
-from memviz.model import generic_hook_name
 from memviz.models import get_family
+from memviz.running import generic_hook_name
 from memviz.trace import Trace, bin_size
 
 

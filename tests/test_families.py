@@ -86,15 +86,22 @@ def test_every_family_runs_in_float64_and_bfloat16_by_model_to(family):
 @pytest.mark.parametrize("family", sorted(FAMILY_CONFIGS))
 def test_what_a_family_declares_it_can_do_is_what_its_model_does(family):
     """The registry's capabilities, which the app and training ask, against the model itself: a declared
-    read-out decomposes the read, a declared prefix memory is filled by the backbone alone, a hook
-    intervention's hooks change the logits at each site it names."""
+    read-out or needle hold is a method the model has and answers, a declared prefix memory is filled by the
+    backbone alone, a hook intervention's hooks change the logits at each site it names."""
     import memviz
     from memviz.registry import get_family
 
     spec = get_family(family)
     model = small_model(family, **FAMILY_CONFIGS[family])
     ids = random_ids(20, seed=3)
-    assert spec.readout == (type(model).memory_readout is not memviz.MemoryLM.memory_readout)
+    assert spec.readout == hasattr(model, "memory_readout") and spec.needle_hold == hasattr(model, "needle_hold")
+    reader, holder = memviz.registry.reads_out(model), memviz.registry.holds_needle(model)
+    if reader is not None:
+        readout = reader.memory_readout(ids, 19)
+        assert readout is None or (readout.position == 19 and readout.parts), readout
+    if holder is not None:
+        hold = holder.needle_hold(ids, (2, 5))
+        assert hold is None or all(values.shape == (20,) for values in hold.values()), hold
     assert (spec.prefix_capacity is not None) == hasattr(model, "backbone_prefill")
     if spec.prefix_capacity is not None:
         assert getattr(model.options, spec.prefix_capacity) > 0

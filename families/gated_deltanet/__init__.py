@@ -45,8 +45,10 @@ from memviz import ConfigError, LocalCache, Memory, MemoryLM, register_family
 from memviz.figure_parts import WIDTH, delta_rule_rate_heatmaps, layer_names, memory_share_heatmaps, timeline
 from memviz.layers import AttentionSpan, LocalAttention, RMSNorm, SwiGLU
 from memviz.linear_memory import span_hold, split_read
-from memviz.model import Block, HookDoc, Readout, hooked
+from memviz.model import Block
 from memviz.options import check_positive
+from memviz.protocol import HookDoc, Readout
+from memviz.running import hooked
 from memviz.trace import Trace
 from memviz_kernels.dispatch import linear_memory
 
@@ -166,6 +168,7 @@ def gated_deltanet_figures(
     tiny={"attention": {"kind": "window", "span": 8}},
     sample=str(Path(__file__).resolve().parent / "sample_32k"),
     readout=True,
+    needle_hold=True,
 )
 class GatedDeltaNetLM(MemoryLM):
     """Transformer whose attention layers carry a gated delta rule memory beside local attention."""

@@ -28,7 +28,7 @@ from transformer_lens.hook_points import HookPoint
 from memviz import ConfigError, MemoryLM, register_family
 from memviz.config import ModelConfig
 from memviz.layers import LocalAttention, SwiGLU
-from memviz.model import Block, HookDoc
+from memviz.model import Block
 from memviz.models.memory_layer import (
     TOPK_INDICES,
     TOPK_WEIGHTS,
@@ -37,6 +37,7 @@ from memviz.models.memory_layer import (
     silence_point,
 )
 from memviz.options import check_positive
+from memviz.protocol import HookDoc
 
 from . import PeerError, require
 from .titans import load_peer_weights

@@ -35,9 +35,9 @@ from transformer_lens.hook_points import HookPoint
 
 from memviz import ConfigError, MemoryLM, register_family
 from memviz.config import ModelConfig
-from memviz.model import HookDoc, ModelState
 from memviz.models.titans import LOSS, RATES, SURPRISE, titans_figures
 from memviz.options import check_positive
+from memviz.protocol import HookDoc, ModelState
 
 from . import PeerError, require
 

@@ -40,8 +40,9 @@ from transformer_lens.hook_points import HookPoint
 from memviz.config import ConfigError, ModelConfig
 from memviz.figure_parts import WIDTH, layer_names, memory_share_heatmaps, timeline
 from memviz.layers import AttentionSpan, LocalAttention, LocalCache, SwiGLU
-from memviz.model import Block, HookDoc, MemoryLM, Readout
+from memviz.model import Block, MemoryLM
 from memviz.options import check_choice
+from memviz.protocol import HookDoc, Readout
 from memviz.registry import register_family
 from memviz.state import Memory
 from memviz.trace import Trace
@@ -162,6 +163,7 @@ def infini_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int |
     tiny={"segment_len": 8},
     sample="infini_english_16k",
     readout=True,
+    needle_hold=True,
 )
 class InfiniLM(MemoryLM):
     """Transformer whose attention layers are Infini-attention layers."""

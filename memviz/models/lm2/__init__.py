@@ -68,9 +68,11 @@ from transformer_lens.hook_points import HookPoint
 from memviz.config import ConfigError, ModelConfig
 from memviz.figure_parts import WIDTH, layer_names, layer_prefix, position_heatmap, timeline, with_array
 from memviz.layers import AttentionSpan, LocalAttention, LocalCache, SwiGLU, segment_pieces
-from memviz.model import Block, HookDoc, MemoryLM, ModelState, Readout, hooked
+from memviz.model import Block, MemoryLM
 from memviz.options import check_choice, check_finite, check_positive
+from memviz.protocol import HookDoc, ModelState, Readout
 from memviz.registry import register_family
+from memviz.running import hooked
 from memviz.state import Memory, State
 from memviz.trace import Trace
 from memviz_kernels.dispatch import lm2_scan
@@ -401,11 +403,12 @@ def lm2_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int | No
     summary="LM2 (arXiv 2502.06049): a bank of memory slots beside attention, read by cross-attention, "
     "written through input, forget and output gates",
     figures=lm2_figures,
-    figure_settings=lambda model: model.figure_settings(),
+    figure_settings=lambda model: cast(LM2LM, model).figure_settings(),
     quick={"attention": {"kind": "window", "span": 32}, "memory": {"slots": 8}},
     tiny={"attention": {"kind": "window", "span": 8}, "memory": {"slots": 4}},
     sample="lm2_english_16k",
     readout=True,
+    needle_hold=True,
 )
 class LM2LM(MemoryLM):
     """Transformer whose every block has an LM2 memory bank beside its attention."""

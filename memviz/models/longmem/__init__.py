@@ -66,10 +66,12 @@ from memviz.figure_parts import (
     window_of,
 )
 from memviz.layers import AttentionSpan, LocalAttention, LocalCache, SwiGLU
-from memviz.model import BACKBONE_FIELDS, Block, HookDoc, MemoryLM, ModelState, Progress, check_progress
+from memviz.model import BACKBONE_FIELDS, Block, MemoryLM
 from memviz.models.longmem.bank import SEARCHES, ChunkBank
 from memviz.options import check_choice, check_positive
+from memviz.protocol import HookDoc, ModelState, Progress, Tokens
 from memviz.registry import register_family
+from memviz.running import check_progress
 from memviz.state import Memory, State
 from memviz.trace import Trace, bin_size
 
@@ -335,7 +337,7 @@ def longmem_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int 
     summary="LongMem (NeurIPS 2023): a frozen backbone's cached key/value bank, searched by chunk "
     "and read by a memory-augmented side network",
     figures=longmem_figures,
-    figure_settings=lambda model: {"chunk_size": model.options.chunk_size},
+    figure_settings=lambda model: {"chunk_size": cast(LongMemLM, model).options.chunk_size},
     tiny={
         "attention": {"kind": "window", "span": 8},
         "segment_len": 8,
@@ -343,6 +345,7 @@ def longmem_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int 
     },
     sample="longmem_english",
     prefix_capacity="bank_size",
+    needle_hold=True,
 )
 class LongMemLM(MemoryLM):
     """A frozen backbone, its cached key/value bank, and a trainable memory-augmented SideNet."""
@@ -493,6 +496,16 @@ class LongMemLM(MemoryLM):
         )
         return state
 
+    def cost(self, n_tokens: int) -> dict[str, int]:
+        """`MemoryLM.cost` with the bank's growth past the tokens it measures: the backbone's keys and values of up
+        to `bank_size` past tokens (its chunk keys and search index, a chunk's share of that, aside)."""
+        parts = super().cost(n_tokens)
+        item = torch.finfo(self.dtype).bits // 8
+        measured = min(n_tokens, self.measured_tokens, self.options.bank_size)
+        grown = min(n_tokens, self.options.bank_size) - measured
+        parts["memory_state"] += 2 * grown * self.cfg.n_heads * self.cfg.d_head * item
+        return parts
+
     def no_recent_queries(self, batch_size: int) -> Tensor:
         """What the search of the last tokens found, before any (ChunkBank.search_in_stream)."""
         return torch.zeros(batch_size, self.cfg.n_heads, 0, 0, dtype=torch.long, device=self.device)
@@ -546,7 +559,7 @@ class LongMemLM(MemoryLM):
 
     @torch.no_grad()
     def prefill(
-        self, tokens: Tensor | Sequence[int], state: ModelState | None = None, progress: Progress | None = None
+        self, tokens: Tokens, state: ModelState | None = None, progress: Progress | None = None
     ) -> tuple[Tensor, ModelState]:
         """`MemoryLM.prefill` without the work nobody reads: a token more than the side network's
         reach (side_layers x the attention span) before the end reaches the last logits only

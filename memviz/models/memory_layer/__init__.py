@@ -22,8 +22,9 @@ layer's selection weights, or those of chosen values (`silence_hooks`).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Protocol, cast
 
 import numpy as np
 import plotly.graph_objects as go
@@ -35,9 +36,10 @@ from transformer_lens.hook_points import HookPoint
 from memviz.config import ConfigError, ModelConfig
 from memviz.figure_parts import WIDTH, layer_names, outline_evidence, window_of
 from memviz.layers import LocalAttention, SwiGLU
-from memviz.model import Block, HookDoc, MemoryLM
+from memviz.model import Block, MemoryLM
 from memviz.options import check_positive
-from memviz.registry import Intervention, register_family
+from memviz.protocol import HookDoc, MemoryModel
+from memviz.registry import Intervention, NamedHook, register_family
 from memviz.trace import Trace, bin_size
 from memviz_kernels.dispatch import product_key_topk, weighted_bag
 
@@ -128,13 +130,21 @@ def silence_hooks(layer: int, values=None) -> list:
     return [(TOPK_INDICES.format(l=layer), remember), (TOPK_WEIGHTS.format(l=layer), zero)]
 
 
+class Silenceable(MemoryModel, Protocol):
+    """A model with memory layers whose top-k reads the "silence" point zeroes."""
+
+    @property
+    def memory_layers(self) -> list[int]: ...
+    def silence_hooks(self, layer: int, values: Sequence[int] | None = None) -> list[NamedHook]: ...
+
+
 def silence_point(whose: str) -> Intervention:
     """The "silence" intervention point of a model with memory layers (`model.memory_layers`,
     `model.silence_hooks`); `whose` names the layer in its summary."""
     return Intervention(
         f"zero {whose} top-k selection weights, or those of chosen values (model.silence_hooks)",
-        sites=lambda model: model.memory_layers,
-        hooks=lambda model, layer: model.silence_hooks(layer),
+        sites=lambda model: cast(Silenceable, model).memory_layers,
+        hooks=lambda model, layer: cast(Silenceable, model).silence_hooks(layer),
     )
 
 
@@ -257,7 +267,7 @@ def memory_layer_figures(
     summary="memory layers (PKM, Memory+; arXiv 2412.09764): product-key lookups into a "
     "value table in place of some FFNs; parametric, nothing carried across segments",
     figures=memory_layer_figures,
-    figure_settings=lambda model: {"n_values": model.options.n_keys**2},
+    figure_settings=lambda model: {"n_values": cast(MemoryLayerLM, model).options.n_keys ** 2},
     interventions={"silence": silence_point("a memory layer's")},
     quick={
         "attention": {"kind": "window", "span": 32},

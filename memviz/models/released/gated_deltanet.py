@@ -9,10 +9,7 @@ with the models' own parametrisation (transformers' layers): q, k, v = silu(caus
 of the projections), q and k unit-norm (x rsqrt(|x|^2 + 1e-6)) and repeated to the value heads, q scaled by
 d_k^-1/2; alpha_t = exp(-exp(A_log) softplus(x w_a + dt_bias)); beta_t = sigmoid(x w_b) (OLMo Hybrid:
 2 sigmoid(x w_b) in (0, 2), a negative eigenvalue allowed); the layer's output is the gated RMS norm of o_t.
-
-Why not TransformerLens 4.3's bridge: its Gated DeltaNet hooks fire only on a cache-less prefill (it looks for
-`cache_params`, which transformers passes as `cache`, and given one ignores it), and its state hook keeps
-S_t per token.
+How this compares with TransformerLens' bridge of the same layers: docs/released.md.
 """
 
 from __future__ import annotations
@@ -20,7 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 from memviz.figure_parts import WIDTH, delta_rule_rate_heatmaps, layer_names, timeline
-from memviz.model import BLOCK_HOOK_DOCS, HookDoc
+from memviz.model import BLOCK_HOOK_DOCS
+from memviz.protocol import HookDoc
 from memviz.registry import FolderLoader, register_family
 
 from .architecture import Architecture, Claimed
@@ -94,8 +92,8 @@ def rate_and_norm_figures(trace, width: int = WIDTH, start: int = 0, stop: int |
     "transformers, under the gated_deltanet hook names",
     figures=rate_and_norm_figures,
     from_config=False,
-    cost=True,
     readout=True,
+    needle_hold=True,
     folders=FolderLoader(Claimed(ARCHITECTURES), load),
 )
 class GatedDeltaNetLM(ReleasedLM):

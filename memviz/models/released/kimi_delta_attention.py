@@ -18,7 +18,7 @@ their hooks are `hook_q` (the queries per head) and `hook_z` (the output per hea
 
 from __future__ import annotations
 
-from memviz.model import HookDoc
+from memviz.protocol import HookDoc
 from memviz.registry import FolderLoader, register_family
 
 from .architecture import Architecture, Claimed
@@ -36,8 +36,8 @@ ARCHITECTURES: dict[str, Architecture] = {}
     "delta rule with a decay per key channel, under the gated_deltanet hook names",
     figures=rate_and_norm_figures,
     from_config=False,
-    cost=True,
     readout=True,
+    needle_hold=True,
     folders=FolderLoader(Claimed(ARCHITECTURES), load),
 )
 class KimiDeltaAttentionLM(ReleasedLM):

@@ -8,7 +8,7 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -107,7 +107,7 @@ def claimed(model_type: object, where: Path) -> tuple[type[ReleasedLM], Architec
     architectures = getattr(family.model, "architectures", None) if family else None
     if family is None or not architectures or model_type not in architectures:
         raise ReleasedCheckpointError(f"{where}: model_type {model_type!r} is not a released architecture memviz reads")
-    return family.model, architectures[model_type]
+    return cast(type[ReleasedLM], family.model), architectures[model_type]
 
 
 def load(directory: str | Path, device: str | torch.device = "cpu", **overrides: Any) -> ReleasedLM:

@@ -26,12 +26,12 @@ from typing import Any, NamedTuple, cast
 import numpy as np
 import torch
 from torch import Tensor, nn
-from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from memviz.layers import LocalCache
 from memviz.linear_memory import span_hold, split_read
-from memviz.model import MemoryLM, ModelState, Readout, hooked
+from memviz.protocol import ModelState, Readout
+from memviz.running import StreamingLM, hooked
 from memviz.state import Memory, State
 from memviz.tokenizer import Tokenizer
 
@@ -117,7 +117,7 @@ class LayerHooks(nn.Module):
             setattr(self, f"hook_{name}", HookPoint())
 
 
-class ReleasedLM(MemoryLM):
+class ReleasedLM(StreamingLM):
     """A transformers causal LM with memory layers under memviz's model contract (module docstring); a family
     subclasses it with its hook docs and registers it.
 
@@ -125,7 +125,7 @@ class ReleasedLM(MemoryLM):
     `LocalCache` of what transformers caches (k, v after RoPE; an MLA layer's compressed latents). Reset and patch
     act on S alone: the convolution's last tokens and the attention caches are kept."""
 
-    cfg: ReleasedConfig  # type: ignore[assignment]  # not a ModelConfig: MemoryLM's methods it keeps read fields both have
+    cfg: ReleasedConfig
     decay_per_channel = False  # whether alpha_t is a vector over key channels (the family says)
     hf: Any  # transformers' causal LM (its modules are typed loosely)
 
@@ -137,11 +137,9 @@ class ReleasedLM(MemoryLM):
         arch: Architecture,
         card: dict | None = None,
     ) -> None:
-        HookedRootModule.__init__(self)
+        super().__init__(cfg, tokenizer, card)
         self.hf = hf_model
         self.arch = arch
-        self.cfg, self._tokenizer, self.card = cfg, tokenizer, dict(card or {})
-        self.attention = None
         self.linear = set(cfg.linear_layers)
         self.blocks = nn.ModuleList(
             LayerHooks(

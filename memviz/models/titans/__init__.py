@@ -69,9 +69,10 @@ from transformer_lens.hook_points import HookPoint
 from memviz.config import ConfigError, ModelConfig
 from memviz.figure_parts import WIDTH, layer_names, layer_prefix, timeline
 from memviz.layers import AttentionSpan, LocalCache, RMSNorm, SwiGLU, segment_pieces
-from memviz.model import Block, HookDoc, MemoryLM, Readout
+from memviz.model import Block, MemoryLM
 from memviz.models.titans.attention import TitansAttention
 from memviz.options import check_choice, check_positive
+from memviz.protocol import HookDoc, Readout
 from memviz.registry import register_family
 from memviz.state import Memory, State
 from memviz.trace import Trace

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from memviz.model import flushing_subnormals
 from memviz.models.titans import memory_forward
+from memviz.running import flushing_subnormals
 from tests.conftest import random_ids, scrambled, small_model
 
 VARIANTS = [
@@ -202,7 +202,7 @@ def test_the_read_out_parts_sum_to_the_memory_read(variant, extra):
 
 def test_a_forward_flushes_subnormals_agrees_with_float64_and_restores_the_callers_mode():
     """With a small eta the momentum products of a 16-token chunk fall below 1.2e-38, where each
-    x86 multiply is slow (memviz.model.denormals_flushed): a float32 forward runs with them
+    x86 multiply is slow (memviz.running.denormals_flushed): a float32 forward runs with them
     flushed, agrees with the float64 model to float32 rounding and leaves the caller's mode."""
     if not torch.set_flush_denormal(False):
         pytest.skip("this CPU has no flush-to-zero mode torch can set (torch.set_flush_denormal)")
