@@ -47,7 +47,8 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         check_types(self, "optim.")
-        self.betas = tuple(self.betas)
+        beta1, beta2 = self.betas  # two numbers (check_types); JSON gives them as a list
+        self.betas = (beta1, beta2)
         if not isinstance(self.train_only, list) or not all(isinstance(p, str) and p for p in self.train_only):
             raise ValueError(f"optim.train_only must be a list of parameter-name patterns, got {self.train_only!r}")
         if self.precision not in PRECISIONS:

@@ -281,6 +281,7 @@ class TaskSampler:
             if task == "facts":
                 return self.facts_example(rng, length)
             if task == "text":
+                assert self.corpus is not None  # "text" is in the mix, so __init__ tokenised its corpora
                 tokens = self.corpus.window(rng, length)
                 return Example(tokens, [0.0] + [self.cfg.text_weight] * (len(tokens) - 1))
             try:
@@ -349,6 +350,7 @@ class TaskSampler:
         raise ValueError(f"no {task} story of at most {max_facts} facts in 1000 draws")
 
     def facts_example(self, rng: random.Random, length: int) -> Example:
+        assert self.kb is not None  # drawn only for a mix with "facts", for which __init__ drew the knowledge base
         docs = facts.documents(self.kb, rng.randrange(2**31))
         tokens: list[int] = []
         while len(tokens) < length:

@@ -19,7 +19,9 @@ from typing import Any
 import memviz
 from memviz.checkpoint import CARD_FILE, resolve
 from memviz.files import atomic_write_text
-from memviz.model import NonFiniteError
+from memviz.protocol import MemoryModel
+from memviz.running import NonFiniteError
+from memviz.tokenizer import Tokenizer
 from memviz_probes import babilong, facts, lm, passkey, texts
 from training.config import EvalConfig
 
@@ -50,7 +52,7 @@ def card_eval_grid(card: dict) -> EvalConfig:
         raise ValueError(f"card.json: train_config.{exc}") from exc
 
 
-def check_grid_fits(tokenizer, grid: EvalConfig, haystack: str = "procedural") -> None:
+def check_grid_fits(tokenizer: Tokenizer, grid: EvalConfig, haystack: str = "procedural") -> None:
     """Make each probe's shortest prompt of the grid once, so a length too short for its task (in this tokenizer's
     tokens) is refused before training rather than found at the first evaluation or the export."""
     from memviz_probes.babilong.samples import seeded_sample as babilong_sample
@@ -73,7 +75,7 @@ def trained_haystack(card: dict) -> str:
 
 
 def probe_scores(
-    model,
+    model: MemoryModel,
     passkey_lengths: Sequence[int] = (),
     passkey_depths: Sequence[float] = (0.1, 0.5, 0.9),
     babilong_tasks: Sequence[str] = (),

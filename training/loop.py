@@ -31,22 +31,26 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
+from torch import Tensor
 
 from memviz import heap
 from memviz.checkpoint import CheckpointError, load, load_weights, read_weights, save
 from memviz.config import ConfigError, ModelConfig
 from memviz.files import atomic_write_bytes, atomic_write_text
-from memviz.model import denormals_flushed
+from memviz.model import MemoryLM
 from memviz.models import build_model
+from memviz.protocol import ModelState
 from memviz.registry import get_family
+from memviz.running import denormals_flushed
 from memviz.tokenizer import load_tokenizer
 from training.config import OptimConfig, TrainConfig, TrainingDiverged
 from training.data import TaskSampler, build_tokenizer
 from training.evaluate import check_grid_fits, probe_scores
 from training.loss import unembedded_loss, weighted_loss
+from training.memory import step_bytes
 from training.runlock import LOCK_NAME, RunLock
 
 
@@ -102,12 +106,16 @@ def optimizer_from_files(optimizer: torch.optim.Optimizer, tensors: dict[str, to
     optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
 
 
-def make_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
+def make_optimizer(model: MemoryLM, cfg: OptimConfig) -> torch.optim.AdamW:
     """AdamW; matrices decay, vectors (norms, gates) and embeddings do not. With
     `memory_value_lr`, memory-layer value tables form a third group: that peak lr on the same
     schedule, no decay (each row is updated only when selected, like an embedding)."""
-    decay, no_decay, values, seen = [], [], [], set()
-    tables = {id(p) for p in model.value_tables()} if cfg.memory_value_lr is not None else set()
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
+    values: list[torch.nn.Parameter] = []
+    seen: set[int] = set()
+    value_lr = cfg.memory_value_lr
+    tables = {id(p) for p in model.value_tables()} if value_lr is not None else set()
     for name, p in model.named_parameters():
         if not p.requires_grad or id(p) in seen:
             continue
@@ -116,16 +124,19 @@ def make_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Adam
             values.append(p)
         else:
             (decay if p.dim() >= 2 and "embed" not in name else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    if values:
-        groups.append({"params": values, "weight_decay": 0.0, "lr_scale": cfg.memory_value_lr / cfg.lr})
+    groups: list[dict[str, Any]] = [
+        {"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    if value_lr is not None and values:
+        groups.append({"params": values, "weight_decay": 0.0, "lr_scale": value_lr / cfg.lr})
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
 
 
-def freeze_all_but(model: torch.nn.Module, patterns: list[str]) -> None:
+def freeze_all_but(model: MemoryLM, patterns: list[str]) -> None:
     """Train only the parameters whose names match one of `patterns` (fnmatch; optim.train_only),
     among those that train at all (a LongMem backbone stays frozen)."""
-    matched = set()
+    matched: set[str] = set()
     for name, p in model.named_parameters():
         hits = {pattern for pattern in patterns if fnmatch.fnmatchcase(name, pattern)}
         matched |= hits
@@ -136,6 +147,14 @@ def freeze_all_but(model: torch.nn.Module, patterns: list[str]) -> None:
             f"optim.train_only: no parameter name matches {unmatched} (names look like "
             f"{next(name for name, _ in model.named_parameters())!r})"
         )
+
+
+@runtime_checkable
+class FillsPrefix(Protocol):
+    """A model whose memory frozen weights write (its family's `prefix_capacity`), so a batch can continue from the
+    state after filler that no trained weight touched (`data.prefix_tokens`)."""
+
+    def backbone_prefill(self, tokens: Tensor) -> ModelState: ...
 
 
 class Trainer:
@@ -202,12 +221,12 @@ class Trainer:
         if self.rank == 0:
             check_grid_fits(self.model.tokenizer, cfg.eval, cfg.data.haystack)
         self.sampler = TaskSampler(self.model.tokenizer, cfg.data)
-        self.prefix_states: dict[int, Any] = {}  # data.prefix_tokens: n -> the state after n tokens of filler
+        self.prefix_states: dict[int, ModelState] = {}  # data.prefix_tokens: n -> the state after n tokens of filler
         self.check_prefix()
         self.optimizer = make_optimizer(self.model, cfg.optim)
         if checkpoint is not None:
             self.restore(checkpoint)
-        self.ddp = (
+        self.ddp: torch.nn.Module = (
             torch.nn.parallel.DistributedDataParallel(self.model, find_unused_parameters=True)
             if self.world > 1
             else self.model
@@ -217,15 +236,22 @@ class Trainer:
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
 
     # ----- set-up ---------------------------------------------------------------------------
-    def build_model(self, checkpoint: Path | None):
+    def build_model(self, checkpoint: Path | None) -> MemoryLM:
         cfg = self.cfg
+        base: MemoryLM | None = None  # init_from's model, warm-starting a fresh run
         if checkpoint is not None:
             tokenizer = load_tokenizer(checkpoint / "tokenizer.json")
         elif cfg.init_from:
             try:
-                base = load(cfg.init_from)
+                loaded = load(cfg.init_from)
             except CheckpointError as exc:
                 raise CheckpointError(f"init_from: {exc}") from exc
+            if not isinstance(loaded, MemoryLM):
+                raise CheckpointError(
+                    f"init_from: {cfg.init_from} is a released model ({loaded.family}) loaded through transformers; "
+                    "training starts only from memviz's own checkpoints"
+                )
+            base = loaded
             tokenizer = base.tokenizer
         else:
             tokenizer = build_tokenizer(cfg.tokenizer)
@@ -240,7 +266,7 @@ class Trainer:
             model = build_model(model_cfg, tokenizer=tokenizer)
         except ConfigError as exc:
             raise ConfigError(f"model: {exc}") from exc
-        if cfg.init_from and checkpoint is None:
+        if base is not None:
             try:
                 model.warm_start(base)
             except ConfigError as exc:
@@ -253,11 +279,11 @@ class Trainer:
 
     def check_step_memory(self) -> None:
         """Refuse, before the first step, a curriculum whose longest batch this machine's memory cannot hold
-        (`MemoryLM.step_bytes`, read from the model's own graph: the token cap alone does not see that causal
+        (`training.memory.step_bytes`, read from the model's own graph: the token cap alone does not see that causal
         attention is quadratic in the length, or what a family's memory keeps)."""
         longest = max(length for _, length in self.cfg.data.curriculum)
         batch = self.cfg.optim.batch_size
-        need = self.model.step_bytes(batch, longest)
+        need = step_bytes(self.model, batch, longest)
         have = (
             torch.cuda.get_device_properties(self.device).total_memory
             if self.device.type == "cuda"
@@ -290,14 +316,20 @@ class Trainer:
                 f"do not fit in model.memory.{capacity} ({holds:,}): the prefix would leave the memory"
             )
 
-    def prefix_state(self, step: int):
+    def prefix_state(self, step: int) -> ModelState | None:
         """The state a batch continues: None, or the one after data.prefix_tokens of filler (made once per size)."""
         n = self.cfg.data.prefix_at(step)
         if not n:
             return None
         if n not in self.prefix_states:
+            model = self.model
+            if not isinstance(model, FillsPrefix):  # check_prefix let through only a family with prefix_capacity
+                raise ValueError(
+                    f"data.prefix_tokens: the {model.family} family declares prefix_capacity but its model has no "
+                    "backbone_prefill"
+                )
             self.prefix_states = {
-                n: self.model.backbone_prefill(self.sampler.prefix(n, self.cfg.optim.batch_size).to(self.device))
+                n: model.backbone_prefill(self.sampler.prefix(n, self.cfg.optim.batch_size).to(self.device))
             }
         return self.prefix_states[n]
 

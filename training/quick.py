@@ -49,11 +49,12 @@ def quick_config(
     stages = [[int(a), int(b)] for a, b in curriculum] if curriculum else [[0, int(length)]]
     length = max(b for _, b in stages)
     model = {"family": family, "d_model": 64, "n_layers": 2, "n_heads": 2, **preset}
-    eval_cfg = {
+    evals: dict[str, dict[str, Any]] = {  # each task's probe grid
         "passkey": {"passkey_lengths": [max(length, QUICK_LENGTHS["passkey"])]},
         "qa1": {"babilong_tasks": ["qa1"], "babilong_lengths": [max(length, 320)]},
         "facts": {"facts": 20},
-    }[task]
+    }
+    eval_cfg = evals[task]
     return TrainConfig.from_dict(
         {
             "name": name,

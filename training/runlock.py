@@ -38,7 +38,7 @@ class RunLock:
                 f"out: the run folder {out} is in use by another run ({describe(owner)}); wait for it, "
                 "stop it, or pass another --out"
             ) from exc
-        owner = {
+        record = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "thread": threading.current_thread().name,
@@ -47,7 +47,7 @@ class RunLock:
         }
         self.file.seek(0)
         self.file.truncate()
-        self.file.write(json.dumps(owner))
+        self.file.write(json.dumps(record))
         self.file.flush()
 
     def release(self) -> None:
