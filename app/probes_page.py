@@ -1,236 +1,199 @@
-"""Probes page: the pass-key, BABILong and RULER grids for the loaded model; retention over distance and
-language modelling on held-out text beside other checkpoints (the control among them); CSV download."""
+"""Probes page: every registered probe (`memviz_probes.registry`, the table the command line reads too), with
+widgets made from the arguments it declares and laid out by its page parts: the grids for the loaded model,
+retention over distance and language modelling beside other checkpoints (the control among them); its figure and
+the CSV to download."""
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import pandas as pd
 import streamlit as st
+from streamlit.delta_generator import DeltaGenerator
 
 import memviz
 from app.common import control_samples, current_model, current_path, last_run, load_model, weights_stamp
 from app.trace_page import duration, run_seconds
-from memviz_probes import babilong, lm, passkey, retention, ruler, texts
-from memviz_probes.haystack import BACKGROUNDS
+from memviz.protocol import MemoryModel
+from memviz_probes.registry import Arg, Probe, Widget, get_probe, registered_probes
+
+#: a run's cost is said before it runs past this many tokens for one model, or prompts of this many tokens
+SAY_COST_TOKENS, SAY_COST_LENGTH = 100_000, 20_000
+
+#: the page's values of a probe's arguments, by name, as the runner takes them (hashable: a cache key)
+Values = tuple[tuple[str, Any], ...]
+
+
+def kept_settings() -> tuple[str, ...]:
+    """The keys of the page's widgets kept across pages (app/streamlit_app.py): the picker, and each probe's
+    declared widgets (its arguments', its `n` and seed, the checkpoints beside it)."""
+    keys = ["probe"]
+    for probe in registered_probes():
+        widgets = [arg.widget for arg in probe.args if arg.widget is not None]
+        if probe.sampled:
+            widgets += [probe.page.n, probe.page.seed]
+        keys += [widget.key for widget in widgets] + ([probe.page.beside_key] if probe.page.beside_key else [])
+    return tuple(dict.fromkeys(keys))
+
+
+def page_probes() -> dict[str, Probe]:
+    """The probes the page offers, by their label in its picker: every registered one, in the registry's order."""
+    return {probe.page.label or probe.name: probe for probe in registered_probes()}
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
-def run_grid(
-    model_path: str,
-    stamp: int,
-    probe: str,
-    lengths: tuple[int, ...],
-    depths_or_tasks: tuple,
-    n: int,
-    seed: int,
-    depths: tuple[float, ...] | None = None,
-    haystack: str | None = None,
-):
-    """The probe's table (`stamp`: the weights' mtime, so a checkpoint saved anew is run anew)."""
-    model = load_model(model_path)
+def run_probe(name: str, path: str, stamp: int, values: Values) -> pd.DataFrame:
+    """Probe `name`'s table for the checkpoint at `path` (`stamp`: the weights' mtime, so a checkpoint saved anew
+    is run anew)."""
+    probe = get_probe(name)
+    model = load_model(path)
     bar = st.progress(0.0, text="Running the probe…")
-    progress = lambda done, total: bar.progress(done / total, text=f"{int(done)} / {total} samples")  # noqa: E731
-    if probe == "passkey":
-        df = passkey.run(model, lengths, depths_or_tasks, n=n, seed=seed, haystack=haystack, progress=progress)
-    elif probe == "ruler":
-        background = haystack if ruler.reads_essay(depths_or_tasks) else None  # the other tasks bring their own
-        df = ruler.run(model, depths_or_tasks, lengths, depths, n=n, seed=seed, haystack=background, progress=progress)
-    else:
-        df = babilong.run(model, depths_or_tasks, lengths, n=n, seed=seed, haystack=haystack, progress=progress)
+
+    def progress(done: float, total: int) -> None:
+        bar.progress(done / total, text=f"{path}: {int(done)} / {total} {probe.page.counts}")
+
+    df = probe.run(model, probe.arguments(model, models={path: model}, progress=progress, **dict(values)))
     bar.empty()
     return df
 
 
-@st.cache_data(show_spinner=False, max_entries=16)
-def run_retention(model_paths: tuple[str, ...], stamps: tuple[int, ...], distances: tuple[int, ...], n: int, seed: int):
-    bar = st.progress(0.0, text="Running the probe…")
-    frames = []
-    for k, path in enumerate(model_paths):
-
-        def progress(done, total, k=k):
-            bar.progress((k + done / total) / len(model_paths), text=f"{path}: {int(done)} / {total} samples")
-
-        frames.append(retention.run(load_model(path), distances, n=n, seed=seed, progress=progress).assign(model=path))
-    bar.empty()
-    return pd.concat(frames, ignore_index=True)
+def run_all(name: str, paths: tuple[str, ...], stamps: tuple[int, ...], values: Values) -> pd.DataFrame:
+    """The probe's table for each checkpoint (each run cached on its own), one after the other."""
+    frames = [run_probe(name, path, stamp, values) for path, stamp in zip(paths, stamps)]
+    if len(frames) == 1:
+        return frames[0]
+    df = pd.concat(frames, ignore_index=True)
+    df.attrs = dict(frames[0].attrs)  # what the figure reads of the first model (lm: its local window)
+    return df
 
 
-def render_retention() -> None:
-    st.caption(
-        "A pass key written once, then `distance` tokens of filler, then the question: how far back "
-        "each memory still finds it. A model without memory falls to chance past its attention window."
-    )
-    others = [s for s in memviz.list_samples() if s != current_path()]
-    control = [s for s in control_samples() if s in others]
-    compare = st.multiselect("Beside", others, default=control, key="rt_models")
-    distances = st.multiselect(
-        "Distances (tokens)", list(retention.DISTANCES), default=[64, 256, 1024, 4096], key="rt_distances"
-    )
-    c1, c2 = st.columns(2)
-    n = c1.number_input("Samples per distance", 1, 200, 5, key="rt_n")
-    seed = c2.number_input("Seed", 0, 10_000, 0, key="rt_seed")
-    paths = (current_path(), *compare)
-    if distances and max(distances) > 20_000:  # say what long distances cost before they run
-        seconds = sum(run_seconds(p, int(n) * sum(distances)) for p in paths)
-        st.caption(
-            f"About {duration(seconds)} on this machine at the models' measured speeds (one sample at "
-            f"{max(distances):,} tokens takes about {duration(run_seconds(paths[0], max(distances)))} for this model)."
+def ask(widget: Widget, place: DeltaGenerator | None = None) -> Any:
+    """The widget's value: a multiselect's choices sorted, as a tuple; a number as an int."""
+    where: Any = st if place is None else place
+    if widget.kind == "multiselect":
+        chosen = where.multiselect(
+            widget.label, list(widget.options), default=list(widget.default or ()), key=widget.key, help=widget.help
         )
-    clicked = st.button("Run", key="run_retention")
-    if clicked and not distances:
-        st.error("Choose at least one distance.")
+        return tuple(sorted(chosen))
+    if widget.kind == "selectbox":
+        options = list(widget.options)
+        index = options.index(widget.default) if widget.default in options else 0
+        return where.selectbox(widget.label, options, index=index, key=widget.key, help=widget.help)
+    low, high = widget.bounds
+    return int(
+        where.number_input(widget.label, low, high, widget.default, step=widget.step, key=widget.key, help=widget.help)
+    )
+
+
+def value_of(arg: Arg) -> Any:
+    """The page's value of an argument: its widget's (an empty multiselect is None where the argument's default
+    is), or its default where it has no widget."""
+    if arg.widget is None:
+        return arg.default
+    value = ask(arg.widget)
+    return None if value == () and arg.default is None and not arg.widget.noun else value
+
+
+def refusal(probe: Probe, values: dict[str, Any]) -> str | None:
+    """Why a Run on these values is refused: a multiselect that must not be empty is, or the probe's own check."""
+    needed = [arg for arg in probe.args if arg.widget is not None and arg.widget.noun]
+    if any(not values[arg.name] for arg in needed):
+        return "Choose at least one " + " and one ".join(arg.widget.noun for arg in needed if arg.widget) + "."
+    return probe.page.check(values)
+
+
+def say_cost(probe: Probe, values: dict[str, Any], paths: tuple[str, ...]) -> None:
+    """Before a large run: about how long it takes on this machine, at the models' measured speeds."""
+    widgets = [(arg.widget, values[arg.name]) for arg in probe.args if arg.widget is not None]
+    lengths = [length for widget, value in widgets if widget.tokens for length in value or ()]
+    if not lengths or not probe.sampled:
         return
-    inputs = (paths, tuple(map(weights_stamp, paths)), tuple(sorted(distances)), int(n), int(seed))
-    try:
-        df = last_run("run_retention", inputs, lambda: run_retention(*inputs), clicked)
-    except (ValueError, memviz.CheckpointError) as exc:
-        st.error(str(exc))
+    cells = math.prod(
+        1 if value is None else len(value)
+        for widget, value in widgets
+        if widget.kind == "multiselect" and not widget.tokens
+    )
+    prompts, tokens, longest = values["n"] * cells * len(lengths), values["n"] * cells * sum(lengths), max(lengths)
+    if tokens <= SAY_COST_TOKENS and longest <= SAY_COST_LENGTH:
         return
-    if df is None:
-        return
-    st.plotly_chart(retention.curve(df), width="stretch", key="retention_curve")
+    if probe.several:
+        st.caption(
+            f"About {duration(sum(run_seconds(p, tokens) for p in paths))} on this machine at the models' measured "
+            f"speeds (one sample at {longest:,} tokens takes about {duration(run_seconds(paths[0], longest))} for "
+            "this model)."
+        )
+    else:
+        st.caption(
+            f"{prompts:,} prompts, {tokens:,} tokens: about {duration(run_seconds(paths[0], tokens))} on this machine "
+            "at the model's measured speed."
+        )
+
+
+def show(probe: Probe, df: pd.DataFrame) -> None:
+    """The probe's figure, its accuracy (one model's), the CSV to download and its table."""
+    st.plotly_chart(probe.figure(df), width="stretch", key=f"{probe.name}_figure")
+    if "correct" in df and not probe.several:
+        st.metric("accuracy", f"{df['correct'].mean():.0%}", help=f"{len(df)} samples")
+    rows = df.drop(columns=["evidence"], errors="ignore")
+    name = probe.page.download or f"{probe.name}.csv"
+    offered = probe.outputs[name](df) if probe.page.download else rows
     st.download_button(
         "Download CSV",
-        df.drop(columns=["evidence"]).to_csv(index=False),
-        file_name="retention.csv",
-        key="rt_csv",
+        offered.to_csv(index=False),
+        file_name=name,
+        key=f"{probe.name}_csv",
         on_click="ignore",  # a rerun would lose the results shown under the Run button
     )
-    st.dataframe(df.pivot_table(index="model", columns="distance", values="correct", sort=False), width="stretch")
+    if probe.page.summary:
+        st.dataframe(probe.summary_table(df), width="stretch")
+    else:
+        st.dataframe(rows, hide_index=True, width="stretch")
 
 
-@st.cache_data(show_spinner=False, max_entries=8)
-def run_lm(model_paths: tuple[str, ...], stamps: tuple[int, ...], corpus: str | None, max_tokens: int | None):
-    bar = st.progress(0.0, text="Reading the held-out documents…")
-    frames = []
-    for k, path in enumerate(model_paths):
-
-        def progress(done, total, k=k):
-            bar.progress((k + done / total) / len(model_paths), text=f"{path}: {done} / {total} documents")
-
-        frames.append(
-            lm.run(load_model(path), corpus=corpus, max_tokens=max_tokens, progress=progress).assign(model=path)
-        )
-    bar.empty()
-    return pd.concat(frames, ignore_index=True), lm.local_span(load_model(model_paths[0]))
-
-
-def render_lm() -> None:
-    st.caption(
-        "Every token's loss over whole held-out documents (Hamlet and The Tempest, Botchan's last chapter), "
-        "which no sample was trained on: bits per byte, and the loss against the token's position. Where a "
-        "memory helps, its line falls below the control's past the local window."
-    )
-    others = [s for s in memviz.list_samples() if s != current_path()]
-    compare = st.multiselect("Beside", others, default=[s for s in control_samples() if s in others], key="lm_models")
-    c1, c2 = st.columns(2)
-    corpus = c1.selectbox("Corpus", [*texts.CORPORA, "all"], key="lm_corpus")
-    max_tokens = c2.number_input(
-        "Tokens a document at most (0: whole)", 0, lm.MAX_TOKENS, 8192, step=1024, key="lm_max"
-    )
-    clicked = st.button("Run", key="run_lm")
-    if clicked and max_tokens == 1:  # the loss needs a token to predict from
-        st.error("Tokens a document at most: 0 (whole documents) or 2 or more.")
-        return
-    paths = (current_path(), *compare)
-    inputs = (paths, tuple(map(weights_stamp, paths)), None if corpus == "all" else corpus, int(max_tokens) or None)
+def render_probe(probe: Probe, model: MemoryModel, path: str) -> None:
+    """One probe's widgets, its Run and the last Run's results."""
+    parts = probe.page
+    if parts.caption:
+        st.caption(parts.caption)
     try:
-        kept = last_run("run_lm", inputs, lambda: run_lm(*inputs), clicked)
+        warning = probe.requires(model)
+    except ValueError as exc:
+        st.error(str(exc))
+        return
+    if warning:
+        st.warning(f"{path}: {warning}")
+    paths: tuple[str, ...] = (path,)
+    if probe.several:
+        others = [s for s in memviz.list_samples() if s != path]
+        control = [s for s in control_samples() if s in others]
+        paths = (path, *st.multiselect("Beside", others, default=control, key=parts.beside_key))
+    values = {arg.name: value_of(arg) for arg in probe.args}
+    if probe.sampled:
+        c1, c2 = st.columns(2)
+        values["n"], values["seed"] = ask(parts.n, c1), ask(parts.seed, c2)
+    say_cost(probe, values, paths)
+    clicked = st.button("Run", key=parts.run_key)
+    refused = refusal(probe, values) if clicked else None
+    if refused:
+        st.error(refused)
+        return
+    inputs = (paths, tuple(map(weights_stamp, paths)), tuple(parts.prepare(values).items()))
+    try:
+        df = last_run(f"run_{probe.name}", inputs, lambda: run_all(probe.name, *inputs), clicked)
     except (ValueError, memviz.CheckpointError) as exc:
         st.error(str(exc))
         return
-    if kept is None:
-        return
-    df, window = kept  # the window of the model the Run read, which another may have replaced
-    positions = lm.by_position(df)
-    st.plotly_chart(lm.position_curve(positions, window=window), width="stretch", key="lm_curve")
-    st.dataframe(lm.summary(df), width="stretch")
-    st.download_button(
-        "Download CSV", positions.to_csv(index=False), file_name="lm_positions.csv", key="lm_csv", on_click="ignore"
-    )
+    if df is not None:
+        show(probe, df)
 
 
 def render() -> None:
     st.title("Probes")
-    model = current_model()
-    if model is None:
+    model, path = current_model(), current_path()
+    if model is None or path is None:
         return
-    probe = st.radio(
-        "Probe", ["passkey", "babilong", "ruler", "retention", "language modelling"], horizontal=True, key="probe"
-    )
-    if probe == "retention":
-        render_retention()
-        return
-    if probe == "language modelling":
-        render_lm()
-        return
-    lengths = st.multiselect("Lengths (tokens)", [256, 512, 1024, 2048, 4096, 8192], default=[256, 512], key="lengths")
-    if probe == "passkey":
-        axis = st.multiselect(
-            "Needle depths", [0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0], default=[0.1, 0.5, 0.9], key="depths"
-        )
-    elif probe == "ruler":
-        axis = st.multiselect(
-            "RULER tasks (scored as RULER does: the share of the answers found)",
-            list(ruler.TASKS),
-            default=["niah_single_1"],
-            key="ruler_tasks",
-        )
-        fixed = st.multiselect(
-            "Needle depths (empty: RULER's random depths; with one task, the depth x length grid)",
-            [0.0, 0.25, 0.5, 0.75, 1.0],
-            default=[],
-            key="ruler_depths",
-        )
-    else:
-        axis = st.multiselect("Tasks", list(babilong.TASKS), default=["qa1"], key="tasks")
-    if probe == "passkey":
-        haystack = st.selectbox(
-            "Filler",
-            ["procedural", "grass", "shakespeare"],
-            key="pk_haystack",
-            help="the generated sentences, the papers' repeated 'The grass is green. ...', or the plays",
-        )
-    else:
-        haystack = st.selectbox(
-            "Background",
-            BACKGROUNDS,
-            key="haystack",
-            help="Shakespeare's plays (real English, as PG19 and essays are in the papers) or the "
-            "procedural sentences the shipped qa1 samples were trained on",
-        )
-    c1, c2 = st.columns(2)
-    n = c1.number_input("Samples per cell", 1, 200, 5, key="n")
-    seed = c2.number_input("Seed", 0, 10_000, 0, key="probe_seed")
-    path = current_path()
-    depths = tuple(sorted(fixed)) or None if probe == "ruler" else None
-    prompts = int(n) * len(axis) * len(depths or (None,))  # a grid's prompts at each length
-    if prompts * sum(lengths) > 100_000:  # say what a large grid costs before it runs
-        took = duration(run_seconds(path, prompts * sum(lengths)))
-        st.caption(
-            f"{prompts * len(lengths):,} prompts, {prompts * sum(lengths):,} tokens: about {took} on this machine at "
-            "the model's measured speed."
-        )
-    clicked = st.button("Run", key="run_probe")
-    if clicked and (not lengths or not axis):
-        st.error("Choose at least one length and one " + ("depth." if probe == "passkey" else "task."))
-        return
-    grid = (tuple(sorted(lengths)), tuple(sorted(axis)), int(n), int(seed), depths, haystack)
-    inputs = (path, weights_stamp(path), probe, *grid)
-    try:
-        df = last_run(f"run_{probe}", inputs, lambda: run_grid(*inputs), clicked)
-    except ValueError as exc:
-        st.error(str(exc))
-        return
-    if df is None:
-        return
-    fig = {"passkey": passkey.heatmap, "ruler": ruler.heatmap}.get(probe, babilong.heatmap)(df)
-    st.plotly_chart(fig, width="stretch", key="probe_heatmap")
-    st.metric("accuracy", f"{df['correct'].mean():.0%}", help=f"{len(df)} samples")
-    st.download_button(
-        "Download CSV",
-        df.drop(columns=["evidence"]).to_csv(index=False),
-        file_name=f"{probe}.csv",
-        key="dl_csv",
-        on_click="ignore",
-    )
-    st.dataframe(df.drop(columns=["evidence"]), hide_index=True, width="stretch")
+    probes = page_probes()
+    label = st.radio("Probe", list(probes), horizontal=True, key="probe")
+    if label is not None:  # None only for a radio without a default, which this is not
+        render_probe(probes[label], model, path)

@@ -7,8 +7,9 @@
     python -m memviz_probes ruler CHECKPOINT --tasks niah_single_1 niah_single_2 --lengths 2048 4096 [--depths 0 1]
     python -m memviz_probes lm CHECKPOINT [CHECKPOINT ...] [--corpus shakespeare] [--split heldout] [--max-tokens N]
 
-`--workers N` (passkey, ruler) splits the grid over N processes and gathers the same table; so does
-`torchrun --nproc_per_node N -m memviz_probes ...` (ranks on one machine or, by torchrun's rendezvous, on
+The probes and their arguments are the registry's (`memviz_probes.registry`): each takes its own flags and the
+shared ones it declares. `--workers N` (passkey, ruler) splits the grid over N processes and gathers the same table;
+so does `torchrun --nproc_per_node N -m memviz_probes ...` (ranks on one machine or, by torchrun's rendezvous, on
 several; rank 0 writes the files).
 
 CHECKPOINT is a checkpoint folder or the name of a sample checkpoint. Each run writes
@@ -26,13 +27,19 @@ import os
 import sys
 from pathlib import Path
 
+import pandas as pd
+
 from memviz.files import atomic_write_text, check_writable_folder
 from memviz.threads import check_threads
-from memviz_probes import babilong, facts, lm, passkey, retention, ruler, texts
 from memviz_probes.common import merge_shards
+from memviz_probes.registry import Probe, get_probe, registered_probes
+
+#: flags a probe that draws nothing refuses, named, so that they are not read as --no-progress
+SAMPLING_FLAGS = ("--n", "--samples", "--seed")
 
 
 def parser() -> argparse.ArgumentParser:
+    """One subcommand per registered probe: its own arguments and the shared ones it takes."""
     p = argparse.ArgumentParser(prog="python -m memviz_probes", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="probe", required=True)
     common = argparse.ArgumentParser(add_help=False)
@@ -47,7 +54,6 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         help="torch threads (default: torch's, one per core; with other jobs on the machine fewer are often faster)",
     )
-    # the probes that draw samples; lm reads whole documents, so it takes neither flag (none is ignored)
     sampled = argparse.ArgumentParser(add_help=False, parents=[common])
     sampled.add_argument(
         "--n",
@@ -58,65 +64,20 @@ def parser() -> argparse.ArgumentParser:
         help="samples per cell (facts: facts asked); under torchrun spell it --samples",
     )
     sampled.add_argument("--seed", type=int, default=0)
-    pk = sub.add_parser("passkey", parents=[sampled], help="pass-key retrieval over lengths x depths")
-    pk.add_argument("--lengths", type=int, nargs="+", required=True)
-    pk.add_argument("--depths", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0])
-    pk.add_argument(
-        "--haystack",
-        help="the filler: procedural (the default), grass (the papers' repeated sentences), shakespeare, or a "
-        "plain-text file",
-    )
-    pk.add_argument("--workers", type=int, default=1, help="processes to split the grid over")
-    bl = sub.add_parser("babilong", parents=[sampled], help="bAbI qa1-qa5 hidden in background text")
-    bl.add_argument("--tasks", nargs="+", default=["qa1"])
-    bl.add_argument("--lengths", type=int, nargs="+", required=True)
-    bl.add_argument("--data-path", help="released BABILong files (JSON/JSONL/parquet) instead of generated samples")
-    bl.add_argument("--haystack", help="the background: shakespeare (the default), procedural, or a plain-text file")
-    sub.add_parser("facts", parents=[sampled], help="factual recall on the model's knowledge base")
-    rt = sub.add_parser(
-        "retention", parents=[sampled], help="pass key against the distance to the question, per checkpoint"
-    )
-    rt.add_argument("more", nargs="*", metavar="CHECKPOINT", help="more checkpoints, one line each")
-    rt.add_argument("--distances", type=int, nargs="+", default=list(retention.DISTANCES[:5]))
-    rt.add_argument("--haystack", help="the filler: procedural (the default), grass, shakespeare, or a plain-text file")
-    ru = sub.add_parser("ruler", parents=[sampled], help="RULER's needle, tracing and aggregation tasks over lengths")
-    ru.add_argument("--tasks", nargs="+", default=list(ruler.SINGLE_NEEDLE), help=f"of {', '.join(ruler.TASKS)}")
-    ru.add_argument("--lengths", type=int, nargs="+", required=True)
-    ru.add_argument(
-        "--depths", type=float, nargs="+", help="fix the asked needle's depth (default: RULER's random depths)"
-    )
-    ru.add_argument(
-        "--haystack", help="the essay background: shakespeare (the default), procedural, or a plain-text file"
-    )
-    ru.add_argument("--workers", type=int, default=1, help="processes to split the grid over")
-    lmp = sub.add_parser("lm", parents=[common], help="bits per byte and loss against position on held-out text")
-    lmp.add_argument("more", nargs="*", metavar="CHECKPOINT", help="more checkpoints (a control, say), one line each")
-    lmp.add_argument(
-        "--corpus",
-        default="shakespeare",
-        help=f"{', '.join(texts.CORPORA)}, 'all', or a UTF-8 file or folder of .txt files",
-    )
-    lmp.add_argument("--split", default="heldout", choices=texts.SPLITS)
-    lmp.add_argument("--documents", nargs="+", help="only these documents of the split")
-    lmp.add_argument("--max-tokens", type=int, help="cut each document to this many tokens")
-    for flag in ("--n", "--samples", "--seed"):  # named, so that they are refused rather than read as --no-progress
-        lmp.add_argument(flag, dest=f"unused_{flag.strip('-')}", help=argparse.SUPPRESS)
+    for probe in registered_probes():
+        sp = sub.add_parser(probe.name, parents=[sampled if probe.sampled else common], help=probe.summary)
+        if probe.several:
+            sp.add_argument(
+                "more", nargs="*", metavar="CHECKPOINT", help="more checkpoints (a control, say), one line each"
+            )
+        for arg in probe.args:
+            arg.add_to(sp)
+        if probe.workers:
+            sp.add_argument("--workers", type=int, default=1, help="processes to split the grid over")
+        if not probe.sampled:
+            for flag in SAMPLING_FLAGS:
+                sp.add_argument(flag, dest=f"unused_{flag.strip('-')}", help=argparse.SUPPRESS)
     return p
-
-
-#: the files a probe writes under --out, its figure last; the others write <probe>.csv and <probe>.html
-OUTPUTS = {"lm": ("lm.csv", "lm_positions.csv", "lm.html")}
-
-
-def run_lm(args, model):
-    """The lm probe's table, positions and figure; `lm.csv` without the per-token arrays."""
-    import memviz
-
-    models = {args.checkpoint: model, **{path: memviz.load(path) for path in args.more}}
-    corpus = None if args.corpus == "all" else args.corpus
-    df = lm.compare(models, corpus=corpus, split=args.split, documents=args.documents, max_tokens=args.max_tokens)
-    positions = lm.by_position(df)
-    return df, positions, lm.position_curve(positions, window=lm.local_span(model)), lm.summary(df)
 
 
 def torchrun_shard() -> tuple[int, int]:
@@ -131,21 +92,47 @@ def torchrun_shard() -> tuple[int, int]:
     return int(rank), int(world)
 
 
-def gathered(df, world: int):
+def gathered(df: pd.DataFrame, world: int) -> pd.DataFrame | None:
     """Every rank's shard of the grid on rank 0, in single-process order (None on the others)."""
     if world == 1:
         return df
     import torch.distributed as dist
 
-    parts = [None] * world
+    parts: list[pd.DataFrame | None] = [None] * world
     dist.all_gather_object(parts, df)
     rank = dist.get_rank()
     dist.destroy_process_group()
-    return merge_shards(parts) if rank == 0 else None
+    return merge_shards([part for part in parts if part is not None]) if rank == 0 else None
+
+
+def refuse_sampling_flags(probe: Probe, args: argparse.Namespace) -> None:
+    """ValueError naming the sampling flags given to a probe that draws nothing (they would do nothing)."""
+    given = [f"--{key[7:]}" for key, value in vars(args).items() if key.startswith("unused_") and value is not None]
+    if probe.unsampled is not None and given:
+        raise ValueError(
+            f"{probe.name} {probe.unsampled.why}: {' and '.join(given)} {'does' if len(given) == 1 else 'do'} not "
+            f"apply ({probe.unsampled.instead})"
+        )
+
+
+def check_out(out: Path, written: list[Path], replace: bool) -> None:
+    """ValueError before the run where --out cannot take the results: they are never lost to, nor written
+    through, what is there."""
+    check_writable_folder(out, "--out")
+    for path in written:
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            raise ValueError(f"--out {out}: {path} is there and is not a plain file (a link or a folder)")
+        if path.exists() and not replace:
+            raise ValueError(f"--out {out}: {path} holds an earlier run's results; pass --replace to replace them")
+
+
+def a_list(names: list[str]) -> str:
+    return " and ".join(names) if len(names) < 3 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    probe = get_probe(args.probe)
     import memviz
 
     try:
@@ -154,8 +141,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if world > 1:
-        if args.probe not in ("passkey", "ruler") or args.workers > 1:
-            print("error: torchrun splits the passkey and ruler grids, without --workers", file=sys.stderr)
+        if not probe.workers or args.workers > 1:
+            grids = a_list([p.name for p in registered_probes() if p.workers])
+            print(f"error: torchrun splits the {grids} grids, without --workers", file=sys.stderr)
             return 2
         import torch.distributed as dist
 
@@ -172,107 +160,31 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     out = Path(args.out)
     made = not out.exists()
-    written = [out / name for name in OUTPUTS.get(args.probe, (f"{args.probe}.csv", f"{args.probe}.html"))]
+    written = [out / name for name in probe.files]
+    named = [args.checkpoint, *(args.more if probe.several else ())]
     try:
-        if args.probe == "lm":
-            given = [
-                f"--{key[7:]}" for key, value in vars(args).items() if key.startswith("unused_") and value is not None
-            ]
-            if given:
-                raise ValueError(
-                    f"lm reads every token of whole documents and draws nothing: {' and '.join(given)} "
-                    f"{'does' if len(given) == 1 else 'do'} not apply (choose what it reads with --documents and "
-                    "--max-tokens)"
-                )
+        refuse_sampling_flags(probe, args)
         if not args.out.strip():  # Path("") is the working folder: an empty flag is a slip, not a choice
             raise ValueError("--out: an empty path; give the folder for the results")
-        check_writable_folder(out, "--out")
-        for path in written:  # before the grid: results are never lost to, nor written through, what is there
-            if path.is_symlink() or (path.exists() and not path.is_file()):
-                raise ValueError(f"--out {out}: {path} is there and is not a plain file (a link or a folder)")
-            if path.exists() and not args.replace:
-                raise ValueError(f"--out {out}: {path} holds an earlier run's results; pass --replace to replace them")
-        if args.probe in ("retention", "lm"):  # one line per checkpoint: a name given twice would merge into one
-            named = [args.checkpoint, *args.more]
-            twice = sorted({name for name in named if named.count(name) > 1})
-            if twice:
-                raise ValueError(f"checkpoint {', '.join(map(repr, twice))} is given more than once")
+        check_out(out, written, args.replace)
+        twice = sorted({name for name in named if named.count(name) > 1})
+        if twice:  # one line per checkpoint: a name given twice would merge into one
+            raise ValueError(f"checkpoint {', '.join(map(repr, twice))} is given more than once")
         try:  # before the grid: a folder that cannot be made loses no results
             out.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ValueError(f"--out {out} cannot be made: {exc.strerror or exc}") from exc
         model = memviz.load(args.checkpoint)
-        if args.probe == "facts" and "facts" not in model.card:
-            print(
-                f"warning: {args.checkpoint}: its card names no facts knowledge base (card.json 'facts'): the model "
-                "was not trained on facts, so it is asked the default one (kb_seed 0, 1,000 people) and should score "
-                "about nothing",
-                file=sys.stderr,
-            )
-        if args.probe == "passkey":
-            df = gathered(
-                passkey.run(
-                    model,
-                    args.lengths,
-                    args.depths,
-                    n=args.n,
-                    seed=args.seed,
-                    haystack=args.haystack,
-                    progress=progress,
-                    workers=args.workers,
-                    shard=(rank, world),
-                ),
-                world,
-            )
-            if df is None:
-                return 0
-            fig, table = passkey.heatmap(df), df.pivot_table(index="depth", columns="length", values="correct")
-        elif args.probe == "babilong":
-            df = babilong.run(
-                model,
-                args.tasks,
-                args.lengths,
-                n=args.n,
-                seed=args.seed,
-                data_path=args.data_path,
-                haystack=args.haystack,
-                progress=progress,
-            )
-            fig, table = babilong.heatmap(df), df.pivot_table(index="task", columns="length", values="correct")
-        elif args.probe == "ruler":
-            df = gathered(
-                ruler.run(
-                    model,
-                    args.tasks,
-                    args.lengths,
-                    args.depths,
-                    n=args.n,
-                    seed=args.seed,
-                    haystack=args.haystack,
-                    progress=progress,
-                    workers=args.workers,
-                    shard=(rank, world),
-                ),
-                world,
-            )
-            if df is None:
-                return 0
-            rows = "depth" if len(args.tasks) == 1 and args.depths else "task"
-            fig, table = ruler.heatmap(df), df.pivot_table(index=rows, columns="length", values="correct")
-        elif args.probe == "retention":
-            models = {args.checkpoint: model, **{path: memviz.load(path) for path in args.more}}
-            df = retention.compare(
-                models, args.distances, n=args.n, seed=args.seed, haystack=args.haystack, progress=progress
-            )
-            fig, table = (
-                retention.curve(df),
-                df.pivot_table(index="model", columns="distance", values="correct", sort=False),
-            )
-        elif args.probe == "lm":
-            df, positions, fig, table = run_lm(args, model)
-        else:
-            df = facts.run(model, n=args.n, seed=args.seed, progress=progress)
-            fig, table = facts.bar(df), df.groupby("attribute")["correct"].mean()
+        warning = probe.requires(model)
+        if warning:
+            print(f"warning: {args.checkpoint}: {warning}", file=sys.stderr)
+        args.models = {args.checkpoint: model, **{path: memviz.load(path) for path in named[1:]}}
+        args.progress, args.shard = progress, (rank, world)
+        df = gathered(probe.run(model, args), world)
+        if df is None:
+            return 0
+        tables = [probe.csv(df), *(rows(df) for rows in probe.outputs.values())]
+        fig, summary = probe.figure(df), probe.summary_table(df)
     except (memviz.CheckpointError, ValueError, OSError, KeyboardInterrupt) as exc:
         if made and out.is_dir() and not any(out.iterdir()):  # a refused or stopped run leaves no folder behind
             out.rmdir()
@@ -281,19 +193,14 @@ def main(argv: list[str] | None = None) -> int:
             return 130
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if args.probe == "lm":
-        tables = [df.drop(columns="losses"), positions]
-    else:
-        tables = [df]
-    for path, table_out in zip(written, tables):
-        atomic_write_text(path, table_out.to_csv(index=False))
+    for path, table in zip(written, tables):
+        atomic_write_text(path, table.to_csv(index=False))
     atomic_write_text(written[-1], fig.to_html(include_plotlyjs=True))
-    if args.probe == "lm":
-        print(table.to_string(float_format=lambda v: f"{v:.3f}"))
-        print(f"wrote {', '.join(str(p) for p in written)}")
-        return 0
-    print(table.to_string(float_format=lambda v: f"{v:.0%}"))
-    print(f"accuracy {df['correct'].mean():.1%} over {len(df)} samples; wrote {out / args.probe}.csv and .html")
+    scored = "correct" in df
+    print(summary.to_string(float_format=(lambda v: f"{v:.0%}") if scored else (lambda v: f"{v:.3f}")))
+    accuracy = f"accuracy {df['correct'].mean():.1%} over {len(df)} samples; " if scored else ""
+    files = f"{out / probe.name}.csv and .html" if not probe.outputs else ", ".join(map(str, written))
+    print(f"{accuracy}wrote {files}")
     return 0
 
 

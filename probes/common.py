@@ -16,7 +16,9 @@ from typing import Any
 
 import pandas as pd
 
-from memviz.model import MemoryLM, NonFiniteError
+from memviz.protocol import MemoryModel
+from memviz.running import NonFiniteError, StreamingLM
+from memviz_probes.registry import Arg, Widget
 
 
 @dataclass
@@ -82,11 +84,33 @@ def check_lengths(lengths: Any, name: str = "lengths") -> list[int]:
     if not lengths:
         raise ValueError(f"{name} needs at least one value")
     for length in lengths:
-        if not isinstance(length, numbers.Integral) or isinstance(length, bool) or not 0 < length <= MAX_PROBE_LENGTH:
+        if (
+            not isinstance(length, numbers.Integral)
+            or isinstance(length, bool)
+            or not 0 < int(length) <= MAX_PROBE_LENGTH
+        ):
             raise ValueError(f"{name} are whole numbers of tokens in 1..{MAX_PROBE_LENGTH:,}, got {length!r}")
     values = [int(length) for length in lengths]
     check_no_repeats(values, name)
     return values
+
+
+#: the grids' prompt lengths, on the command line (--lengths, required) and the Probes page
+LENGTHS = Arg(
+    "lengths",
+    int,
+    nargs="+",
+    required=True,
+    widget=Widget(
+        "multiselect",
+        "lengths",
+        "Lengths (tokens)",
+        options=(256, 512, 1024, 2048, 4096, 8192),
+        default=(256, 512),
+        noun="length",
+        tokens=True,
+    ),
+)
 
 
 def check_depths(depths: Any, name: str = "depths") -> list[float]:
@@ -95,7 +119,7 @@ def check_depths(depths: Any, name: str = "depths") -> list[float]:
     if not depths:
         raise ValueError(f"{name} needs at least one value")
     for depth in depths:
-        if not isinstance(depth, numbers.Real) or isinstance(depth, bool) or not 0 <= depth <= 1:
+        if not isinstance(depth, numbers.Real) or isinstance(depth, bool) or not 0 <= float(depth) <= 1:
             raise ValueError(f"depth must lie in [0, 1] ({name} are fractions of the prompt), got {depth!r}")
     values = [float(depth) for depth in depths]
     check_no_repeats(values, name)
@@ -152,7 +176,7 @@ def check_shard(shard) -> tuple[int, int]:
 
 
 def run_samples(
-    model,
+    model: MemoryModel,
     jobs: Sequence[tuple[dict[str, Any], Callable[[], Sample]]],
     score: Callable[[str, Sample], bool | float],
     max_new_tokens: int | Callable[[dict[str, Any]], int],
@@ -164,7 +188,8 @@ def run_samples(
     being finite, scored wrong). `max_new_tokens` may
     depend on the job's keys. With `shard` (i, n) only jobs i, i + n, ... run, each row with its
     job index in "job" (`run_in_workers` puts the shards back in order). A callable `progress` hears of a
-    memviz model's long prompt as it is read, in PROMPT_STEPS steps, not only when its sample is done."""
+    memviz model's long prompt as it is read, in PROMPT_STEPS steps, not only when its sample is done (a
+    duck-typed stand-in, a test's oracle, only of its samples)."""
     from tqdm.auto import tqdm
 
     index, count = check_shard(shard)
@@ -175,7 +200,7 @@ def run_samples(
         sample = make()
         budget = max_new_tokens(keys) if callable(max_new_tokens) else max_new_tokens
         try:
-            if callable(progress) and isinstance(model, MemoryLM):
+            if callable(progress) and isinstance(model, StreamingLM):
                 reading = prompt_progress(progress, i, len(picked))
                 prediction = model.generate(sample.prompt, max_new_tokens=budget, progress=reading)
             else:
@@ -229,7 +254,7 @@ def check_workers(workers: int) -> None:
         raise ValueError(f"workers: {workers} processes on this machine's {cores} cores; give at most {cores}")
 
 
-def run_in_workers(run: Callable[..., pd.DataFrame], model, workers: int, **kwargs: Any) -> pd.DataFrame:
+def run_in_workers(run: Callable[..., pd.DataFrame], model: MemoryModel, workers: int, **kwargs: Any) -> pd.DataFrame:
     """A probe's grid split over `workers` processes (spawned, each with the model, one share of
     the cores in torch threads and every `workers`-th sample), gathered in the order of a
     single-process run: the same DataFrame."""

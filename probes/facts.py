@@ -16,12 +16,15 @@ the corpus is shuffled take their own seeds.
 from __future__ import annotations
 
 import random
+from argparse import Namespace
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pandas as pd
 
+from memviz.protocol import MemoryModel
 from memviz_probes.common import Sample, SampleProgress, check_n, run_samples
+from memviz_probes.registry import PageParts, Probe, Widget, keywords, register_probe
 
 SYLLABLES = """ka lo mi ra ven tor sul qui bel dar fen gor hal is jun kel mor nal os pel
 rin sev tal ul vor wen xan yel zor bri cla dro fla gri plo stra tre vel mar nor""".split()
@@ -69,7 +72,7 @@ class KnowledgeBase:
         self.kb_seed, self.n_entities = kb_seed, n_entities
         rng = random.Random(f"kb-{kb_seed}")
         names: set[str] = set()
-        entities = []
+        entities: list[Entity] = []
         while len(entities) < n_entities:
             first = "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 3))).capitalize()
             last = "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 3))).capitalize()
@@ -125,26 +128,27 @@ def score(prediction: str, sample: Sample) -> bool:
     return prediction.split(".")[0].strip().lower() == sample.answer.lower()
 
 
-def knowledge_base_of(model, kb_seed: int | None = None, n_entities: int | None = None) -> KnowledgeBase:
-    """The knowledge base the model was trained on, as its card names it (unless given); ValueError naming the
-    card's field where it holds something else than a knowledge base's seed and size."""
-    card = model.card.get("facts", {})
-    folder = model.card.get("path")  # memviz.load notes the checkpoint's folder; a model built in memory has none
-    where = f"{folder}/card.json" if folder else "the model's card.json"
-    if not isinstance(card, dict):
-        raise ValueError(f"{where}: facts must be an object with kb_seed and n_entities, got {card!r:.60}")
+def knowledge_base_of(model: MemoryModel, kb_seed: int | None = None, n_entities: int | None = None) -> KnowledgeBase:
+    """The knowledge base the model was trained on, as its card names it (`model.facts`; the default one where it
+    names none) unless given; ValueError naming the card's field where it holds something else than a knowledge
+    base's seed and size."""
+    trained = model.facts
+    seed, size = (0, 1000) if trained is None else trained
     try:
-        return KnowledgeBase(
-            card.get("kb_seed", 0) if kb_seed is None else kb_seed,
-            card.get("n_entities", 1000) if n_entities is None else n_entities,
-        )
+        return KnowledgeBase(seed if kb_seed is None else kb_seed, size if n_entities is None else n_entities)
     except ValueError as exc:
-        named_by_card = (kb_seed is None and "kb_seed" in str(exc)) or (n_entities is None and "n_entities" in str(exc))
-        raise ValueError(f"{where}: facts.{exc}" if named_by_card else str(exc)) from exc
+        named_by_card = trained is not None and (
+            (kb_seed is None and "kb_seed" in str(exc)) or (n_entities is None and "n_entities" in str(exc))
+        )
+        if not named_by_card:
+            raise
+        folder = model.card.get("path")  # memviz.load notes the checkpoint's folder; a model built in memory has none
+        where = f"{folder}/card.json" if folder else "the model's card.json"
+        raise ValueError(f"{where}: facts.{exc}") from exc
 
 
 def run(
-    model,
+    model: MemoryModel,
     n: int = 100,
     seed: int = 0,
     kb_seed: int | None = None,
@@ -178,3 +182,36 @@ def bar(df: pd.DataFrame, title: str = "Factual recall"):
     fig = px.bar(table, x="attribute", y="correct", range_y=[0, 1], title=title, labels={"correct": "accuracy"})
     fig.update_yaxes(tickformat=".0%")
     return fig
+
+
+def untrained(model: MemoryModel) -> str | None:
+    """What to say before asking a model whose card names no knowledge base (it should score about nothing)."""
+    if model.facts is not None:
+        return None
+    return (
+        "its card names no facts knowledge base (card.json 'facts'): the model was not trained on facts, so it is "
+        "asked the default one (kb_seed 0, 1,000 people) and should score about nothing"
+    )
+
+
+def run_probe(model: MemoryModel, args: Namespace) -> pd.DataFrame:
+    """`run` on the registered arguments (the command line's and the Probes page's run)."""
+    return run(model, **keywords(args, "n", "seed", "progress"))
+
+
+register_probe(
+    Probe(
+        name="facts",
+        summary="factual recall on the model's knowledge base",
+        run=run_probe,
+        figure=bar,
+        summary_table=lambda df: df.groupby("attribute")["correct"].mean(),
+        requires=untrained,
+        page=PageParts(
+            caption="Questions on the invented people of the knowledge base the model was trained on (its card "
+            "names it): a model trained on facts recalls them, any other scores about nothing.",
+            n=Widget("number", "facts_n", "Facts asked", default=30, bounds=(1, 3000)),
+        ),
+        order=60,
+    )
+)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Protocol
 
 from memviz.files import check_regular_file
+from memviz_probes.registry import Widget
 
 ADJECTIVES = """quiet bright narrow ancient gentle restless silver hollow distant crowded humble
 steady patient curious golden pale crooked heavy tender brittle sudden calm wide rusty woven
@@ -174,6 +175,15 @@ class RepeatedHaystack:
 
 
 BACKGROUNDS = ("shakespeare", "procedural", "grass")  # the built-in backgrounds by name, real text first
+#: how the Probes page asks for the background of the probes whose haystack is real text unless told
+BACKGROUND = Widget(
+    "selectbox",
+    "haystack",
+    "Background",
+    options=BACKGROUNDS,
+    help="Shakespeare's plays (real English, as PG19 and essays are in the papers) or the procedural sentences the "
+    "shipped qa1 samples were trained on",
+)
 
 
 def make_haystack(haystack: str | Path | None, seed: int) -> Haystack:

@@ -19,20 +19,24 @@ from __future__ import annotations
 import math
 import os
 import warnings
+from argparse import Namespace
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 
-from memviz.model import NonFiniteError
+from memviz.protocol import MemoryModel
+from memviz.running import NonFiniteError
 from memviz_probes import texts
+from memviz_probes.registry import Arg, PageParts, Probe, Unsampled, Widget, register_probe
 
 #: a document is cut to this many tokens unless asked otherwise (Hamlet is 60k of the English samples' tokens)
 MAX_TOKENS = 1 << 20
 
 
-def token_losses(model, tokens: Sequence[int], chunk_len: int | None = None) -> np.ndarray:
+def token_losses(model: MemoryModel, tokens: Sequence[int], chunk_len: int | None = None) -> np.ndarray:
     """nll_t in nats for t = 1..n-1 (predicting tokens[t] from tokens[:t]), streamed chunk by chunk."""
     ids = torch.as_tensor(list(tokens))
     if ids.numel() < 2:
@@ -77,7 +81,7 @@ def select(corpus: str | os.PathLike | None, split: str, documents: Sequence[str
 
 
 def run(
-    model,
+    model: MemoryModel,
     corpus: str | None = "shakespeare",
     split: str = "heldout",
     documents: Sequence[str] | None = None,
@@ -130,7 +134,7 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     return table[["bits_per_byte", "tokens", "bytes", "bytes_per_token"]]
 
 
-def compare(models: Mapping[str, object], **kw) -> pd.DataFrame:
+def compare(models: Mapping[str, MemoryModel], **kw: Any) -> pd.DataFrame:
     """`run` for each named model on the same documents, with a `model` column."""
     if not models:
         raise ValueError("compare needs at least one model, as {name: model}")
@@ -178,11 +182,6 @@ def by_position(df: pd.DataFrame, per_octave: int = 4) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def local_span(model) -> int | None:
-    """The span of a model's local attention in tokens (a window or a segment), None where it sees every token."""
-    return None if model.attention is None else model.attention.span
-
-
 def position_curve(
     df: pd.DataFrame, title: str = "Loss against token position (held-out text)", window: int | None = None
 ):
@@ -220,3 +219,87 @@ def position_curve(
     )
     fig.update_xaxes(type="log")
     return fig
+
+
+def run_probe(model: MemoryModel, args: Namespace) -> pd.DataFrame:
+    """`compare` over every checkpoint given, on the registered arguments (the command line's and the Probes
+    page's run); the first model's local span kept in the table's `attrs["window"]` for its figure."""
+    df = compare(
+        args.models,
+        corpus=None if args.corpus == "all" else args.corpus,
+        split=args.split,
+        documents=args.documents,
+        max_tokens=args.max_tokens,
+        progress=args.progress,
+    )
+    df.attrs["window"] = model.attention_span  # marked on the loss curve
+    return df
+
+
+def figure(df: pd.DataFrame):
+    """The loss against position of `run_probe`'s table, its first model's local span marked."""
+    return position_curve(by_position(df), window=df.attrs.get("window"))
+
+
+def page_values(values: dict[str, Any]) -> dict[str, Any]:
+    """The page's 0 tokens a document: whole documents."""
+    return {**values, "max_tokens": values["max_tokens"] or None}
+
+
+def page_check(values: Mapping[str, Any]) -> str | None:
+    return "Tokens a document at most: 0 (whole documents) or 2 or more." if values["max_tokens"] == 1 else None
+
+
+register_probe(
+    Probe(
+        name="lm",
+        summary="bits per byte and loss against position on held-out text",
+        run=run_probe,
+        figure=figure,
+        summary_table=summary,
+        args=(
+            Arg(
+                "corpus",
+                default="shakespeare",
+                help=f"{', '.join(texts.CORPORA)}, 'all', or a UTF-8 file or folder of .txt files",
+                widget=Widget("selectbox", "lm_corpus", "Corpus", options=(*texts.CORPORA, "all")),
+            ),
+            Arg("split", default="heldout", choices=texts.SPLITS),
+            Arg("documents", nargs="+", help="only these documents of the split"),
+            Arg(
+                "max_tokens",
+                int,
+                help="cut each document to this many tokens",
+                widget=Widget(
+                    "number",
+                    "lm_max",
+                    "Tokens a document at most (0: whole)",
+                    default=8192,
+                    bounds=(0, MAX_TOKENS),
+                    step=1024,
+                ),
+            ),
+        ),
+        unsampled=Unsampled(
+            "reads every token of whole documents and draws nothing",
+            "choose what it reads with --documents and --max-tokens",
+        ),
+        several=True,
+        csv=lambda df: df.drop(columns="losses"),
+        outputs={"lm_positions.csv": by_position},
+        page=PageParts(
+            label="language modelling",
+            caption="Every token's loss over whole held-out documents (Hamlet and The Tempest, Botchan's last "
+            "chapter), which no sample was trained on: bits per byte, and the loss against the token's position. "
+            "Where a memory helps, its line falls below the control's past the local window.",
+            run_key="run_lm",
+            beside_key="lm_models",
+            counts="documents",
+            check=page_check,
+            prepare=page_values,
+            summary=True,
+            download="lm_positions.csv",
+        ),
+        order=50,
+    )
+)

@@ -13,11 +13,14 @@ greedy continuation equals the key.
 from __future__ import annotations
 
 import re
+from argparse import Namespace
 from collections.abc import Sequence
 
 import pandas as pd
 
+from memviz.protocol import MemoryModel
 from memviz_probes.common import (
+    LENGTHS,
     Sample,
     SampleProgress,
     accuracy_heatmap,
@@ -35,6 +38,7 @@ from memviz_probes.common import (
     take_filler,
 )
 from memviz_probes.haystack import make_haystack
+from memviz_probes.registry import Arg, Probe, Widget, keywords, register_probe
 
 INSTRUCTION = (
     "There is important info hidden inside a lot of irrelevant text. Find it and memorize it. "
@@ -107,7 +111,7 @@ def score(prediction: str, sample: Sample | str) -> bool:
 
 
 def run(
-    model,
+    model: MemoryModel,
     lengths: Sequence[int],
     depths: Sequence[float],
     n: int = 10,
@@ -152,3 +156,50 @@ def heatmap(df: pd.DataFrame, title: str = "Pass-key retrieval"):
     return accuracy_heatmap(
         df, rows="depth", cols="length", title=title, row_label="needle depth", col_label="length (tokens)"
     )
+
+
+def run_probe(model: MemoryModel, args: Namespace) -> pd.DataFrame:
+    """`run` on the registered arguments (the command line's and the Probes page's run)."""
+    return run(model, **keywords(args, "lengths", "depths", "n", "seed", "haystack", "progress", "workers", "shard"))
+
+
+register_probe(
+    Probe(
+        name="passkey",
+        summary="pass-key retrieval over lengths x depths",
+        run=run_probe,
+        figure=heatmap,
+        summary_table=lambda df: df.pivot_table(index="depth", columns="length", values="correct"),
+        args=(
+            LENGTHS,
+            Arg(
+                "depths",
+                float,
+                nargs="+",
+                default=(0.0, 0.25, 0.5, 0.75, 1.0),
+                widget=Widget(
+                    "multiselect",
+                    "depths",
+                    "Needle depths",
+                    options=(0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0),
+                    default=(0.1, 0.5, 0.9),
+                    noun="depth",
+                ),
+            ),
+            Arg(
+                "haystack",
+                help="the filler: procedural (the default), grass (the papers' repeated sentences), shakespeare, or a "
+                "plain-text file",
+                widget=Widget(
+                    "selectbox",
+                    "pk_haystack",
+                    "Filler",
+                    options=("procedural", "grass", "shakespeare"),
+                    help="the generated sentences, the papers' repeated 'The grass is green. ...', or the plays",
+                ),
+            ),
+        ),
+        workers=True,
+        order=10,
+    )
+)

@@ -14,10 +14,13 @@ the pass-key probe's needle and filler, seeded apart from it ("retention", seed,
 
 from __future__ import annotations
 
+from argparse import Namespace
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pandas as pd
 
+from memviz.protocol import MemoryModel
 from memviz_probes.common import (
     Sample,
     SampleProgress,
@@ -31,6 +34,7 @@ from memviz_probes.common import (
 )
 from memviz_probes.haystack import make_haystack
 from memviz_probes.passkey import INSTRUCTION, QUESTION, leading_digits, needle, score
+from memviz_probes.registry import Arg, PageParts, Probe, Widget, keywords, register_probe
 
 #: 64 tokens to 1M on a log scale (powers of four)
 DISTANCES = (64, 256, 1024, 4096, 16384, 65536, 262144, 1048576)
@@ -75,7 +79,7 @@ def check_distances(distances: Sequence[int]) -> list[int]:
 
 
 def run(
-    model,
+    model: MemoryModel,
     distances: Sequence[int] = DISTANCES[:5],
     n: int = 10,
     seed: int = 0,
@@ -106,12 +110,12 @@ def run(
 
 
 def compare(
-    models: Mapping[str, object],
+    models: Mapping[str, MemoryModel],
     distances: Sequence[int] = DISTANCES[:5],
     n: int = 10,
     seed: int = 0,
     progress: bool | SampleProgress = True,
-    **kw,
+    **kw: Any,
 ) -> pd.DataFrame:
     """`run` for each named model on the same samples, with a `model` column."""
     frames = [
@@ -152,3 +156,49 @@ def curve(df: pd.DataFrame, title: str = "Retention: pass key against distance")
     )
     fig.update_xaxes(type="log")
     return fig
+
+
+def run_probe(model: MemoryModel, args: Namespace) -> pd.DataFrame:
+    """`compare` over every checkpoint given, on the registered arguments (the command line's and the Probes
+    page's run)."""
+    return compare(args.models, **keywords(args, "distances", "n", "seed", "haystack", "progress"))
+
+
+register_probe(
+    Probe(
+        name="retention",
+        summary="pass key against the distance to the question, per checkpoint",
+        run=run_probe,
+        figure=curve,
+        summary_table=lambda df: df.pivot_table(index="model", columns="distance", values="correct", sort=False),
+        args=(
+            Arg(
+                "distances",
+                int,
+                nargs="+",
+                default=DISTANCES[:5],
+                widget=Widget(
+                    "multiselect",
+                    "rt_distances",
+                    "Distances (tokens)",
+                    options=DISTANCES,
+                    default=(64, 256, 1024, 4096),
+                    noun="distance",
+                    tokens=True,
+                ),
+            ),
+            Arg("haystack", help="the filler: procedural (the default), grass, shakespeare, or a plain-text file"),
+        ),
+        several=True,
+        page=PageParts(
+            caption="A pass key written once, then `distance` tokens of filler, then the question: how far back "
+            "each memory still finds it. A model without memory falls to chance past its attention window.",
+            n=Widget("number", "rt_n", "Samples per distance", default=5, bounds=(1, 200)),
+            seed=Widget("number", "rt_seed", "Seed", default=0, bounds=(0, 10_000)),
+            run_key="run_retention",
+            beside_key="rt_models",
+            summary=True,
+        ),
+        order=40,
+    )
+)

@@ -41,12 +41,16 @@ import math
 import random
 import string
 import uuid
-from collections.abc import Callable, Sequence
+from argparse import Namespace
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
+from memviz.protocol import MemoryModel
 from memviz_probes.common import (
+    LENGTHS,
     Sample,
     SampleProgress,
     accuracy_heatmap,
@@ -61,7 +65,8 @@ from memviz_probes.common import (
     sample_rng,
     spans_of,
 )
-from memviz_probes.haystack import RepeatedHaystack, make_haystack
+from memviz_probes.haystack import BACKGROUND, RepeatedHaystack, make_haystack
+from memviz_probes.registry import Arg, PageParts, Probe, Widget, keywords, register_probe
 
 NOISE = list(RepeatedHaystack.SENTENCES)
 NEEDLE = "One of the special magic {kind} for {key} is: {value}."
@@ -299,7 +304,7 @@ def random_value(rng: random.Random, kind: str) -> str:
     return f"{rng.choice(ADJECTIVES)}-{rng.choice(NOUNS)}"
 
 
-def distinct_values(rng: random.Random, kind: str, n: int, taken: set[str] = frozenset()) -> list[str]:
+def distinct_values(rng: random.Random, kind: str, n: int, taken: Set[str] = frozenset()) -> list[str]:
     out: list[str] = []
     while len(out) < n:
         value = random_value(rng, kind)
@@ -568,7 +573,7 @@ def seeded_sample(
 
 
 def run(
-    model,
+    model: MemoryModel,
     tasks: Sequence[str],
     lengths: Sequence[int],
     depths: Sequence[float] | None = None,
@@ -641,3 +646,69 @@ def heatmap(df: pd.DataFrame, title: str = "RULER"):
             col_label="length (tokens)",
         )
     return accuracy_heatmap(df, rows="task", cols="length", title=title, row_label="task", col_label="length (tokens)")
+
+
+def run_probe(model: MemoryModel, args: Namespace) -> pd.DataFrame:
+    """`run` on the registered arguments (the command line's and the Probes page's run)."""
+    names = ("tasks", "lengths", "depths", "n", "seed", "haystack", "progress", "workers", "shard")
+    return run(model, **keywords(args, *names))
+
+
+def summary_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Accuracy by length, down the depths for one task at fixed depths (as `heatmap` draws it), else the tasks."""
+    rows = "depth" if df["task"].nunique() == 1 and df["depth"].notna().all() else "task"
+    return df.pivot_table(index=rows, columns="length", values="correct")
+
+
+def page_values(values: dict[str, Any]) -> dict[str, Any]:
+    """The page's background goes to the tasks that read one; the others bring their own."""
+    return {**values, "haystack": values["haystack"] if reads_essay(values["tasks"] or ()) else None}
+
+
+register_probe(
+    Probe(
+        name="ruler",
+        summary="RULER's needle, tracing and aggregation tasks over lengths",
+        run=run_probe,
+        figure=heatmap,
+        summary_table=summary_table,
+        args=(
+            LENGTHS,
+            Arg(
+                "tasks",
+                nargs="+",
+                default=SINGLE_NEEDLE,
+                help=f"of {', '.join(TASKS)}",
+                widget=Widget(
+                    "multiselect",
+                    "ruler_tasks",
+                    "RULER tasks (scored as RULER does: the share of the answers found)",
+                    options=tuple(TASKS),
+                    default=("niah_single_1",),
+                    noun="task",
+                ),
+            ),
+            Arg(
+                "depths",
+                float,
+                nargs="+",
+                help="fix the asked needle's depth (default: RULER's random depths)",
+                widget=Widget(
+                    "multiselect",
+                    "ruler_depths",
+                    "Needle depths (empty: RULER's random depths; with one task, the depth x length grid)",
+                    options=(0.0, 0.25, 0.5, 0.75, 1.0),
+                    default=(),
+                ),
+            ),
+            Arg(
+                "haystack",
+                help="the essay background: shakespeare (the default), procedural, or a plain-text file",
+                widget=BACKGROUND,
+            ),
+        ),
+        workers=True,
+        page=PageParts(prepare=page_values),
+        order=30,
+    )
+)

@@ -88,8 +88,9 @@ def keep_from_sdist(package: str, folder: Path, wanted) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         with tarfile.open(archive) as tar:
             for member in tar.getmembers():
-                if member.isfile() and wanted(Path(member.name)):
-                    (folder / Path(member.name).name).write_bytes(tar.extractfile(member).read())
+                data = tar.extractfile(member) if member.isfile() and wanted(Path(member.name)) else None
+                if data is not None:  # a regular file's member always has its data
+                    (folder / Path(member.name).name).write_bytes(data.read())
 
 
 def fetch(folder: Path = FOLDER) -> Path:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from memviz.files import check_regular_file
-from memviz.trace import MAX_CHARS_PER_TOKEN
+from memviz.tracing import MAX_CHARS_PER_TOKEN
 from memviz_probes.babilong.samples import question_suffix
 from memviz_probes.babilong.stories import check_task, task_labels
 from memviz_probes.common import Sample

@@ -5,15 +5,20 @@ the target is the only label left."""
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from argparse import Namespace
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
+from memviz.protocol import MemoryModel
 from memviz_probes.babilong.released import load, released_sample
 from memviz_probes.babilong.samples import seeded_sample
-from memviz_probes.babilong.stories import check_task, vocabulary
+from memviz_probes.babilong.stories import TASKS, check_task, vocabulary
 from memviz_probes.common import (
+    LENGTHS,
     Sample,
     SampleProgress,
     accuracy_heatmap,
@@ -23,6 +28,8 @@ from memviz_probes.common import (
     check_n,
     run_samples,
 )
+from memviz_probes.haystack import BACKGROUND
+from memviz_probes.registry import Arg, Probe, Widget, keywords, register_probe
 
 
 def first_sentence(output: str) -> str:
@@ -33,14 +40,14 @@ def compare_answers(target: str, output: str, question: str, labels: Sequence[st
     """BABILong's rule: the target must be the only task label in the output's first sentence,
     not counting labels that the question itself mentions."""
     output = first_sentence(output)
-    labels = {label.lower() for label in labels}
-    in_question = {label for label in labels if label in question.lower()}
-    in_output = {label for label in labels if label in output} - in_question
+    lowered = {label.lower() for label in labels}
+    in_question = {label for label in lowered if label in question.lower()}
+    in_output = {label for label in lowered if label in output} - in_question
     return in_output == {target.lower()}
 
 
 def run(
-    model,
+    model: MemoryModel,
     tasks: Sequence[str],
     lengths: Sequence[int],
     n: int = 10,
@@ -62,7 +69,7 @@ def run(
     for task in tasks:
         check_task(task)
     vocabulary(names)
-    jobs = []
+    jobs: list[tuple[dict[str, Any], Callable[[], Sample]]] = []
     for task in tasks:
         for length in lengths:
             if data_path is not None:
@@ -72,9 +79,7 @@ def run(
                     jobs.append(
                         (
                             {"task": task, "length": length, "sample": i},
-                            lambda row=rows[i], task=task, length=length: released_sample(
-                                model.tokenizer, row, task, length
-                            ),
+                            partial(released_sample, model.tokenizer, rows[i], task, length),
                         )
                     )
             else:
@@ -82,9 +87,7 @@ def run(
                     jobs.append(
                         (
                             {"task": task, "length": length, "sample": i},
-                            lambda task=task, length=length, i=i: seeded_sample(
-                                model.tokenizer, task, length, seed, i, haystack, names
-                            ),
+                            partial(seeded_sample, model.tokenizer, task, length, seed, i, haystack, names),
                         )
                     )
     df = run_samples(model, jobs, score, max_new_tokens=6, progress=progress, desc="babilong")
@@ -101,3 +104,35 @@ def score(prediction: str, sample: Sample) -> bool:
 def heatmap(df: pd.DataFrame, title: str = "BABILong-style QA"):
     """Rows task, columns length, colour accuracy (red to green)."""
     return accuracy_heatmap(df, rows="task", cols="length", title=title, row_label="task", col_label="length (tokens)")
+
+
+def run_probe(model: MemoryModel, args: Namespace) -> pd.DataFrame:
+    """`run` on the registered arguments (the command line's and the Probes page's run)."""
+    return run(model, **keywords(args, "tasks", "lengths", "n", "seed", "data_path", "haystack", "progress"))
+
+
+register_probe(
+    Probe(
+        name="babilong",
+        summary="bAbI qa1-qa5 hidden in background text",
+        run=run_probe,
+        figure=heatmap,
+        summary_table=lambda df: df.pivot_table(index="task", columns="length", values="correct"),
+        args=(
+            LENGTHS,
+            Arg(
+                "tasks",
+                nargs="+",
+                default=("qa1",),
+                widget=Widget("multiselect", "tasks", "Tasks", options=tuple(TASKS), default=("qa1",), noun="task"),
+            ),
+            Arg("data_path", help="released BABILong files (JSON/JSONL/parquet) instead of generated samples"),
+            Arg(
+                "haystack",
+                help="the background: shakespeare (the default), procedural, or a plain-text file",
+                widget=BACKGROUND,
+            ),
+        ),
+        order=20,
+    )
+)
