@@ -14,6 +14,7 @@ import os
 import streamlit as st
 
 import memviz
+from memviz.protocol import MemoryModel
 from memviz.threads import check_threads
 
 
@@ -31,7 +32,7 @@ def preferred_samples() -> list[str]:
     """The samples that show each family, memory families first (in registration order), so a
     new user sees memory at work at once; the control last."""
     ordered = sorted(memviz.families(), key=lambda f: f.role != "memory")
-    return [f.sample_name for f in ordered if f.sample]
+    return [name for f in ordered if f.sample and (name := f.sample_name)]
 
 
 def control_samples() -> list[str]:
@@ -41,7 +42,7 @@ def control_samples() -> list[str]:
 
 
 @st.cache_resource(show_spinner="Loading checkpoint…", max_entries=16)
-def shared_model(path: str, stamp: int):
+def shared_model(path: str, stamp: int) -> MemoryModel:
     """The checkpoint loaded once for the server (`stamp`: its weights' mtime); never run or hooked."""
     return memviz.load(path)
 
@@ -51,12 +52,12 @@ def weights_stamp(path: str) -> int:
     return weights.stat().st_mtime_ns if weights.is_file() else 0
 
 
-def session_copy(path: str, stamp: int):
+def session_copy(path: str, stamp: int) -> MemoryModel:
     """A copy of the cached checkpoint that one session alone runs and hooks."""
     return copy.deepcopy(shared_model(path, stamp))
 
 
-def load_model(path: str):
+def load_model(path: str) -> MemoryModel:
     """This session's own copy of the checkpoint's model (module docstring)."""
     stamp = weights_stamp(path)
     models = st.session_state.setdefault("_session_models", {})
@@ -98,7 +99,7 @@ def current_path() -> str | None:
     return default_sample()
 
 
-def current_model():
+def current_model() -> MemoryModel | None:
     """The model chosen on the Model page (or the default sample), named in a caption; None with an
     error shown."""
     path = current_path()

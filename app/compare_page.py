@@ -10,6 +10,9 @@ from app.trace_page import cached_trace, duration, run_seconds
 from memviz import viz
 from memviz_probes import passkey
 
+#: widget keys whose values outlive a visit to another page (app/streamlit_app.py keeps them)
+KEPT_SETTINGS = ("cmp_left", "cmp_left_path", "cmp_right", "cmp_right_path", "cmp_length", "cmp_depth", "cmp_seed")
+
 
 def render() -> None:
     st.title("Compare")
@@ -39,7 +42,8 @@ def render() -> None:
     for path, model in zip((left, right), models):
         try:
             sample = passkey.seeded_sample(model.tokenizer, int(length), float(depth), int(seed), 0)
-            traces.append((sample, cached_trace(path, sample.prompt, tuple(map(tuple, sample.evidence)), sample.reply)))
+            evidence = tuple((a, b) for a, b in sample.evidence)
+            traces.append((sample, cached_trace(path, sample.prompt, evidence, sample.reply)))
         except ValueError as exc:
             st.error(f"{path}: {exc}")
             return

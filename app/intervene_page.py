@@ -9,20 +9,23 @@ import streamlit as st
 from app.common import current_model, current_path, last_run, load_model, weights_stamp
 from app.trace_page import duration, run_seconds
 from memviz import interventions, viz
+from memviz.protocol import MemoryModel
 from memviz.registry import Intervention, get_family
 from memviz_probes import facts, passkey
+
+#: widget keys whose values outlive a visit to another page (app/streamlit_app.py keeps them)
+KEPT_SETTINGS = ("iv_length", "iv_depth", "iv_seed", "iv_mode", "iv_attribute")
 
 SWEEP_POINTS = 32  # boundaries a sweep ablates at most: its time stays linear in the prompt's length
 
 
-def hook_point(model) -> Intervention | None:
+def hook_point(model: MemoryModel) -> Intervention | None:
     """The family's first intervention made through hooks (Memory+'s silenced read), if it has one."""
     return next((p for p in get_family(model.family).interventions.values() if p.through_hooks), None)
 
 
-def answer_run(prompt: str, answer: str, edit: tuple = (), layer: int | None = None) -> dict:
-    """`cached_answer` for the checkpoint chosen on the Model page."""
-    path = current_path()
+def answer_run(path: str, prompt: str, answer: str, edit: tuple = (), layer: int | None = None) -> dict:
+    """`cached_answer` for the checkpoint at `path` (the one chosen on the Model page)."""
     return cached_answer(path, weights_stamp(path), prompt, answer, edit, layer)
 
 
@@ -44,18 +47,18 @@ def cached_answer(
         )
         edits.append(at)
     point = hook_point(model)
-    hooks = point.hooks(model, layer) if layer is not None and point is not None else ()
+    hooks = point.hooks(model, layer) if layer is not None and point is not None and point.hooks else []
     return interventions.answer_logprob(model, prompt, answer, edits, fwd_hooks=hooks)
 
 
 def render() -> None:
     st.title("Intervene")
-    model = current_model()
-    if model is None:
+    model, path = current_model(), current_path()
+    if model is None or path is None:  # current_model said why
         return
     point = hook_point(model)
-    if point is not None and "facts" in model.card:
-        render_fact_question(model, point)
+    if point is not None and model.facts is not None:
+        render_fact_question(model, path, point)
         return
     c1, c2, c3 = st.columns(3)
     length = c1.number_input("pass-key length (tokens)", 100, 20_000, 512, step=128, key="iv_length")
@@ -70,16 +73,16 @@ def render() -> None:
     if sample.n_tokens > 4096:  # say what a long prompt costs before it runs
         st.caption(
             f"Each run over the {sample.n_tokens:,} tokens takes about "
-            f"{duration(run_seconds(current_path(), sample.n_tokens))} on this machine at the model's measured speed "
+            f"{duration(run_seconds(path, sample.n_tokens))} on this machine at the model's measured speed "
             "(the clean one and each edit, each once: they are cached)."
         )
-    clean = answer_run(sample.prompt, answer)
+    clean = answer_run(path, sample.prompt, answer)
     st.write(
         f"Answer **{sample.answer}** · clean run: greedy **{clean['greedy'].strip()!r}**, "
         f"log p(answer) = **{clean['logprob']:.2f}**"
     )
     if point is not None:
-        intervene_through_hooks(model, point, sample.prompt, answer, clean)
+        intervene_through_hooks(model, path, point, sample.prompt, answer, clean)
         return
     try:
         seg = interventions.segment_length(model)
@@ -111,7 +114,7 @@ def render() -> None:
         edit = ("replace", segment, donor.prompt)
         st.caption(f"donor sample's key: {donor.answer}")
     try:
-        result = answer_run(sample.prompt, answer, edit)
+        result = answer_run(path, sample.prompt, answer, edit)
     except ValueError as exc:  # a donor too short for the segment
         st.error(str(exc))
         return
@@ -142,14 +145,13 @@ def render() -> None:
         finally:
             bar.empty()
 
-    path = current_path()
     # a sweep of another prompt says nothing about this one: not shown
     rows = last_run("iv_sweep", (path, weights_stamp(path), sample.prompt, answer), sweep, clicked, show_stale=False)
     if rows is not None:
         st.plotly_chart(viz.ablation_sweep_figure(rows, sample.evidence), width="stretch", key="iv_sweep_fig")
 
 
-def render_fact_question(model, point: Intervention) -> None:
+def render_fact_question(model: MemoryModel, path: str, point: Intervention) -> None:
     """A memory layer is parametric: ask a fact of the knowledge base the model was trained on
     (its card's `facts`) and apply the family's hook intervention (silence a layer's top-k read)."""
     try:
@@ -159,23 +161,26 @@ def render_fact_question(model, point: Intervention) -> None:
         return
     c1, c2 = st.columns(2)
     person = c1.number_input(f"person (0-{kb.n_entities - 1})", 0, kb.n_entities - 1, 0, key="iv_person")
-    attribute = c2.selectbox("attribute", facts.ATTRIBUTES, index=1, key="iv_attribute")
+    attribute: str = c2.selectbox("attribute", facts.ATTRIBUTES, index=1, key="iv_attribute")  # type: ignore[assignment]  # streamlit's stub: typing.Never is missing at 3.10, so its no-options overload (-> None) matches
     sample = facts.make_sample(model.tokenizer, kb.entities[int(person)], attribute)
     st.code(sample.prompt, language=None)
     answer = sample.reply
-    clean = answer_run(sample.prompt, answer)
+    clean = answer_run(path, sample.prompt, answer)
     st.write(
         f"Answer **{sample.answer}** · clean run: greedy **{clean['greedy'].strip()!r}**, "
         f"log p(answer) = **{clean['logprob']:.2f}**"
     )
-    intervene_through_hooks(model, point, sample.prompt, answer, clean)
+    intervene_through_hooks(model, path, point, sample.prompt, answer, clean)
 
 
-def intervene_through_hooks(model, point: Intervention, prompt: str, answer: str, clean: dict) -> None:
+def intervene_through_hooks(
+    model: MemoryModel, path: str, point: Intervention, prompt: str, answer: str, clean: dict
+) -> None:
     """The answer with a hook intervention (the registry's `point`) on at a chosen memory layer."""
     st.caption(point.summary)
+    assert point.sites is not None  # a point acting through hooks says where (Intervention.__post_init__)
     layer = st.selectbox("memory layer to act on", point.sites(model), key="iv_layer")
-    result = answer_run(prompt, answer, layer=layer)
+    result = answer_run(path, prompt, answer, layer=layer)
     st.metric(
         f"log p(answer) with layer {layer}'s intervention on",
         f"{result['logprob']:.2f}",

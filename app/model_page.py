@@ -8,10 +8,14 @@ import torch
 
 import memviz
 from app.common import checkpoint_picker, current_path, load_model
-from memviz.model import generic_hook_name
+from memviz.protocol import MemoryModel
+from memviz.running import generic_hook_name
+
+#: widget keys whose values outlive a visit to another page (app/streamlit_app.py keeps them)
+KEPT_SETTINGS = ("checkpoint_choice", "checkpoint_path")
 
 
-def hook_table(model) -> pd.DataFrame:
+def hook_table(model: MemoryModel) -> pd.DataFrame:
     generic = sorted({generic_hook_name(n) for n in model.hook_dict})
     traced = {generic_hook_name(n) for n in model.default_trace_reducers()}
     return pd.DataFrame({"hook": generic, "traced by default": [g in traced for g in generic]})
@@ -98,7 +102,7 @@ def render() -> None:
         return
     cfg = model.cfg
     cols = st.columns(4)
-    cols[0].metric("family", cfg.family)
+    cols[0].metric("family", model.family)
     cols[1].metric("parameters", f"{model.num_parameters():,}")
     cols[2].metric("layers x d_model", f"{cfg.n_layers} x {cfg.d_model}")
     cols[3].metric("tokenizer", f"{model.tokenizer.kind} ({cfg.vocab_size})")

@@ -31,38 +31,10 @@ st.set_page_config(page_title="memviz", layout="wide")
 torch.set_num_threads(app_threads())
 # Streamlit forgets a widget's value when its page is left; held as session state (re-assigned on
 # every run, whichever page runs), each page's settings are still there when the user comes back.
+# Each page declares its kept keys (KEPT_SETTINGS) beside its widgets.
 # Not kept: ranges and choices that depend on the model or the input (zoom, segment, layer, person).
-KEPT_SETTINGS = (
-    # Model and Trace
-    "checkpoint_choice",
-    "checkpoint_path",
-    "source",
-    "pk_length",
-    "pk_depth",
-    "pk_seed",
-    "bl_task",
-    "bl_length",
-    "bl_seed",
-    "bl_haystack",
-    "text_input",
-    "fq_person",
-    "fq_attribute",
-    "ro_position",
-    # Intervene
-    "iv_length",
-    "iv_depth",
-    "iv_seed",
-    "iv_mode",
-    "iv_attribute",
-    # Compare
-    "cmp_left",
-    "cmp_left_path",
-    "cmp_right",
-    "cmp_right_path",
-    "cmp_length",
-    "cmp_depth",
-    "cmp_seed",
-    # Probes
+
+PROBES_KEPT_SETTINGS = (
     "probe",
     "lengths",
     "depths",
@@ -80,14 +52,17 @@ KEPT_SETTINGS = (
     "lm_models",
     "lm_corpus",
     "lm_max",
-    # Train (its learning rate and length are keyed by family and task)
-    "tr_family",
-    "tr_task",
-    "tr_steps",
-    "tr_curriculum",
+)
+KEPT_SETTINGS = (
+    *model_page.KEPT_SETTINGS,
+    *trace_page.KEPT_SETTINGS,
+    *intervene_page.KEPT_SETTINGS,
+    *compare_page.KEPT_SETTINGS,
+    *probes_page.kept_settings(),
+    *train_page.KEPT_SETTINGS,
 )
 for key in list(st.session_state):
-    if key in KEPT_SETTINGS or str(key).startswith(("tr_lr_", "tr_length_")):
+    if key in KEPT_SETTINGS or str(key).startswith(train_page.KEPT_PREFIXES):
         st.session_state[key] = st.session_state[key]
 page = st.navigation(
     [

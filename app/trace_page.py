@@ -4,14 +4,32 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import streamlit as st
 
 import memviz
 from app.common import current_model, current_path, greedy_answer, load_model, weights_stamp
-from memviz import viz
-from memviz.registry import get_family
+from memviz import speed, viz
+from memviz.protocol import MemoryModel, Readout
+from memviz.registry import holds_needle, reads_out
 from memviz_probes import babilong, facts, passkey
 from memviz_probes.haystack import BACKGROUNDS
+
+#: widget keys whose values outlive a visit to another page (app/streamlit_app.py keeps them)
+KEPT_SETTINGS = (
+    "source",
+    "pk_length",
+    "pk_depth",
+    "pk_seed",
+    "bl_task",
+    "bl_length",
+    "bl_seed",
+    "bl_haystack",
+    "text_input",
+    "fq_person",
+    "fq_attribute",
+    "ro_position",
+)
 
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024
 MAX_TOKENS = 1_000_000
@@ -28,33 +46,29 @@ def cached_trace(
     """The trace of `text` with its `answer` (if any) appended, teacher-forced."""
     model = load_model(model_path)
     bar = st.progress(0.0, text="Streaming through the model…")
+
+    def show(done: int, total: int) -> None:
+        bar.progress(done / total, text=f"Streaming: {done:,} / {total:,} tokens")
+
     try:
-        return memviz.trace(
-            model,
-            text,
-            evidence=evidence,
-            answer=answer,
-            max_tokens=MAX_TOKENS,
-            progress=lambda done, total: bar.progress(done / total, text=f"Streaming: {done:,} / {total:,} tokens"),
-        )
+        return memviz.trace(model, text, evidence=evidence, answer=answer, max_tokens=MAX_TOKENS, progress=show)
     finally:
         bar.empty()  # on an error too: no stale bar beside the message
 
 
 @st.cache_data(show_spinner="Timing the model…", max_entries=16)
 def tokens_per_second(model_path: str, stamp: int) -> float:
-    """The model's trace speed on this machine, from 1,024 tokens (`stamp`: the weights' mtime)."""
-    model = load_model(model_path)
-    began = time.perf_counter()
-    memviz.trace(model, [i % min(256, model.cfg.vocab_size) for i in range(1024)])
-    return 1024 / (time.perf_counter() - began)
+    """The model's trace speed on this machine (`memviz.speed`; `stamp`: the weights' mtime)."""
+    return speed.trace_tokens_per_second(load_model(model_path))
 
 
 #: how long a trace waits for the stopped run that still holds the session's model
 BUSY_WAIT_S = 60.0
 
 
-def trace_when_free(path: str, text: str, evidence, answer, wait: float | None = None):
+def trace_when_free(
+    path: str, text: str, evidence: tuple[tuple[int, int], ...], answer: str | None, wait: float | None = None
+) -> memviz.Trace:
     """`cached_trace`, once this session's previous run of the model has let go of it: an input changed mid-trace
     starts a new script run before the stopped one reaches its next progress update and ends."""
     deadline = time.monotonic() + (BUSY_WAIT_S if wait is None else wait)
@@ -69,19 +83,8 @@ def trace_when_free(path: str, text: str, evidence, answer, wait: float | None =
 
 @st.cache_data(show_spinner="Timing the model's views…", max_entries=16)
 def view_seconds(model_path: str, stamp: int) -> dict[str, float]:
-    """Seconds a token that the views drawn after a trace take on this machine, from 1,024 tokens: the needle hold
-    (inputs with evidence) and the read-out, each where the family has it (`stamp`: the weights' mtime)."""
-    model = load_model(model_path)
-    ids = [i % min(256, model.cfg.vocab_size) for i in range(1024)]
-    views = {"needle hold": lambda: model.needle_hold(ids, (256, 272))}
-    if get_family(model.family).readout:
-        views["read-out"] = lambda: model.memory_readout(ids, len(ids) - 1)
-    seconds = {}
-    for name, view in views.items():
-        began = time.perf_counter()
-        if view() is not None:
-            seconds[name] = (time.perf_counter() - began) / len(ids)
-    return seconds
+    """Seconds a token that the views drawn after a trace take on this machine (`memviz.speed`)."""
+    return speed.view_seconds_per_token(load_model(model_path))
 
 
 @st.cache_data(show_spinner="Counting the input's tokens…", max_entries=8)
@@ -100,18 +103,22 @@ def duration(seconds: float) -> str:
 
 
 @st.cache_data(show_spinner="Decomposing the memory's read…", max_entries=8)
-def cached_readout(model_path: str, text: str, answer: str | None, position: int):
+def cached_readout(model_path: str, text: str, answer: str | None, position: int) -> Readout | None:
     model = load_model(model_path)
-    return model.memory_readout(traced_ids(model, text, answer), position)
+    reader = reads_out(model)
+    return None if reader is None else reader.memory_readout(traced_ids(model, text, answer), position)
 
 
 @st.cache_data(show_spinner="Measuring how much of the evidence the memory holds…", max_entries=8)
-def cached_needle_hold(model_path: str, text: str, answer: str | None, span: tuple[int, int]):
+def cached_needle_hold(
+    model_path: str, text: str, answer: str | None, span: tuple[int, int]
+) -> dict[str, np.ndarray] | None:
     model = load_model(model_path)
-    return model.needle_hold(traced_ids(model, text, answer), span)
+    holder = holds_needle(model)
+    return None if holder is None else holder.needle_hold(traced_ids(model, text, answer), span)
 
 
-def traced_ids(model, text: str, answer: str | None) -> list[int]:
+def traced_ids(model: MemoryModel, text: str, answer: str | None) -> list[int]:
     """The token ids `cached_trace` traced: the text's, then the answer's."""
     return model.tokenizer.encode(text) + (model.tokenizer.encode(answer) if answer else [])
 
@@ -124,11 +131,11 @@ def bytes_per_token(model_path: str) -> float:
     return len(text.encode()) / max(1, len(tokenizer.encode(text)))
 
 
-def choose_input(model, model_path: str) -> tuple[str, tuple[tuple[int, int], ...], str | None] | None:
+def choose_input(model: MemoryModel, model_path: str) -> tuple[str, tuple[tuple[int, int], ...], str | None] | None:
     """The text to trace, its evidence spans and its answer (None for free text), from the
     source the user picks; None while there is none, InputError for one that cannot be traced."""
     sources = ["pass-key sample", "BABILong sample", "text", "file"]
-    if "facts" in model.card:  # a model trained on a knowledge base (Memory+): its own questions first
+    if model.facts is not None:  # a model trained on a knowledge base (Memory+): its own questions first
         sources.insert(0, "fact question")
     source = st.radio("Input", sources, horizontal=True, key="source")
     if source == "fact question":
@@ -138,7 +145,7 @@ def choose_input(model, model_path: str) -> tuple[str, tuple[tuple[int, int], ..
             raise InputError(f"No fact questions: {exc}") from exc
         c1, c2 = st.columns(2)
         person = c1.number_input(f"person (0-{kb.n_entities - 1})", 0, kb.n_entities - 1, 0, key="fq_person")
-        attribute = c2.selectbox("attribute", facts.ATTRIBUTES, index=1, key="fq_attribute")
+        attribute: str = c2.selectbox("attribute", facts.ATTRIBUTES, index=1, key="fq_attribute")  # type: ignore[assignment]  # streamlit's stub: typing.Never is missing at 3.10, so its no-options overload (-> None) matches
         sample = facts.make_sample(model.tokenizer, kb.entities[int(person)], attribute)
         st.caption(
             f"answer **{sample.answer}** · model says **{greedy_answer(model_path, sample.prompt)!r}** "
@@ -157,7 +164,7 @@ def choose_input(model, model_path: str) -> tuple[str, tuple[tuple[int, int], ..
             raise InputError(str(exc)) from exc
     elif source == "BABILong sample":
         c1, c2, c3, c4 = st.columns(4)
-        task = c1.selectbox("task", babilong.TASKS, key="bl_task")
+        task: str = c1.selectbox("task", babilong.TASKS, key="bl_task")  # type: ignore[assignment]  # streamlit's stub: typing.Never is missing at 3.10, so its no-options overload (-> None) matches
         length = c2.number_input("length (tokens)", 200, 200_000, 1000, step=250, key="bl_length")
         seed = c3.number_input("seed", 0, 10_000, 0, key="bl_seed")
         background = c4.selectbox(
@@ -200,15 +207,14 @@ def choose_input(model, model_path: str) -> tuple[str, tuple[tuple[int, int], ..
         if sample.n_tokens <= 20_000
         else f"{sample.n_tokens:,} tokens · answer **{sample.answer}**"
     )
-    return sample.prompt, tuple(map(tuple, sample.evidence)), sample.reply
+    return sample.prompt, tuple((a, b) for a, b in sample.evidence), sample.reply
 
 
 def render() -> None:
     st.title("Trace")
-    model = current_model()
-    if model is None:
+    model, path = current_model(), current_path()
+    if model is None or path is None:  # current_model said why
         return
-    path = current_path()
     try:
         chosen = choose_input(model, path)
     except InputError as exc:
@@ -229,8 +235,7 @@ def render() -> None:
             st.caption(time_line(path, n_tokens, bool(evidence)))
         except memviz.ModelBusyError:  # a stopped run still holds the model to time it: the trace below waits for it
             pass
-    if get_family(model.family).cost:  # a model that says what a run holds (a released model's growing KV cache)
-        st.caption(cost_line(model.cost(round(n_tokens)), round(n_tokens)))
+    st.caption(cost_line(model.cost(round(n_tokens)), round(n_tokens)))
     try:
         tr = trace_when_free(path, text, evidence, answer)
     except memviz.ModelBusyError:
@@ -262,7 +267,7 @@ def render() -> None:
             on_click="ignore",  # no rerun: what the page shows stays
         )
     if evidence:
-        hold = cached_needle_hold(path, text, answer, tuple(evidence[0]))
+        hold = cached_needle_hold(path, text, answer, evidence[0])
         if hold is not None:
             fig = viz.needle_hold_figure(tr, hold, start=start, stop=stop)
             st.plotly_chart(fig, width="stretch", key="fig-needle-hold")
@@ -302,9 +307,16 @@ def cost_line(cost: dict[str, int], n_tokens: int) -> str:
     return f"About {n_tokens:,} tokens hold {sum(cost.values()) / 2**20:,.1f} MiB beyond the weights: {parts}."
 
 
-def show_readout(model, path: str, text: str, answer: str | None, evidence, tr: memviz.Trace) -> None:
+def show_readout(
+    model: MemoryModel,
+    path: str,
+    text: str,
+    answer: str | None,
+    evidence: tuple[tuple[int, int], ...],
+    tr: memviz.Trace,
+) -> None:
     """The read-out view, for families whose memory read decomposes exactly over the tokens that wrote it."""
-    if not get_family(model.family).readout:
+    if reads_out(model) is None:
         return
     st.subheader("Read-out: what the memory returned, and from which tokens")
     traced = (path, hash(text), answer, len(tr))

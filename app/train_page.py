@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 import threading
+from pathlib import Path
+from typing import Any
 
 import streamlit as st
 from streamlit.runtime import Runtime
@@ -19,7 +21,12 @@ from streamlit.runtime.scriptrunner import get_script_run_ctx
 from app.model_page import score_rows
 from memviz import viz
 from memviz.checkpoint import USER_DIR
-from training import QUICK_LENGTHS, Trainer, parse_curriculum, quick_config, quick_families, quick_lr
+from training import QUICK_LENGTHS, TrainConfig, Trainer, parse_curriculum, quick_config, quick_families, quick_lr
+
+#: widget keys whose values outlive a visit to another page (app/streamlit_app.py keeps them)
+KEPT_SETTINGS = ("tr_family", "tr_task", "tr_steps", "tr_curriculum")
+#: and those keyed by family or task (the learning rate, the sequence length)
+KEPT_PREFIXES = ("tr_lr_", "tr_length_")
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 #: a run's name is a folder name: the export writes `.NAME.writing-PID-...` beside it, in a name's 255 bytes
@@ -108,20 +115,20 @@ def live(name: str) -> None:
         st.error(f"Training failed: {job['error']}")
 
 
-def start(name: str, cfg) -> None:
+def start(name: str, cfg: TrainConfig) -> None:
     """Start this session's run `name` in a thread; one message if its folder holds an earlier run."""
     try:
         trainer = Trainer(cfg, progress=False)
     except ValueError as exc:
         st.error(f"{exc}. Choose another name.")
         return
-    job = {"name": name, "status": "running", "trainer": trainer, "owner": session_id()}
+    job: dict[str, Any] = {"name": name, "status": "running", "trainer": trainer, "owner": session_id()}
     job["thread"] = threading.Thread(target=run_job, args=(job,), daemon=True)
     jobs()[name] = names_in_use()[name] = job
     job["thread"].start()
 
 
-def runs_dir():
+def runs_dir() -> Path:
     """Where the app's runs keep their checkpoints and metrics (beside the exported checkpoints)."""
     return USER_DIR.parent / "runs"
 
@@ -138,8 +145,8 @@ def fresh_name(family: str, task: str) -> str:
 def render() -> None:
     st.title("Train")
     c1, c2, c3 = st.columns(3)
-    family = c1.selectbox("Family", sorted(quick_families()), key="tr_family")
-    task = c2.selectbox("Task", sorted(QUICK_LENGTHS), key="tr_task")
+    family: str = c1.selectbox("Family", sorted(quick_families()), key="tr_family")  # type: ignore[assignment]  # streamlit's stub: typing.Never is missing at 3.10, so its no-options overload (-> None) matches
+    task: str = c2.selectbox("Task", sorted(QUICK_LENGTHS), key="tr_task")  # type: ignore[assignment]  # streamlit's stub: typing.Never is missing at 3.10, so its no-options overload (-> None) matches
     steps = c3.number_input("Steps", 1, 100_000, 300, key="tr_steps")
     c4, c5 = st.columns(2)
     lr = c4.number_input("Learning rate", 1e-5, 1e-1, quick_lr(family), format="%.4g", key=f"tr_lr_{family}")
