@@ -1,9 +1,12 @@
 import json
+import math
 import os
+import re
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 import memviz
 from memviz.checkpoint import SAMPLE_DIR, CheckpointError, load, resolve
@@ -222,3 +225,129 @@ def test_a_save_keeps_the_files_and_links_it_did_not_write_and_follows_a_linked_
     with pytest.raises(ValueError, match="notes.txt exists and is not a folder: nothing written over it"):
         memviz.save(small_model("transformer"), target / "notes.txt")
     assert (target / "notes.txt").read_text() == "mine"
+
+
+def edit_config(folder: Path, **fields) -> Path:
+    config = json.loads((folder / "config.json").read_text())
+    config.update(fields)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def edit_weights(folder: Path, change) -> Path:
+    from safetensors.torch import load_file
+
+    weights = load_file(folder / "model.safetensors")
+    change(weights)
+    save_file(weights, folder / "model.safetensors")
+    return folder
+
+
+CHECKPOINT_CASES = {
+    "missing folder": (lambda f: f.parent / "nowhere", "nowhere"),
+    "config not JSON": (lambda f: (f / "config.json").write_text("{oops") and f, "config.json"),
+    "config a list": (lambda f: (f / "config.json").write_text("[1, 2]") and f, "config.json"),
+    "config missing": (lambda f: (f / "config.json").unlink() or f, "config.json"),
+    "unknown family": (lambda f: edit_config(f, family="nonsense"), "nonsense"),
+    "n_layers 1e6": (lambda f: edit_config(f, n_layers=10**6), "n_layers|parameters"),
+    "d_model 8192 x 1000 layers": (lambda f: edit_config(f, d_model=8192, n_layers=1000), "parameters"),
+    "string rope_base": (lambda f: edit_config(f, rope_base="big"), "rope_base"),
+    "negative rope_base": (lambda f: edit_config(f, rope_base=-5.0), "rope_base"),
+    "zero norm_eps": (lambda f: edit_config(f, norm_eps=0.0), "norm_eps"),
+    "infinite embed_scale": (lambda f: edit_config(f, embed_scale=math.inf), "embed_scale"),
+    "unknown config field": (lambda f: edit_config(f, colour="red"), "colour"),
+    "unknown memory option": (lambda f: edit_config(f, memory={"slots": 4}), "slots"),
+    "weights garbage": (lambda f: (f / "model.safetensors").write_bytes(b"\x00" * 64) and f, "model.safetensors"),
+    "weights missing": (lambda f: (f / "model.safetensors").unlink() or f, "model.safetensors"),
+    "weights int8": (
+        lambda f: edit_weights(f, lambda w: w.update({k: v.to(torch.int8) for k, v in w.items()})),
+        "int8|dtype",
+    ),
+    "weights bool": (lambda f: edit_weights(f, lambda w: w.update({k: v > 0 for k, v in w.items()})), "bool|dtype"),
+    "weights NaN": (lambda f: edit_weights(f, lambda w: w["embed.weight"].fill_(math.nan)), "embed.weight"),
+    "a tensor missing": (
+        lambda f: edit_weights(f, lambda w: w.pop("unembed.weight", None) or w.pop("embed.weight")),
+        "embed.weight",
+    ),
+    "a tensor of another shape": (
+        lambda f: edit_weights(f, lambda w: w.update({"embed.weight": torch.zeros(3, 3)})),
+        "embed.weight",
+    ),
+    "card a list": (lambda f: (f / "card.json").write_text("[]") and f, "card.json"),
+    "card a symlink out of the folder": (lambda f: symlink_out(f, "card.json"), "card.json: a symlink out"),
+    "weights a symlink out of the folder": (
+        lambda f: symlink_out(f, "model.safetensors"),
+        "model.safetensors: a symlink out",
+    ),
+    "tokenizer not JSON": (lambda f: (f / "tokenizer.json").write_text("{") and f, "tokenizer.json"),
+}
+
+
+def symlink_out(folder: Path, name: str) -> Path:
+    """`name` moved out of the folder (a well-formed file still) and linked back in."""
+    outside = folder.parent / f"outside-{name}"
+    if (folder / name).exists():
+        (folder / name).rename(outside)
+    else:
+        outside.write_text("{}")
+    (folder / name).symlink_to(outside)
+    return folder
+
+
+@pytest.mark.parametrize("case", sorted(CHECKPOINT_CASES))
+def test_a_bad_checkpoint_is_one_checkpoint_error_naming_the_file_or_field(case, folder):
+    spoil, named = CHECKPOINT_CASES[case]
+    path = spoil(folder)
+    with pytest.raises(CheckpointError, match=named):
+        memviz.load(path)
+
+
+def test_a_path_the_system_cannot_take_and_a_card_nested_past_reason_are_named(tmp_path, folder):
+    for path, why in ((tmp_path / ("x" * 300), "File name too long"), ("~nosuchuser_memviz/x", "home directory")):
+        with pytest.raises(CheckpointError, match=f"not a usable path \\(.*{why}"):
+            memviz.load(path)
+    deep: object = 1
+    for _ in range(900):
+        deep = [deep]
+    (folder / "card.json").write_text(json.dumps({"probe_scores": deep}))
+    with pytest.raises(CheckpointError, match="card.json: nested more than 64 levels deep"):
+        memviz.load(folder)
+
+
+def test_load_overrides_name_the_option(folder):
+    with pytest.raises(CheckpointError, match="bank_size"):
+        memviz.load(folder, bank_size=4)
+
+
+@pytest.mark.parametrize("device", ["cuda:99", "tpu", 3.5, "meta", "xpu"])
+def test_a_device_this_machine_cannot_run_is_named(folder, device):
+    with pytest.raises(ValueError, match=f"device '?{device}"):
+        memviz.load(folder, device=device)
+
+
+def test_a_pipe_for_a_config_and_a_looping_card_link_are_named_not_read(folder):
+    (folder / "card.json").unlink()
+    (folder / "card.json").symlink_to("card.json")
+    with pytest.raises(CheckpointError, match=r"card\.json: a symlink that leads nowhere"):
+        memviz.load(folder)
+    (folder / "card.json").unlink()
+    (folder / "config.json").unlink()
+    os.mkfifo(folder / "config.json")  # read, it would never end
+    with pytest.raises(CheckpointError, match=r"config\.json: not a regular file"):
+        memviz.load(folder)
+
+
+def test_a_card_over_its_size_cap_or_not_a_file_is_refused_naming_it(tmp_path, monkeypatch):
+    import memviz.checkpoint as checkpoint
+
+    folder = memviz.save(small_model("sliding_window", window=8), tmp_path / "ckpt")
+    card = folder / "card.json"
+    card.unlink()
+    os.mkfifo(card)  # a reader of a pipe waits for a writer: it must not be opened
+    with pytest.raises(memviz.CheckpointError, match=f"{re.escape(str(card))}: card file .* is not a regular file"):
+        memviz.load(folder)
+    card.unlink()
+    card.write_text(json.dumps({"note": "x" * 200}))
+    monkeypatch.setattr(checkpoint, "MAX_CARD_FILE_BYTES", 100)
+    with pytest.raises(memviz.CheckpointError, match=f"{re.escape(str(card))}: card file .* over the 100"):
+        memviz.load(folder)

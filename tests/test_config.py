@@ -1,8 +1,10 @@
 import copy
+import math
 
 import pytest
 import torch
 
+import memviz
 from memviz import ConfigError, ModelConfig, build_model
 from tests.conftest import FAMILY_CONFIGS, SMALL
 
@@ -81,3 +83,35 @@ def test_building_a_model_leaves_the_callers_config_as_given(family):
     model = build_model(cfg)
     assert cfg.to_dict() == before and model.cfg is not cfg
     assert build_model(ModelConfig.from_dict(model.cfg.to_dict())).cfg.to_dict() == model.cfg.to_dict()
+
+
+CONFIG_CASES = {
+    "negative d_model": (dict(d_model=-4), "d_model"),
+    "odd d_head": (dict(d_model=30, n_heads=2), "d_head"),
+    "string n_layers": (dict(n_layers="four"), "n_layers"),
+    "NaN rope_base": (dict(rope_base=math.nan), "rope_base"),
+    "negative norm_eps": (dict(norm_eps=-1e-5), "norm_eps"),
+    "window of zero": (dict(attention={"kind": "window", "span": 0}), "span"),
+    "unknown attention kind": (dict(attention={"kind": "sideways", "span": 8}), "sideways"),
+    "a window of 1e30 tokens": (
+        dict(attention={"kind": "window", "span": 10**30}),
+        "window attention needs a span, a whole number of tokens from 1 to 16,777,216, got 1" + "0" * 30,
+    ),
+    "a segment of a billion tokens": (
+        dict(segment_len=10**9),
+        "config field 'segment_len' must be a whole number of tokens from 1 to 16,777,216 or null, got 1000000000",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONFIG_CASES))
+def test_a_nonsense_config_is_one_config_error_naming_the_field(case):
+    fields, named = CONFIG_CASES[case]
+    with pytest.raises(ConfigError, match=named):
+        memviz.build_model(ModelConfig(family="sliding_window", **{"vocab_size": 259, **fields}))
+
+
+@pytest.mark.parametrize("field, value", [("tie_embeddings", "no"), ("tie_embeddings", 1), ("name", 5)])
+def test_a_model_config_boolean_or_name_of_the_wrong_type_names_the_field(field, value):
+    with pytest.raises(memviz.ConfigError, match=f"'{field}' must be"):
+        memviz.ModelConfig(family="transformer", **{field: value})

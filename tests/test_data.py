@@ -2,12 +2,15 @@
 prompts (a curriculum's start) drop the instruction so needle and question fit one window."""
 
 import random
+import re
 
 import pytest
 import torch
 
 from memviz.tokenizer import ByteTokenizer
 from memviz_probes import passkey
+from tests.conftest import train_config
+from training.config import TrainConfig
 from training.data import DataConfig, TaskSampler
 
 
@@ -112,3 +115,59 @@ def test_ruler_tasks_train_on_their_answers_after_the_answer_prefix(task):
     assert answer.strip(" .").split(", ") == solve(prompt + prefix)
     n_answer = len(tok.encode(answer)) + 1
     assert example.weights[-n_answer:] == [5.0] * n_answer and set(example.weights[1:-n_answer]) == {0.1}
+
+
+def test_a_tokenizer_file_that_is_no_tokenizer_is_named_before_training(tmp_path):
+    from training.data import build_tokenizer
+
+    (tmp_path / "bin.json").write_bytes(b"\xff\xfe binary")
+    with pytest.raises(ValueError, match=f"tokenizer {tmp_path / 'bin.json'}: not UTF-8 text"):
+        build_tokenizer(str(tmp_path / "bin.json"))
+
+
+TRAIN_CASES = {
+    "an unknown task": ({"data.mix": {"qa9": 1.0}}, r"unknown data tasks \['qa9'\]; tasks are"),
+    "a negative drill": ({"data.drill": -1}, "data.drill must be >= 0, got -1"),
+    "max_facts of none": ({"data.max_facts": [[0, 0]]}, r"data.max_facts is a list of \[from_step, n\] with n >= 1"),
+    "a NaN task weight": (
+        {"data.mix": {"passkey": float("nan")}},
+        "data.mix needs finite non-negative weights with a positive sum",
+    ),
+    "a negative data seed": ({"data.seed": -1}, "data.seed must lie in"),
+    "a knowledge base seed past 64 bits": ({"data.kb_seed": 2**64}, "data.kb_seed"),
+}
+
+#: fields of the wrong type or order, matched literally
+TYPED_CASES = {
+    "curriculum steps not increasing": ({"data.curriculum": [[5, 160], [0, 1000]]}, "data.curriculum's steps"),
+    "curriculum from a negative step": ({"data.curriculum": [[-1, 160]]}, "data.curriculum's steps"),
+    "a curriculum from step 100": (
+        {"data.curriculum": [[100, 256]]},
+        "data.curriculum must start at step 0 (the first entry holds until the next), got [100]",
+    ),
+    "max_facts steps not increasing": ({"data.max_facts": [[10, 2], [10, 3]]}, "data.max_facts's steps"),
+    "data.min_len_frac a string": ({"data.min_len_frac": "0.5"}, "data.min_len_frac must be a number"),
+    "data.mix a list": ({"data.mix": ["passkey"]}, "data.mix must be a mapping"),
+    "data.curriculum of strings": ({"data.curriculum": [["0", "256"]]}, "data.curriculum must be a list of lists"),
+    "data.drill true": ({"data.drill": True}, "data.drill must be a whole number"),
+    "data.text_weight NaN": ({"data.text_weight": float("nan")}, "data.text_weight must be a finite number >= 0"),
+    "data.answer_weight -5": ({"data.answer_weight": -5.0}, "data.answer_weight must be a finite number >= 0"),
+    "data.prompt_weight inf": ({"data.prompt_weight": float("inf")}, "data.prompt_weight must be a finite"),
+    "every loss weight 0": (
+        {"data.text_weight": 0.0, "data.answer_weight": 0.0},
+        "data.text_weight, data.answer_weight and data.prompt_weight are all 0",
+    ),
+    "data.names unknown": ({"data.names": "xyz"}, "data.names must be one of ['babi', 'varied'], got 'xyz'"),
+    "data.align_to past the curriculum": (
+        {"data.align_to": 4096, "data.aligned_frac": 1.0},
+        "data.align_to (4096) is longer than the curriculum's shortest max_len",
+    ),
+}
+TRAIN_CASES = TRAIN_CASES | {case: (changes, re.escape(message)) for case, (changes, message) in TYPED_CASES.items()}
+
+
+@pytest.mark.parametrize("case", sorted(TRAIN_CASES))
+def test_a_nonsense_training_config_names_the_field(case):
+    changes, named = TRAIN_CASES[case]
+    with pytest.raises(ValueError, match=named):
+        TrainConfig.from_dict(train_config(**changes))

@@ -1,6 +1,7 @@
 """`python -m training.evaluate` re-scores a checkpoint on the grid its card records."""
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -8,7 +9,7 @@ import pytest
 
 import memviz
 from memviz_probes import facts, passkey
-from tests.conftest import small_model
+from tests.conftest import ROOT, exits_2_with_one_line, small_model, tiny_run
 from training import evaluate
 from training.evaluate import main, probe_scores
 
@@ -71,3 +72,56 @@ def test_evaluate_rejects_a_sample_count_below_one(tmp_path, capsys):
 def test_evaluate_reports_a_bad_checkpoint(tmp_path, capsys):
     assert main([str(tmp_path / "missing")]) == 2
     assert "no such checkpoint folder" in capsys.readouterr().err
+
+
+def test_evaluate_names_a_card_whose_train_config_is_not_a_mapping(tmp_path):
+    import subprocess
+    import sys
+
+    folder = memviz.save(small_model("sliding_window", window=8), tmp_path / "ckpt")
+    card = json.loads((folder / "card.json").read_text()) if (folder / "card.json").exists() else {}
+    (folder / "card.json").write_text(json.dumps({**card, "train_config": "lr=3e-3"}))
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", "-m", "training.evaluate", str(folder)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+    assert "card.json: train_config must be a mapping" in out.stderr and "ckpt" in out.stderr
+
+
+@pytest.mark.parametrize(
+    "grid, named",
+    [
+        (
+            {"passkey_lengths": [20]},
+            "eval.passkey_lengths: length 20 is shorter than the instruction, needle and question",
+        ),
+        (
+            {"babilong_tasks": ["qa1"], "babilong_lengths": [10]},
+            "eval.babilong_tasks and babilong_lengths: length 10 is shorter than the qa1 story",
+        ),
+    ],
+)
+def test_an_eval_length_too_short_for_its_probe_is_refused_before_training(grid, named, tmp_path):
+    from training import Trainer
+
+    with pytest.raises(ValueError, match=re.escape(named)):
+        Trainer(tiny_run(tmp_path / "run", eval=grid), progress=False)
+
+
+COMMAND_CASES = [
+    "evaluate",
+    "evaluate a huge grid",
+]
+
+
+@pytest.mark.parametrize("case", COMMAND_CASES)
+def test_the_command_lines_exit_2_with_one_line(case, tmp_path):
+    command, named = {
+        "evaluate": (["-m", "training.evaluate", str(tmp_path / "nowhere")], "nowhere"),
+        "evaluate a huge grid": (["-m", "training.evaluate", "sliding_window", "--n", "100000000"], "samples, over"),
+    }[case]
+    exits_2_with_one_line(command, named)

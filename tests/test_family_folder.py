@@ -17,8 +17,8 @@ from memviz import viz
 from memviz.__main__ import hook_table
 from memviz.config import ModelConfig
 from memviz.interventions import ablate_at, answer_logprob, replace_at
-from memviz.model import generic_hook_name
 from memviz.registry import get_family, unregister_family
+from memviz.running import generic_hook_name
 from memviz.trace import Trace
 from tests.conftest import SMALL, random_ids, scrambled
 
@@ -42,7 +42,8 @@ FILES = {
 
         from memviz import LocalCache, Memory, MemoryLM, register_family
         from memviz.layers import LocalAttention, SwiGLU
-        from memviz.model import Block, HookDoc
+        from memviz.model import Block
+        from memviz.protocol import HookDoc
         from memviz.options import check_positive
 
         from .figures import NORM, moving_average_figures

@@ -8,8 +8,8 @@ import torch
 
 import memviz
 from memviz.__main__ import hook_table
-from memviz.model import generic_hook_name
 from memviz.registry import get_family
+from memviz.running import generic_hook_name
 from tests.conftest import FAMILY_CONFIGS, random_ids, scrambled, small_model
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "hooks.md"

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from memviz.interventions import ablate_at, ablation_sweep, answer_logprob, replace_at
-from memviz.model import ModelState
+from memviz.protocol import ModelState
 from memviz.state import field_names, memory_fields, tensors_of
 from tests.conftest import scrambled, small_model
 

@@ -4,14 +4,17 @@ import itertools
 import json
 import random
 import re
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 import memviz
+from memviz.card import trained_facts
 from memviz.tokenizer import ByteTokenizer
-from memviz_probes import babilong, facts, passkey, retention
+from memviz_probes import babilong, facts, lm, passkey, retention, texts
 from memviz_probes.haystack import FileHaystack, ProceduralHaystack
+from tests.conftest import refused_within_memory, small_model
 
 TOK = ByteTokenizer()
 
@@ -95,6 +98,10 @@ class Oracle:
 
     def __init__(self, answer):
         self.tokenizer, self.card, self.answer, self.calls = TOK, {}, answer, 0
+
+    @property
+    def facts(self):
+        return trained_facts(self.card)
 
     def generate(self, prompt, max_new_tokens=16):
         self.calls += 1
@@ -464,3 +471,227 @@ def test_the_probes_run_on_released_models(model_type, tmp_path):
     assert len(retention.run(model, distances=[64], n=1, progress=False)) == 1
     text = lm.run(model, max_tokens=200)
     assert (text["tokens"] == 200).all() and (text["bits_per_byte"] > 0).all()
+
+
+def test_a_passkey_length_of_a_hundred_million_is_refused_before_any_prompt():
+    assert "lengths are whole numbers of tokens in 1..4,194,304, got 100000000" in refused_within_memory("passkey")
+
+
+@pytest.mark.parametrize(
+    "kwargs, named",
+    [
+        (
+            dict(lengths=[300], depths=["0.5"]),
+            r"depth must lie in \[0, 1\] \(depths are fractions of the prompt\), got '0.5'",
+        ),
+        (dict(lengths=128, depths=[0.5]), "lengths must be a list, got 128"),
+        (dict(lengths=["300"], depths=[0.5]), "lengths are whole numbers of tokens in 1..4,194,304, got '300'"),
+        (dict(lengths=[300], depths=0.5), "depths must be a list, got 0.5"),
+        (
+            dict(lengths=list(range(300, 1300)), depths=[i / 100 for i in range(100)], n=50),
+            "5,000,000 samples, over the 200,000",
+        ),
+    ],
+)
+def test_passkey_arguments_of_the_wrong_type_name_the_argument(kwargs, named):
+    from memviz_probes import passkey
+
+    with pytest.raises(ValueError, match=named):
+        passkey.run(small_model("sliding_window", window=8), progress=False, **kwargs)
+
+
+def test_a_haystack_or_babilong_data_path_that_is_a_device_is_refused_unread():
+    from memviz_probes import babilong
+    from memviz_probes.haystack import FileHaystack
+
+    with pytest.raises(ValueError, match="haystack file /dev/zero is not a regular file"):
+        FileHaystack("/dev/zero")
+    with pytest.raises(ValueError, match="BABILong data file /dev/zero is not a regular file"):
+        babilong.load("/dev/zero", "qa1")
+
+
+def test_a_haystack_file_over_its_cap_is_refused_by_its_size(tmp_path, monkeypatch):
+    from memviz_probes import haystack
+
+    monkeypatch.setattr(haystack, "MAX_HAYSTACK_FILE_BYTES", 100)
+    book = tmp_path / "book.txt"
+    book.write_text("A sentence. " * 20)
+    with pytest.raises(ValueError, match=r"haystack file .*book.txt has 240 bytes, over the 100"):
+        haystack.FileHaystack(book)
+
+
+@pytest.mark.parametrize("top", ['"a string"', "5", "null"])
+def test_babilong_json_whose_top_level_is_not_a_list_names_the_file(top, tmp_path):
+    from memviz_probes import babilong
+
+    path = tmp_path / "qa1_1k.json"
+    path.write_text(top)
+    with pytest.raises(ValueError, match=r"qa1_1k.json: expected a non-empty list of samples"):
+        babilong.load(path, "qa1")
+
+
+def test_a_babilong_row_far_longer_than_its_length_is_refused_naming_the_file_and_row(tmp_path):
+    from memviz_probes import babilong
+
+    rows = [
+        {"input": "Mary went to the kitchen. ", "question": "Where is Mary?", "target": "kitchen"},
+        {"input": "Mary went to the office. " * 80_000, "question": "Where is Mary?", "target": "office"},
+    ]
+    path = tmp_path / "qa1_1k.json"
+    path.write_text(json.dumps(rows))
+    with pytest.raises(
+        ValueError,
+        match=r"qa1_1k.json: sample 1's input has 2,000,000 characters, more than a prompt "
+        r"of 1,000 tokens can hold",
+    ):
+        babilong.load(path, "qa1", 1000)
+    assert len(babilong.load(path, "qa1")) == 2
+
+
+def test_babilong_rows_with_lists_or_nulls_name_the_file_and_field(tmp_path, model):
+    rows = tmp_path / "qa1.json"
+    rows.write_text(json.dumps([{"input": ["a list"], "question": None, "target": "kitchen"}]))
+    with pytest.raises(ValueError, match=f"{rows}.*(input|question)"):
+        babilong.run(model, tasks=["qa1"], lengths=[256], n=1, data_path=rows)
+    lines = tmp_path / "qa1.jsonl"
+    lines.write_text('{"input": "a", "question": "b", "target": "c"}\n\n{"input": oops}\n')
+    with pytest.raises(ValueError, match=f"{lines}: cannot read BABILong data \\(line 3: Expecting value \\(column 11"):
+        babilong.run(model, tasks=["qa1"], lengths=[256], n=1, data_path=lines)
+    rows.write_text("[" * 200_000 + "]" * 200_000)  # nested past Python's stack
+    with pytest.raises(ValueError, match=f"{rows}: cannot read BABILong data"):
+        babilong.run(model, tasks=["qa1"], lengths=[256], n=1, data_path=rows)
+
+
+def test_a_card_asking_for_a_billion_people_is_refused_naming_the_field(tmp_path):
+    from memviz_probes import facts
+
+    model = small_model("sliding_window", window=8)
+    model.card["facts"] = {"kb_seed": 0, "n_entities": 10**9}
+    with pytest.raises(
+        ValueError, match=r"card.json: facts.n_entities must be a whole number of people in 1..1,000,000"
+    ):
+        facts.run(model, n=1, progress=False)
+    model.card["facts"] = "people"
+    with pytest.raises(ValueError, match="^the model's card.json: facts must be an object"):
+        facts.run(model, n=1, progress=False)
+    model.card["path"] = "/data/ckpt"  # what memviz.load notes: the message names the file to mend
+    with pytest.raises(ValueError, match="^/data/ckpt/card.json: facts must be an object"):
+        facts.run(model, n=1, progress=False)
+    folder = memviz.save(model, tmp_path / "copy")  # its card.json names /data/ckpt: the copy's own file is named
+    with pytest.raises(memviz.CheckpointError, match=f"^{re.escape(str(folder))}/card.json: facts must be an object"):
+        memviz.load(folder)  # the card's facts are read once, at load
+
+
+def test_a_corpus_file_that_is_a_device_or_too_large_is_refused_before_reading(tmp_path, monkeypatch):
+    from memviz_probes import texts
+
+    with pytest.raises(ValueError, match="corpus file /dev/zero is not a regular file"):
+        texts.read_utf8(Path("/dev/zero"))
+    crlf = tmp_path / "crlf.txt"
+    crlf.write_bytes(b"CHAPTER I\r\nold Mac\rtext\n")
+    assert texts.read_utf8(crlf) == "CHAPTER I\nold Mac\ntext\n"  # universal newlines, as text mode reads them
+    monkeypatch.setattr(texts, "MAX_TEXT_FILE_BYTES", 100)
+    big = tmp_path / "big.txt"
+    big.write_text("a" * 101)
+    with pytest.raises(ValueError, match=f"corpus file {re.escape(str(big))} has 101 bytes, over the 100"):
+        texts.read_utf8(big)
+
+
+CALL_CASES = {
+    "pass key in an empty-named filler": (
+        lambda m: passkey.run(m, lengths=[256], depths=[0.5], n=1, haystack=""),
+        ValueError,
+        "haystack: an empty name",
+    ),
+    "language modelling on an empty corpus name": (lambda m: lm.run(m, corpus=""), ValueError, "corpus must name"),
+    "language modelling on no documents": (
+        lambda m: lm.run(m, documents=[]),
+        ValueError,
+        "documents must be a non-empty list",
+    ),
+    "pass key with no lengths": (
+        lambda m: passkey.run(m, lengths=[], depths=[0.5], n=1),
+        ValueError,
+        r"lengths and depths need at least one value each, got lengths=\[\]",
+    ),
+    "pass key shorter than its needle": (
+        lambda m: passkey.run(m, lengths=[20], depths=[0.5], n=1),
+        ValueError,
+        "length 20",
+    ),
+    "pass key depth 2": (
+        lambda m: passkey.run(m, lengths=[256], depths=[2.0], n=1),
+        ValueError,
+        r"depth must lie in \[0, 1\] .*got 2.0",
+    ),
+    "pass key n 0": (
+        lambda m: passkey.run(m, lengths=[256], depths=[0.5], n=0),
+        ValueError,
+        "n must be a positive integer, got 0",
+    ),
+    "BABILong tasks as one string": (
+        lambda m: babilong.run(m, tasks="qa1", lengths=[256], n=1),
+        ValueError,
+        "tasks must be a list, got 'qa1'",
+    ),
+    "BABILong unknown task": (
+        lambda m: babilong.run(m, tasks=["qa9"], lengths=[256], n=1),
+        ValueError,
+        "unknown task 'qa9'; tasks are",
+    ),
+    "token ids that are floats": (
+        lambda m: lm.token_losses(m, [1.5, 2.7]),
+        ValueError,
+        "tokens must be whole-number token ids, got torch.float32",
+    ),
+    "no tokens to score": (lambda m: lm.token_losses(m, []), ValueError, "a document needs at least 2 tokens"),
+    "zero bins an octave": (
+        lambda m: lm.by_position(lm.run(m, "botchan", max_tokens=20), per_octave=0),
+        ValueError,
+        "per_octave must be a whole number of bins >= 1, got 0",
+    ),
+    "a summary of nothing": (lambda m: lm.summary(pd.DataFrame()), ValueError, "summary needs the rows of lm.run"),
+    "a comparison of no models": (lambda m: lm.compare({}), ValueError, "compare needs at least one model"),
+    "held-out names as one string": (
+        lambda m: texts.documents("botchan", "heldout", held_out="chapter_11"),
+        ValueError,
+        "held_out must be a list of document names, got 'chapter_11'",
+    ),
+    "a haystack that is a number": (
+        lambda m: passkey.run(m, lengths=[256], depths=[0.5], n=1, haystack=123),
+        ValueError,
+        r"haystack must be a background's name \(.*\) or a text file's path, got 123",
+    ),
+    "a shard of none": (
+        lambda m: passkey.run(m, lengths=[256], depths=[0.5], n=1, shard=(0, 0)),
+        ValueError,
+        r"shard must be \(index, count\) with 0 <= index < count, got \(0, 0\)",
+    ),
+    "a shard past the count": (
+        lambda m: passkey.run(m, lengths=[256], depths=[0.5], n=1, shard=(3, 2)),
+        ValueError,
+        r"shard must be .*got \(3, 2\)",
+    ),
+    "a length given twice": (
+        lambda m: passkey.run(m, lengths=[256, 512, 256], depths=[0.5], n=1),
+        ValueError,
+        r"lengths gives 256 more than once \(each would run again\)",
+    ),
+    "a depth given twice": (
+        lambda m: passkey.run(m, lengths=[256], depths=[0.5, 0.5], n=1),
+        ValueError,
+        "depths gives 0.5 more than once",
+    ),
+    "BABILong data file missing": (
+        lambda m: babilong.run(m, tasks=["qa1"], lengths=[256], n=1, data_path="/nowhere/qa1.json"),
+        ValueError,
+        "BABILong data path /nowhere/qa1.json does not exist",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CALL_CASES))
+def test_a_bad_call_is_one_error_naming_the_argument(case, model):
+    call, error, named = CALL_CASES[case]
+    with pytest.raises(error, match=named):
+        call(model)

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 import memviz
-from tests.conftest import small_model
+from tests.conftest import exits_2_with_one_line, small_model
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -238,3 +238,103 @@ def test_ctrl_c_during_a_grid_writes_nothing_and_leaves_no_new_folder(checkpoint
     (out / "passkey.csv").write_text("earlier")
     assert main(["passkey", str(checkpoint), "--lengths", "512", "--out", str(out), "--replace"]) == 130
     assert (out / "passkey.csv").read_text() == "earlier"
+
+
+def test_the_probes_command_refuses_dev_zero_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    folder = memviz.save(small_model("sliding_window", window=8), tmp_path / "ckpt")
+    for args, named in [
+        (["passkey", folder, "--lengths", 300, "--haystack", "/dev/zero"], "haystack file /dev/zero"),
+        (["babilong", folder, "--lengths", 300, "--data-path", "/dev/zero"], "BABILong data file /dev/zero"),
+        (["passkey", folder, "--lengths", 100_000_000], "lengths are whole numbers of tokens"),
+    ]:
+        out = subprocess.run(
+            [sys.executable, "-W", "ignore", "-m", "memviz_probes", *map(str, args), "--out", str(tmp_path / "o")],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and named in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("case", ["a file", "under a file"])
+def test_probes_out_that_cannot_be_written_is_refused_before_the_run(case, tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "file").write_text("x")
+    out_path = tmp_path / "file" if case == "a file" else tmp_path / "file" / "results"
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-W",
+            "ignore",
+            "-m",
+            "probes",
+            "passkey",
+            "/no/such/checkpoint",
+            "--lengths",
+            "300",
+            "--out",
+            str(out_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2 and out.stderr.startswith("error: --out ") and str(out_path) in out.stderr, out.stderr
+
+
+def test_probes_facts_on_a_model_never_trained_on_facts_says_so(tmp_path):
+    import subprocess
+    import sys
+
+    folder = memviz.save(small_model("sliding_window", window=8), tmp_path / "ckpt")
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-W",
+            "ignore",
+            "-m",
+            "probes",
+            "facts",
+            str(folder),
+            "--n",
+            "1",
+            "--no-progress",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0 and "its card names no facts knowledge base" in out.stderr, out.stderr
+
+
+COMMAND_CASES = [
+    "probes",
+    "probes threads",
+    "probes threads 100000",
+]
+
+
+@pytest.mark.parametrize("case", COMMAND_CASES)
+def test_the_command_lines_exit_2_with_one_line(case, tmp_path):
+    command, named = {
+        "probes": (["-m", "memviz_probes", "passkey", str(tmp_path / "nowhere"), "--lengths", "512"], "nowhere"),
+        "probes threads": (
+            ["-m", "memviz_probes", "passkey", "infini_english_16k", "--lengths", "512", "--threads", "0"],
+            "--threads",
+        ),
+        "probes threads 100000": (
+            ["-m", "memviz_probes", "passkey", "infini_english_16k", "--lengths", "512", "--threads", "100000"],
+            "--threads",
+        ),
+    }[case]
+    exits_2_with_one_line(command, named)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import inspect
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -363,3 +364,21 @@ def test_memviz_load_asks_the_registry_which_family_opens_a_folder():
     named = [name for name in imported if any(f"memviz.models.{folder}" in name for folder in folders)]
     assert folders and named == [], named
     assert "folder_family" in {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+
+
+#: words that name a ticket or a kind of case in a test file's name, where the module it tests belongs
+TICKET_WORDS = ("reliability", "bad_input", "regression", "issue")
+
+
+def test_every_test_file_is_named_after_the_code_it_tests():
+    """A test lives in the file of the module it tests (tests/test_trace.py, kernels/lm2/test_lm2_scan.py): a file
+    named after a ticket ("test_reliability.py", "Issue 48's cases") gathers every module's tests and hides which
+    module breaks."""
+    files = [*ROOT.glob("tests/*.py"), *(path for path in module_files().values() if path.name.startswith("test_"))]
+    named = sorted(
+        str(path.relative_to(ROOT))
+        for path in files
+        if any(word in path.stem.lower() for word in TICKET_WORDS)
+        or re.search(r"(?i)\bissue \d+", ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or "")
+    )
+    assert named == [], "name each test file after the module it tests and say so in its docstring"

@@ -38,6 +38,6 @@ def test_ruff_is_clean(args):
     assert out.returncode == 0, f"ruff {' '.join(args)}:\n{out.stdout}{out.stderr}"
 
 
-def test_mypy_is_clean_on_memviz_and_kernels():
+def test_mypy_is_clean_on_every_package():
     out = run("mypy")  # packages and settings from pyproject.toml's [tool.mypy]
     assert out.returncode == 0, f"mypy:\n{out.stdout}{out.stderr}"

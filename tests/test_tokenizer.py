@@ -1,9 +1,13 @@
+import json
 import random
 import re
+from pathlib import Path
 
 import pytest
 
+import memviz
 from memviz.tokenizer import BPETokenizer, ByteTokenizer, load_tokenizer
+from tests.conftest import BPE_TOKENIZER, refused_within_memory
 
 
 def random_text(rng: random.Random, n: int) -> str:
@@ -101,3 +105,67 @@ def test_decode_takes_ids_of_any_integer_type_and_refuses_text_floats_and_bools(
         for read in (tok.decode, bpe.decode, bpe.token_strings):
             with pytest.raises(TypeError, match=f"token id at position 1 is {why}"):
                 read([65, bad])
+
+
+def bpe_checkpoint(model, tmp_path, edit):
+    folder = memviz.save(model, tmp_path / "bpe")
+    data = json.loads((folder / "tokenizer.json").read_text())
+    edit(data["model"]["vocab"])
+    (folder / "tokenizer.json").write_text(json.dumps(data))
+    return folder
+
+
+def test_a_tokenizer_whose_tokens_share_ids_or_leave_the_vocabulary_is_refused_naming_the_file(bpe_model, tmp_path):
+    def share(vocab):
+        for token in list(vocab)[100:140]:
+            vocab[token] = 5
+
+    def past(vocab):
+        vocab[list(vocab)[100]] = len(vocab) + 50
+
+    with pytest.raises(
+        memviz.CheckpointError, match=r"bpe/tokenizer.json: 41 tokens share 1 id \(id 5: .*each token needs its own id"
+    ):
+        memviz.load(bpe_checkpoint(bpe_model, tmp_path / "a", share))
+    with pytest.raises(
+        memviz.CheckpointError, match=r"bpe/tokenizer.json: .*token ids \[1071\] .* lie outside the vocabulary"
+    ):
+        memviz.load(bpe_checkpoint(bpe_model, tmp_path / "b", past))
+
+
+@pytest.mark.parametrize(
+    "case, named", [("a folder", "is a folder"), ("a device", "is not a regular file"), ("missing", "does not exist")]
+)
+def test_a_tokenizer_path_that_is_not_a_file_is_refused_naming_it(case, named, tmp_path):
+    from memviz.tokenizer import load_tokenizer
+
+    path = {"a folder": tmp_path, "a device": Path("/dev/zero"), "missing": tmp_path / "none.json"}[case]
+    with pytest.raises(ValueError, match=f"tokenizer file {re.escape(str(path))} {named}"):
+        load_tokenizer(path)
+
+
+def test_ten_megabytes_of_one_emoji_are_refused_before_tokenizing():
+    assert "input has 10,485,760 tokens (one a UTF-8 byte), over the trace limit of 4,000,000" in refused_within_memory(
+        "emoji"
+    )
+
+
+@pytest.mark.skipif(not BPE_TOKENIZER.is_file(), reason="the BPE sample's tokenizer is not here")
+def test_a_long_text_over_the_trace_limit_is_refused_while_counting_its_tokens():
+    assert "more tokens in its first" in refused_within_memory("long text", BPE_TOKENIZER)
+
+
+CALL_CASES = {
+    "trace beyond the token limit": (
+        lambda m: memviz.trace(m, "x" * 2000, max_tokens=1000),
+        ValueError,
+        "trace limit of 1,000",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CALL_CASES))
+def test_a_bad_call_is_one_error_naming_the_argument(case, model):
+    call, error, named = CALL_CASES[case]
+    with pytest.raises(error, match=named):
+        call(model)

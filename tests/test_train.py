@@ -17,6 +17,7 @@ import torch
 import memviz
 from memviz.checkpoint import read_weights
 from memviz.layers import scaled_dot_product_attention
+from tests.conftest import exits_2_with_one_line, tiny_run, train_config
 from training import TrainConfig, Trainer, TrainingDiverged, quick_config, quick_families
 from training import __main__ as training_cli
 from training import loop as train_module
@@ -574,3 +575,195 @@ def test_a_training_process_reuses_freed_pages_and_a_trim_still_gives_them_back(
     assert plain["faults"] > 10_000  # 16k pages of 4 KiB: the freed block went back to the system
     assert training["faults"] < 1_000  # after a Trainer: the same pages again
     assert training["released_mb"] > 48  # release_free_heap (streams) still gives the 64 MiB back
+
+
+def test_a_vocab_size_the_tokenizer_does_not_have_is_refused_before_training(tmp_path):
+    from training import Trainer
+
+    cfg = tiny_run(tmp_path / "run")
+    cfg.model = {**cfg.model, "vocab_size": 100}
+    with pytest.raises(ValueError, match=r"model.vocab_size is 100 but the run's tokenizer has \d+ ids"):
+        Trainer(cfg, progress=False).run()
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    "changes, named",
+    [
+        ({"model": {"family": "sliding_window", "d_model": -3}}, "model: config field 'd_model' must be"),
+        ({"model": {"family": "sliding_window", "bogus": 1}}, r"model: unknown config fields \['bogus'\]"),
+        ({"init_from": "/nonexistent"}, "init_from: /nonexistent"),
+    ],
+)
+def test_a_model_section_or_start_the_trainer_refuses_names_its_field(changes, named, tmp_path):
+    from training import Trainer
+
+    cfg = TrainConfig.from_dict({**train_config(out=str(tmp_path / "run")), **changes})
+    with pytest.raises(ValueError, match=named):
+        Trainer(cfg, progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("case", ["a plain file", "a folder of other files", "under a file"])
+def test_export_onto_what_it_did_not_write_is_refused_before_training(case, tmp_path, capsys):
+    from training.__main__ import main
+
+    target = tmp_path / "target"
+    if case == "a plain file":
+        target.write_text("precious")
+    elif case == "a folder of other files":
+        target.mkdir()
+        (target / "notes.txt").write_text("precious")
+    else:
+        (tmp_path / "afile").write_text("precious")
+        target = tmp_path / "afile" / "export"
+    config = tmp_path / "run.train.json"
+    config.write_text(json.dumps(tiny_run(tmp_path / "run").to_dict()))
+    assert main(["--config", str(config), "--export", str(target), "--no-progress"]) == 2
+    assert "--export" in capsys.readouterr().err and not (tmp_path / "run").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    assert "precious" in (
+        target.read_text()
+        if target.is_file()
+        else (target / "notes.txt").read_text()
+        if target.is_dir()
+        else (tmp_path / "afile").read_text()
+    )
+
+
+def test_export_onto_a_checkpoint_needs_replace_export(tmp_path, capsys):
+    from training.__main__ import main
+
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "card.json").write_text('{"name": "precious"}')
+    config = tmp_path / "run.train.json"
+    config.write_text(json.dumps(tiny_run(tmp_path / "run").to_dict()))
+    assert main(["--config", str(config), "--export", str(target), "--no-progress"]) == 2
+    assert "already holds a checkpoint (card.json); pass --replace-export" in capsys.readouterr().err
+    assert (target / "card.json").read_text() == '{"name": "precious"}' and not (tmp_path / "run").exists()
+    assert main(["--config", str(config), "--export", str(target), "--replace-export", "--no-progress"]) == 0
+    card = json.loads((target / "card.json").read_text())
+    assert card["steps"] == tiny_run(tmp_path / "run").optim.steps and "--replace-export" not in card["train_command"]
+
+
+def test_a_latest_pointer_outside_the_run_folder_is_refused(tmp_path):
+    from training import Trainer
+
+    Trainer(tiny_run(tmp_path / "run"), progress=False).run()
+    (tmp_path / "run" / "checkpoints" / "latest").write_text("../../../elsewhere")
+    with pytest.raises(ValueError, match=r"checkpoints/latest names '\.\./\.\./\.\./elsewhere'"):
+        Trainer(tiny_run(tmp_path / "run", steps=3), resume=True, progress=False)
+
+
+@pytest.mark.parametrize("damage", ["missing", "lacks step", "not JSON"])
+def test_a_resume_without_its_training_state_names_the_file(damage, tmp_path):
+    from training import Trainer
+
+    Trainer(tiny_run(tmp_path / "run"), progress=False).run()
+    state = tmp_path / "run" / "checkpoints" / "step-0000002" / "train_state.json"
+    if damage == "missing":
+        state.unlink()
+    elif damage == "lacks step":
+        state.write_text(json.dumps({k: v for k, v in json.loads(state.read_text()).items() if k != "step"}))
+    else:
+        state.write_text("{oops")
+    with pytest.raises(ValueError, match=r"--resume: .*step-0000002/train_state.json (is missing|lacks 'step'|is not)"):
+        Trainer(tiny_run(tmp_path / "run", steps=3), resume=True, progress=False)
+
+
+@pytest.mark.parametrize(
+    "damage, named",
+    [
+        ("step -3", r"train_state.json says step -3, its folder step-0000002"),
+        ("a moment dropped", r"optimizer.safetensors does not match .*moment '0.exp_avg' is missing"),
+        ("a moment of another shape", r"optimizer.safetensors does not match .*moment '0.exp_avg' has shape \(3,\)"),
+        ("fewer steps than done", r"the run in .*run is at step 2 .*past optim.steps 1; resume with at least"),
+    ],
+)
+def test_a_resume_from_a_state_that_does_not_add_up_is_refused_and_loses_no_log(damage, named, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from training import Trainer
+
+    Trainer(tiny_run(tmp_path / "run"), progress=False).run()
+    checkpoint = tmp_path / "run" / "checkpoints" / "step-0000002"
+    metrics = (tmp_path / "run" / "metrics.jsonl").read_text()
+    if damage == "step -3":
+        state = json.loads((checkpoint / "train_state.json").read_text())
+        (checkpoint / "train_state.json").write_text(json.dumps({**state, "step": -3}))
+    elif damage.startswith("a moment"):
+        moments = load_file(checkpoint / "optimizer.safetensors")
+        if damage == "a moment dropped":
+            del moments["0.exp_avg"]
+        else:
+            moments["0.exp_avg"] = torch.zeros(3)
+        save_file(moments, checkpoint / "optimizer.safetensors")
+    with pytest.raises(ValueError, match=named):
+        Trainer(
+            tiny_run(tmp_path / "run", steps=1 if damage == "fewer steps than done" else 3), resume=True, progress=False
+        )
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == metrics
+
+
+def test_a_resume_after_a_kill_logs_each_step_once_and_clears_leftovers(tmp_path):
+    from training import Trainer
+
+    Trainer(tiny_run(tmp_path / "run"), progress=False).run()
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    with open(metrics, "a") as fh:  # a note of the user's, then what a run killed after logging step 3 leaves
+        fh.write("# lr halved by hand here\n" + json.dumps({"step": 3, "loss": 1.0}) + "\n" + '{"step": 4, "lo')
+    (tmp_path / "run" / "checkpoints" / ".latest.abc123.tmp").write_text("step-00")
+    Trainer(tiny_run(tmp_path / "run", steps=4), resume=True, progress=False).run()
+    lines = metrics.read_text().splitlines()
+    assert lines[2] == "# lr halved by hand here"
+    assert [json.loads(line)["step"] for line in lines[:2] + lines[3:]] == [1, 2, 3, 4]
+    assert list((tmp_path / "run" / "checkpoints").glob(".*.tmp")) == []
+
+
+def test_the_command_line_names_a_wrong_typed_option_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    config = tmp_path / "bad.train.json"
+    config.write_text(json.dumps(train_config(**{"optim.lr": "big"})))
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", "-m", "training", "--config", str(config)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        f"error: training config {config}: optim.lr must be a number, got 'big'"
+    ]
+
+
+COMMAND_CASES = [
+    "training config",
+    "training config missing",
+    "training config a folder",
+    "training export into its run",
+    "training export empty",
+    "training threads 100000",
+]
+
+
+@pytest.mark.parametrize("case", COMMAND_CASES)
+def test_the_command_lines_exit_2_with_one_line(case, tmp_path):
+    config = tmp_path / "bad.train.json"
+    config.write_text(json.dumps(train_config(**{"optim.steps": -5})))
+    good = tmp_path / "good.train.json"
+    good.write_text(json.dumps(train_config(out=str(tmp_path / "run"))))
+    command, named = {
+        "training config": (["-m", "training", "--config", str(config)], "optim.steps"),
+        "training config missing": (["-m", "training", "--config", str(tmp_path / "none.json")], "none.json"),
+        "training config a folder": (["-m", "training", "--config", str(tmp_path)], str(tmp_path)),
+        "training export into its run": (
+            ["-m", "training", "--config", str(good), "--export", str(tmp_path / "run" / "checkpoints")],
+            "is the run folder",
+        ),
+        "training export empty": (["-m", "training", "--config", str(good), "--export", ""], "--export: an empty"),
+        "training threads 100000": (["-m", "training", "--config", str(good), "--threads", "100000"], "--threads"),
+    }[case]
+    exits_2_with_one_line(command, named)

@@ -243,3 +243,15 @@ def test_the_loss_overlay_draws_both_and_their_difference():
     assert [d.name for d in fig.data] == ["a", "b", "b - a"]
     np.testing.assert_allclose(fig.data[2].y, -0.5)
     assert fig.layout.xaxis2.title.text.startswith("token position (pooled: the mean over each bin of 2 tokens")
+
+
+def test_figures_refuse_no_columns_and_a_trace_whose_meta_names_another_family(model):
+    from memviz.viz import family_figures
+
+    trace = memviz.trace(model, "hello there")
+    for width in (0, -3, 2.5):
+        with pytest.raises(ValueError, match="width must be a whole number"):
+            family_figures(trace, width=width)
+    trace.meta["family"] = "lm2"
+    with pytest.raises(ValueError, match="names the lm2 family but holds none of its memory hooks"):
+        family_figures(trace)
