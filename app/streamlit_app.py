@@ -34,25 +34,6 @@ torch.set_num_threads(app_threads())
 # Each page declares its kept keys (KEPT_SETTINGS) beside its widgets.
 # Not kept: ranges and choices that depend on the model or the input (zoom, segment, layer, person).
 
-PROBES_KEPT_SETTINGS = (
-    "probe",
-    "lengths",
-    "depths",
-    "ruler_tasks",
-    "ruler_depths",
-    "tasks",
-    "pk_haystack",
-    "haystack",
-    "n",
-    "probe_seed",
-    "rt_models",
-    "rt_distances",
-    "rt_n",
-    "rt_seed",
-    "lm_models",
-    "lm_corpus",
-    "lm_max",
-)
 KEPT_SETTINGS = (
     *model_page.KEPT_SETTINGS,
     *trace_page.KEPT_SETTINGS,

@@ -235,7 +235,10 @@ def render() -> None:
             st.caption(time_line(path, n_tokens, bool(evidence)))
         except memviz.ModelBusyError:  # a stopped run still holds the model to time it: the trace below waits for it
             pass
-    st.caption(cost_line(model.cost(round(n_tokens)), round(n_tokens)))
+    try:
+        st.caption(cost_line(model.cost(round(n_tokens)), round(n_tokens)))
+    except memviz.ModelBusyError:  # its first call measures the model, which a stopped run may still hold
+        pass
     try:
         tr = trace_when_free(path, text, evidence, answer)
     except memviz.ModelBusyError:

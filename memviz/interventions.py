@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from memviz.protocol import MemoryModel, ModelState, Progress
-from memviz.registry import get_family
+from memviz.registry import NamedHook, get_family
 from memviz.state import with_memory_of
 
 Edit = Callable[[ModelState], ModelState]
@@ -39,7 +39,7 @@ def swap_state(state: ModelState, donor: ModelState) -> ModelState:
     return ModelState(state.pos, with_memory_of(state.layers, donor.layers), with_memory_of(state.shared, donor.shared))
 
 
-def segment_length(model) -> int:
+def segment_length(model: MemoryModel) -> int:
     """The segment the "reset" and "patch" points sit at the boundaries of."""
     points = get_family(model.family).interventions
     if "reset" not in points:
@@ -85,7 +85,11 @@ def replace_at(model: MemoryModel, segment: int, donor_text: str) -> tuple[int, 
 
 @torch.no_grad()
 def answer_logprob(
-    model: MemoryModel, prompt: str, answer: str, edits: Sequence[tuple[int, Edit]] = (), fwd_hooks=()
+    model: MemoryModel,
+    prompt: str,
+    answer: str,
+    edits: Sequence[tuple[int, Edit]] = (),
+    fwd_hooks: Sequence[NamedHook] = (),
 ) -> dict:
     """log p(answer | prompt) and the greedy answer, streaming the prompt and applying each
     (position, edit) to the carried state when the stream reaches that position. An edit at 0 changes
@@ -172,7 +176,7 @@ class SweepRow:
 
 @torch.no_grad()
 def ablation_sweep(
-    model, prompt: str, answer: str, points: int = 32, progress: Progress | None = None
+    model: MemoryModel, prompt: str, answer: str, points: int = 32, progress: Progress | None = None
 ) -> list[SweepRow]:
     """Ablate the memory at the prompt's segment boundaries in turn (every one, or `points` of them
     evenly spaced from the first to the last when there are more); `delta` is the change in

@@ -20,16 +20,20 @@ from typing import ClassVar, Protocol, cast
 
 import torch
 from torch import Tensor, nn
+from torch.utils._pytree import tree_flatten
 from transformer_lens.hook_points import HookPoint
 
 from memviz.config import ConfigError, ModelConfig
 from memviz.heap import allocatable_bytes
-from memviz.layers import AttentionSpan, LocalAttention, RMSNorm, SwiGLU
+from memviz.layers import AttentionSpan, LocalAttention, LocalCache, RMSNorm, SwiGLU
 from memviz.options import parse_options
-from memviz.protocol import HookDoc, ModelState
-from memviz.running import StreamingLM
-from memviz.state import State, memory_bytes
+from memviz.protocol import HookDoc, ModelState, Readout
+from memviz.running import StreamingLM, hooked
+from memviz.state import State
 from memviz.tokenizer import ByteTokenizer, Tokenizer
+
+#: what a family's module imports from here (the contract's types also live in memviz.protocol and memviz.running)
+__all__ = ["BACKBONE_FIELDS", "BLOCK_HOOK_DOCS", "Block", "HookDoc", "MemoryLM", "ModelState", "Readout", "hooked"]
 
 BACKBONE_FIELDS = (
     "vocab_size",
@@ -72,6 +76,15 @@ def check_fits_in_memory(cfg: ModelConfig) -> None:
             f"{need / 2**30:,.1f} GiB of weights, more than the {max(have, 0) / 2**30:,.1f} GiB this "
             "process can still allocate (d_model, n_layers, d_mlp); nothing was allocated"
         )
+
+
+def cache_bytes(state: object) -> int:
+    """The bytes of the local attention's cached keys and values (`LocalCache.k`, `.v`) in a state, at any depth
+    (a cache's side keys, Titans' retrieved memory tokens, are the memory's)."""
+    if isinstance(state, LocalCache):
+        return sum(t.numel() * t.element_size() for t in (state.k, state.v))
+    children, layout = tree_flatten(state, is_leaf=lambda part: part is not state)  # one level down
+    return 0 if layout.is_leaf() else sum(cache_bytes(child) for child in children)
 
 
 class Stateful(Protocol):
@@ -253,9 +266,9 @@ class MemoryLM(StreamingLM):
 
     def cost(self, n_tokens: int) -> dict[str, int]:
         """Bytes a run over `n_tokens` holds beyond the weights: the local attention's keys and values (at most its
-        span, or the whole input under full attention), the memory (the state's `Memory` fields, measured over up
-        to `measured_tokens`: a memory that keeps growing past them says so in its own `cost`), and what a default
-        trace keeps (float32 per token: the default hooks and the loss)."""
+        span, or the whole input under full attention), the rest of the state at its largest over a stream of
+        `measured_tokens` (the memory and what a segment keeps pending; a state that keeps growing past them says
+        so in its family's own `cost`), and what a default trace keeps (float32 per token: the hooks and the loss)."""
         if isinstance(n_tokens, bool) or not isinstance(n_tokens, numbers.Integral) or n_tokens < 0:
             raise ValueError(f"n_tokens must be a whole number of tokens, 0 or more; got {n_tokens!r}")
         item = torch.finfo(self.dtype).bits // 8
@@ -264,31 +277,34 @@ class MemoryLM(StreamingLM):
         kept = n_tokens if span is None else min(n_tokens, span)
         return {
             "kv_cache": attention_layers * 2 * self.cfg.n_heads * self.cfg.d_head * kept * item,
-            "memory_state": self.memory_state_bytes(min(n_tokens, self.measured_tokens)),
+            "memory_state": self.carried_bytes(),
             "trace": 4 * n_tokens * (self.trace_floats_per_token() + 1),  # and the loss
         }
 
     @property
     def measured_tokens(self) -> int:
-        """Tokens `memory_state_bytes` streams at most: two chunks, so that a segment's pending writes are in."""
+        """Tokens `carried_bytes` streams: two chunks, so that a segment's pending writes are in."""
         return 2 * self.chunk_len
 
-    def memory_state_bytes(self, n_tokens: int) -> int:
-        """The most the state's `Memory` fields hold over a stream of `n_tokens` tokens (id 0), measured once."""
-        measured = self.__dict__.setdefault("_memory_state_bytes", {})
-        if n_tokens not in measured:
-            fresh = self.init_state(1)
-            most = memory_bytes([fresh.layers, fresh.shared])
-            if n_tokens:
-                with self.evaluating(), torch.no_grad():
-                    for _, _, state in self.stream(torch.zeros(1, n_tokens, dtype=torch.long, device=self.device)):
-                        most = max(most, memory_bytes([state.layers, state.shared]))
-            measured[n_tokens] = most
-        return measured[n_tokens]
+    def carried_bytes(self) -> int:
+        """The most the state holds besides the local attention's caches over a stream of `measured_tokens` tokens
+        (id 0), in chunks that end a token before a segment does (its pending writes at their most), measured
+        once for the model's dtype."""
+        measured = self.__dict__.setdefault("_carried_bytes", {})
+        if self.dtype not in measured:
+            most = 0
+            with self.evaluating(), torch.no_grad():
+                ids = torch.zeros(1, self.measured_tokens, dtype=torch.long, device=self.device)
+                for _, _, state in self.stream(ids, chunk_len=max(1, self.chunk_len - 1)):  # ends a token short
+                    most = max(most, state.nbytes() - cache_bytes([state.layers, state.shared]))
+            measured[self.dtype] = most
+        return measured[self.dtype]
 
     def trace_floats_per_token(self) -> int:
         """The numbers a default trace keeps per token: each default hook's per-token size after its reducer (a
-        'mean' or 'norm' drops the trailing axis), read from a one-token forward."""
+        'mean' or 'norm' drops the trailing axis), read from a one-token forward once."""
+        if "_trace_floats" in self.__dict__:
+            return self.__dict__["_trace_floats"]
         reducers, sizes = self.default_trace_reducers(), {}
 
         def size(value: Tensor, hook: HookPoint) -> None:
@@ -298,7 +314,8 @@ class MemoryLM(StreamingLM):
 
         with self.evaluating(), torch.no_grad(), self.hooks(fwd_hooks=[(name, size) for name in reducers]):
             self(torch.zeros(1, 1, dtype=torch.long, device=self.device))
-        return sum(sizes.values())
+        self.__dict__["_trace_floats"] = sum(sizes.values())
+        return self.__dict__["_trace_floats"]
 
     def value_tables(self) -> list[nn.Parameter]:
         """Tables read a few rows at a time, so each row is trained only when selected (memory

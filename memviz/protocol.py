@@ -228,6 +228,15 @@ class ReadsOut(MemoryModel, Protocol):
         ...
 
 
+class FillsPrefix(MemoryModel, Protocol):
+    """A model whose family declares `prefix_capacity`: a memory its frozen weights write, which training may fill
+    with filler no trained weight touched (`data.prefix_tokens`)."""
+
+    def backbone_prefill(self, tokens: Tensor) -> ModelState:
+        """The state after `tokens` as the frozen backbone leaves it."""
+        ...
+
+
 class HoldsNeedle(MemoryModel, Protocol):
     """A model whose family declares `needle_hold`: how much of a span's writes its memory still holds."""
 

@@ -47,6 +47,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.metadata
+import inspect
 import os
 import pkgutil
 import warnings
@@ -55,7 +56,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from memviz.config import ConfigError
-from memviz.protocol import HoldsNeedle, HookDoc, MemoryModel, ReadsOut
+from memviz.protocol import FillsPrefix, HoldsNeedle, HookDoc, MemoryModel, ReadsOut
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -150,7 +151,7 @@ ENTRY_POINT_GROUP = "memviz.families"
 _entry_points_loaded = False
 M = TypeVar("M", bound=MemoryModel)
 #: each capability a family may declare, and the method its models then have (and only then)
-CAPABILITIES = {"readout": "memory_readout", "needle_hold": "needle_hold"}
+CAPABILITIES = {"readout": "memory_readout", "needle_hold": "needle_hold", "prefix_capacity": "backbone_prefill"}
 
 
 def register_family(
@@ -183,11 +184,15 @@ def register_family(
     def decorate(cls: type[M]) -> type[M]:
         if name in FAMILIES:
             raise ValueError(f"family {name!r} registered twice")
-        for capability, declared in (("readout", readout), ("needle_hold", needle_hold)):
+        if inspect.isabstract(cls):
+            missing = sorted(getattr(cls, "__abstractmethods__", ()))
+            raise ValueError(f"family {name!r}: {cls.__name__} does not say {missing} of the model contract")
+        declarations = {"readout": readout, "needle_hold": needle_hold, "prefix_capacity": prefix_capacity is not None}
+        for capability, declared in declarations.items():
             method = CAPABILITIES[capability]
             if declared != callable(getattr(cls, method, None)):
                 raise ValueError(
-                    f"family {name!r} {'declares' if declared else 'does not declare'} {capability}={declared} but "
+                    f"family {name!r} {'declares' if declared else 'does not declare'} {capability} but "
                     f"{cls.__name__} {'lacks' if declared else 'has'} `{method}`: declare a capability with its method"
                 )
         options = getattr(cls, "Options", None)
@@ -295,3 +300,8 @@ def reads_out(model: MemoryModel) -> ReadsOut | None:
 def holds_needle(model: MemoryModel) -> HoldsNeedle | None:
     """`model`, typed as one that says how much of a span its memory holds, if its family declares `needle_hold`."""
     return cast(HoldsNeedle, model) if get_family(model.family).needle_hold else None
+
+
+def fills_prefix(model: MemoryModel) -> FillsPrefix | None:
+    """`model`, typed as one whose frozen backbone fills its memory, if its family declares `prefix_capacity`."""
+    return cast(FillsPrefix, model) if get_family(model.family).prefix_capacity is not None else None

@@ -90,22 +90,6 @@ def tensors_of(state: State) -> Iterator[Tensor]:
             yield from leaf.tensors()
 
 
-def memory_bytes(state: Part) -> int:
-    """The bytes `state`'s `Memory` fields hold, at any depth (what reset and patch replace; caches aside)."""
-    names = field_names(state)
-    if names:
-        cls: type = type(state)
-        marked = memory_fields(cls)
-        return sum(
-            sum(t.numel() * t.element_size() for t in tensors_of(getattr(state, name)))
-            if name in marked
-            else memory_bytes(getattr(state, name))
-            for name in names
-        )
-    children, layout = tree_flatten(state, is_leaf=lambda part: part is not state)  # one level down
-    return 0 if layout.is_leaf() else sum(memory_bytes(child) for child in children)
-
-
 def with_memory_of(state: Part, donor: Part) -> Part:
     """`state` with every `Memory` field, at any depth, taken from `donor` (a state of the same layout);
     every other field (caches) stays `state`'s, and a part with no memory in it stays the same object.

@@ -308,7 +308,7 @@ def test_sigterm_saves_and_exits_then_export_writes_a_card(tmp_path):
 
 
 def test_a_missing_config_and_nonsense_command_line_numbers_are_named(capsys):
-    """The config's own fields are tested in tests/test_bad_input.py's table; here the file and the flags."""
+    """The config's own fields are tested in tests/test_training_config.py's table; here the file and the flags."""
     with pytest.raises(ValueError, match="does not exist"):
         TrainConfig.load("/no/such/config.json")
     with pytest.raises(SystemExit):

@@ -31,10 +31,9 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import torch
-from torch import Tensor
 
 from memviz import heap
 from memviz.checkpoint import CheckpointError, load, load_weights, read_weights, save
@@ -43,7 +42,7 @@ from memviz.files import atomic_write_bytes, atomic_write_text
 from memviz.model import MemoryLM
 from memviz.models import build_model
 from memviz.protocol import ModelState
-from memviz.registry import get_family
+from memviz.registry import fills_prefix, get_family
 from memviz.running import denormals_flushed
 from memviz.tokenizer import load_tokenizer
 from training.config import OptimConfig, TrainConfig, TrainingDiverged
@@ -147,14 +146,6 @@ def freeze_all_but(model: MemoryLM, patterns: list[str]) -> None:
             f"optim.train_only: no parameter name matches {unmatched} (names look like "
             f"{next(name for name, _ in model.named_parameters())!r})"
         )
-
-
-@runtime_checkable
-class FillsPrefix(Protocol):
-    """A model whose memory frozen weights write (its family's `prefix_capacity`), so a batch can continue from the
-    state after filler that no trained weight touched (`data.prefix_tokens`)."""
-
-    def backbone_prefill(self, tokens: Tensor) -> ModelState: ...
 
 
 class Trainer:
@@ -322,12 +313,8 @@ class Trainer:
         if not n:
             return None
         if n not in self.prefix_states:
-            model = self.model
-            if not isinstance(model, FillsPrefix):  # check_prefix let through only a family with prefix_capacity
-                raise ValueError(
-                    f"data.prefix_tokens: the {model.family} family declares prefix_capacity but its model has no "
-                    "backbone_prefill"
-                )
+            model = fills_prefix(self.model)
+            assert model is not None  # check_prefix let through only a family declaring prefix_capacity
             self.prefix_states = {
                 n: model.backbone_prefill(self.sampler.prefix(n, self.cfg.optim.batch_size).to(self.device))
             }
@@ -481,7 +468,7 @@ class Trainer:
         lr = cfg.optim.lr_at(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)
-        with denormals_flushed():  # the backward's subnormals too (memviz.model.denormals_flushed)
+        with denormals_flushed():  # the backward's subnormals too (memviz.running.denormals_flushed)
             with torch.autocast(self.device.type, torch.bfloat16, enabled=cfg.optim.precision == "bfloat16"):
                 if self.model.unembeds_last:  # the loss applies the unembedding, never holding the logits whole
                     residual = self.ddp(tokens, state=self.prefix_state(self.step), return_type="residual")

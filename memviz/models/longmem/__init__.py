@@ -561,7 +561,7 @@ class LongMemLM(MemoryLM):
     def prefill(
         self, tokens: Tokens, state: ModelState | None = None, progress: Progress | None = None
     ) -> tuple[Tensor, ModelState]:
-        """`MemoryLM.prefill` without the work nobody reads: a token more than the side network's
+        """`StreamingLM.prefill` without the work nobody reads: a token more than the side network's
         reach (side_layers x the attention span) before the end reaches the last logits only
         through the bank, which the frozen backbone writes. So over those tokens only the backbone
         runs (its caches, the bank and the open segment exactly as a full run leaves them), then the
