@@ -17,6 +17,7 @@ import memviz
 from memviz import protocol
 from memviz.model import MemoryLM, cache_bytes
 from memviz.registry import register_family, unregister_family
+from tests.conftest import FAMILY_CONFIGS, small_model
 
 mypy_api = pytest.importorskip("mypy.api")
 ROOT = Path(__file__).resolve().parent.parent
@@ -137,3 +138,13 @@ def test_a_models_cost_says_what_its_trace_keeps_and_its_state_holds(name):
     assert cost["kv_cache"] > 0
     with pytest.raises(ValueError, match="n_tokens must be a whole number"):
         model.cost(-1)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_CONFIGS))
+def test_every_familys_model_says_its_cost_before_a_long_run(family):
+    """`cost(n)` answers for every family's model, whatever the length (it never runs the input it prices)."""
+    model = small_model(family, **FAMILY_CONFIGS[family])
+    for n_tokens in (0, 10, 10**6):
+        cost = model.cost(n_tokens)
+        assert cost and all(isinstance(v, int) and v >= 0 for v in cost.values()), cost
+    assert model.cost(10**6)["trace"] > model.cost(10)["trace"]

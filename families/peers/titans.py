@@ -265,12 +265,11 @@ class TitansPytorchLM(MemoryLM):
     def chunk_len(self) -> int:
         return self.options.max_len
 
-    def cost(self, n_tokens: int) -> dict[str, int]:
-        """`MemoryLM.cost`, with the input so far in place of a memory: the peer reruns it for each chunk, so the
-        state keeps every token id (int64), up to `max_len`."""
-        parts = super().cost(n_tokens)
-        parts["memory_state"] = 8 * min(n_tokens, self.options.max_len)
-        return parts
+    @property
+    def measured_tokens(self) -> int:
+        """What `cost` streams to measure the state: the `max_len` tokens the peer runs at most, whose ids the
+        state keeps (it reruns the input so far for each chunk)."""
+        return self.options.max_len
 
     def run(self, tokens: Tensor, state: ModelState):
         seen = torch.cat([state.layers[0]["tokens"], tokens], 1)
