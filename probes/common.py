@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 from memviz.protocol import MemoryModel
-from memviz.running import NonFiniteError, StreamingLM
+from memviz.running import NonFiniteError
 from memviz_probes.registry import Arg, Widget
 
 
@@ -200,11 +200,8 @@ def run_samples(
         sample = make()
         budget = max_new_tokens(keys) if callable(max_new_tokens) else max_new_tokens
         try:
-            if callable(progress) and isinstance(model, StreamingLM):
-                reading = prompt_progress(progress, i, len(picked))
-                prediction = model.generate(sample.prompt, max_new_tokens=budget, progress=reading)
-            else:
-                prediction = model.generate(sample.prompt, max_new_tokens=budget)
+            reading = prompt_progress(progress, i, len(picked)) if callable(progress) else None
+            prediction = model.generate(sample.prompt, max_new_tokens=budget, progress=reading)
             diverged = False
         except NonFiniteError:  # the model's state diverged on this input: a wrong answer, marked
             prediction, diverged = "", True

@@ -259,7 +259,7 @@ def test_a_probe_scores_a_diverged_sample_wrong_and_goes_on():
     class Diverging:
         tokenizer = ByteTokenizer()
 
-        def generate(self, prompt, max_new_tokens):
+        def generate(self, prompt, max_new_tokens, progress=None):
             if "71432" in prompt:
                 raise NonFiniteError("logits are not finite")
             return " " + prompt.split("The pass key is ")[1][:5]

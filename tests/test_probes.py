@@ -103,7 +103,7 @@ class Oracle:
     def facts(self):
         return trained_facts(self.card)
 
-    def generate(self, prompt, max_new_tokens=16):
+    def generate(self, prompt, max_new_tokens=16, progress=None):
         self.calls += 1
         return self.answer(prompt)
 

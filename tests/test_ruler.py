@@ -51,7 +51,7 @@ class SolverModel:
     def __init__(self, silent: bool = False) -> None:
         self.tokenizer, self.card, self.silent = TOK, {}, silent
 
-    def generate(self, prompt: str, max_new_tokens: int = 16) -> str:
+    def generate(self, prompt: str, max_new_tokens: int = 16, progress=None) -> str:
         return "" if self.silent else " " + ", ".join(solve(prompt)) + "."
 
 
