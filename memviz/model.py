@@ -300,23 +300,6 @@ class MemoryLM(StreamingLM):
             measured[self.dtype] = most
         return measured[self.dtype]
 
-    def trace_floats_per_token(self) -> int:
-        """The numbers a default trace keeps per token: each default hook's per-token size after its reducer (a
-        'mean' or 'norm' drops the trailing axis), read from a one-token forward once."""
-        if "_trace_floats" in self.__dict__:
-            return self.__dict__["_trace_floats"]
-        reducers, sizes = self.default_trace_reducers(), {}
-
-        def size(value: Tensor, hook: HookPoint) -> None:
-            per_token, name = value[0, 0], str(hook.name)
-            reduced = reducers[name] != "none" and per_token.dim() > 0
-            sizes[name] = per_token.numel() // (per_token.shape[-1] if reduced else 1)
-
-        with self.evaluating(), torch.no_grad(), self.hooks(fwd_hooks=[(name, size) for name in reducers]):
-            self(torch.zeros(1, 1, dtype=torch.long, device=self.device))
-        self.__dict__["_trace_floats"] = sum(sizes.values())
-        return self.__dict__["_trace_floats"]
-
     def value_tables(self) -> list[nn.Parameter]:
         """Tables read a few rows at a time, so each row is trained only when selected (memory
         layers' values); `optim.memory_value_lr` trains them at their own lr without decay."""

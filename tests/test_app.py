@@ -699,7 +699,15 @@ def test_a_trace_waits_for_the_stopped_run_that_still_holds_the_model(monkeypatc
         trace_page.trace_when_free("ckpt", "text", None, None, wait=0.2)
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_5_text", "kimi_linear"])
+RELEASED_TITLES = {  # a model type of each released family: its decay's and its state norm's chart titles
+    "qwen3_5_text": ("blocks.0: decay alpha (1 keeps the state)", "||S_t|| (mean over heads)"),
+    "kimi_linear": ("blocks.0: decay alpha (1 keeps the state)", "||S_t|| (mean over heads)"),
+    "bamba": ("blocks.0: decay exp(dt_t A) (1 keeps the state)", "||h_t|| (mean over heads)"),
+    "mamba": ("blocks.0: decay exp(dt_t A) (1 keeps the state)", "||h_t|| (mean over heads)"),
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(RELEASED_TITLES))
 def test_every_page_opens_a_hugging_face_folder(model_type, tmp_path):
     """A released model's folder (memviz.models.released), one per family: its hooks listed; its Trace page;
     Intervene's ablation, Probes' grid and Compare beside itself run on it."""
@@ -714,11 +722,7 @@ def test_every_page_opens_a_hugging_face_folder(model_type, tmp_path):
     trace_page = open_trace_page(str(checkpoint))
     assert any(c.value.startswith("About ") and "kv cache" in c.value for c in trace_page.caption)  # before it runs
     titles = chart_titles(trace_page)
-    assert {
-        "blocks.0: decay alpha (1 keeps the state)",
-        "||S_t|| (mean over heads)",
-        "How much of the evidence the memory still holds",
-    } <= set(titles), titles
+    assert {*RELEASED_TITLES[model_type], "How much of the evidence the memory still holds"} <= set(titles), titles
     assert any(t.startswith("blocks.3: where the read at token") for t in titles), titles
     intervene = page("intervene_page", str(checkpoint))
     intervene.run()

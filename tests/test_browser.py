@@ -158,6 +158,28 @@ def test_models_built_with_the_peers_trace_in_chromium(family, title, tmp_path):
         browser.close()
 
 
+def test_a_released_state_space_hybrid_traces_in_chromium(tmp_path):
+    """A Mamba-2 hybrid's Hugging Face folder (a small random Bamba made by transformers): the Trace page draws its
+    decay and step per head, the state's norm and the read-out."""
+    from playwright.sync_api import sync_playwright
+
+    from memviz.models.released.tiny import tiny_checkpoint
+
+    tiny_checkpoint(tmp_path / "bamba", "bamba")
+    SCREENSHOTS.mkdir(exist_ok=True)
+    with serve_app(str(tmp_path / "bamba")) as url, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"{url}/trace")
+        page.get_by_text("blocks.3: where the read at token").first.wait_for(timeout=240_000)
+        page.wait_for_timeout(1500)
+        page.screenshot(path=str(SCREENSHOTS / "trace_hf_mamba2.png"), full_page=True)
+        for title in ("blocks.0: decay exp(dt_t A)", "blocks.1: step dt_t", "||h_t|| (mean over heads)"):
+            assert page.get_by_text(title).count() >= 1, title
+        assert page.get_by_text("Traceback").count() == 0
+        browser.close()
+
+
 def test_every_page_opens_by_its_url(app_url):
     from playwright.sync_api import sync_playwright
 

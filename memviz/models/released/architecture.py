@@ -33,13 +33,15 @@ class Architecture:
 
     `model_types`: {config.json's model_type: what memviz reads of it}; `config(data)`: transformers' config of the
     language model from config.json's fields; `causal_lm()`: transformers' causal LM class; `memory(layer)`: a
-    decoder layer's memory layer (its recurrence runs through memviz's kernel), `attention(layer)` its attention;
-    `is_memory(config, l)`: whether decoder layer l holds a memory; `state(memory)`: (heads, d_k, d_v) of its S;
-    `read_norm(memory)`: the norm its read passes through (`hook_mem_out` is that norm's output);
+    decoder layer's memory layer (its recurrence runs through memviz's kernel), `attention(layer)` its attention
+    (None in a layer without one); `is_memory(config, l)`: whether decoder layer l holds a memory;
+    `state(memory)`: (heads, d_k, d_v) of its S; `read_norm(memory)`: the norm its read passes through
+    (`hook_mem_out` is that norm's output; None where the kernel's own output is the layer's value);
     `attention_sites(attention)`: {hook name: AttentionSite}; `kv_numbers(config)`: numbers an attention layer
     caches per token; `tiny`: config fields of a small random model with memory layers 0, 1 and 3 and attention
-    at 2 (`tiny.tiny_checkpoint`; the tests' models); `experts`: a mixture of experts, whose grouped matmul
-    takes no float64 (the eager loop does)."""
+    at 2 (`tiny.tiny_checkpoint`; the tests' models; every layer a memory in a model without attention);
+    `experts`: a mixture of experts, whose grouped matmul takes no float64 (the eager loop does);
+    `layers(hf)`: the decoder layers of transformers' causal LM; `mlp(layer)`: a layer's MLP, None without one."""
 
     # transformers' modules are typed loosely (their attributes are set in __init__), hence Any
     model_types: Mapping[str, str]
@@ -54,6 +56,8 @@ class Architecture:
     kv_numbers: Callable[[Any], int]
     tiny: Mapping[str, Any]
     experts: bool = False
+    layers: Callable[[Any], Any] = lambda hf: hf.model.layers
+    mlp: Callable[[Any], Any] = lambda layer: layer.mlp
 
 
 class Claimed(Mapping[str, str]):
@@ -101,3 +105,25 @@ TINY = dict(
 def layer_types_say_linear(config, layer: int) -> bool:
     """The hybrids' `layer_types` list: "linear_attention" for a memory layer."""
     return config.layer_types[layer] == "linear_attention"
+
+
+def projection_sites(attn) -> dict[str, AttentionSite]:
+    """An attention layer with q_proj, k_proj, v_proj and o_proj: queries, keys and values as the projections give
+    them (before RoPE) and the output per head before o_proj."""
+    d = attn.head_dim
+    return {
+        "hook_q": AttentionSite(attn.q_proj, "output", d),
+        "hook_k": AttentionSite(attn.k_proj, "output", d),
+        "hook_v": AttentionSite(attn.v_proj, "output", d),
+        "hook_z": AttentionSite(attn.o_proj, "input", d),
+    }
+
+
+def head_dim(config) -> int:
+    """The attention layers' head size: the config's, or hidden_size over the heads (OLMo Hybrid gives none)."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def cached_keys_and_values(config) -> int:
+    """Numbers a grouped-query attention layer caches per token: a key and a value per key-value head."""
+    return 2 * config.num_key_value_heads * head_dim(config)

@@ -29,7 +29,7 @@ BAILING_HYBRID = register(
         config=config,
         causal_lm=causal_lm,
         memory=lambda layer: layer.self_attn,
-        attention=lambda layer: layer.self_attn,
+        attention=lambda layer: layer.self_attn if layer.block_type == "full_attention" else None,
         is_memory=layer_types_say_linear,
         state=lambda kda: (kda.num_heads, kda.head_dim, kda.head_dim),
         read_norm=lambda kda: kda.o_norm,

@@ -17,13 +17,12 @@ from __future__ import annotations
 from typing import Any
 
 from memviz.figure_parts import WIDTH, delta_rule_rate_heatmaps, layer_names, timeline
-from memviz.model import BLOCK_HOOK_DOCS
 from memviz.protocol import HookDoc
 from memviz.registry import FolderLoader, register_family
 
 from .architecture import Architecture, Claimed
 from .loading import load
-from .model import ReleasedLM
+from .model import BACKBONE_HOOK_DOCS, ReleasedLM
 
 ALPHA, BETA = "blocks.{l}.attn.hook_alpha", "blocks.{l}.attn.hook_beta"
 STATE_NORM, MEM_OUT = "blocks.{l}.attn.hook_state_norm", "blocks.{l}.attn.hook_mem_out"
@@ -35,20 +34,7 @@ ARCHITECTURES: dict[str, Architecture] = {}
 def released_hook_docs(memory: str, decay: HookDoc, beta: HookDoc) -> dict[str, HookDoc]:
     """The hooks every released model has, `memory` naming its memory layers, with its decay and write strength."""
     return {
-        **{  # the decoder layer's residual hooks, as memviz's own blocks have them
-            f"blocks.{{l}}.hook_{name}": BLOCK_HOOK_DOCS[f"blocks.{{l}}.hook_{name}"]
-            for name in ("resid_pre", "attn_out", "mlp_out", "resid_post")
-        },
-        "blocks.{l}.attn.hook_q": HookDoc(
-            "[batch, pos, head, d_head]", "attention layers: queries (after q_norm where there is one), before RoPE"
-        ),
-        "blocks.{l}.attn.hook_k": HookDoc(
-            "[batch, pos, head, d_head]", "attention layers: keys (after k_norm where there is one), before RoPE"
-        ),
-        "blocks.{l}.attn.hook_v": HookDoc("[batch, pos, head, d_head]", "attention layers: values"),
-        "blocks.{l}.attn.hook_z": HookDoc(
-            "[batch, pos, head, d_head]", "attention layers: output per head (after an output gate), before `o_proj`"
-        ),
+        **BACKBONE_HOOK_DOCS,
         ALPHA: decay,
         BETA: beta,
         "blocks.{l}.attn.hook_write_key": HookDoc(

@@ -37,6 +37,21 @@ def read_json(path: Path) -> dict:
     return data
 
 
+#: how transformers writes the floats JSON has no word for (a Mamba-2 config's time_step_limit of (0, inf))
+SPECIAL_FLOATS = {"Infinity": math.inf, "-Infinity": -math.inf, "NaN": math.nan}
+
+
+def special_floats(value: Any) -> Any:
+    """A config.json value with transformers' {"__float__": "Infinity"} objects read as the floats they stand for."""
+    if isinstance(value, dict):
+        if set(value) == {"__float__"} and value["__float__"] in SPECIAL_FLOATS:
+            return SPECIAL_FLOATS[value["__float__"]]
+        return {k: special_floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [special_floats(v) for v in value]
+    return value
+
+
 def check_text_config(where: Path, config) -> None:
     """Refuse the values transformers accepts but memviz cannot run by: special ids outside the vocabulary
     (or an empty list of them), and a number that is not finite (an rms_norm_eps of NaN)."""
@@ -124,7 +139,7 @@ def load(directory: str | Path, device: str | torch.device = "cpu", **overrides:
             f"{directory}: a Hugging Face checkpoint takes the overrides dtype and segment_len, not {unknown}"
         )
     dtype, segment_len = overrides.get("dtype", "float32"), overrides.get("segment_len", DEFAULT_SEGMENT)
-    data = read_json(directory / CONFIG_FILE)
+    data = special_floats(read_json(directory / CONFIG_FILE))
     family, arch = claimed(data.get("model_type"), directory / CONFIG_FILE)
     try:
         config = arch.config(data)
@@ -205,13 +220,18 @@ def from_transformers(
     config = hf.config
     family, arch = claimed(config.model_type, Path(name or "the model"))
     linear = [l for l in range(config.num_hidden_layers) if arch.is_memory(config, l)]
+    # the attention layers' heads; in a model without attention, its memory layers' heads and their d_v
+    heads = getattr(config, "num_attention_heads", None)
+    memory_heads, _, d_v = arch.state(arch.memory(arch.layers(hf)[linear[0]])) if linear else (0, 0, 0)
     cfg = ReleasedConfig(
         model_type=config.model_type,
         vocab_size=config.vocab_size,
         d_model=config.hidden_size,
         n_layers=config.num_hidden_layers,
-        n_heads=config.num_attention_heads,
-        d_head=getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads,  # OLMo: none
+        n_heads=heads or memory_heads,
+        d_head=(getattr(config, "head_dim", None) or config.hidden_size // heads)
+        if heads
+        else d_v,  # OLMo: no head_dim
         linear_layers=linear,
         family=family.family,
         segment_len=segment_len,

@@ -10,8 +10,9 @@ Per memory layer `blocks.{l}.attn.`: `hook_alpha` (the decay, per head or per ke
 `hook_write_key`, `hook_write_value`, `hook_read_query`, `hook_read`, `hook_state_norm` (what the kernel read
 and wrote: read-only) and `hook_mem_out` (the read after the layer's norm and gate; what a hook returns replaces
 it). Attention layers: the sites their architecture gives (`hook_q`, `hook_k`, `hook_v`, `hook_z`). Every layer:
-`blocks.{l}.hook_resid_pre`, `hook_attn_out`, `hook_mlp_out`, `hook_resid_post` (what a hook returns replaces the
-value). Each family (`gated_deltanet.py`, `kimi_delta_attention.py`) documents its hooks in its paper's notation.
+`blocks.{l}.hook_resid_pre`, `hook_attn_out`, `hook_resid_post`, and `hook_mlp_out` where the layer has an MLP
+(what a hook returns replaces the value). Each family (`gated_deltanet.py`, `kimi_delta_attention.py`, `ssd.py`,
+`selective_scan.py`) documents its hooks in its paper's notation.
 """
 
 from __future__ import annotations
@@ -30,26 +31,45 @@ from transformer_lens.hook_points import HookPoint
 
 from memviz.layers import LocalCache
 from memviz.linear_memory import span_hold, split_read
-from memviz.protocol import ModelState, Readout
+from memviz.model import BLOCK_HOOK_DOCS
+from memviz.protocol import HookDoc, ModelState, Readout
 from memviz.running import StreamingLM, hooked
 from memviz.state import Memory, State
 from memviz.tokenizer import Tokenizer
 
 from .architecture import Architecture
-from .recurrence import CHANNEL_CHUNK, CHUNK, Watch, install, installed, watch, watching_of
+from .recurrence import CHANNEL_CHUNK, CHUNK, Watch, install, installed, memory_kernels, watch, watching_of
 
 #: what each memory layer's kernel shows (recurrence.Watch), in hook order
 MEMORY_HOOKS = ("alpha", "beta", "write_key", "write_value", "read_query", "read", "state_norm")
 RESIDUAL_HOOKS = ("resid_pre", "attn_out", "mlp_out", "resid_post")
 DEFAULT_SEGMENT = 512
 
+#: the hooks of a released model outside its memory layers: the decoder layers' residual hooks, as memviz's own
+#: blocks have them, and the attention layers' sites
+BACKBONE_HOOK_DOCS = {
+    **{f"blocks.{{l}}.hook_{name}": BLOCK_HOOK_DOCS[f"blocks.{{l}}.hook_{name}"] for name in RESIDUAL_HOOKS},
+    "blocks.{l}.attn.hook_q": HookDoc(
+        "[batch, pos, head, d_head]", "attention layers: queries (after q_norm where there is one), before RoPE"
+    ),
+    "blocks.{l}.attn.hook_k": HookDoc(
+        "[batch, pos, head, d_head]", "attention layers: keys (after k_norm where there is one), before RoPE"
+    ),
+    "blocks.{l}.attn.hook_v": HookDoc("[batch, pos, head, d_head]", "attention layers: values"),
+    "blocks.{l}.attn.hook_z": HookDoc(
+        "[batch, pos, head, d_head]", "attention layers: output per head (after an output gate), before `o_proj`"
+    ),
+}
+
 
 class MemoryLayerState(NamedTuple):
-    """A released memory layer's state: the short convolution's last inputs [B, conv_dim, K] (a cache) and the
-    memory S [B, H, d_k, d_v]."""
+    """A released memory layer's state: the short convolution's last inputs [B, conv_dim, K] (a cache), the
+    memory S [B, H, d_k, d_v] and, in a layer that also attends beside its memory (Falcon-H1), that attention's
+    cache."""
 
     conv: Tensor
     S: Memory[Tensor]
+    attention: LocalCache | None = None
 
 
 @dataclass
@@ -87,10 +107,12 @@ class MemoryHooks(nn.Module):
     hook_state_norm: HookPoint
     hook_mem_out: HookPoint
 
-    def __init__(self) -> None:
+    def __init__(self, attention_sites: Iterable[str] = ()) -> None:
         super().__init__()
         for name in (*MEMORY_HOOKS, "mem_out"):
             setattr(self, f"hook_{name}", HookPoint())
+        for name in attention_sites:  # a layer that also attends beside its memory (Falcon-H1)
+            setattr(self, name, HookPoint())
 
 
 class AttentionHooks(nn.Module):
@@ -110,11 +132,12 @@ class LayerHooks(nn.Module):
     hook_mlp_out: HookPoint
     hook_resid_post: HookPoint
 
-    def __init__(self, attn: MemoryHooks | AttentionHooks) -> None:
+    def __init__(self, attn: MemoryHooks | AttentionHooks, has_mlp: bool) -> None:
         super().__init__()
         self.attn = attn
         for name in RESIDUAL_HOOKS:
-            setattr(self, f"hook_{name}", HookPoint())
+            if name != "mlp_out" or has_mlp:
+                setattr(self, f"hook_{name}", HookPoint())
 
 
 class ReleasedLM(StreamingLM):
@@ -127,6 +150,8 @@ class ReleasedLM(StreamingLM):
 
     cfg: ReleasedConfig
     decay_per_channel = False  # whether alpha_t is a vector over key channels (the family says)
+    delta_rule = True  # whether a write removes along its key first (the state-space memories' do not)
+    read_is = "o_t = S_t^T q_t, the memory's read before the layer's gated norm"  # what `memory_readout` splits
     hf: Any  # transformers' causal LM (its modules are typed loosely)
 
     def __init__(
@@ -143,14 +168,18 @@ class ReleasedLM(StreamingLM):
         self.linear = set(cfg.linear_layers)
         self.blocks = nn.ModuleList(
             LayerHooks(
-                MemoryHooks()
-                if l in self.linear
-                else AttentionHooks(arch.attention_sites(arch.attention(self.decoder_layers[l])))
+                MemoryHooks(self.attention_sites(l)) if l in self.linear else AttentionHooks(self.attention_sites(l)),
+                arch.mlp(layer) is not None,
             )
-            for l in range(cfg.n_layers)
+            for l, layer in enumerate(self.decoder_layers)
         )
         install(self.hf)
-        unmapped = [l for l in sorted(self.linear) if len(installed(self.memory_layer(l))) < 2]
+        unmapped = [
+            l
+            for l in sorted(self.linear)
+            if not installed(self.memory_layer(l))
+            or installed(self.memory_layer(l)) != memory_kernels(self.memory_layer(l))
+        ]
         if unmapped:
             import transformers
 
@@ -162,7 +191,12 @@ class ReleasedLM(StreamingLM):
 
     @property
     def decoder_layers(self) -> Sequence[Any]:
-        return self.hf.model.layers
+        return self.arch.layers(self.hf)
+
+    def attention_sites(self, l: int) -> dict[str, Any]:
+        """Decoder layer l's attention hook sites (none in a layer without attention)."""
+        attention = self.arch.attention(self.decoder_layers[l])
+        return {} if attention is None else self.arch.attention_sites(attention)
 
     def memory_layer(self, l: int) -> Any:
         return self.arch.memory(self.decoder_layers[l])
@@ -171,6 +205,7 @@ class ReleasedLM(StreamingLM):
     def init_state(self, batch_size: int = 1) -> ModelState:
         layers: list[State] = []
         for l in range(self.cfg.n_layers):
+            empty = torch.zeros(batch_size, 1, 0, 1, device=self.device)
             if l in self.linear:
                 mixer = self.memory_layer(l)
                 channels, _, width = mixer.conv1d.weight.shape
@@ -179,10 +214,10 @@ class ReleasedLM(StreamingLM):
                     MemoryLayerState(
                         conv=torch.zeros(batch_size, channels, width, device=self.device),
                         S=torch.zeros(batch_size, heads, d_k, d_v, device=self.device),
+                        attention=LocalCache(empty, empty.clone()) if self.attention_sites(l) else None,
                     )
                 )
             else:
-                empty = torch.zeros(batch_size, 1, 0, 1, device=self.device)
                 layers.append(LocalCache(empty, empty.clone()))
         return ModelState(0, self.in_model_dtype(layers))
 
@@ -193,9 +228,10 @@ class ReleasedLM(StreamingLM):
 
         cache = DynamicCache(config=self.hf.config)
         for l, part in enumerate(state.layers):
+            attention = part if isinstance(part, LocalCache) else cast(MemoryLayerState, part).attention
+            if attention is not None and attention.k.shape[2]:
+                cache.update(attention.k, attention.v, l)
             if isinstance(part, LocalCache):
-                if part.k.shape[2]:
-                    cache.update(part.k, part.v, l)
                 continue
             part = cast(MemoryLayerState, part)  # what init_state builds for a memory layer
             if part.conv.any():
@@ -207,14 +243,25 @@ class ReleasedLM(StreamingLM):
     def state_from(self, cache, before: ModelState) -> list[State]:
         """`before` with what the cache now holds (a layer the chunk did not reach keeps its part)."""
         layers: list[State] = []
+
+        def attended(l: int, part: LocalCache) -> LocalCache:
+            layer = cache.layers[l]  # a layer without attention has a placeholder that holds no keys
+            kept = getattr(layer, "is_initialized", False) and getattr(layer, "keys", None) is not None
+            return LocalCache(layer.keys, layer.values) if kept else part
+
         for l, part in enumerate(before.layers):
             if isinstance(part, LocalCache):
-                layer = cache.layers[l]
-                layers.append(LocalCache(layer.keys, layer.values) if layer.is_initialized else part)
+                layers.append(attended(l, part))
             else:
                 part = cast(MemoryLayerState, part)  # what init_state builds for a memory layer
                 conv, S = cache.get_conv_state(l), cache.get_recurrent_state(l)
-                layers.append(MemoryLayerState(part.conv if conv is None else conv, part.S if S is None else S))
+                layers.append(
+                    MemoryLayerState(
+                        part.conv if conv is None else conv,
+                        part.S if S is None else S,
+                        None if part.attention is None else attended(l, part.attention),
+                    )
+                )
         return layers
 
     # ----- running ------------------------------------------------------------------------
@@ -236,24 +283,26 @@ class ReleasedLM(StreamingLM):
             handles.append(getattr(module, f"register_forward_{kind}")(fn, **kwargs))
 
         for l, (layer, points) in enumerate(zip(self.decoder_layers, cast(Iterable[LayerHooks], self.blocks))):
-            mixer = self.memory_layer(l) if l in self.linear else self.arch.attention(layer)
+            attention = self.arch.attention(layer)
             if hooked(points.hook_resid_pre):
                 add(layer, "pre_hook", lambda m, args, p=points.hook_resid_pre: (p(args[0]), *args[1:]))
-            for module, point in ((layer, points.hook_resid_post), (layer.mlp, points.hook_mlp_out)):
-                if hooked(point):
-                    add(module, "hook", lambda m, args, out, p=point: p(out))
-            if hooked(points.hook_attn_out):
-                add(
-                    mixer,
-                    "hook",
-                    lambda m, args, out, p=points.hook_attn_out: (
-                        (p(out[0]), *out[1:]) if isinstance(out, tuple) else p(out)
-                    ),
-                )
+            ends = [(layer, points.hook_resid_post)]
+            if hasattr(points, "hook_mlp_out"):
+                ends.append((self.arch.mlp(layer), points.hook_mlp_out))
+            mixer = attention if attention is not None else self.memory_layer(l) if l in self.linear else None
+            if mixer is not None:  # the attention's output where there is one, else the memory layer's
+                ends.append((mixer, points.hook_attn_out))
+            for module, point in ends:
+                if hooked(point):  # a module may return its value first in a tuple (a layer's, an attention's)
+                    add(
+                        module,
+                        "hook",
+                        lambda m, args, out, p=point: (p(out[0]), *out[1:]) if isinstance(out, tuple) else p(out),
+                    )
             if l in self.linear:
-                self.watch_memory(mixer, cast(MemoryHooks, points.attn), add)
-            else:
-                self.watch_attention(mixer, cast(AttentionHooks, points.attn), add)
+                self.watch_memory(self.memory_layer(l), cast(MemoryHooks, points.attn), add)
+            if attention is not None:
+                self.watch_attention(attention, points.attn, add)
         try:
             yield
         finally:
@@ -262,7 +311,7 @@ class ReleasedLM(StreamingLM):
             for l in self.linear:  # a forward that raised left its layer's watch on
                 watch(self.memory_layer(l), None)
 
-    def watch_attention(self, attn: nn.Module, points: AttentionHooks, add) -> None:
+    def watch_attention(self, attn: nn.Module, points: nn.Module, add) -> None:
         for name, site in self.arch.attention_sites(attn).items():
             point = getattr(points, name)
             if not hooked(point):
@@ -278,19 +327,21 @@ class ReleasedLM(StreamingLM):
 
     def watch_memory(self, mixer: nn.Module, points: MemoryHooks, add) -> None:
         """The memory layer's kernel keeps what it saw while the layer runs (recurrence.Watch); its hooks get it
-        when the layer returns. `hook_mem_out` is the read norm's output, cut into heads."""
+        when the layer returns. `hook_mem_out` is the read norm's output, cut into heads, or, in a layer without
+        one, the kernel's own output (the kernel passes it through the watch)."""
         wanted = [n for n in MEMORY_HOOKS if hooked(getattr(points, f"hook_{n}"))]
         heads, _, d_v = self.arch.state(mixer)
         shape: dict[str, Any] = {}
+        norm = self.arch.read_norm(mixer)
+        out = points.hook_mem_out if norm is None and hooked(points.hook_mem_out) else None
 
         def before(m, args, kwargs):
             hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
             shape["batch, pos"] = hidden.shape[:2]
-            watch(mixer, Watch(frozenset(wanted)) if wanted else None)
+            watch(mixer, Watch(frozenset(wanted), out=out) if wanted or out else None)
 
         add(mixer, "pre_hook", before, with_kwargs=True)
-        if hooked(points.hook_mem_out):
-            norm = self.arch.read_norm(mixer)
+        if norm is not None and hooked(points.hook_mem_out):
             add(
                 norm,
                 "hook",
@@ -318,15 +369,12 @@ class ReleasedLM(StreamingLM):
         if isinstance(n_tokens, bool) or not isinstance(n_tokens, numbers.Integral) or n_tokens < 0:
             raise ValueError(f"n_tokens must be a whole number of tokens, 0 or more; got {n_tokens!r}")
         item, state = torch.finfo(self.dtype).bits // 8, self.init_state(1)
-        attention_layers = self.cfg.n_layers - len(self.linear)
+        attention_layers = sum(1 for l in range(self.cfg.n_layers) if self.attention_sites(l))
         memory = sum(p.S.numel() + p.conv.numel() for p in state.layers if isinstance(p, MemoryLayerState))
-        shapes = [self.arch.state(self.memory_layer(l)) for l in self.linear]
-        decays = sum(heads * (d_k if self.decay_per_channel else 1) for heads, d_k, _ in shapes)
-        # alpha (per head, or per head and key channel), beta, ||S_t|| and |mem_out| per head, the loss: float32
         return {
             "kv_cache": attention_layers * self.arch.kv_numbers(self.hf.config) * n_tokens * item,
             "memory_state": memory * item,
-            "trace": 4 * n_tokens * (decays + 3 * sum(heads for heads, _, _ in shapes) + 1),
+            "trace": 4 * n_tokens * (self.trace_floats_per_token() + 1),  # float32, and the loss
         }
 
     # ----- introspection ------------------------------------------------------------------
@@ -334,10 +382,10 @@ class ReleasedLM(StreamingLM):
         """o_t = S_t^T q_t at `position`, per memory layer, as a sum over writes
         (`memviz.linear_memory.split_read`). The part at j is write j's: its k_j and v_j mix tokens j-3..j
         through the layer's short convolution."""
-        what = "o_t = S_t^T q_t, the memory's read before the layer's gated norm"
-        return split_read(self, tokens, position, sorted(self.linear), what)
+        return split_read(self, tokens, position, sorted(self.linear), self.read_is, self.delta_rule)
 
     def needle_hold(self, tokens, span: tuple[int, int]) -> dict[str, np.ndarray]:
         """Per memory layer, the part of the state the span's writes left over its peak
         (`memviz.linear_memory.span_hold`)."""
-        return span_hold(self, tokens, span, sorted(self.linear), CHANNEL_CHUNK if self.decay_per_channel else CHUNK)
+        chunk = CHANNEL_CHUNK if self.decay_per_channel else CHUNK
+        return span_hold(self, tokens, span, sorted(self.linear), chunk, self.delta_rule)

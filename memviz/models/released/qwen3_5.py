@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from .architecture import TINY, Architecture, AttentionSite, layer_types_say_linear, register
+from .architecture import TINY, Architecture, AttentionSite, cached_keys_and_values, layer_types_say_linear, register
 from .gated_deltanet import ARCHITECTURES
 
 #: the Gated DeltaNet layer of every `tiny` model: 2 key heads, 4 value heads, d_k = d_v = 8
@@ -35,23 +35,18 @@ def attention_sites(attn) -> dict[str, AttentionSite]:
     }
 
 
-def head_dim(config) -> int:
-    """The attention layers' head size: the config's, or hidden_size over the heads (OLMo Hybrid gives none)."""
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-
-
 def gated_deltanet_layer(**overrides) -> dict:
     """The Architecture fields of a transformers Gated DeltaNet layer kept as `layer.linear_attn` (Qwen3.5's
     names, which Qwen3-Next and OLMo Hybrid share)."""
     return (
         dict(
             memory=lambda layer: layer.linear_attn,
-            attention=lambda layer: layer.self_attn,
+            attention=lambda layer: getattr(layer, "self_attn", None),  # on attention layers only
             is_memory=layer_types_say_linear,
             state=lambda gdn: (gdn.num_v_heads, gdn.head_k_dim, gdn.head_v_dim),
             read_norm=lambda gdn: gdn.norm,
             attention_sites=attention_sites,
-            kv_numbers=lambda config: 2 * config.num_key_value_heads * head_dim(config),
+            kv_numbers=cached_keys_and_values,
         )
         | overrides
     )

@@ -1,6 +1,10 @@
 """memviz's linear-memory operator as transformers' kernel for the memory layers of released models, so that one
 pass computes a layer and its hooks.
 
+The state-space layers (Mamba-2's SSD and Mamba-1's selective scan) send their whole scan over the layer's cache
+through one named kernel each, `mamba2_scan_forward` and `mamba_scan_forward`; `SelectiveScan2` and
+`SelectiveScan1` below run it as the operator without the delta rule (their docstrings give the map).
+
 transformers sends each Gated DeltaNet and Kimi Delta Attention layer's recurrence through a named kernel
 (`chunk_gated_delta_rule` and `fused_recurrent_gated_delta_rule`, `chunk_kda` and `fused_recurrent_kda`), which
 Hugging Face's `kernels` package maps to an implementation per model instance (`kernels.use_kernel_mapping` and
@@ -20,10 +24,12 @@ from __future__ import annotations
 
 import importlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from memviz_kernels.dispatch import linear_memory
@@ -39,6 +45,7 @@ class Watch:
 
     wanted: frozenset[str]
     calls: list[dict[str, Tensor]] = field(default_factory=list)
+    out: Callable[[Tensor], Tensor] | None = None  # `hook_mem_out` of a layer whose kernel output is its value
 
     def seen(self) -> dict[str, Tensor]:
         """The calls' quantities joined over positions, [B, T, H, ...]."""
@@ -177,6 +184,121 @@ class OneToken(nn.Module):
         )
 
 
+def keep(watch: Watch | None, **quantities: Tensor) -> None:
+    """What the watch wants of a call's quantities [B, T, H, ...], in the work dtype."""
+    if watch is not None:
+        watch.calls.append({name: quantities[name] for name in watch.wanted})
+
+
+def run_ssd(module: Any, x: Tensor, B: Tensor, C: Tensor, dt: Tensor, cache: Any, watch: Watch | None) -> Tensor:
+    """Mamba-2's SSD (Dao and Gu, arXiv 2405.21060, eq. 1) as the operator: per head h and token t,
+    dt_t = clamp(softplus(dt_t + dt_bias), time_step_limit), h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t^T and
+    y_t = h_t C_t + D x_t with A = -exp(A_log). In the operator's terms S_t = h_t^T [d_state, head_dim], the log decay
+    g_t = dt_t A, the key dt_t B_t, the value x_t, the query C_t (B and C repeated from their groups to the heads).
+    x [b, T, H P], B, C [b, T, G N], dt [b, T, H] -> y [b, T, H P] in float32 at least; the cache holds S."""
+    work = torch.promote_types(x.dtype, torch.float32)
+    b, T, _ = x.shape
+    H, P, N = module.num_heads, module.head_dim, module.ssm_state_size
+    per_group = H // module.n_groups
+    step = F.softplus(dt.to(work) + module.dt_bias.to(work)).clamp(*module.time_step_limit)  # [b, T, H]
+    log_decay = step * -module.A_log.to(work).exp()
+    values = x.to(work).view(b, T, H, P)
+    keys, queries = (m.to(work).view(b, T, module.n_groups, N).repeat_interleave(per_group, 2) for m in (B, C))
+    S = cache.get_recurrent_state(module.layer_idx) if cache is not None else None
+    S = x.new_zeros(b, H, N, P, dtype=work) if S is None else S.to(work)
+    (o, norms), S = linear_memory(
+        queries.transpose(1, 2),
+        (keys * step[..., None]).transpose(1, 2),
+        values.transpose(1, 2),
+        log_decay.transpose(1, 2),
+        None,
+        S,
+        CHUNK,
+        state_norms=watch is not None and "state_norm" in watch.wanted,
+    )
+    assert o is not None  # the operator reads with the q it is given
+    read = o.transpose(1, 2)
+    keep(
+        watch,
+        alpha=log_decay.exp(),
+        beta=step,
+        write_key=keys,
+        write_value=values,
+        read_query=queries,
+        read=read,
+        **({} if norms is None else {"state_norm": norms.transpose(1, 2)}),
+    )
+    if cache is not None:
+        cache.update_recurrent_state(S, module.layer_idx)
+    out = read + module.D.to(work)[:, None] * values
+    if watch is not None and watch.out is not None:  # a layer without a gated norm (Falcon-H1's option)
+        out = watch.out(out)
+    return out.reshape(b, T, H * P)
+
+
+def run_selective_scan(
+    module: Any, x: Tensor, time_step: Tensor, B: Tensor, C: Tensor, gate: Tensor, cache: Any, watch: Watch | None
+) -> Tensor:
+    """Mamba-1's selective scan (Gu and Dao, arXiv 2312.00752, Algorithm 2) as the operator: per channel c and
+    token t, dt_t = softplus(time_step_t + dt_proj.bias), h_t = exp(dt_t A_c) o h_{t-1} + dt_t B_t x_t [d_state],
+    y_t = C_t . h_t + D x_t, output y_t silu(z_t), with A = -exp(A_log). In the operator's terms each channel is a
+    head with a decay per key channel g_t = dt_t A_c [d_state], the key dt_t B_t, the value x_t (d_v = 1), the
+    query C_t. x, time_step, gate [b, D, T], B, C [b, T, N] -> [b, D, T] in x's dtype; the cache holds S
+    [b, D, N, 1]."""
+    work = torch.promote_types(x.dtype, torch.float32)
+    b, channels, T = x.shape
+    bias = module.dt_proj.bias
+    step = time_step.to(work) + (0 if bias is None else bias.to(work)[:, None])
+    step = F.softplus(step).transpose(1, 2)  # [b, T, D]
+    log_decay = step[..., None] * -module.A_log.to(work).exp()  # [b, T, D, N]
+    values = x.to(work).transpose(1, 2)[..., None]  # [b, T, D, 1]
+    keys, queries = (m.to(work)[:, :, None].expand(b, T, channels, m.shape[-1]) for m in (B, C))
+    S = cache.get_recurrent_state(module.layer_idx) if cache is not None else None
+    S = x.new_zeros(b, channels, module.ssm_state_size, 1, dtype=work) if S is None else S.to(work)
+    (o, norms), S = linear_memory(
+        queries.transpose(1, 2),
+        (keys * step[..., None]).transpose(1, 2),
+        values.transpose(1, 2),
+        log_decay.transpose(1, 2),
+        None,
+        S,
+        CHANNEL_CHUNK,
+        state_norms=watch is not None and "state_norm" in watch.wanted,
+    )
+    assert o is not None  # the operator reads with the q it is given
+    read = o.transpose(1, 2)  # [b, T, D, 1]
+    keep(
+        watch,
+        alpha=log_decay.exp(),
+        beta=step,
+        write_key=keys,
+        write_value=values,
+        read_query=queries,
+        read=read,
+        **({} if norms is None else {"state_norm": norms.transpose(1, 2)}),
+    )
+    if cache is not None:
+        cache.update_recurrent_state(S, module.layer_idx)
+    out = (read[..., 0] + module.D.to(work) * values[..., 0]) * F.silu(gate.to(work).transpose(1, 2))  # [b, T, D]
+    if watch is not None and watch.out is not None:
+        out = watch.out(out)
+    return out.transpose(1, 2).to(x.dtype)
+
+
+class SelectiveScan2(nn.Module):
+    """transformers' `mamba2_scan_forward` (its signature; `run_ssd`)."""
+
+    def forward(self, module, hidden_states, B, C, dt, cache, **kwargs):
+        return run_ssd(module, hidden_states, B, C, dt, cache, watching(self))
+
+
+class SelectiveScan1(nn.Module):
+    """transformers' `mamba_scan_forward` (its signature; `run_selective_scan`)."""
+
+    def forward(self, module, hidden_states, time_step, B, C, gate, cache, **kwargs):
+        return run_selective_scan(module, hidden_states, time_step, B, C, gate, cache, watching(self))
+
+
 class Local:
     """A `kernels` repository holding one class of this module (nothing is downloaded)."""
 
@@ -193,6 +315,8 @@ KERNELS = {
     "fused_recurrent_gated_delta_rule": Local(OneToken),
     "chunk_kda": Local(Chunked),
     "fused_recurrent_kda": Local(OneToken),
+    "mamba2_scan_forward": Local(SelectiveScan2),
+    "mamba_scan_forward": Local(SelectiveScan1),
 }
 
 
@@ -215,6 +339,11 @@ def install(hf: Any) -> None:
             kernelize(hf, mode=Mode.INFERENCE, device=device if device in ("cpu", "cuda") else "cpu")
     finally:
         said.setLevel(level)
+
+
+def memory_kernels(layer: nn.Module) -> list[str]:
+    """The kernels of a memory layer that memviz maps (its recurrence's)."""
+    return sorted(name for name in getattr(layer, "_kernel_funcs", {}) if name in KERNELS)
 
 
 def installed(layer: nn.Module) -> list[str]:

@@ -514,10 +514,12 @@ def test_bad_folders_get_one_clear_error(qwen, tmp_path):
         memviz.load(folder("no_weights", config, weights=False))
     with pytest.raises(
         CheckpointError,
-        match=r"config\.json: field 'model_type' is 'mamba2', a model type memviz does not read; memviz loads "
-        r".*kimi_linear \(Kimi Linear\), olmo_hybrid \(OLMo Hybrid\), qwen3_5 ",
+        match=r"config\.json: field 'model_type' is 'rwkv', a model type memviz does not read; memviz loads "
+        r".*kimi_linear \(Kimi Linear\), mamba \(Mamba\), mamba2 \(Mamba-2\), .*olmo_hybrid \(OLMo Hybrid\), qwen3_5 ",
     ):
-        memviz.load(folder("unknown", {**config, "model_type": "mamba2"}))
+        memviz.load(folder("unknown", {**config, "model_type": "rwkv"}))
+    with pytest.raises(CheckpointError, match=r"config\.json: not a mamba2 config transformers accepts"):
+        memviz.load(folder("relabelled", {**config, "model_type": "mamba2"}))  # Qwen3.5's fields are not Mamba-2's
     with pytest.raises(
         CheckpointError, match=r"config\.json: field 'model_type' is 'qwen2_5_vl', a vision-language checkpoint"
     ):

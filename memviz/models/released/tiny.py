@@ -48,7 +48,7 @@ def tiny_checkpoint(folder: str | Path, model_type: str, seed: int = 0, text: st
     model = arch.causal_lm()(config)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("dt_bias"):
+            if name.endswith(("dt_bias", "dt_proj.bias")):  # the step's bias: Mamba-2's per head, Mamba-1's a channel
                 p.copy_(torch.linspace(-4, 1, p.numel()).view(p.shape))
             elif name.endswith("A_log"):  # decay rates from slow to fast over the heads
                 p.copy_(torch.linspace(-4, 0.5, p.numel()).view(p.shape))
