@@ -704,6 +704,8 @@ RELEASED_TITLES = {  # a model type of each released family: its decay's and its
     "kimi_linear": ("blocks.0: decay alpha (1 keeps the state)", "||S_t|| (mean over heads)"),
     "bamba": ("blocks.0: decay exp(dt_t A) (1 keeps the state)", "||h_t|| (mean over heads)"),
     "mamba": ("blocks.0: decay exp(dt_t A) (1 keeps the state)", "||h_t|| (mean over heads)"),
+    "xlstm": ("blocks.0: forget gate f_t (1 keeps the memory)", "||C_t|| (mean over heads)"),
+    "recurrent_gemma": ("blocks.0: decay a_t per channel (1 keeps the state)", "||h_t|| (over the layer's channels)"),
 }
 
 

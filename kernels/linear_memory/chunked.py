@@ -15,6 +15,10 @@ per-token state: ||S_i||^2 = gamma_i^2 ||S_0||^2 + 2 gamma_i (R p)_i + (R (KK^T 
 p_j = k_j^T S_0 u_j. Its terms cancel where the delta rule erases what the state held, so it is summed in float64.
 Per channel the ratios are a [C, C, d_k] tensor (keep C small) and the norms come from the states themselves.
 Ratios are exp of differences of cumulative log decays, masked before exp, so they never overflow.
+
+Without the delta rule and with d_v = 1 (Mamba-1's channels, RG-LRU's) every entry of S evolves alone,
+s_t = alpha_t s_{t-1} + k_t v_t: a diagonal recurrence, run as a parallel prefix scan over the chunk's tokens
+(log2 C doubling steps of elementwise products, every factor at most 1) instead of the [C, C, d_k] ratios.
 """
 
 from __future__ import annotations
@@ -44,7 +48,13 @@ def chunked(
         return (read, v.new_zeros(v.shape[:3], dtype=work) if state_norms else None), S
     k, v, g, S = (t.to(work) for t in (k, v, g, S))
     beta = None if beta is None else beta.to(work)
-    step = per_channel_chunk if g.dim() == k.dim() else scalar_chunk
+    step = (
+        diagonal_chunk
+        if beta is None and v.shape[-1] == 1
+        else per_channel_chunk
+        if g.dim() == k.dim()
+        else scalar_chunk
+    )
     # The chunks come from split, not slicing: a slice's backward adds a zero tensor of the whole
     # input's length, which made a long input's backward grow with its length times its chunks.
     pieces = [t.split(chunk, dim=2) for t in (k, v, g)]
@@ -119,3 +129,24 @@ def per_channel_chunk(
         norms = states.flatten(3).norm(dim=-1)
     S = gamma[:, :, -1, :, None] * S + ((G[:, :, -1:] - G).exp() * K).transpose(-1, -2) @ U
     return O, norms, S
+
+
+def diagonal_chunk(
+    Q: Tensor | None, K: Tensor, V: Tensor, g: Tensor, beta: Tensor | None, S: Tensor, state_norms: bool
+) -> tuple[Tensor | None, Tensor | None, Tensor]:
+    """One chunk of a diagonal recurrence (no delta rule, d_v = 1; module docstring): the states s_i =
+    alpha_i s_{i-1} + k_i v_i of every entry at once by a Hillis-Steele scan of the pairs (alpha, w) under
+    (a1, w1) then (a2, w2) = (a1 a2, a2 w1 + w2), the start state folded into the first write -> (O, ||S_i||, S_C)."""
+    C = K.shape[2]
+    alpha = (g.exp() if g.dim() == K.dim() else g.exp()[..., None]).expand(K.shape)
+    w = K * V  # [B,H,C,d_k]: the write of each entry
+    w = torch.cat([w[:, :, :1] + alpha[:, :, :1] * S[:, :, None, :, 0], w[:, :, 1:]], 2)
+    span = 1
+    while span < C:
+        w = torch.cat([w[:, :, :span], torch.addcmul(w[:, :, span:], alpha[:, :, span:], w[:, :, :-span])], 2)
+        if 2 * span < C:
+            alpha = torch.cat([alpha[:, :, :span], alpha[:, :, span:] * alpha[:, :, :-span]], 2)
+        span *= 2
+    O = (Q * w).sum(-1, keepdim=True) if Q is not None else None
+    norms = w.norm(dim=-1) if state_norms else None
+    return O, norms, w[:, :, -1, :, None]

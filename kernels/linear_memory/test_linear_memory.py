@@ -52,8 +52,9 @@ def test_the_reference_is_the_transition_matrix_product(seed, kind, delta):
 
 @pytest.mark.parametrize("kind, delta", KINDS)
 @pytest.mark.parametrize("T, chunk", [(1, 4), (23, 1), (23, 5), (40, 8), (17, 64)])
-def test_the_chunked_form_is_the_recurrence(seed, kind, delta, T, chunk):
-    q, k, v, g, beta, S = inputs(kind, delta, T=T)
+@pytest.mark.parametrize("dk, dv", [(6, 5), (6, 1), (1, 1)])  # d_v = 1 without the delta rule: a diagonal recurrence
+def test_the_chunked_form_is_the_recurrence(seed, kind, delta, T, chunk, dk, dv):
+    q, k, v, g, beta, S = inputs(kind, delta, T=T, dk=dk, dv=dv)
     (o, norms), S_T = recurrent(q, k, v, g, beta, S)
     (o_c, norms_c), S_c = dispatch.linear_memory(q, k, v, g, beta, S, chunk)
     for name, a, b in (("o", o_c, o), ("norms", norms_c, norms), ("S", S_c, S_T)):

@@ -193,7 +193,7 @@ def load(directory: str | Path, device: str | torch.device = "cpu", **overrides:
     bad += [  # a block the config leaves out would be dropped without a word
         f"tensor {k!r} belongs to a layer past the config's num_hidden_layers ({config.num_hidden_layers})"
         for k in sorted(info.get("unexpected_keys", ()))
-        if (layer := re.search(r"(?:^|\.)layers\.(\d+)\.", k)) and int(layer[1]) >= config.num_hidden_layers
+        if (layer := re.search(r"(?:^|\.)(?:layers|blocks)\.(\d+)\.", k)) and int(layer[1]) >= config.num_hidden_layers
     ]
     if bad:
         files = ", ".join(sorted(p.name for p in directory.glob("*.safetensors")))

@@ -168,11 +168,21 @@ class ReleasedLM(StreamingLM):
         self.linear = set(cfg.linear_layers)
         self.blocks = nn.ModuleList(
             LayerHooks(
-                MemoryHooks(self.attention_sites(l)) if l in self.linear else AttentionHooks(self.attention_sites(l)),
+                self.memory_points(l) if l in self.linear else AttentionHooks(self.attention_sites(l)),
                 arch.mlp(layer) is not None,
             )
             for l, layer in enumerate(self.decoder_layers)
         )
+        self.install_memory()
+        self.setup()
+
+    def memory_points(self, l: int) -> MemoryHooks:
+        """Memory layer l's HookPoints (a family whose layers show more gives its own)."""
+        return MemoryHooks(self.attention_sites(l))
+
+    def install_memory(self) -> None:
+        """Map the memory layers' kernels to memviz's operator (`recurrence.install`), refusing a layer transformers
+        does not send through one; a family whose layers have no kernel to map (the RG-LRU) installs its own."""
         install(self.hf)
         unmapped = [
             l
@@ -187,7 +197,6 @@ class ReleasedLM(StreamingLM):
                 f"transformers {transformers.__version__} does not send layer {unmapped[0]}'s recurrence through "
                 "Hugging Face's kernel mapping (transformers 5.25 with kernels 0.19 does), so memviz cannot read it"
             )
-        self.setup()
 
     @property
     def decoder_layers(self) -> Sequence[Any]:
