@@ -24,6 +24,7 @@ s_t = alpha_t s_{t-1} + k_t v_t: a diagonal recurrence, run as a parallel prefix
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -48,6 +49,9 @@ def chunked(
         return (read, v.new_zeros(v.shape[:3], dtype=work) if state_norms else None), S
     k, v, g, S = (t.to(work) for t in (k, v, g, S))
     beta = None if beta is None else beta.to(work)
+    if beta is None and g.dim() == 3 and v.shape[-1] > 1:
+        o, n, S = all_chunks_at_once(q if q is None else q.to(work), k, v, g, S, chunk, state_norms)
+        return (None if o is None else o.to(dtype), n), S.to(state_dtype)
     step = (
         diagonal_chunk
         if beta is None and v.shape[-1] == 1
@@ -73,8 +77,8 @@ def chunked(
 def scalar_chunk(
     Q: Tensor | None, K: Tensor, V: Tensor, g: Tensor, beta: Tensor | None, S: Tensor, state_norms: bool
 ) -> tuple[Tensor | None, Tensor | None, Tensor]:
-    """One chunk with a decay per head, g [B,H,C] (module docstring) -> (O, ||S_i||, S_C)."""
-    C = K.shape[2]
+    """One chunk with a decay per head, g [B,H,C] (module docstring) -> (O, ||S_i||, S_C); any leading dims."""
+    C = K.shape[-2]
     G = g.cumsum(-1)  # log gamma_i
     diff = G[..., :, None] - G[..., None, :]  # log gamma_i / gamma_j
     lower = torch.ones(C, C, dtype=torch.bool, device=K.device).tril()
@@ -101,6 +105,33 @@ def scalar_chunk(
         norms = square.clamp_min(0).sqrt().to(K.dtype)
     S = gamma[..., -1, None, None] * S + K.transpose(-1, -2) @ ((G[..., -1:] - G).exp()[..., None] * U)
     return O, norms, S
+
+
+def all_chunks_at_once(
+    q: Tensor | None, k: Tensor, v: Tensor, g: Tensor, S: Tensor, chunk: int, state_norms: bool
+) -> tuple[Tensor | None, Tensor | None, Tensor]:
+    """A scalar decay without the delta rule (Mamba-2's SSD, mLSTM): a chunk's writes do not depend on its start
+    state, so the chunks' start states come first (each chunk's writes from zero, sum_j (gamma_C / gamma_j) k_j v_j^T,
+    and its decay gamma_C, chained chunk to chunk), then `scalar_chunk` runs every chunk as one batch. The input is
+    padded to whole chunks with tokens that neither decay nor write -> (o, ||S_t||, S_T)."""
+    B, H, T, _ = k.shape
+    n = -(-T // chunk)
+    pad = n * chunk - T
+
+    def chunks(t: Tensor) -> Tensor:  # [B, H, T, ...] -> [B, H, n, chunk, ...]
+        return F.pad(t, (0, 0, 0, pad) if t.dim() == 4 else (0, pad)).view(B, H, n, chunk, *t.shape[3:])
+
+    K, V, G = chunks(k), chunks(v), chunks(g)
+    total = G.cumsum(-1)
+    written = K.transpose(-1, -2) @ ((total[..., -1:] - total).exp()[..., None] * V)  # [B, H, n, d_k, d_v]
+    decay = total[..., -1].exp()
+    starts = []
+    for c in range(n):
+        starts.append(S)
+        S = decay[:, :, c, None, None] * S + written[:, :, c]
+    O, norms, _ = scalar_chunk(None if q is None else chunks(q), K, V, G, None, torch.stack(starts, 2), state_norms)
+    o = None if O is None else O.reshape(B, H, n * chunk, -1)[:, :, :T]
+    return o, None if norms is None else norms.reshape(B, H, n * chunk)[:, :, :T], S
 
 
 def per_channel_chunk(
