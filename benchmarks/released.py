@@ -1,11 +1,14 @@
 """A released hybrid's published shape, with random weights, run by transformers and traced by memviz on this machine:
-`python benchmarks/released.py [--arch qwen3_5|qwen3_next|olmo_hybrid|kimi_linear|bailing_hybrid] [--lengths 1024
-4096 16384] [--repeats 3] [--layers N] [--vocab V] [--experts E] [--bridge-gib 8] [--tiny] [--out FILE]`.
+`python benchmarks/released.py [--arch qwen3_5|qwen3_next|olmo_hybrid|kimi_linear|bailing_hybrid|mamba|mamba2|
+falcon_mamba|bamba|granitemoehybrid|nemotron_h|jamba] [--lengths 1024 4096 16384] [--repeats 3] [--layers N] [--vocab V]
+[--experts E] [--bridge-gib 8] [--tiny] [--out FILE]`.
 
 The model is the architecture's smallest published config (below; `--tiny` swaps in its 4-layer test model,
 `--layers` keeps the layers' shapes and cuts their number, keeping the published pattern of memory and attention
-layers, `--vocab` cuts the vocabulary and `--experts` the experts of each mixture: the published memory layers stay
-as they are) with random weights, built by transformers itself. For each length, on
+layers (written back in the architecture's own fields: `layer_types`, Bamba's `attn_layer_indices`, Jamba's
+`attn_layer_period`/`attn_layer_offset`, Nemotron-H's `hybrid_override_pattern`; Mamba, Mamba-2 and Falcon Mamba have
+memory layers only), `--vocab` cuts the vocabulary and `--experts` the experts of each mixture: the published memory
+layers stay as they are) with random weights, built by transformers itself. For each length, on
 random token ids, interleaved over `--repeats` rounds:
 
   * `transformers`: transformers' own forward over the input, chunk by chunk (memviz's chunk length) through its
@@ -19,8 +22,9 @@ random token ids, interleaved over `--repeats` rounds:
 
 It prints each one's median seconds and peak memory above what the process held before (VmHWM after resetting it
 through /proc/self/clear_refs), and memviz's over transformers' as the median of the per-round ratios (with their
-spread). The bars: a trace of 4,096 tokens at most 1.25 times transformers' forward in time and 1.5 in peak memory;
-a traced Qwen3.5-0.8B shape at 16k tokens at most 1.0 times transformers' untraced forward.
+spread); each run's seconds and peak go to stderr as it ends. The bars: a trace of 4,096 tokens at most 1.25 times
+transformers' forward in time and 1.5 in peak memory; a traced Qwen3.5-0.8B shape at 16k tokens at most 1.0 times
+transformers' untraced forward.
 """
 
 from __future__ import annotations
@@ -196,6 +200,224 @@ LING_3_0_TINY = dict(
     pad_token_id=156892,
     eos_token_id=156895,
 )
+#: state-spaces/mamba-130m-hf's config.json (the smallest Mamba); its n_layer, d_model, fused_add_norm, rms_norm and
+#: pad_vocab_size_multiple are mamba_ssm's names, which transformers does not read
+MAMBA_130M = dict(
+    vocab_size=50280,
+    hidden_size=768,
+    intermediate_size=1536,
+    num_hidden_layers=24,
+    state_size=16,
+    expand=2,
+    conv_kernel=4,
+    time_step_rank=48,
+    time_step_scale=1.0,
+    time_step_min=0.001,
+    time_step_max=0.1,
+    time_step_floor=0.0001,
+    time_step_init_scheme="random",
+    layer_norm_epsilon=1e-05,
+    use_bias=False,
+    use_conv_bias=True,
+    residual_in_fp32=True,
+    rescale_prenorm_residual=False,
+    hidden_act="silu",
+    initializer_range=0.1,
+    tie_word_embeddings=True,
+    bos_token_id=0,
+    eos_token_id=0,
+    pad_token_id=0,
+)
+#: state-spaces/mamba2-130m's config.json (mamba_ssm's: d_model 768, n_layer 24, vocab_size 50277 padded to a multiple
+#: of 16, ssm_cfg {"layer": "Mamba2"} with mamba_ssm's Mamba2 defaults d_state 128, headdim 64, ngroups 1, expand 2,
+#: d_conv 4, chunk_size 256, tie_embeddings) in the names of transformers' Mamba2Config (num_heads = 2 * 768 / 64);
+#: the token ids are its GPT-NeoX tokenizer's, as in mamba-130m-hf
+MAMBA2_130M = dict(
+    vocab_size=50288,
+    hidden_size=768,
+    num_hidden_layers=24,
+    num_heads=24,
+    head_dim=64,
+    state_size=128,
+    n_groups=1,
+    expand=2,
+    conv_kernel=4,
+    chunk_size=256,
+    layer_norm_epsilon=1e-05,
+    use_bias=False,
+    use_conv_bias=True,
+    residual_in_fp32=True,
+    tie_word_embeddings=True,
+    bos_token_id=0,
+    eos_token_id=0,
+    pad_token_id=0,
+)
+#: tiiuae/falcon-mamba-7b's config.json (its only size). Its "expand": 16 is what the file says; transformers computes
+#: intermediate_size from it and then takes the file's intermediate_size 8192 (expand 2 in effect), as loading the
+#: published weights does
+FALCON_MAMBA_7B = dict(
+    vocab_size=65024,
+    hidden_size=4096,
+    intermediate_size=8192,
+    expand=16,
+    num_hidden_layers=64,
+    state_size=16,
+    conv_kernel=4,
+    time_step_rank=256,
+    time_step_scale=1.0,
+    time_step_min=0.001,
+    time_step_max=0.1,
+    time_step_floor=0.0001,
+    time_step_init_scheme="random",
+    layer_norm_epsilon=1e-05,
+    use_bias=False,
+    use_conv_bias=True,
+    residual_in_fp32=True,
+    rescale_prenorm_residual=False,
+    hidden_act="silu",
+    initializer_range=0.1,
+    tie_word_embeddings=False,
+    bos_token_id=0,
+    eos_token_id=11,
+    pad_token_id=11,
+)
+#: ibm-ai-platform/Bamba-9B (its only size): the mamba_ssm config it was trained from (`mamba_9.8b` in
+#: foundation-model-stack/fms-fsdp's fms_fsdp/utils/config_utils.py: d_model 4096, d_intermediate 14336, n_layer 32,
+#: vocab_size 128256, attention at layers 9, 18 and 27 with 32 heads, 8 key-value heads, head_dim 128, rotary_emb_dim
+#: 64, untied embeddings) as fms-fsdp's fms_to_hf_mamba_transformers.py converts it for transformers (mamba_d_head 64,
+#: mamba_d_state 128, mamba_n_groups 1, rms_norm_eps 1e-5; mamba_n_heads = 2 * 4096 / 64); its rotary_emb_dim 64 of
+#: 128 is BambaConfig's fixed partial_rotary_factor 0.5; token ids left at BambaConfig's
+BAMBA_9B = dict(
+    vocab_size=128256,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    attn_layer_indices=[9, 18, 27],
+    mamba_n_heads=128,
+    mamba_d_head=64,
+    mamba_n_groups=1,
+    mamba_d_state=128,
+    mamba_d_conv=4,
+    mamba_expand=2,
+    mamba_chunk_size=256,
+    mamba_conv_bias=True,
+    mamba_proj_bias=False,
+    rms_norm_eps=1e-05,
+    hidden_act="silu",
+    max_position_embeddings=4096,
+    tie_word_embeddings=False,
+)
+#: ibm-granite/granite-4.0-h-350m's config.json (the smallest Granite 4.0-H, dense: no experts; as copied whole, with
+#: its model_info naming the repository, in hashneo/nano-vllm-go's models/granite-350m/), its layer_types in the
+#: file's own words ("mamba", "attention")
+GRANITE_4_0_H_350M = dict(
+    vocab_size=100352,
+    hidden_size=768,
+    intermediate_size=2048,
+    shared_intermediate_size=2048,
+    num_hidden_layers=32,
+    layer_types=["mamba"] * 10
+    + ["attention", "mamba", "mamba", "attention"]
+    + ["mamba"] * 3
+    + ["attention"]
+    + ["mamba"] * 9
+    + ["attention"]
+    + ["mamba"] * 4,
+    num_attention_heads=12,
+    num_key_value_heads=4,
+    attention_bias=False,
+    attention_multiplier=0.015625,
+    embedding_multiplier=12,
+    residual_multiplier=0.246,
+    logits_scaling=3,
+    position_embedding_type="nope",
+    num_local_experts=0,
+    num_experts_per_tok=0,
+    mamba_n_heads=48,
+    mamba_d_head=32,
+    mamba_d_state=128,
+    mamba_n_groups=1,
+    mamba_d_conv=4,
+    mamba_expand=2,
+    mamba_chunk_size=256,
+    mamba_conv_bias=True,
+    mamba_proj_bias=False,
+    max_position_embeddings=32768,
+    rms_norm_eps=1e-05,
+    hidden_act="silu",
+    tie_word_embeddings=True,
+    bos_token_id=100257,
+    eos_token_id=100257,
+    pad_token_id=100256,
+)
+#: nvidia/Nemotron-H-4B-Base-8K (the smallest Nemotron-H): its widths from NVIDIA-NeMo/Megatron-Bridge's
+#: NemotronHModelProvider4B (src/megatron/bridge/models/nemotronh/nemotron_h_provider.py: the 8B's pattern, hidden 3072,
+#: FFN 12288, 32 heads over 8 key-value groups of 128, 112 Mamba heads of 64 in 8 groups, state 128), the rest of the
+#: fields as nvidia/Nemotron-H-8B-Base-8K's config.json has them (copied whole in Megatron-Bridge's
+#: tests/unit_tests/models/nemotronh/test_nemotron_h_bridge.py; its attention_head_dim 128 is transformers' head_dim)
+NEMOTRON_H_4B = dict(
+    vocab_size=131072,
+    hidden_size=3072,
+    intermediate_size=12288,
+    num_hidden_layers=52,
+    hybrid_override_pattern="M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-",
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    mamba_num_heads=112,
+    mamba_head_dim=64,
+    ssm_state_size=128,
+    n_groups=8,
+    conv_kernel=4,
+    expand=2,
+    chunk_size=128,
+    mamba_hidden_act="silu",
+    mamba_proj_bias=False,
+    mlp_hidden_act="relu2",
+    mlp_bias=False,
+    attention_bias=False,
+    use_bias=False,
+    use_conv_bias=True,
+    layer_norm_epsilon=1e-05,
+    residual_in_fp32=False,
+    rescale_prenorm_residual=True,
+    max_position_embeddings=8192,
+    tie_word_embeddings=False,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
+#: ai21labs/AI21-Jamba-1.5-Mini's config.json (the shape of Jamba-v0.1's config.json too): the smallest Jamba whose
+#: config could be read here; the 3B AI21-Jamba-Reasoning-3B is smaller, but no copy of its config.json was found
+JAMBA_1_5_MINI = dict(
+    vocab_size=65536,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    attn_layer_period=8,
+    attn_layer_offset=4,
+    expert_layer_period=2,
+    expert_layer_offset=1,
+    num_experts=16,
+    num_experts_per_tok=2,
+    mamba_d_state=16,
+    mamba_d_conv=4,
+    mamba_expand=2,
+    mamba_dt_rank=256,
+    mamba_conv_bias=True,
+    mamba_proj_bias=False,
+    max_position_embeddings=262144,
+    rms_norm_eps=1e-06,
+    hidden_act="silu",
+    tie_word_embeddings=False,
+    bos_token_id=1,
+    eos_token_id=[2, 518],
+    pad_token_id=0,
+)
 #: each architecture's smallest published config (the fields transformers reads)
 PUBLISHED = {
     "qwen3_5": QWEN3_5_0_8B,
@@ -203,7 +425,16 @@ PUBLISHED = {
     "olmo_hybrid": OLMO_HYBRID_7B,
     "kimi_linear": KIMI_LINEAR_48B_A3B,
     "bailing_hybrid": LING_3_0_TINY,
+    "mamba": MAMBA_130M,
+    "mamba2": MAMBA2_130M,
+    "falcon_mamba": FALCON_MAMBA_7B,
+    "bamba": BAMBA_9B,
+    "granitemoehybrid": GRANITE_4_0_H_350M,
+    "nemotron_h": NEMOTRON_H_4B,
+    "jamba": JAMBA_1_5_MINI,
 }
+#: the field holding the number of experts of each mixture, where it is not `num_experts`
+EXPERTS_FIELD = {"granitemoehybrid": "num_local_experts", "nemotron_h": "n_routed_experts"}
 
 
 def shape_of(arch_name: str, tiny: bool, layers: int | None, vocab: int | None, experts: int | None) -> dict:
@@ -224,18 +455,43 @@ def shape_of(arch_name: str, tiny: bool, layers: int | None, vocab: int | None, 
         shape["num_hidden_layers"] = layers
         if model_type == "kimi_linear":  # its memory layers' sizes came from linear_attn_config
             shape.update(linear_num_heads=built.linear_num_heads, linear_head_dim=built.linear_head_dim)
-        shape["layer_types"] = [pattern[l % len(pattern)] for l in range(layers)]
-        if "full_attention" not in shape["layer_types"]:  # keep one attention layer, as every hybrid has
-            shape["layer_types"][-1] = "full_attention"
+        cut = [pattern[l % len(pattern)] for l in range(layers)]
+        if "full_attention" in pattern and "full_attention" not in cut:  # keep one attention layer, as every hybrid has
+            cut[max(l for l, kind in enumerate(cut) if kind == "linear_attention")] = "full_attention"
+        write_layer_pattern(model_type, shape, pattern, cut)
         if "mlp_layer_types" in shape:
             shape["mlp_layer_types"] = [
                 shape["mlp_layer_types"][l % len(shape["mlp_layer_types"])] for l in range(layers)
             ]
+        made = list(arch.config(dict(shape)).layer_types)
+        if made != cut:
+            raise ValueError(f"--layers {layers} on {arch_name}: the config's layers are {made}, not {cut}")
     if vocab:
         shape.update(vocab_size=vocab, eos_token_id=0, pad_token_id=None, bos_token_id=None)
     if experts:
-        shape["num_experts"] = experts
+        shape[EXPERTS_FIELD.get(model_type, "num_experts")] = experts
+        if shape.get("num_experts_per_tok", 0) > experts:
+            shape["num_experts_per_tok"] = experts
     return shape
+
+
+def write_layer_pattern(model_type: str, shape: dict, pattern: list[str], cut: list[str]) -> None:
+    """Write the layer kinds `cut` (transformers' names, as `pattern`, the published config's, reads) in the fields
+    the architecture's config keeps them in, in that config's own words."""
+    if model_type in ("mamba", "mamba2", "falcon_mamba"):  # memory layers only: num_hidden_layers says it all
+        return
+    if model_type == "bamba":
+        shape["attn_layer_indices"] = [l for l, kind in enumerate(cut) if kind == "full_attention"]
+    elif model_type == "jamba":  # attention where l % attn_layer_period == attn_layer_offset
+        attention = [l for l, kind in enumerate(cut) if kind == "full_attention"]
+        if attention[0] != shape.get("attn_layer_offset"):  # the kept attention layer is a cut stack's last
+            shape["attn_layer_offset"] = attention[0]
+    elif model_type == "nemotron_h":  # one character a layer: M memory, * attention, - MLP, E mixture of experts
+        chars = dict(zip(pattern, shape["hybrid_override_pattern"]))
+        shape["hybrid_override_pattern"] = "".join(chars.get(kind, "*") for kind in cut)
+    else:  # layer_types, in the published config's words (Granite 4.0-H's "mamba" and "attention")
+        words = dict(zip(pattern, shape.get("layer_types") or pattern))
+        shape["layer_types"] = [words.get(kind, kind) for kind in cut]
 
 
 def build(shape: dict, name: str):
@@ -382,9 +638,14 @@ def main(argv: list[str] | None = None) -> int:
         if bridged and length * state_bytes <= args.bridge_gib * 2**30:
             runs["bridge"] = timed(bridge_scan)
         seen: dict[str, list[tuple[float, int]]] = {name: [] for name in runs}
-        for _ in range(args.repeats):  # interleaved, so that the machine's load falls on all alike
+        for round_ in range(args.repeats):  # interleaved, so that the machine's load falls on all alike
             for name, run in runs.items():
                 seen[name].append(run(model, ids))
+                seconds, peak = seen[name][-1]  # each run as it ends, on stderr: a long run shows its progress
+                print(
+                    f"{length} tokens, round {round_ + 1}: {name} {seconds:.1f} s, {peak / 2**20:.0f} MiB",
+                    file=sys.stderr,
+                )
         row: dict = {"length": length, "threads": args.threads, "model": model.cfg.name, "repeats": args.repeats}
         for name in ("memviz", "memviz_forward"):
             ratios = [m[0] / t[0] for m, t in zip(seen[name], seen["transformers"])]
