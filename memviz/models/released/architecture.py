@@ -120,8 +120,10 @@ def projection_sites(attn) -> dict[str, AttentionSite]:
 
 
 def head_dim(config) -> int:
-    """The attention layers' head size: the config's, or hidden_size over the heads (OLMo Hybrid gives none)."""
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    """The attention layers' head size: the config's (Zamba2's `attention_head_dim`), or hidden_size over the heads
+    (OLMo Hybrid gives none)."""
+    given = getattr(config, "head_dim", None) or getattr(config, "attention_head_dim", None)
+    return given or config.hidden_size // config.num_attention_heads
 
 
 def cached_keys_and_values(config) -> int:

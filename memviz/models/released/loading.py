@@ -16,7 +16,7 @@ from memviz.files import MAX_CONFIG_BYTES, CheckpointError, read_bytes_within
 from memviz.registry import folder_family
 from memviz.tokenizer import TOKENIZER_FILE
 
-from .architecture import Architecture
+from .architecture import Architecture, head_dim
 from .model import DEFAULT_SEGMENT, ReleasedConfig, ReleasedLM
 from .tokenizer import HFTokenizer, special_ids
 
@@ -229,9 +229,7 @@ def from_transformers(
         d_model=config.hidden_size,
         n_layers=config.num_hidden_layers,
         n_heads=heads or memory_heads,
-        d_head=(getattr(config, "head_dim", None) or config.hidden_size // heads)
-        if heads
-        else d_v,  # OLMo: no head_dim
+        d_head=head_dim(config) if heads else d_v,
         linear_layers=linear,
         family=family.family,
         segment_len=segment_len,

@@ -1,6 +1,6 @@
 """Released models whose memory layers are Mamba-2's state space duality (SSD; Dao and Gu, arXiv 2405.21060),
 traced under the hook names memviz's linear memories share where the meaning is the same: Mamba-2 and the
-hybrids Bamba, Granite 4.0-H (`granitemoehybrid`) and Nemotron-H (one module each).
+hybrids Bamba, Granite 4.0-H (`granitemoehybrid`), Nemotron-H, Falcon-H1 and Zamba2 (one module each).
 
 Per head a state h [head_dim, d_state] (memviz keeps S = h^T, [d_state, head_dim], the operator's layout), with a
 scalar decay per head and token and an additive write:

@@ -20,10 +20,10 @@ from memviz.models.released.tiny import TEXT, tiny_checkpoint
 from memviz.registry import get_family
 from memviz_kernels.linear_memory.reference import recurrent
 
-SSD = ["mamba2", "bamba", "granitemoehybrid", "nemotron_h", "falcon_h1"]  # Mamba-2: a scalar decay per head
+SSD = ["mamba2", "bamba", "granitemoehybrid", "nemotron_h", "falcon_h1", "zamba2"]  # Mamba-2: a scalar decay per head
 SELECTIVE = ["mamba", "falcon_mamba", "jamba"]  # Mamba-1: a decay per channel and state dimension
 PURE = ("mamba2", "mamba", "falcon_mamba")  # every layer a memory, no attention, no MLP
-PARALLEL = ("falcon_h1",)  # every layer a memory and an attention side by side
+EVERY_LAYER = PURE + ("falcon_h1", "zamba2")  # every layer a memory (Falcon-H1's and Zamba2's some with attention)
 PASSAGE = TEXT + " The pass key is 71432. " * 3
 N = 40  # tokens of the tests' input
 
@@ -130,7 +130,7 @@ def test_each_architecture_is_claimed_by_its_family(checkpoint):
     model = memviz.load(checkpoint)
     assert folder_family(model_type(checkpoint)).name == model.family
     assert model.family == ("hf_mamba2" if is_ssd(checkpoint) else "hf_mamba")
-    every = model_type(checkpoint) in PURE + PARALLEL
+    every = model_type(checkpoint) in EVERY_LAYER
     assert model.cfg.linear_layers == ([0, 1, 2, 3] if every else [0, 1, 3])
 
 
@@ -372,12 +372,12 @@ def test_reset_and_patch_act_on_the_memory_state_only(checkpoint):
         _, state = model(ids[:16], return_state=True)
     position, reset = interventions.ablate_at(model, 1)
     edited = reset(state)
-    every = model_type(checkpoint) in PARALLEL
     assert position == 16
     for l, (before, after) in enumerate(zip(state.layers, edited.layers)):
         if l in model.cfg.linear_layers:
             assert after.S.abs().max() == 0 < before.S.abs().max() and after.conv is before.conv
-            assert after.attention is before.attention and (before.attention is not None) == every
+            attends = bool(model.attention_sites(l))  # Falcon-H1's every layer, Zamba2's hybrid layers
+            assert after.attention is before.attention and (before.attention is not None) == attends
         else:
             assert after.k is before.k
     prompt, answer = model.tokenizer.decode(ids[:30]), model.tokenizer.decode(ids[30:34])
@@ -444,7 +444,7 @@ def test_a_bfloat16_model_traces_with_its_quantities_in_float32(checkpoint):
 
 def test_every_hook_is_documented_and_every_documented_hook_is_somewhere(checkpoint):
     """The model's hooks are the family's documented ones; a documented hook a model lacks is an attention or MLP
-    hook of a model without attention or MLP."""
+    hook of a model without attention or MLP, or the queries, keys and values of Zamba2's attention with adapters."""
     from memviz.running import generic_hook_name
 
     model = memviz.load(checkpoint)
@@ -452,7 +452,9 @@ def test_every_hook_is_documented_and_every_documented_hook_is_somewhere(checkpo
     assert present <= declared
     missing = declared - present
     assert all(".attn.hook_" in n and n.split("hook_")[1] in "q k v z" or n.endswith("mlp_out") for n in missing)
-    assert not missing or model_type(checkpoint) in PURE
+    adapters = getattr(model.hf.config, "use_shared_attention_adapter", False)  # Zamba2's: no hook_q, hook_k, hook_v
+    assert missing == ({n for n in declared if n.split("hook_")[1] in "q k v"} if adapters else missing)
+    assert not missing or model_type(checkpoint) in PURE or adapters
 
 
 def test_the_state_space_families_declare_their_capabilities():

@@ -1,9 +1,10 @@
 """memviz's state-space memories against TransformerLens 4.3's bridge of the same layers, on small random checkpoints
 (`tiny.tiny_checkpoint`): wherever the bridge has the same quantity for the same model, its values are memviz's.
 
-TransformerLens wraps transformers' Mamba-2 mixer in `SSM2MixerBridge` (mamba2, bamba and nemotron_h here;
-granitemoehybrid's adapter fails on a RoPE-less Granite) and its Mamba-1 mixer in `SSMMixerBridge` (mamba and
-jamba here; falcon_mamba disagrees slightly, its own test). It hooks the mixer's projections (`in_proj`, `conv1d`,
+TransformerLens wraps transformers' Mamba-2 mixer in `SSM2MixerBridge` (mamba2, bamba, nemotron_h and Zamba2's
+Mamba layers here: it leaves a Zamba2 hybrid layer whole, its mixer unbridged; granitemoehybrid's adapter fails on a
+RoPE-less Granite) and its Mamba-1 mixer in `SSMMixerBridge` (mamba and jamba here; falcon_mamba disagrees
+slightly, its own test). It hooks the mixer's projections (`in_proj`, `conv1d`,
 `x_proj`, `dt_proj`, Jamba's `b_layernorm`/`c_layernorm`, the gated norm, `out_proj`) in the model's dtype, and, on
 its opt-in `eager_scan`, a Python scan of its own in float32 (it casts with `.float()`) with `hook_ssm_write`
 (dt x B^T) and `hook_ssm_state` (h_t at every token); `compute_ssm_effective_attention` and `compute_ssm_state`
@@ -31,7 +32,7 @@ from memviz.models.released import ReleasedLM
 from memviz.models.released.tiny import TEXT, tiny_checkpoint
 
 #: transformers' Mamba-2 mixer: TransformerLens' SSM2MixerBridge
-SSD = ["mamba2", "bamba", "nemotron_h"]
+SSD = ["mamba2", "bamba", "nemotron_h", "zamba2"]
 #: transformers' Mamba-1 mixer: TransformerLens' SSMMixerBridge (falcon_mamba: its own test below)
 SCAN = ["mamba", "jamba"]
 EXACT = 1e-10  # float64 against float64, a share of the largest value
@@ -62,7 +63,7 @@ class Pair:
 
     @property
     def layers(self) -> list[int]:
-        return self.model.cfg.linear_layers
+        return bridged(self.model, self.bridge)
 
     def mixer(self, l: int):
         return self.bridge.blocks[l].mixer
@@ -70,6 +71,11 @@ class Pair:
     def hf_mixer(self, l: int):
         """transformers' mixer module the bridge wraps (its A_log, D, dt_bias, sizes)."""
         return self.mixer(l).original_component
+
+
+def bridged(model: ReleasedLM, bridge) -> list[int]:
+    """The memory layers whose mixer the bridge wraps (Zamba2's hybrid layers it leaves whole, mixer unbridged)."""
+    return [l for l in model.cfg.linear_layers if "mixer" in dict(bridge.blocks[l].named_children())]
 
 
 def build(model_type: str, folder) -> Pair:
@@ -93,9 +99,9 @@ def build(model_type: str, folder) -> Pair:
     bridge = TransformerBridge.boot_transformers(str(folder), hf_model=hf, tokenizer=tokenizer, dtype=torch.float64)
     feed = [
         (f"blocks.{l}.hook_in", lambda value, hook, l=l: ours[f"blocks.{l}.hook_resid_pre"])
-        for l in model.cfg.linear_layers
+        for l in bridged(model, bridge)
     ]
-    for l in model.cfg.linear_layers:
+    for l in bridged(model, bridge):
         bridge.blocks[l].mixer.eager_scan = True
     with torch.no_grad(), bridge.hooks(fwd_hooks=feed):
         _, theirs = bridge.run_with_cache(ids)

@@ -54,6 +54,8 @@ def tiny_checkpoint(folder: str | Path, model_type: str, seed: int = 0, text: st
                 p.copy_(torch.linspace(-4, 0.5, p.numel()).view(p.shape))
             elif name.endswith("recurrent_param"):  # RG-LRU's -Lambda: decays from slow to fast over the channels
                 p.copy_(torch.linspace(-7, 1.5, p.numel())[torch.randperm(p.numel())])
+            elif p.dim() >= 2 and "shared_transformer" in name:  # Zamba2's block reads [hidden, embedding]:
+                p.normal_(0, 0.1)  # drawn smaller, or its attention amplifies float32 rounding tenfold
             elif p.dim() >= 2 and "A_log" not in name:  # linear maps, experts and the short convolution
                 p.normal_(0, 0.6 if "conv1d" in name else 0.3)
     model.save_pretrained(folder)
