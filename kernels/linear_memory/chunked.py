@@ -162,6 +162,15 @@ def per_channel_chunk(
     return O, norms, S
 
 
+def scan_step(x: Tensor, alpha: Tensor, span: int, into: Tensor | None, combine) -> Tensor:
+    """One Hillis-Steele step along dim 2: the entries before `span` kept, each later one combine(x_i, alpha_i,
+    x_{i-span}), written into `into` (None: a fresh buffer, as autograd needs when it keeps the old one)."""
+    out = torch.empty_like(x) if into is None else into
+    out[:, :, :span] = x[:, :, :span]
+    out[:, :, span:] = combine(x[:, :, span:], alpha[:, :, span:], x[:, :, :-span])
+    return out
+
+
 def diagonal_chunk(
     Q: Tensor | None, K: Tensor, V: Tensor, g: Tensor, beta: Tensor | None, S: Tensor, state_norms: bool
 ) -> tuple[Tensor | None, Tensor | None, Tensor]:
@@ -171,12 +180,17 @@ def diagonal_chunk(
     C = K.shape[2]
     alpha = (g.exp() if g.dim() == K.dim() else g.exp()[..., None]).expand(K.shape)
     w = K * V  # [B,H,C,d_k]: the write of each entry
-    w = torch.cat([w[:, :, :1] + alpha[:, :, :1] * S[:, :, None, :, 0], w[:, :, 1:]], 2)
+    w[:, :, :1] += alpha[:, :, :1] * S[:, :, None, :, 0]
+    # each step writes a buffer, not a concatenation; without autograd two buffers take turns
+    reuse = not (torch.is_grad_enabled() and any(t.requires_grad for t in (K, V, g, S)))
+    spare_w: Tensor | None = None
+    spare_alpha: Tensor | None = None
     span = 1
     while span < C:
-        w = torch.cat([w[:, :, :span], torch.addcmul(w[:, :, span:], alpha[:, :, span:], w[:, :, :-span])], 2)
+        w, spare_w = scan_step(w, alpha, span, spare_w, torch.addcmul), w if reuse else None
         if 2 * span < C:
-            alpha = torch.cat([alpha[:, :, :span], alpha[:, :, span:] * alpha[:, :, :-span]], 2)
+            kept = alpha if reuse and alpha.is_contiguous() else None  # not g's expanded exp, never written into
+            alpha, spare_alpha = scan_step(alpha, alpha, span, spare_alpha, lambda a, b, prev: b * prev), kept
         span *= 2
     O = (Q * w).sum(-1, keepdim=True) if Q is not None else None
     norms = w.norm(dim=-1) if state_norms else None

@@ -184,10 +184,12 @@ class OneToken(nn.Module):
         )
 
 
-def keep(watch: Watch | None, **quantities: Tensor) -> None:
-    """What the watch wants of a call's quantities [B, T, H, ...], in the work dtype."""
+def keep(watch: Watch | None, **quantities: Tensor | Callable[[], Tensor]) -> None:
+    """What the watch wants of a call's quantities [B, T, H, ...], in the work dtype; a quantity that costs a pass
+    of its own (a decay per channel and state dimension) is given as a function, called only if wanted."""
     if watch is not None:
-        watch.calls.append({name: quantities[name] for name in watch.wanted})
+        got = {name: quantities[name] for name in watch.wanted}
+        watch.calls.append({name: value() if callable(value) else value for name, value in got.items()})
 
 
 def run_ssd(module: Any, x: Tensor, B: Tensor, C: Tensor, dt: Tensor, cache: Any, watch: Watch | None) -> Tensor:
@@ -220,7 +222,7 @@ def run_ssd(module: Any, x: Tensor, B: Tensor, C: Tensor, dt: Tensor, cache: Any
     read = o.transpose(1, 2)
     keep(
         watch,
-        alpha=log_decay.exp(),
+        alpha=lambda: log_decay.exp(),
         beta=step,
         write_key=keys,
         write_value=values,
@@ -269,7 +271,7 @@ def run_selective_scan(
     read = o.transpose(1, 2)  # [b, T, D, 1]
     keep(
         watch,
-        alpha=log_decay.exp(),
+        alpha=lambda: log_decay.exp(),
         beta=step,
         write_key=keys,
         write_value=values,
