@@ -29,14 +29,27 @@ from torch import Tensor
 
 from memviz.protocol import MemoryModel, ModelState, Progress
 from memviz.registry import NamedHook, get_family
-from memviz.state import with_memory_of
+from memviz.state import misfit, spec_of, with_memory_of
 
 Edit = Callable[[ModelState], ModelState]
 
 
 def swap_state(state: ModelState, donor: ModelState) -> ModelState:
-    """`state` at its position with the memory (of every layer and the shared state) of `donor`."""
-    return ModelState(state.pos, with_memory_of(state.layers, donor.layers), with_memory_of(state.shared, donor.shared))
+    """`state` at its position with the memory (of every layer and the shared state) of `donor`, which must be a
+    state of the same architecture and layout (ValueError naming what differs; the forward that takes the result
+    checks its sizes and dtypes)."""
+    if not isinstance(donor, ModelState):
+        raise TypeError(f"the donor state must be a ModelState, got {type(donor).__name__}")
+    if state.owner and donor.owner and donor.owner != state.owner:
+        raise ValueError(
+            f"the donor state was made by a model of {donor.owner}, and the state it goes into by one of {state.owner}"
+        )
+    layout = [(donor.layers, state.layers, "donor.layers"), (donor.shared, state.shared, "donor.shared")]
+    different = next((m for a, b, path in layout if (m := misfit(a, spec_of(b), path, sizes=False))), None)
+    if different:
+        raise ValueError(f"{different}: the donor state comes from another model")
+    layers, shared = with_memory_of(state.layers, donor.layers), with_memory_of(state.shared, donor.shared)
+    return ModelState(state.pos, layers, shared, state.owner)
 
 
 def segment_length(model: MemoryModel) -> int:

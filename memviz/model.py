@@ -224,7 +224,7 @@ class MemoryLM(StreamingLM):
         """A fresh state in the model's dtype (blocks build theirs in the default dtype), so that
         `model.to(torch.float64)` or `.to(torch.bfloat16)` runs every family."""
         states = [cast(Stateful, block).init_state(batch_size, self.device) for block in self.blocks]
-        return ModelState(0, self.in_model_dtype(states))
+        return ModelState(0, self.in_model_dtype(states), owner=self.state_owner)
 
     @property
     def unembeds_last(self) -> bool:

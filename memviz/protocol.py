@@ -46,15 +46,27 @@ class ModelState:
     """What a model carries from one chunk to the next: the position reached, per layer that
     layer's state (local caches, memory matrices, slot banks, neural-memory weights), and
     `shared`, state that belongs to no one layer (LongMem's bank and its side network's caches).
-    Each part is typed (`memviz.state`): its `Memory` fields are what reset and patch replace."""
+    Each part is typed (`memviz.state`): its `Memory` fields are what reset and patch replace. `owner` says
+    whose it is, as the model that made it names itself (`StreamingLM.state_owner`: its family and architecture;
+    "" for a state built by hand): a model refuses a state another architecture made, and one that does not fit
+    its own (`StreamingLM.check_state`)."""
 
     pos: int
     layers: list[State] = field(default_factory=list)
     shared: State = None
+    owner: str = ""
 
     def map(self, fn: Callable[[Tensor], Tensor]) -> ModelState:
         """This state with `fn` applied to every tensor it holds (a `StateValue` is kept as it is)."""
-        return ModelState(self.pos, map_tensors(fn, self.layers), map_tensors(fn, self.shared))
+        return ModelState(self.pos, map_tensors(fn, self.layers), map_tensors(fn, self.shared), self.owner)
+
+    def __str__(self) -> str:
+        tensors = list(tensors_of([self.layers, self.shared]))
+        dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in tensors if t.is_floating_point()})
+        return (
+            f"ModelState of {self.owner or 'an unnamed model'} at position {self.pos:,}: {len(self.layers)} layers, "
+            f"{', '.join(dtypes) or 'no floats'}, {self.nbytes():,} bytes"
+        )
 
     def detach(self) -> ModelState:
         return self.map(lambda t: t.detach())

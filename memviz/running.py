@@ -14,6 +14,7 @@ import difflib
 import math
 import numbers
 import re
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, ClassVar
@@ -28,12 +29,37 @@ from transformer_lens.hook_points import HookPoint
 from memviz import heap
 from memviz.card import TrainedFacts, trained_facts
 from memviz.protocol import HookDoc, ModelDescription, ModelState, Progress, Tokens
-from memviz.state import Part, State, map_tensors
+from memviz.state import Part, State, map_tensors, misfit, spec_of, tensors_of
 from memviz.threads import running_alone
 from memviz.tokenizer import Tokenizer
 
 #: the longest prompt `generate` reads, in tokens (a probe's longest prompt too)
 MAX_PROMPT_TOKENS = 1 << 22
+#: an input longer than this is announced with what it will hold before it runs (`LongRunWarning`)
+ANNOUNCED_TOKENS = 100_000
+
+
+class LongRunWarning(UserWarning):
+    """A run over a long input, announced with the memory it will hold before it starts."""
+
+
+def announce_cost(
+    model, n_tokens: int, what: str, parts: Iterable[str] = ("kv_cache", "memory_state", "trace")
+) -> None:
+    """Warn, before a run over more than ANNOUNCED_TOKENS tokens starts, what it holds beyond the weights
+    (`model.cost`'s `parts`): the library's form of the app's cost line."""
+    if n_tokens <= ANNOUNCED_TOKENS:
+        return
+    cost = {k: v for k, v in model.cost(n_tokens).items() if k in parts}
+    each = ", ".join(f"{k.replace('_', ' ')} {v / 2**20:,.1f} MiB" for k, v in cost.items())
+    warnings.warn(
+        f"{what} {n_tokens:,} tokens: about {sum(cost.values()) / 2**20:,.1f} MiB beyond the weights ({each}); "
+        "progress= follows it",
+        LongRunWarning,
+        stacklevel=3,
+    )
+
+
 #: the most tokens `generate` writes after it: one token at a time, the answer of a probe or a look at what follows
 MAX_NEW_TOKENS = 1 << 16
 
@@ -96,8 +122,8 @@ class StreamingLM(HookedRootModule, metaclass=abc.ABCMeta):
     #: every hook the family's default model has (generic names), each with its shape and meaning: the hook
     #: table is made from these, and the tests check them against the model's `hook_dict`
     hook_docs: ClassVar[dict[str, HookDoc]] = {}
-    #: the types of a fresh state's layers (`check_state`), made at the first forward
-    _state_types: list[type] | None = None
+    #: a fresh state's layout and sizes by (batch, dtype), without its numbers (`check_state`)
+    _state_specs: dict[tuple[int, torch.dtype, torch.device], tuple[Any, Any]] | None = None
 
     def __init__(self, cfg: ModelDescription, tokenizer: Tokenizer | None, card: dict[str, Any] | None) -> None:
         super().__init__()
@@ -207,7 +233,7 @@ class StreamingLM(HookedRootModule, metaclass=abc.ABCMeta):
         tokens = self.as_tokens(tokens)
         if state is None:
             state = self.init_state(tokens.shape[0])
-        self.check_state(state)
+        self.check_state(state, tokens.shape[0])
         if return_type == "residual" and not self.unembeds_last:
             raise ValueError(f"{type(self).__name__} makes its logits its own way: it has no 'residual' return")
         run = self.run_residual if return_type == "residual" else self.run
@@ -221,25 +247,63 @@ class StreamingLM(HookedRootModule, metaclass=abc.ABCMeta):
         if not outputs:
             raise ValueError(f"return_type must be 'logits', 'loss', 'both' or 'residual', got {return_type!r}")
         if return_state:
-            outputs.append(ModelState(state.pos + tokens.shape[1], layer_states, shared))
+            outputs.append(ModelState(state.pos + tokens.shape[1], layer_states, shared, self.state_owner))
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
-    def check_state(self, state: object) -> None:
-        """Refuse, by what is wrong, a state that this model's `init_state` or `return_state` did not make."""
+    @property
+    def state_owner(self) -> str:
+        """Whose the states this model makes are (`ModelState.owner`): its family and, for a released model, its
+        model_type. A state carries over between models of one architecture and size (a fine-tuned copy's)."""
+        model_type = getattr(self.cfg, "model_type", None)
+        return f"{self.family} ({model_type})" if model_type else self.family
+
+    def check_state(self, state: object, batch: int = 1) -> None:
+        """Refuse, naming what does not fit, a state this model's `init_state` or `return_state` could not have
+        made for `batch` sequences: another architecture's, another layout or size, dtype, device or batch, or a
+        negative position."""
         if not isinstance(state, ModelState):
             raise TypeError(
                 f"state must be a ModelState from this model (init_state, or return_state=True), got "
                 f"{type(state).__name__}"
             )
-        if self._state_types is None:  # the types of a fresh state's layers, made once
-            self._state_types = [type(layer) for layer in self.init_state(1).layers]
-        theirs, ours = [type(layer) for layer in state.layers], self._state_types
-        if theirs != ours:
+        if isinstance(state.pos, bool) or not isinstance(state.pos, numbers.Integral) or state.pos < 0:
+            raise ValueError(f"state.pos must be a whole number of tokens, 0 or more; got {state.pos!r}")
+        if state.owner and self.family and state.owner != self.state_owner:
             raise ValueError(
-                f"state holds {len(theirs)} layer state(s) of {sorted({t.__name__ for t in theirs})}; this "
-                f"{self.family} model's has {len(ours)} of {sorted({t.__name__ for t in ours})}: it comes from "
-                "another model"
+                f"the state was made by a model of {state.owner}, and this model is of {self.state_owner}: a state "
+                "carries over only between models of one architecture"
             )
+        layout = self.state_misfit(state, batch, sizes=False)
+        if layout:
+            raise ValueError(
+                f"the state does not fit this {self.state_owner} model: {layout}; it comes from another model"
+            )
+        wrong = self.state_misfit(state, batch)
+        if wrong is None:
+            return
+        held = next(iter(tensors_of(state.layers)), None)
+        if held is not None and held.dim() and held.shape[0] != batch and not self.state_misfit(state, held.shape[0]):
+            raise ValueError(f"the state holds {held.shape[0]} sequence(s); the input has {batch}")
+        raise ValueError(f"the state does not fit this {self.state_owner} model: {wrong}")
+
+    def state_spec(self, batch: int) -> tuple[Any, Any]:
+        """What a state of this model for `batch` sequences holds, without its numbers (`memviz.state.spec_of` of
+        `init_state`'s layers and shared part); a family whose fresh state leaves a part None that a run fills
+        says what it will hold (`memviz.state.NoneOr`)."""
+        fresh = self.init_state(batch)
+        return spec_of(fresh.layers), spec_of(fresh.shared)
+
+    def state_misfit(self, state: ModelState, batch: int, sizes: bool = True) -> str | None:
+        """Where `state` differs from this model's fresh state for `batch` sequences (`memviz.state.misfit`)."""
+        if self._state_specs is None:
+            self._state_specs = {}
+        key = (batch, self.dtype, self.device)
+        if key not in self._state_specs:
+            self._state_specs[key] = self.state_spec(batch)
+        layers, shared = self._state_specs[key]
+        return misfit(state.layers, layers, "state.layers", sizes) or misfit(
+            state.shared, shared, "state.shared", sizes
+        )
 
     def stream(
         self, tokens: Tokens, chunk_len: int | None = None, state: ModelState | None = None
@@ -272,6 +336,7 @@ class StreamingLM(HookedRootModule, metaclass=abc.ABCMeta):
         if tokens.shape[1] == 0:
             raise ValueError("empty prompt: at least one token is needed")
         check_progress(progress)
+        announce_cost(self, tokens.shape[1], "reading a prompt of", ("kv_cache", "memory_state"))
         logits = None
         for start, chunk_logits, chunk_state in self.stream(tokens, state=state):
             logits, state = chunk_logits, chunk_state

@@ -259,7 +259,8 @@ class TitansPytorchLM(MemoryLM):
         """The peer initialises itself."""
 
     def init_state(self, batch_size: int = 1) -> ModelState:
-        return ModelState(0, [{"tokens": torch.zeros(batch_size, 0, dtype=torch.long, device=self.device)}])
+        tokens = torch.zeros(batch_size, 0, dtype=torch.long, device=self.device)
+        return ModelState(0, [{"tokens": tokens}], owner=self.state_owner)
 
     @property
     def chunk_len(self) -> int:

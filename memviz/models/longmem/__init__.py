@@ -604,7 +604,7 @@ class LongMemLM(MemoryLM):
                 open_segment=open_segment,
                 recent=self.no_recent_queries(tokens.shape[0]),
             )
-            state = ModelState(state.pos + chunk.shape[1], layer_states, shared)
+            state = ModelState(state.pos + chunk.shape[1], layer_states, shared, self.state_owner)
             heap.release_between(start, start + chunk.shape[1])
             if progress is not None:
                 progress(start + chunk.shape[1], tokens.shape[1])

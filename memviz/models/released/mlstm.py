@@ -337,7 +337,7 @@ class MLSTMLM(ReleasedLM):
                     m=torch.zeros(batch_size, heads, 1, device=self.device, dtype=dtype),
                 )
             )
-        return ModelState(0, layers)
+        return ModelState(0, layers, owner=self.state_owner)
 
     def run(self, tokens: Tensor, state: ModelState) -> tuple[Tensor, list[State], None]:
         cache = carried_cache(self.hf.config, state.layers, tokens.device)

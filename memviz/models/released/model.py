@@ -17,6 +17,7 @@ it). Attention layers: the sites their architecture gives (`hook_q`, `hook_k`, `
 
 from __future__ import annotations
 
+import functools
 import json
 import numbers
 from collections.abc import Iterable, Iterator, Sequence
@@ -144,9 +145,9 @@ class ReleasedLM(StreamingLM):
     """A transformers causal LM with memory layers under memviz's model contract (module docstring); a family
     subclasses it with its hook docs and registers it.
 
-    State: per memory layer a `MemoryLayerState` (the convolution's last inputs and S), per attention layer a
-    `LocalCache` of what transformers caches (k, v after RoPE; an MLA layer's compressed latents). Reset and patch
-    act on S alone: the convolution's last tokens and the attention caches are kept."""
+    State: per memory layer a `MemoryLayerState` (the convolution's last inputs and S, in `state_dtype`), per
+    attention layer a `LocalCache` of what transformers caches (k, v after RoPE; an MLA layer's compressed latents).
+    Reset and patch act on S alone: the convolution's last tokens and the attention caches are kept."""
 
     cfg: ReleasedConfig
     decay_per_channel = False  # whether alpha_t is a vector over key channels (the family says)
@@ -175,6 +176,7 @@ class ReleasedLM(StreamingLM):
         )
         self.install_memory()
         self.setup()
+        self.cache_layout = self.read_cache_layout()
 
     def memory_points(self, l: int) -> MemoryHooks:
         """Memory layer l's HookPoints (a family whose layers show more gives its own)."""
@@ -211,24 +213,51 @@ class ReleasedLM(StreamingLM):
         return self.arch.memory(self.decoder_layers[l])
 
     # ----- state --------------------------------------------------------------------------
+    def read_cache_layout(self) -> dict[int, tuple[tuple[int, int], tuple[int, int]]]:
+        """Per attention layer, the (heads, size) of the keys and of the values transformers caches (grouped-query
+        heads, or an MLA layer's latents: its choice), read off one token run at construction, before any hook."""
+        with torch.no_grad():
+            _, layers, _ = self.run(torch.zeros(1, 1, dtype=torch.long, device=self.device), self.init_state(1))
+        caches = [
+            (l, part if isinstance(part, LocalCache) else getattr(part, "attention", None))
+            for l, part in enumerate(layers)
+        ]
+        return {
+            l: ((c.k.shape[1], c.k.shape[3]), (c.v.shape[1], c.v.shape[3]))
+            for l, c in caches
+            if c is not None and c.k.shape[2]
+        }
+
+    def empty_cache(self, l: int, batch_size: int) -> LocalCache:
+        """Attention layer l's cache before its first token, shaped as transformers caches it (a layer without
+        keys, or any before `read_cache_layout` has run, a [batch, 1, 0, 1] placeholder)."""
+        (kh, kd), (vh, vd) = getattr(self, "cache_layout", {}).get(l, ((1, 1), (1, 1)))
+        zeros = functools.partial(torch.zeros, device=self.device, dtype=self.dtype)
+        return LocalCache(zeros(batch_size, kh, 0, kd), zeros(batch_size, vh, 0, vd))
+
     def init_state(self, batch_size: int = 1) -> ModelState:
         layers: list[State] = []
         for l in range(self.cfg.n_layers):
-            empty = torch.zeros(batch_size, 1, 0, 1, device=self.device)
             if l in self.linear:
                 mixer = self.memory_layer(l)
                 channels, _, width = mixer.conv1d.weight.shape
                 heads, d_k, d_v = self.arch.state(mixer)
                 layers.append(
                     MemoryLayerState(
-                        conv=torch.zeros(batch_size, channels, width, device=self.device),
-                        S=torch.zeros(batch_size, heads, d_k, d_v, device=self.device),
-                        attention=LocalCache(empty, empty.clone()) if self.attention_sites(l) else None,
+                        conv=torch.zeros(batch_size, channels, width, device=self.device, dtype=self.dtype),
+                        S=torch.zeros(batch_size, heads, d_k, d_v, device=self.device, dtype=self.state_dtype),
+                        attention=self.empty_cache(l, batch_size) if self.attention_sites(l) else None,
                     )
                 )
             else:
-                layers.append(LocalCache(empty, empty.clone()))
-        return ModelState(0, self.in_model_dtype(layers))
+                layers.append(self.empty_cache(l, batch_size))
+        return ModelState(0, layers, owner=self.state_owner)
+
+    @property
+    def state_dtype(self) -> torch.dtype:
+        """S's dtype: the kernel's, float32 at least (a bfloat16 model's state stays float32 between chunks; Kimi's
+        float32 single-token step in a float64 model is widened back)."""
+        return torch.promote_types(self.dtype, torch.float32)
 
     def cache_from(self, state: ModelState):
         """A transformers cache holding copies of `state` (the layers write their cache in place). A part
@@ -267,7 +296,7 @@ class ReleasedLM(StreamingLM):
                 layers.append(
                     MemoryLayerState(
                         part.conv if conv is None else conv,
-                        part.S if S is None else S,
+                        part.S if S is None else S.to(self.state_dtype),
                         None if part.attention is None else attended(l, part.attention),
                     )
                 )

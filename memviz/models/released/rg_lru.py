@@ -336,9 +336,8 @@ class RGLRULM(ReleasedLM):
                     )
                 )
             else:
-                empty = torch.zeros(batch_size, 1, 0, 1, device=self.device, dtype=self.dtype)
-                layers.append(LocalCache(empty, empty.clone()))
-        return ModelState(0, layers)
+                layers.append(self.empty_cache(l, batch_size))
+        return ModelState(0, layers, owner=self.state_owner)
 
     def cache_from(self, state: ModelState):
         """A transformers cache holding the attention layers' keys and values (counting `state.pos` tokens seen,

@@ -74,7 +74,7 @@ from memviz.models.titans.attention import TitansAttention
 from memviz.options import check_choice, check_positive
 from memviz.protocol import HookDoc, Readout
 from memviz.registry import register_family
-from memviz.state import Memory, State
+from memviz.state import Memory, NoneOr, State
 from memviz.trace import Trace
 from memviz_kernels.dispatch import LinearMemory, titans_chunk_coefficients, titans_chunk_update, titans_linear_memory
 
@@ -491,6 +491,12 @@ class TitansLM(MemoryLM):
             "`M*(q_t)`, read with the chunk-start weights (for mac: the read of the attention output that gates it)",
         ),
     }
+
+    def state_spec(self, batch: int) -> tuple[Any, Any]:
+        """A fresh state's spec, the memory's weights (None until their first update) shaped as its momentum."""
+        layers, shared = super().state_spec(batch)
+        layers = [part._replace(memory=part.memory._replace(params=NoneOr(part.memory.momentum))) for part in layers]
+        return layers, shared
 
     def default_attention(self) -> dict | None:
         if self.options.variant == "mac" and self.cfg.segment_len:
