@@ -221,7 +221,10 @@ def check_folder(path: str | Path) -> Path:
         return directory
     if directory.exists() and not directory.is_dir():
         raise CheckpointError(f"{directory}: a file, not a checkpoint folder (give the folder that holds it)")
-    if not directory.is_dir():
+    names = (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE, CARD_FILE)
+    if not directory.is_dir() or not any(os.path.lexists(directory / name) for name in names):
+        # a folder holding none of a checkpoint's files is answered as a missing one: a page of the app does not
+        # tell whether a folder exists
         samples = ", ".join(list_samples()) or "none"
         raise CheckpointError(f"{directory}: no such checkpoint folder (sample checkpoints: {samples})")
     retired = retirement(directory)
@@ -229,6 +232,8 @@ def check_folder(path: str | Path) -> Path:
         raise CheckpointError(
             f"{directory}: a retired sample; {retired['why']}. Restore its weights with `{retired['restore']}`"
         )
+    if (directory / CONFIG_FILE).is_file():  # a config that is neither memviz's nor Hugging Face's is named first
+        read_config(directory)
     for name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE):
         if not (directory / name).is_file():
             there = (directory / name).exists() or (directory / name).is_symlink()

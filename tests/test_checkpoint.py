@@ -351,3 +351,21 @@ def test_a_card_over_its_size_cap_or_not_a_file_is_refused_naming_it(tmp_path, m
     monkeypatch.setattr(checkpoint, "MAX_CARD_FILE_BYTES", 100)
     with pytest.raises(memviz.CheckpointError, match=f"{re.escape(str(card))}: card file .* over the 100"):
         memviz.load(folder)
+
+
+def test_a_folder_holding_no_checkpoint_is_answered_as_a_missing_one(tmp_path):
+    """The Model page, and memviz.load, do not tell whether a folder exists: a folder holding none of a checkpoint's
+    files (a home folder) gets the message of a folder that is not there; a checkpoint with a file missing is named."""
+    (tmp_path / "notes.txt").write_text("a user's own file")
+    said = []
+    for path in (tmp_path, tmp_path / "nowhere"):
+        with pytest.raises(CheckpointError, match="no such checkpoint folder") as refused:
+            memviz.load(path)
+        said.append(str(refused.value).replace(str(path), "<folder>"))
+    assert said[0] == said[1]
+    (tmp_path / "tokenizer.json").write_text("{}")
+    with pytest.raises(CheckpointError, match=r"config\.json: missing"):
+        memviz.load(tmp_path)
+    (tmp_path / "config.json").write_text('{"d_model": ')
+    with pytest.raises(CheckpointError, match=r"config\.json: .*JSON"):
+        memviz.load(tmp_path)

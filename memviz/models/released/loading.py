@@ -91,19 +91,29 @@ def check_size(directory: Path, config, arch: Architecture, stored: int | None) 
         )
 
 
-def stored_numbers(directory: Path) -> int | None:
-    """How many numbers the folder's *.safetensors hold, read from their headers; refuse weights stored as
-    integers (a quantised checkpoint: transformers would read their codes as the weights themselves). None where
-    safetensors cannot open a file, which transformers names below."""
+#: a decoder layer's index in a weight's name (`model.layers.3.`, xLSTM's `backbone.blocks.3.`)
+LAYER_INDEX = re.compile(r"(?:^|\.)(?:layers|blocks)\.(\d+)\.")
+#: more decoder layers than any released model has by far: refused before transformers builds them
+MAX_LAYERS = 4096
+
+
+def stored_numbers(directory: Path) -> tuple[int | None, int]:
+    """How many numbers the folder's *.safetensors hold and how many decoder layers their names reach, read from
+    their headers; refuse weights stored as integers (a quantised checkpoint: transformers would read their codes as
+    the weights themselves). The count is None where safetensors cannot open a file, which transformers names
+    below."""
     from safetensors import safe_open
 
     stored: int | None = 0
+    layers = 0
     for path in sorted(directory.glob("*.safetensors")):
         try:
             with safe_open(path, "pt") as weights:
-                slices = [weights.get_slice(name) for name in weights.keys()]
+                names = list(weights.keys())
+                slices = [weights.get_slice(name) for name in names]
                 kinds = {part.get_dtype() for part in slices}
                 stored = None if stored is None else stored + sum(math.prod(part.get_shape()) for part in slices)
+                layers = max([layers] + [int(m[1]) + 1 for name in names if (m := LAYER_INDEX.search(name))])
         except Exception:  # safetensors raises its own types
             stored = None
             continue
@@ -113,7 +123,55 @@ def stored_numbers(directory: Path) -> int | None:
                 f"{path}: weights stored as {', '.join(quantised)}: a quantised checkpoint, which memviz does not "
                 "read (give one in float32, float16 or bfloat16)"
             )
-    return stored
+    return stored, layers
+
+
+def check_layer_count(where: Path, data: dict, stored_layers: int) -> None:
+    """Refuse, from config.json's numbers before transformers builds anything, more decoder layers than the weights
+    hold (or than MAX_LAYERS): building a million layers' modules takes gigabytes before any other check."""
+    fields = [(data, "num_hidden_layers"), (data, "num_blocks")]
+    if isinstance(data.get("text_config"), dict):
+        fields.append((data["text_config"], "num_hidden_layers"))
+    for holder, field in fields:
+        value = holder.get(field)
+        if not isinstance(value, int) or isinstance(value, bool):
+            continue  # transformers' own validation names a value of the wrong type
+        limit = min(MAX_LAYERS, stored_layers or MAX_LAYERS)
+        if value > limit:
+            held = f"its weights hold {stored_layers:,} layers" if stored_layers else f"memviz reads {MAX_LAYERS:,}"
+            name = field if holder is data else f"text_config.{field}"
+            raise ReleasedCheckpointError(
+                f"{where}: field {name!r} is {value:,}, but {held} at most; nothing was built"
+            )
+
+
+def check_shard_index(directory: Path) -> None:
+    """A sharded checkpoint's index (`*.safetensors.index.json`): readable JSON whose weight_map names files of
+    the folder, each refused by name here rather than in transformers' own words."""
+    for index in sorted(directory.glob("*.safetensors.index.json")):
+        data = read_json(index)
+        weight_map = data.get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+            raise ReleasedCheckpointError(f"{index}: field 'weight_map' must map tensor names to shard file names")
+        if not isinstance(data.get("metadata"), dict):  # transformers reads it
+            raise ReleasedCheckpointError(f"{index}: field 'metadata' must be an object (its total_size)")
+        missing = sorted({f for f in weight_map.values() if not (directory / f).is_file()})
+        if missing:
+            raise ReleasedCheckpointError(
+                f"{index}: names shard {missing[0]!r}, which is not a file in {directory}"
+                + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+            )
+
+
+def check_tokenizer_vocabulary(directory: Path, backend, vocab_size: int) -> None:
+    """A tokenizer.json whose ids reach past config.json's vocab_size would give the model ids it has no
+    embedding for: refused at load, naming both files."""
+    tokens = backend.get_vocab_size(with_added_tokens=True)
+    if tokens > vocab_size:
+        raise ReleasedCheckpointError(
+            f"{directory / TOKENIZER_FILE} has {tokens:,} tokens, but {directory / CONFIG_FILE}'s vocab_size is "
+            f"{vocab_size:,}: the tokenizer is not this model's"
+        )
 
 
 def claimed(model_type: object, where: Path) -> tuple[type[ReleasedLM], Architecture]:
@@ -141,14 +199,7 @@ def load(directory: str | Path, device: str | torch.device = "cpu", **overrides:
     dtype, segment_len = overrides.get("dtype", "float32"), overrides.get("segment_len", DEFAULT_SEGMENT)
     data = special_floats(read_json(directory / CONFIG_FILE))
     family, arch = claimed(data.get("model_type"), directory / CONFIG_FILE)
-    try:
-        config = arch.config(data)
-    except Exception as exc:  # transformers' and huggingface_hub's validators raise their own types
-        raise ReleasedCheckpointError(
-            f"{directory / CONFIG_FILE}: not a {data['model_type']} config transformers accepts "
-            f"({type(exc).__name__}: {exc})"
-        ) from exc
-    check_text_config(directory / CONFIG_FILE, config)
+    check_shard_index(directory)
     if not list(directory.glob("*.safetensors")):
         raise ReleasedCheckpointError(
             f"{directory}: no *.safetensors weights beside {CONFIG_FILE} (memviz reads safetensors only)"
@@ -157,7 +208,17 @@ def load(directory: str | Path, device: str | torch.device = "cpu", **overrides:
         raise ReleasedCheckpointError(
             f"{directory / TOKENIZER_FILE}: missing; memviz needs the checkpoint's own tokenizer.json"
         )
-    check_size(directory, config, arch, stored_numbers(directory))
+    stored, stored_layers = stored_numbers(directory)
+    check_layer_count(directory / CONFIG_FILE, data, stored_layers)
+    try:
+        config = arch.config(data)
+    except Exception as exc:  # transformers' and huggingface_hub's validators raise their own types
+        raise ReleasedCheckpointError(
+            f"{directory / CONFIG_FILE}: not a {data['model_type']} config transformers accepts "
+            f"({type(exc).__name__}: {exc})"
+        ) from exc
+    check_text_config(directory / CONFIG_FILE, config)
+    check_size(directory, config, arch, stored)
     torch_dtype = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}.get(dtype)
     if torch_dtype is None or not isinstance(segment_len, int) or isinstance(segment_len, bool) or segment_len < 1:
         raise ReleasedCheckpointError(
@@ -168,6 +229,7 @@ def load(directory: str | Path, device: str | torch.device = "cpu", **overrides:
         backend = Backend.from_file(str(directory / TOKENIZER_FILE))
     except Exception as exc:  # the tokenizers library raises its own Exception type
         raise ReleasedCheckpointError(f"{directory / TOKENIZER_FILE}: not a tokenizers file: {exc}") from exc
+    check_tokenizer_vocabulary(directory, backend, config.vocab_size)
     try:
         # a mixture of experts: torch's grouped_mm takes no float64, the eager loop does
         experts = {"experts_implementation": "eager"} if arch.experts and dtype == "float64" else {}
@@ -193,7 +255,7 @@ def load(directory: str | Path, device: str | torch.device = "cpu", **overrides:
     bad += [  # a block the config leaves out would be dropped without a word
         f"tensor {k!r} belongs to a layer past the config's num_hidden_layers ({config.num_hidden_layers})"
         for k in sorted(info.get("unexpected_keys", ()))
-        if (layer := re.search(r"(?:^|\.)(?:layers|blocks)\.(\d+)\.", k)) and int(layer[1]) >= config.num_hidden_layers
+        if (layer := LAYER_INDEX.search(k)) and int(layer[1]) >= config.num_hidden_layers
     ]
     if bad:
         files = ", ".join(sorted(p.name for p in directory.glob("*.safetensors")))

@@ -8,6 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +25,7 @@ from memviz import CheckpointError, interventions
 from memviz.models.released import recurrence
 from memviz.models.released.tiny import TEXT, tiny_checkpoint
 from memviz.registry import get_family
+from tests.conftest import HIGH_WATER_KB
 
 ARCHITECTURES = ["qwen3_5_text", "qwen3_next", "olmo_hybrid", "kimi_linear", "bailing_hybrid"]
 PER_CHANNEL = ("kimi_linear", "bailing_hybrid")  # Kimi Delta Attention: a decay per key channel
@@ -579,6 +585,93 @@ def test_bad_folders_get_one_clear_error(qwen, tmp_path):
     os.mkfifo(fifo / "config.json")
     with pytest.raises(CheckpointError, match=r"pipe/config\.json: not a regular file"):
         memviz.load(fifo)
+
+
+GROWN_CONFIG_PEAK = HIGH_WATER_KB + textwrap.dedent(
+    """
+    import json, sys
+    sys.path.insert(0, {root!r})
+    import memviz
+    memviz.load({small!r})  # the imports and a load's own working set, before the measured one
+    before = high_water_kb()
+    try:
+        memviz.load({folder!r})
+        said = "loaded"
+    except memviz.CheckpointError as exc:
+        said = str(exc)
+    print(json.dumps({{"said": said, "growth_kb": high_water_kb() - before}}))
+    """
+)
+
+
+@pytest.mark.parametrize("layers", [10**5, 10**7])
+def test_a_config_of_millions_of_layers_is_refused_before_memory_grows(qwen, tmp_path, layers):
+    """num_hidden_layers far past what the weights hold, layer_types left out (transformers would build every
+    layer's modules before any size check): refused from the numbers, the process's peak growing under 200 MB."""
+    grown = tmp_path / "grown"
+    grown.mkdir()
+    config = json.loads((qwen / "config.json").read_text())
+    del config["layer_types"]
+    (grown / "config.json").write_text(json.dumps(config | {"num_hidden_layers": layers}))
+    for name in ("model.safetensors", "tokenizer.json"):
+        (grown / name).write_bytes((qwen / name).read_bytes())
+    root = str(Path(__file__).resolve().parents[3])
+    script = GROWN_CONFIG_PEAK.format(root=root, small=str(qwen), folder=str(grown))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=600)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert re.search(
+        rf"grown/config\.json: field 'num_hidden_layers' is {layers:,}, but its weights hold 4 layers", result["said"]
+    )
+    assert result["growth_kb"] < 200 * 1024, result
+
+
+def test_sharded_folders_and_a_foreign_tokenizer_are_refused_naming_the_file(qwen, tmp_path):
+    """A shard index that is not JSON, or that names a shard not there; a sharded folder whose config.json is not
+    JSON; a tokenizer.json of more tokens than the config's vocab_size: each refused at load, naming its file."""
+    from memviz.models.released.tiny import write_tokenizer
+
+    weights = load_file(qwen / "model.safetensors")
+    names = sorted(weights)
+
+    def sharded(name: str, config_text: str, index_text: str | None = None) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "config.json").write_text(config_text)
+        (folder / "tokenizer.json").write_bytes((qwen / "tokenizer.json").read_bytes())
+        half = len(names) // 2
+        shards = {"model-00001-of-00002.safetensors": names[:half], "model-00002-of-00002.safetensors": names[half:]}
+        for shard, keys in shards.items():
+            save_file({k: weights[k] for k in keys}, folder / shard)
+        total = sum(t.numel() * t.element_size() for t in weights.values())
+        index = {"metadata": {"total_size": total}, "weight_map": {k: f for f, keys in shards.items() for k in keys}}
+        (folder / "model.safetensors.index.json").write_text(index_text or json.dumps(index))
+        return folder
+
+    config = (qwen / "config.json").read_text()
+    whole = sharded("sharded", config)
+    with torch.no_grad():
+        ids = ids_of(memviz.load(qwen))
+        torch.testing.assert_close(memviz.load(whole)(ids), memviz.load(qwen)(ids), atol=0, rtol=0)
+    with pytest.raises(CheckpointError, match=r"bad_index/model\.safetensors\.index\.json: not readable JSON"):
+        memviz.load(sharded("bad_index", config, "{not json"))
+    gone = json.dumps({"metadata": {}, "weight_map": {names[0]: "model-00003-of-00002.safetensors"}})
+    with pytest.raises(CheckpointError, match=r"index\.json: names shard 'model-00003-of-00002\.safetensors', which"):
+        memviz.load(sharded("gone_shard", config, gone))
+    with pytest.raises(
+        CheckpointError, match=r"bad_config/config\.json: cannot read the config|bad_config/config\.json"
+    ):
+        memviz.load(sharded("bad_config", "{not json"))
+    big = tmp_path / "big_tokenizer"
+    big.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (big / name).write_bytes((qwen / name).read_bytes())
+    write_tokenizer(big, " ".join(f"word{i} thing{i * 7}" for i in range(400)), vocab_size=400)
+    vocab = json.loads(config)["vocab_size"]
+    with pytest.raises(
+        CheckpointError,
+        match=rf"big_tokenizer/tokenizer\.json has [\d,]+ tokens, but .*/config\.json's vocab_size is {vocab}",
+    ):
+        memviz.load(big)
 
 
 def test_transformer_lens_bridge_agrees_where_it_has_the_quantity(qwen):
