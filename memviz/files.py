@@ -83,7 +83,6 @@ def replace_folder(directory: str | Path, write: Callable[[Path], object]) -> Pa
     killed at any point leaves the earlier folder as it was: never new weights beside an old config. Files in the
     earlier folder that this write does not make are kept. A symbolic link is followed (its target is replaced).
     Leftovers of killed writes (`.NAME.writing-PID-*` beside it, their process gone) are removed by the next write."""
-    import re
     import shutil
     import tempfile
 
@@ -91,11 +90,7 @@ def replace_folder(directory: str | Path, write: Callable[[Path], object]) -> Pa
     if directory.exists() and not directory.is_dir():
         raise ValueError(f"{directory} exists and is not a folder: nothing written over it")
     directory.parent.mkdir(parents=True, exist_ok=True)
-    owner = re.compile(rf"\.{re.escape(directory.name)}\.writing-(\d+)-.*")
-    for leftover in directory.parent.iterdir():
-        match = owner.fullmatch(leftover.name)
-        if match and not pid_alive(int(match.group(1))):
-            shutil.rmtree(leftover, ignore_errors=True)
+    sweep_killed_writes(directory.parent)
     staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.writing-{os.getpid()}-", dir=directory.parent))
     try:
         write(staging)
@@ -114,6 +109,18 @@ def replace_folder(directory: str | Path, write: Callable[[Path], object]) -> Pa
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return directory
+
+
+def sweep_killed_writes(folder: Path) -> None:
+    """Remove the staging folders (`.NAME.writing-PID-*`) that `replace_folder` writes in `folder` whose process is
+    gone: what a save killed part-way leaves."""
+    import re
+    import shutil
+
+    for leftover in folder.iterdir() if folder.is_dir() else ():
+        match = re.fullmatch(r"\..+\.writing-(\d+)-.*", leftover.name)
+        if match and not pid_alive(int(match.group(1))):
+            shutil.rmtree(leftover, ignore_errors=True)
 
 
 def pid_alive(pid: int) -> bool:

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from memviz.protocol import MemoryModel, Progress
 from memviz.registry import get_family
+from memviz.running import announce_cost
 from memviz.trace import Trace, bad_rows
 
 REDUCERS = ("none", "mean", "norm")
@@ -201,6 +202,7 @@ def trace(
         raise ValueError(f"input has {len(ids):,} tokens, over the trace limit of {max_tokens:,}")
     evidence = checked_evidence(evidence, len(ids))
     reducers = resolve_names(model, names)
+    announce_cost(model, len(ids), "tracing")
     buffers: dict[str, Rows] = {}
 
     def capture(tensor: torch.Tensor, hook) -> None:

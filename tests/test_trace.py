@@ -315,3 +315,31 @@ def test_a_bad_call_is_one_error_naming_the_argument(case, model):
     call, error, named = CALL_CASES[case]
     with pytest.raises(error, match=named):
         call(model)
+
+
+def test_a_long_trace_or_prompt_says_what_it_will_hold_before_it_runs(monkeypatch):
+    """Past ANNOUNCED_TOKENS a trace, and the prompt a generation reads, warn their cost (`model.cost`) before
+    the first forward, as the app's cost line does; shorter ones say nothing."""
+    import warnings
+
+    from memviz import running
+
+    model = small_model("sliding_window", window=8)
+    monkeypatch.setattr(running, "ANNOUNCED_TOKENS", 40)
+    events: list[str] = []
+    mib = sum(model.cost(41).values()) / 2**20  # measured once, before the hook below is there to see it
+    model.blocks[0].hook_resid_pre.add_hook(lambda value, hook: events.append("forward"), is_permanent=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = lambda message, category, *args, **kwargs: events.append(
+            f"{category.__name__}: {message}"
+        )
+        memviz.trace(model, list(range(41)))
+        model.generate("a" * 41, max_new_tokens=1)
+        memviz.trace(model, list(range(40)))
+    announced = [i for i, e in enumerate(events) if e != "forward"]
+    assert len(announced) == 2 and announced[0] == 0 and all(events[i + 1] == "forward" for i in announced)
+    assert events[0].startswith(f"LongRunWarning: tracing 41 tokens: about {mib:,.1f} MiB beyond the weights (kv ")
+    prompt = events[announced[1]]
+    n = len(model.tokenizer.encode("a" * 41))
+    assert prompt.startswith(f"LongRunWarning: reading a prompt of {n} tokens: about ") and "trace" not in prompt

@@ -713,12 +713,20 @@ def test_a_resume_after_a_kill_logs_each_step_once_and_clears_leftovers(tmp_path
     metrics = tmp_path / "run" / "metrics.jsonl"
     with open(metrics, "a") as fh:  # a note of the user's, then what a run killed after logging step 3 leaves
         fh.write("# lr halved by hand here\n" + json.dumps({"step": 3, "loss": 1.0}) + "\n" + '{"step": 4, "lo')
-    (tmp_path / "run" / "checkpoints" / ".latest.abc123.tmp").write_text("step-00")
+    checkpoints = tmp_path / "run" / "checkpoints"
+    (checkpoints / ".latest.abc123.tmp").write_text("step-00")
+    # a save killed part-way: memviz.save's staging folder, whose process is gone; one of a live process stays
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    staging = checkpoints / f".step-0000003.writing-{gone.stdout.strip()}-x1"
+    staging.mkdir()
+    (staging / "model.safetensors").write_bytes(b"half")
+    writing = checkpoints / f".step-0000009.writing-{os.getpid()}-x2"
+    writing.mkdir()
     Trainer(tiny_run(tmp_path / "run", steps=4), resume=True, progress=False).run()
     lines = metrics.read_text().splitlines()
     assert lines[2] == "# lr halved by hand here"
     assert [json.loads(line)["step"] for line in lines[:2] + lines[3:]] == [1, 2, 3, 4]
-    assert list((tmp_path / "run" / "checkpoints").glob(".*.tmp")) == []
+    assert list(checkpoints.glob(".*.tmp")) == [] and not staging.exists() and writing.is_dir()
 
 
 def test_the_command_line_names_a_wrong_typed_option_in_one_line(tmp_path):

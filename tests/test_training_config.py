@@ -33,6 +33,10 @@ TRAIN_CASES = {
     ),
     "an eval grid of 5e7 samples": ({"eval.n": 50_000_000}, "the eval grid asks for 150,000,000 samples"),
     "a billion people": ({"data.n_entities": 10**9}, "data.n_entities 1,000,000,000 is over the cap"),
+    "no people, facts not in the mix": (
+        {"data.n_entities": 0},
+        r"data\.n_entities must be a number of people >= 1, got 0",
+    ),
     "an unknown field": ({"optim.speed": "fast"}, r"unknown optim fields \['speed'\]"),
     "precision float16": ({"optim.precision": "float16"}, "optim.precision"),
     "a seed past 64 bits": ({"seed": 2**70}, "^seed must lie in"),

@@ -116,6 +116,8 @@ class DataConfig:
             check_schedule(getattr(self, name), f"data.{name}")
         if self.drill < 0:
             raise ValueError(f"data.drill must be >= 0, got {self.drill}")
+        if self.n_entities < 1:  # checked with or without facts in the mix: the card records it
+            raise ValueError(f"data.n_entities must be a number of people >= 1, got {self.n_entities}")
         if any(task in ruler.TASKS or task in babilong.TASKS for task in self.mix):
             try:
                 make_haystack(self.haystack, 0)  # a missing file or uninstalled texts fail before training

@@ -38,7 +38,7 @@ import torch
 from memviz import heap
 from memviz.checkpoint import CheckpointError, load, load_weights, read_weights, save
 from memviz.config import ConfigError, ModelConfig
-from memviz.files import atomic_write_bytes, atomic_write_text
+from memviz.files import atomic_write_bytes, atomic_write_text, sweep_killed_writes
 from memviz.model import MemoryLM
 from memviz.models import build_model
 from memviz.protocol import ModelState
@@ -103,6 +103,14 @@ def optimizer_from_files(optimizer: torch.optim.Optimizer, tensors: dict[str, to
                     f"{tuple(params[index].shape)}"
                 )
     optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+
+
+def sweep_run_leftovers(root: Path) -> None:
+    """What writes killed part-way leave in a run's checkpoints folder: `atomic_write_*`'s `.*.tmp` files (in it and
+    in its step folders) and `replace_folder`'s staging folders whose process is gone."""
+    for leftover in [*root.glob(".*.tmp"), *root.glob("step-*/.*.tmp")]:
+        leftover.unlink(missing_ok=True)
+    sweep_killed_writes(root)
 
 
 def make_optimizer(model: MemoryLM, cfg: OptimConfig) -> torch.optim.AdamW:
@@ -328,10 +336,10 @@ class Trainer:
 
     def latest_checkpoint(self) -> Path | None:
         """The checkpoint `checkpoints/latest` names: one of this run folder's `step-NNNNNNN` folders, never a
-        path elsewhere. Leftovers of writes killed part-way (`.*.tmp`) are removed first."""
+        path elsewhere. Leftovers of writes killed part-way (`.*.tmp`, `replace_folder`'s staging folders) are
+        removed first."""
         root = self.out / "checkpoints"
-        for leftover in [*root.glob(".*.tmp"), *root.glob("step-*/.*.tmp")]:
-            leftover.unlink(missing_ok=True)
+        sweep_run_leftovers(root)
         pointer = root / "latest"
         if not pointer.is_file():
             return None
@@ -564,6 +572,7 @@ class Trainer:
         for old in root.glob("step-*"):
             if old.name != name:
                 shutil.rmtree(old, ignore_errors=True)
+        sweep_run_leftovers(root)
 
     def export(self, directory: str | Path, dtype: str = "float16", final_eval: bool = True) -> Path:
         """Write the trained model as a sample-checkpoint folder with a full card."""
