@@ -251,17 +251,19 @@ def run_selective_scan(
     b, channels, T = x.shape
     bias = module.dt_proj.bias
     step = time_step.to(work) + (0 if bias is None else bias.to(work)[:, None])
-    step = F.softplus(step).transpose(1, 2)  # [b, T, D]
-    log_decay = step[..., None] * -module.A_log.to(work).exp()  # [b, T, D, N]
-    values = x.to(work).transpose(1, 2)[..., None]  # [b, T, D, 1]
-    keys, queries = (m.to(work)[:, :, None].expand(b, T, channels, m.shape[-1]) for m in (B, C))
+    step = F.softplus(step)  # [b, D, T]
+    # built channel-first, [b, D, T, N], as the operator reads them (the hooks get [b, T, D, N] views)
+    A = -module.A_log.to(work).exp()  # [D, N]
+    log_decay = step[..., None] * A[:, None]
+    values = x.to(work)[..., None]  # [b, D, T, 1]
+    keys, queries = (m.to(work)[:, None].expand(b, channels, T, m.shape[-1]) for m in (B, C))
     S = cache.get_recurrent_state(module.layer_idx) if cache is not None else None
     S = x.new_zeros(b, channels, module.ssm_state_size, 1, dtype=work) if S is None else S.to(work)
     (o, norms), S = linear_memory(
-        queries.transpose(1, 2),
-        (keys * step[..., None]).transpose(1, 2),
-        values.transpose(1, 2),
-        log_decay.transpose(1, 2),
+        queries,
+        keys * step[..., None],
+        values,
+        log_decay,
         None,
         S,
         CHANNEL_CHUNK,
@@ -271,20 +273,21 @@ def run_selective_scan(
     read = o.transpose(1, 2)  # [b, T, D, 1]
     keep(
         watch,
-        alpha=lambda: log_decay.exp(),
-        beta=step,
-        write_key=keys,
-        write_value=values,
-        read_query=queries,
+        alpha=lambda: (step.transpose(1, 2).contiguous()[..., None] * A).exp(),  # laid out [b, T, D, N]: a
+        # trace's mean over d_state then reads contiguous memory (over a transposed view it is several times slower)
+        beta=step.transpose(1, 2),
+        write_key=keys.transpose(1, 2),
+        write_value=values.transpose(1, 2),
+        read_query=queries.transpose(1, 2),
         read=read,
         **({} if norms is None else {"state_norm": norms.transpose(1, 2)}),
     )
     if cache is not None:
         cache.update_recurrent_state(S, module.layer_idx)
-    out = (read[..., 0] + module.D.to(work) * values[..., 0]) * F.silu(gate.to(work).transpose(1, 2))  # [b, T, D]
-    if watch is not None and watch.out is not None:
-        out = watch.out(out)
-    return out.transpose(1, 2).to(x.dtype)
+    out = (o[..., 0] + module.D.to(work)[:, None] * values[..., 0]) * F.silu(gate.to(work))  # [b, D, T]
+    if watch is not None and watch.out is not None:  # hook_mem_out is [b, T, D]
+        out = watch.out(out.transpose(1, 2)).transpose(1, 2)
+    return out.to(x.dtype)
 
 
 class SelectiveScan2(nn.Module):
