@@ -1,15 +1,15 @@
 """A released hybrid's published shape, with random weights, run by transformers and traced by memviz on this machine:
 `python benchmarks/released.py [--arch qwen3_5|qwen3_next|olmo_hybrid|kimi_linear|bailing_hybrid|mamba|mamba2|
-falcon_mamba|bamba|granitemoehybrid|nemotron_h|jamba|xlstm|recurrent_gemma] [--lengths 1024 4096 16384] [--repeats 3]
-[--layers N] [--vocab V] [--experts E] [--bridge-gib 8] [--tiny] [--out FILE]`.
+falcon_mamba|bamba|granitemoehybrid|nemotron_h|jamba] [--lengths 1024 4096 16384] [--repeats 3] [--layers N] [--vocab V]
+[--experts E] [--bridge-gib 8] [--tiny] [--out FILE]`.
 
 The model is the architecture's smallest published config (below; `--tiny` swaps in its 4-layer test model,
 `--layers` keeps the layers' shapes and cuts their number, keeping the published pattern of memory and attention
 layers (written back in the architecture's own fields: `layer_types`, Bamba's `attn_layer_indices`, Jamba's
-`attn_layer_period`/`attn_layer_offset`, Nemotron-H's `hybrid_override_pattern`; Mamba, Mamba-2, Falcon Mamba and
-xLSTM have memory layers only, RecurrentGemma repeats its `block_types`), `--vocab` cuts the vocabulary and
-`--experts` the experts of each mixture: the published memory layers stay as they are) with random weights, built by
-transformers itself. For each length, on random token ids, interleaved over `--repeats` rounds:
+`attn_layer_period`/`attn_layer_offset`, Nemotron-H's `hybrid_override_pattern`; Mamba, Mamba-2 and Falcon Mamba have
+memory layers only), `--vocab` cuts the vocabulary and `--experts` the experts of each mixture: the published memory
+layers stay as they are) with random weights, built by transformers itself. For each length, on
+random token ids, interleaved over `--repeats` rounds:
 
   * `transformers`: transformers' own forward over the input, chunk by chunk (memviz's chunk length) through its
     cache, no hooks, its memory layers on transformers' own kernels (memviz's mapping taken off for the run);
@@ -418,43 +418,6 @@ JAMBA_1_5_MINI = dict(
     eos_token_id=[2, 518],
     pad_token_id=0,
 )
-#: NX-AI/xLSTM-7b: transformers' xLSTMConfig defaults, which its docstring gives as that model's configuration
-XLSTM_7B = dict(
-    vocab_size=50304,
-    hidden_size=4096,
-    num_hidden_layers=32,
-    num_heads=8,
-    qk_dim_factor=0.5,
-    v_dim_factor=1.0,
-    ffn_proj_factor=2.667,
-    ffn_round_up_to_multiple_of=64,
-    chunk_size=64,
-    gate_soft_cap=15.0,
-    output_logit_soft_cap=30.0,
-    tie_word_embeddings=False,
-    pad_token_id=1,
-    bos_token_id=0,
-    eos_token_id=2,
-)
-#: google/recurrentgemma-2b: transformers' RecurrentGemmaConfig defaults, which its docstring gives as similar to
-#: that model's (no copy of its config.json was found here)
-RECURRENTGEMMA_2B = dict(
-    vocab_size=256000,
-    hidden_size=2560,
-    intermediate_size=7680,
-    num_hidden_layers=26,
-    num_attention_heads=10,
-    num_key_value_heads=10,
-    head_dim=256,
-    lru_width=2560,
-    attention_window_size=2048,
-    conv1d_width=4,
-    block_types=["recurrent", "recurrent", "attention"],
-    tie_word_embeddings=True,
-    pad_token_id=0,
-    eos_token_id=1,
-    bos_token_id=2,
-)
 #: each architecture's smallest published config (the fields transformers reads)
 PUBLISHED = {
     "qwen3_5": QWEN3_5_0_8B,
@@ -469,8 +432,6 @@ PUBLISHED = {
     "granitemoehybrid": GRANITE_4_0_H_350M,
     "nemotron_h": NEMOTRON_H_4B,
     "jamba": JAMBA_1_5_MINI,
-    "xlstm": XLSTM_7B,
-    "recurrent_gemma": RECURRENTGEMMA_2B,
 }
 #: the field holding the number of experts of each mixture, where it is not `num_experts`
 EXPERTS_FIELD = {"granitemoehybrid": "num_local_experts", "nemotron_h": "n_routed_experts"}
@@ -486,7 +447,7 @@ def shape_of(arch_name: str, tiny: bool, layers: int | None, vocab: int | None, 
     shape = dict(arch.tiny) if tiny else {"model_type": model_type, **PUBLISHED[arch_name]}
     if layers:
         built = arch.config(dict(shape))
-        pattern = layer_kinds(built)
+        pattern = list(built.layer_types)
         shape.pop("linear_attn_config", None)
         if getattr(built, "mlp_layer_types", None):
             shape["mlp_layer_types"] = list(built.mlp_layer_types)
@@ -502,7 +463,7 @@ def shape_of(arch_name: str, tiny: bool, layers: int | None, vocab: int | None, 
             shape["mlp_layer_types"] = [
                 shape["mlp_layer_types"][l % len(shape["mlp_layer_types"])] for l in range(layers)
             ]
-        made = layer_kinds(arch.config(dict(shape)))
+        made = list(arch.config(dict(shape)).layer_types)
         if made != cut:
             raise ValueError(f"--layers {layers} on {arch_name}: the config's layers are {made}, not {cut}")
     if vocab:
@@ -514,17 +475,10 @@ def shape_of(arch_name: str, tiny: bool, layers: int | None, vocab: int | None, 
     return shape
 
 
-def layer_kinds(config) -> list[str]:
-    """A built config's layer kinds in transformers' words (xLSTM, memory blocks only, names none)."""
-    kinds = getattr(config, "layer_types", None)
-    return list(kinds) if kinds is not None else ["linear_attention"] * config.num_hidden_layers
-
-
 def write_layer_pattern(model_type: str, shape: dict, pattern: list[str], cut: list[str]) -> None:
     """Write the layer kinds `cut` (transformers' names, as `pattern`, the published config's, reads) in the fields
     the architecture's config keeps them in, in that config's own words."""
-    if model_type in ("mamba", "mamba2", "falcon_mamba", "xlstm", "recurrent_gemma"):  # num_hidden_layers says it
-        # all: memory layers only, or (RecurrentGemma) block_types repeated over them
+    if model_type in ("mamba", "mamba2", "falcon_mamba"):  # memory layers only: num_hidden_layers says it all
         return
     if model_type == "bamba":
         shape["attn_layer_indices"] = [l for l, kind in enumerate(cut) if kind == "full_attention"]
