@@ -122,7 +122,7 @@ class StreamingLM(HookedRootModule, metaclass=abc.ABCMeta):
     #: every hook the family's default model has (generic names), each with its shape and meaning: the hook
     #: table is made from these, and the tests check them against the model's `hook_dict`
     hook_docs: ClassVar[dict[str, HookDoc]] = {}
-    #: a fresh state's layout and sizes by (batch, dtype), without its numbers (`check_state`)
+    #: a fresh state's layout and sizes by (batch, dtype, device), without its numbers (`check_state`)
     _state_specs: dict[tuple[int, torch.dtype, torch.device], tuple[Any, Any]] | None = None
 
     def __init__(self, cfg: ModelDescription, tokenizer: Tokenizer | None, card: dict[str, Any] | None) -> None:
