@@ -232,10 +232,10 @@ def check_folder(path: str | Path) -> Path:
         raise CheckpointError(
             f"{directory}: a retired sample; {retired['why']}. Restore its weights with `{retired['restore']}`"
         )
-    if (directory / CONFIG_FILE).is_file():  # a config that is neither memviz's nor Hugging Face's is named first
-        read_config(directory)
     for name in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE):
         if not (directory / name).is_file():
+            if (directory / CONFIG_FILE).is_file():  # a config neither memviz's nor Hugging Face's is named first
+                read_config(directory)
             there = (directory / name).exists() or (directory / name).is_symlink()
             raise CheckpointError(
                 f"{directory / name}: "

@@ -326,7 +326,7 @@ class MLSTMLM(ReleasedLM):
 
     # ----- state --------------------------------------------------------------------------
     def init_state(self, batch_size: int = 1) -> ModelState:
-        dtype = torch.promote_types(self.dtype, torch.float32)  # transformers' inference state is float32
+        dtype = self.state_dtype  # transformers' inference state is float32
         layers: list[State] = []
         for l in range(self.cfg.n_layers):
             heads, d_k, d_v = self.arch.state(self.memory_layer(l))

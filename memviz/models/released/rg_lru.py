@@ -315,11 +315,6 @@ class RGLRULM(ReleasedLM):
     def attention_span(self) -> int | None:
         return int(self.hf.config.attention_window_size)
 
-    @property
-    def work_dtype(self) -> torch.dtype:
-        """The recurrence's dtype: float32 at least (the model's when wider)."""
-        return torch.promote_types(self.dtype, torch.float32)
-
     # ----- state --------------------------------------------------------------------------
     def init_state(self, batch_size: int = 1) -> ModelState:
         layers: list[State] = []
@@ -332,7 +327,7 @@ class RGLRULM(ReleasedLM):
                         conv=torch.zeros(
                             batch_size, width, block.conv1d_width - 1, device=self.device, dtype=self.dtype
                         ),
-                        S=torch.zeros(batch_size, width, 1, 1, device=self.device, dtype=self.work_dtype),
+                        S=torch.zeros(batch_size, width, 1, 1, device=self.device, dtype=self.state_dtype),
                     )
                 )
             else:

@@ -11,7 +11,7 @@ stream only through `layer.linear` and the Mamba mixer."""
 
 from __future__ import annotations
 
-from .architecture import TINY, Architecture, AttentionSite, register
+from .architecture import TINY, Architecture, AttentionSite, projection_sites, register
 from .mamba2 import ssd_layer
 from .ssd import ARCHITECTURES
 
@@ -33,17 +33,10 @@ def is_hybrid(layer) -> bool:
 
 
 def attention_sites(attn) -> dict[str, AttentionSite]:
-    """The projections' outputs where they are the attention's queries, keys and values (no adapters added after
-    them), and the heads' output before `o_proj`."""
-    d = attn.head_dim
-    sites = {"hook_z": AttentionSite(attn.o_proj, "input", d)}
-    if not attn.config.use_shared_attention_adapter:
-        sites |= {
-            "hook_q": AttentionSite(attn.q_proj, "output", d),
-            "hook_k": AttentionSite(attn.k_proj, "output", d),
-            "hook_v": AttentionSite(attn.v_proj, "output", d),
-        }
-    return sites
+    """The projections' sites where they give the attention's queries, keys and values (no adapters added after
+    them), else the heads' output before `o_proj` alone."""
+    sites = projection_sites(attn)
+    return {"hook_z": sites["hook_z"]} if attn.config.use_shared_attention_adapter else sites
 
 
 ZAMBA2 = register(
