@@ -8,7 +8,6 @@ a trace carries evidence spans (the needle, the supporting facts) they are outli
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -19,6 +18,9 @@ from memviz.running import generic_hook_name
 from memviz.trace import Trace, position_window
 
 WIDTH = 1500
+#: a timeline's mean line, and the band of each pooled bin's min to max around it
+LINE_COLOUR = "#1f77b4"
+BAND_COLOUR = "rgba(31,119,180,0.25)"
 
 
 # Frames, no tint, each a line over a wider one of another shade, so that it shows on every colour scale
@@ -119,10 +121,10 @@ def timeline(
     width: int = WIDTH,
     start: int = 0,
     stop: int | None = None,
-    reduce: str = "max",
 ) -> go.Figure:
-    """Per-token scalars (arrays [pos] or [pos, k], averaged over k) as stacked line panels,
-    one per `names` entry {hook name: label}, sharing the position axis."""
+    """Per-token scalars (arrays [pos], or [pos, k] averaged over k: `Trace.series`) as stacked line panels, one
+    per `names` entry {hook name: label}, sharing the position axis. Where a point pools several tokens the line
+    is their mean (so its centre is the text's) and a band spans their min to max (so spikes and dips survive)."""
     start, stop = window_of(trace, start, stop)
     broken = {name: non_finite_within(trace, name, stop) for name in names}
     fig = make_subplots(
@@ -135,39 +137,64 @@ def timeline(
             for name, label in names.items()
         ],
     )
+    size = 1
     for row, name in enumerate(names, start=1):
-        pooled = trace.pool(name, width, start, stop, reduce=reduce)
-        values = pooled.values
-        if values.ndim > 1:
-            with warnings.catch_warnings():  # a position with no value (NaN in every column) stays NaN
-                warnings.simplefilter("ignore", RuntimeWarning)
-                values = np.nanmean(values.reshape(len(values), -1), 1)
+        series = with_array(trace, name, trace.series(name))
+        mean = series.pool(name, width, start, stop, reduce="mean")
+        size = mean.bin_size
+        if size == 1:
+            hover = hover_text(trace, mean.positions, 1)
+        else:
+            low, high = (series.pool(name, width, start, stop, reduce=r).values for r in ("min", "max"))
+            hover = [
+                f"{p}-{p + size - 1}: mean of {size}; min {a:.3g}, max {b:.3g}"
+                for p, a, b in zip(mean.positions, low, high)
+            ]
         fig.add_trace(
             go.Scatter(
-                x=pooled.positions,
-                y=values,
-                mode=line_mode(len(values)),
+                x=mean.positions,
+                y=mean.values,
+                mode=line_mode(len(mean.values)),
                 name=names[name],
-                hovertext=hover_text(trace, pooled.positions, pooled.bin_size),
+                hovertext=hover,
                 hoverinfo="text+y",
+                line_color=LINE_COLOUR,
             ),
             row=row,
             col=1,
         )
+        if size > 1:  # the band: its top edge, then its bottom edge filled up to it
+            for edge, fill in ((high, "none"), (low, "tonexty")):
+                fig.add_trace(
+                    go.Scatter(
+                        x=mean.positions,
+                        y=edge,
+                        mode="lines",
+                        line_width=0,
+                        fill=fill,
+                        fillcolor=BAND_COLOUR,
+                        hoverinfo="skip",
+                        name=f"{names[name]} range",
+                    ),
+                    row=row,
+                    col=1,
+                )
         first = broken[name]
         if first is not None:
             mark_non_finite(fig, max(first, start), row)
     outline_evidence(fig, trace.meta.get("evidence", []), start, stop)
     fig.update_layout(title=title, showlegend=False, height=160 + 170 * len(names))
-    fig.update_xaxes(title_text=position_axis(pooled.bin_size, reduce), row=len(names), col=1)
+    fig.update_xaxes(title_text=position_axis(size, "mean", band=True), row=len(names), col=1)
     return fig
 
 
-def position_axis(bin_size: int, reduce: str) -> str:
-    """The position axis's title, saying when each point pools several tokens and how."""
+def position_axis(bin_size: int, reduce: str, band: bool = False) -> str:
+    """The position axis's title, saying when each point pools several tokens and how (`band`: a line's band
+    spans each bin's min to max)."""
     if bin_size <= 1:
         return "token position"
-    return f"token position (pooled: the {reduce} over each bin of {bin_size:,} tokens)"
+    spans = "; the band spans its min to max" if band else ""
+    return f"token position (pooled: the {reduce} over each bin of {bin_size:,} tokens{spans})"
 
 
 def position_heatmap(
@@ -302,3 +329,16 @@ def delta_rule_rate_heatmaps(
                 reduce=reduce,
             )
     return figs
+
+
+def table_figure(columns: dict[str, Sequence], title: str) -> go.Figure:
+    """Rows of text and numbers as a plotly table (one entry per column name), sized to its rows."""
+    rows = len(next(iter(columns.values()), ()))
+    fig = go.Figure(
+        go.Table(
+            header={"values": list(columns), "align": "left", "fill_color": "#e8eef7"},
+            cells={"values": [list(values) for values in columns.values()], "align": "left", "height": 24},
+        )
+    )
+    fig.update_layout(title=title, height=140 + 26 * min(rows, 20), margin={"t": 60, "b": 10})
+    return fig

@@ -9,6 +9,8 @@ A family is one unit (one folder under `memviz/models/` or `families/`, or a use
   * `figures`: `(trace, zoom) -> {title: figure}`, reading only the trace (its arrays and the
     `figure_settings` the trace kept), so a saved trace plots without the model;
   * `figure_settings`: `model -> dict`, what the figures need that the arrays do not say;
+  * `read_at`: `(trace, position) -> {title: figure}`, what the memory read at one token (the chunks LongMem
+    retrieved, the values a memory layer selected), from the trace alone, for a family whose trace keeps it;
   * `interventions`: the intervention points, {name: `Intervention`}: "reset" and "patch" edit the
     memory fields of the carried state at a segment boundary (`memviz.interventions`); a point that acts
     through hooks (a memory layer's "silence") says where it can act and which hooks do it;
@@ -106,6 +108,12 @@ class Figures(Protocol):
     ) -> dict[str, go.Figure]: ...
 
 
+class ReadFigures(Protocol):
+    """What a family's memory read at one token of a trace: {title: figure}."""
+
+    def __call__(self, trace: Trace, position: int) -> dict[str, go.Figure]: ...
+
+
 @dataclass(frozen=True)
 class FolderLoader:
     """How a family opens another library's checkpoint folders: `model_types` {config.json's model_type: what
@@ -127,6 +135,7 @@ class Family:
     hook_docs: Mapping[str, HookDoc] = field(default_factory=dict)
     figures: Figures | None = None
     figure_settings: Callable[[MemoryModel], dict[str, Any]] = lambda model: {}
+    read_at: ReadFigures | None = None
     interventions: Mapping[str, Intervention] = field(default_factory=dict)
     quick: Mapping[str, Any] | None = None
     tiny: Mapping[str, Any] | None = None
@@ -160,6 +169,7 @@ def register_family(
     summary: str,
     figures: Figures | None = None,
     figure_settings: Callable[[MemoryModel], dict[str, Any]] | None = None,
+    read_at: ReadFigures | None = None,
     interventions: Mapping[str, Intervention | str] | None = None,
     quick: Mapping[str, Any] | None = None,
     tiny: Mapping[str, Any] | None = None,
@@ -209,6 +219,7 @@ def register_family(
             hook_docs=dict(getattr(cls, "hook_docs", {})),
             figures=figures,
             figure_settings=figure_settings or (lambda model: {}),
+            read_at=read_at,
             interventions=points,
             quick=quick,
             tiny=tiny,

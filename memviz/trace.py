@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from memviz.files import atomic_write_bytes
 from memviz.trace_files import read_trace_file, trace_bytes
@@ -126,6 +127,67 @@ class Trace:
         if self.vocab is None:
             return [str(int(i)) for i in ids]
         return [self.vocab[int(i)] for i in ids]
+
+    def series(self, name: str) -> np.ndarray:
+        """Array `name` as one float per token: itself for [pos], else the mean over its other axes (heads,
+        slots, channels), NaN entries left out; what timelines draw and `peaks` ranks."""
+        values = self[name]
+        if values.ndim == 1:
+            return values.astype(np.float64)
+        flat = values.reshape(len(values), -1).astype(np.float64)
+        with warnings.catch_warnings():  # a token with no value (NaN in every column) stays NaN
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return np.nanmean(flat, axis=1)
+
+    def peaks(self, name: str, k: int = 10, lowest: bool = False, apart: int = 1, context: int = 6) -> pd.DataFrame:
+        """The `k` tokens where `series(name)` is highest (`lowest`: lowest, for a decay or gate whose dips are the
+        events), each at least `apart` tokens from a higher-ranked one (so one spike over several tokens is one
+        row), with the token's text and `context` tokens of text either side: columns rank, position, value,
+        token, before, after. The loss has no value at the last token (no next token) and is ranked without it."""
+        for label, number, least in (("k", k, 1), ("apart", apart, 1), ("context", context, 0)):
+            if isinstance(number, bool) or not isinstance(number, (int, np.integer)) or number < least:
+                raise ValueError(f"{label} must be a whole number, at least {least}, got {number!r}")
+        values = self.series(name)
+        finite = np.flatnonzero(np.isfinite(values))
+        order = finite[np.argsort(values[finite] if lowest else -values[finite], kind="stable")]
+        taken: list[int] = []
+        for position in order.tolist():
+            if len(taken) == k:
+                break
+            if apart == 1 or all(abs(position - other) >= apart for other in taken):
+                taken.append(position)
+        rows = [
+            {
+                "rank": rank,
+                "position": position,
+                "value": float(values[position]),
+                "token": self.token_text(position, position + 1)[0],
+                "before": "".join(self.token_text(max(0, position - context), position)),
+                "after": "".join(self.token_text(position + 1, position + 1 + context)),
+            }
+            for rank, position in enumerate(taken, start=1)
+        ]
+        return pd.DataFrame(rows, columns=["rank", "position", "value", "token", "before", "after"])
+
+    def loss_summary(self, start: int = 0, stop: int | None = None) -> dict[str, float | int | None]:
+        """The next-token loss over positions [start, stop): `tokens` scored (the last token predicts nothing),
+        `mean_nats` a token, and `bits_per_byte` (summed nats / ln 2 over the UTF-8 bytes of the tokens predicted,
+        as the language-modelling probe divides; None for a trace kept before it recorded its tokens' bytes)."""
+        start, stop = position_window(start, stop, len(self))
+        loss = self["loss"][start:stop].astype(np.float64)
+        scored = np.flatnonzero(np.isfinite(loss))
+        if len(scored) == 0:
+            return {"tokens": 0, "mean_nats": None, "bits_per_byte": None}
+        nats = float(loss[scored].sum())
+        sizes = self.meta.get("token_bytes")
+        n_bytes = (
+            sum(int(sizes[str(int(t))]) for t in self.tokens[start + 1 + scored]) if isinstance(sizes, dict) else 0
+        )
+        return {
+            "tokens": len(scored),
+            "mean_nats": nats / len(scored),
+            "bits_per_byte": nats / np.log(2) / n_bytes if n_bytes else None,
+        }
 
     def pool(
         self, name: str, width: int = 1500, start: int = 0, stop: int | None = None, reduce: str = "max"

@@ -237,6 +237,8 @@ def trace(
         "vocab_size": model.cfg.vocab_size,
         "reducers": reducers,
         "chunk_len": model.chunk_len if chunk_len is None else chunk_len,
+        # each held token's UTF-8 bytes, what `Trace.loss_summary` divides by for bits a byte
+        "token_bytes": {str(i): model.tokenizer.byte_length([i]) for i in present},
         "evidence": evidence,
         "answer": answer_span,  # [start, stop) of the appended answer's tokens, or None
         # what the family's figures need that the arrays do not say (a saved trace plots alone)

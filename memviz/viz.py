@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -45,14 +46,60 @@ def family_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int |
             f"({', '.join(sorted(family.hooks))}): it was not traced from that family's model"
         )
     figs = family.figures(trace, **zoom) if family is not None and family.figures else {}
-    figs["loss"] = timeline(trace, {"loss": "next-token loss (nats)"}, "Next-token loss", **zoom)
-    outline_answer(figs["loss"], trace, start, len(trace) if stop is None else stop)
-    if trace.meta.get("answer"):
-        figs["loss"].update_layout(title=f"Next-token loss<br><sub>{answer_loss_note(trace)} (outlined, dotted)</sub>")
+    figs["loss"] = loss_figure(trace, **zoom)
     note = non_finite_note(trace)
     for fig in figs.values() if note else ():
         fig.update_layout(title=f"{fig.layout.title.text or ''}<br><sub>{note}</sub>")
     return figs
+
+
+def loss_figure(trace: Trace, width: int = WIDTH, start: int = 0, stop: int | None = None) -> go.Figure:
+    """Next-token loss over positions [start, stop) (`timeline`: the mean of each bin, its range as a band), titled
+    with the range's mean loss and bits a byte (`Trace.loss_summary`) and the answer's loss where there is one."""
+    fig = timeline(trace, {"loss": "next-token loss (nats)"}, "Next-token loss", width=width, start=start, stop=stop)
+    outline_answer(fig, trace, start, len(trace) if stop is None else stop)
+    notes = [loss_note(trace, start, stop)]
+    if trace.meta.get("answer"):
+        notes.append(f"{answer_loss_note(trace)} (outlined, dotted)")
+    fig.update_layout(title=f"Next-token loss<br><sub>{'; '.join(notes)}</sub>")
+    return fig
+
+
+def loss_note(trace: Trace, start: int = 0, stop: int | None = None) -> str:
+    """What the loss over [start, stop) comes to: its mean a token and bits a byte, or why there is none."""
+    summary = trace.loss_summary(start, stop)
+    if not summary["tokens"]:
+        return (
+            "no next-token loss here: the last token has no next token to predict"
+            if len(trace) > 1
+            else "no next-token loss: a one-token input has no next token to predict"
+        )
+    per_byte = f", {summary['bits_per_byte']:.3f} bits a byte" if summary["bits_per_byte"] is not None else ""
+    shown = (
+        "the text"
+        if (start, stop) in ((0, None), (0, len(trace)))
+        else f"tokens {start:,}-{(stop or len(trace)) - 1:,}"
+    )
+    return f"{shown}: mean {summary['mean_nats']:.3f} nats a token over {summary['tokens']:,} predictions{per_byte}"
+
+
+def read_figures(trace: Trace, position: int | None = None) -> dict[str, go.Figure]:
+    """What the memory read at token `position` (default `trace.read_position`: where an appended answer's first
+    non-blank token is predicted, else the last token), for a family that registers `read_at`; {} for others."""
+    family = get_family(trace.meta["family"]) if trace.meta.get("family") else None
+    if family is None or family.read_at is None:
+        return {}
+    position = trace.read_position if position is None else position
+    if not 0 <= position < len(trace):
+        raise ValueError(f"position {position} is outside the trace's {len(trace):,} tokens")
+    return family.read_at(trace, position)
+
+
+def figure_layer(title: str) -> str | None:
+    """The layer a view's title names first ("blocks.2" of "blocks.2 gates" or "blocks.2.attn memory share"),
+    or None for a view of the whole model."""
+    found = re.match(r"(blocks\.\d+)(?:[. ]|$)", title)
+    return found.group(1) if found else None
 
 
 def non_finite_note(trace: Trace) -> str:
@@ -130,7 +177,7 @@ def readout_figures(readout, evidence: Sequence[Sequence[int]] = (), width: int 
                 colorscale="RdBu_r",
                 zmin=-limit,
                 zmax=limit,
-                colorbar={"title": "share"},
+                colorbar={"title": "share", "nticks": 5},
                 hovertemplate="written at token %{x}<br>%{y}: %{z:.3f} of the read<extra></extra>",
             )
         )
@@ -152,7 +199,7 @@ def readout_figures(readout, evidence: Sequence[Sequence[int]] = (), width: int 
             + (f"<br><sub>{'; '.join(notes)}</sub>" if notes else ""),
             xaxis_title=position_axis(size, "sum") if size > 1 else "written at token position",
             yaxis_title="head" if heads > 1 else "",
-            height=220 + 30 * heads,
+            height=max(300, 220 + 30 * heads),  # one row: room for a colour bar whose ticks do not overlap
         )
         figs[f"{layer} read-out"] = fig
     return figs

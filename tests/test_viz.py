@@ -17,9 +17,11 @@ def test_long_traces_are_pooled_to_screen_width_with_true_positions():
     slots[150_000, 2] = 1.0
     tr = Trace(np.zeros(n), {"s": surprise, "slots": slots}, meta={"evidence": [[123_450, 123_470]]})
     fig = figure_parts.timeline(tr, {"s": "surprise"}, "t", width=1000)
-    line = fig.data[0]
+    line, top, bottom = fig.data
     assert len(line.x) == 1000 and line.x[-1] == 199_800
-    assert max(line.y) == 9.0 and line.x[int(np.argmax(line.y))] == 123_400  # the spike survives pooling
+    assert max(line.y) == pytest.approx(9.0 / 200) and line.x[int(np.argmax(line.y))] == 123_400  # the bin's mean
+    assert max(top.y) == 9.0 and top.x[int(np.argmax(top.y))] == 123_400  # the spike survives pooling, in the band
+    assert bottom.fill == "tonexty" and max(bottom.y) == 0.0
     assert fig.layout.shapes and fig.layout.shapes[0].x0 == pytest.approx(123_449.5)
     heat = figure_parts.position_heatmap(tr, "slots", "h", "slot", width=500)
     assert np.asarray(heat.data[0].z).shape == (4, 500) and np.nanmax(heat.data[0].z) == 1.0
@@ -50,15 +52,20 @@ def test_every_family_has_its_views(family):
         "transformer": 1,
         "sliding_window": 1,
         "infini": 5,
-        "lm2": 5,
+        "lm2": 7,
         "titans": 3,
-        "memory_layer": 4,
-        "longmem": 4,
+        "memory_layer": 3,
+        "longmem": 3,
         "gated_deltanet": 8,
         "titans_pytorch": 3,
-        "product_key_memory": 4,
+        "product_key_memory": 3,
     }
     assert len(figs) == expected[family], list(figs)
+    read = viz.read_figures(tr)  # the read at a chosen token (the last), for a family whose trace keeps it
+    assert len(read) == {"memory_layer": 2, "product_key_memory": 2, "longmem": 2}.get(family, 0), list(read)
+    tables = {title: fig for title, fig in read.items() if fig.data[0].type == "table"}
+    assert all(len(fig.data[0].cells.values[0]) > 0 for fig in tables.values()), list(tables)  # rows, one a read
+    figs |= {title: fig for title, fig in read.items() if title not in tables}
     for title, fig in figs.items():
         assert fig.layout.title.text
         fig.to_json()  # serialisable for the browser
@@ -76,7 +83,7 @@ def test_lm2_with_addressed_writes_shows_which_tokens_each_slot_stores(sink):
     model = small_model("lm2", window=8, segment_len=8, memory=memory)
     tr = memviz.trace(model, "Sandra journeyed to the kitchen. " * 4)
     figs = viz.family_figures(tr, width=1000)
-    writes = np.asarray(figs["slot writes"].data[0].z)  # [slot, pos], unpooled at this width
+    writes = np.asarray(figs["blocks.1 slot writes"].data[0].z)  # [slot, pos], unpooled at this width
     assert writes.shape == (4, len(tr))
     scores = tr["blocks.1.memory.hook_write_score"].astype(np.float64)  # [pos, slot]
     for a in range(0, len(tr) - 7, 8):  # a softmax over each segment's tokens, per slot, beside the null write
@@ -91,7 +98,7 @@ def test_a_saved_trace_plots_without_its_model(tmp_path):
     saved = Trace.load(live.save(tmp_path / "t.npz"))
     assert saved.meta["figure_settings"] == {"update": "slots", "segment_len": 8}
     before, after = viz.family_figures(live, width=100), viz.family_figures(saved, width=100)
-    assert list(before) == list(after) and "slot writes" in after
+    assert list(before) == list(after) and "blocks.1 slot writes" in after
     assert all(before[t].to_json() == after[t].to_json() for t in before)
 
 
@@ -131,9 +138,9 @@ def test_training_loss_reads_the_metrics_log(tmp_path):
 def test_a_pooled_axis_says_it_is_pooled_and_how():
     tr = Trace(np.arange(10_000) % 256, {"loss": np.linspace(0, 1, 10_000, dtype=np.float32)})
     pooled = figure_parts.timeline(tr, {"loss": "loss"}, "t", width=1000)
-    assert pooled.layout.xaxis.title.text == "token position (pooled: the max over each bin of 10 tokens)"
-    mean = figure_parts.timeline(tr, {"loss": "loss"}, "t", width=1000, reduce="mean")
-    assert mean.layout.xaxis.title.text.startswith("token position (pooled: the mean")
+    assert pooled.layout.xaxis.title.text == (
+        "token position (pooled: the mean over each bin of 10 tokens; the band spans its min to max)"
+    )
     assert (
         figure_parts.timeline(tr, {"loss": "loss"}, "t", width=1000, start=0, stop=500).layout.xaxis.title.text
         == "token position"
@@ -200,11 +207,32 @@ def test_longmem_names_the_heads_that_retrieved_the_evidence_at_the_last_token()
         {f"{prefix}.hook_retrieved_pos": pos, f"{prefix}.hook_retrieved_scores": scores},
         meta={"evidence": [(10, 14)], "figure_settings": {"chunk_size": 4}},
     )
-    fig = retrieved_at(tr, prefix, T - 1)
+    figs = retrieved_at(tr, prefix, T - 1)
+    fig = figs["chunks retrieved"]
     assert fig.layout.title.text.endswith("heads [0] read a chunk of the evidence")
     assert sorted(fig.data[0].x) == [0, 8, 20, 24]
     pos[-1] = [[24, 28], [0, 4]]
-    assert retrieved_at(tr, prefix, T - 1).layout.title.text.endswith("no head reads the evidence")
+    assert retrieved_at(tr, prefix, T - 1)["chunks retrieved"].layout.title.text.endswith("no head reads the evidence")
+
+
+def test_longmem_names_the_text_of_each_chunk_a_token_retrieved_best_first():
+    from memviz.models.longmem import retrieved_at
+
+    T = 16
+    pos = np.full((T, 1, 2), -1)
+    pos[5] = [[8, 0]]
+    scores = np.where(pos >= 0, 0.0, np.nan)
+    scores[5] = [[0.2, 0.9]]  # the chunk at 0 scores higher, though ranked second by the model's search
+    prefix = "side_blocks.1.attn"
+    vocab = {i: chr(ord("a") + i) for i in range(T)}
+    tr = Trace(
+        np.arange(T),
+        {f"{prefix}.hook_retrieved_pos": pos, f"{prefix}.hook_retrieved_scores": scores},
+        vocab,
+        meta={"figure_settings": {"chunk_size": 4}},
+    )
+    table = retrieved_at(tr, prefix, 5)["chunks retrieved, their text"].data[0].cells.values
+    assert list(table[0]) == [0, 0] and list(table[3]) == ["0-3", "8-11"] and list(table[4]) == ["abcd", "ijkl"]
 
 
 def test_a_memory_layer_read_ranks_the_values_and_finds_who_else_selects_them():
@@ -217,12 +245,16 @@ def test_a_memory_layer_read_ranks_the_values_and_finds_who_else_selects_them():
     weights = np.full((T, 1, 2), 0.5, dtype=np.float32)
     weights[-1, 0] = [0.3, 0.7]
     tr = Trace(np.arange(T), {"blocks.1.mlp.hook_topk_indices": idx, "blocks.1.mlp.hook_topk_weights": weights})
-    fig = selected_at(tr, "blocks.1.mlp.hook_topk_indices", T - 1)
+    figs = selected_at(tr, "blocks.1.mlp.hook_topk_indices", T - 1)
+    fig = figs["blocks.1 values read"]
     assert list(fig.data[0].x) == ["value 9 (head 0)", "value 7 (head 0)"]  # ranked by weight
     assert fig.data[0].customdata[0][0] == 1 and fig.data[0].customdata[0][1].startswith("2 ")
     assert fig.data[0].customdata[1][0] == 0
     colours = selection_map(tr, "blocks.1.mlp.hook_topk_indices").data[0].marker
     assert np.allclose((colours.cmin, colours.cmax), (0.3, 0.7))  # the scale fits the weights, not 0-1
+    idx[4, 0, 0], weights[4, 0, 0] = 9, 0.9  # token 4 selects value 9 with more weight than token 2 does
+    who = selected_at(tr, "blocks.1.mlp.hook_topk_indices", T - 1)["blocks.1 values read, and who else reads them"]
+    assert who.data[0].cells.values[2][0] == 2 and who.data[0].cells.values[3][0].startswith("4 '4' (0.90), 2 ")
 
 
 def test_value_usage_sorts_the_counts_names_the_dead_share_and_draws_its_bars_unoutlined():

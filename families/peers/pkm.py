@@ -33,6 +33,7 @@ from memviz.models.memory_layer import (
     TOPK_INDICES,
     TOPK_WEIGHTS,
     memory_layer_figures,
+    memory_layer_read_at,
     silence_hooks,
     silence_point,
 )
@@ -104,6 +105,7 @@ class PeerPKM(nn.Module):
     summary="product-key-memory 0.3's PKM (an adapter) as the memory layer of a "
     "memviz transformer: its top-k selections under memviz's memory-layer hook names",
     figures=memory_layer_figures,
+    read_at=memory_layer_read_at,
     figure_settings=lambda model: {"n_values": model.options.num_keys**2},
     interventions={"silence": silence_point("the PKM's")},
     quick={

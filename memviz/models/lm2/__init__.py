@@ -360,41 +360,40 @@ def segment_softmax(scores: np.ndarray, segment_len: int, sink: np.ndarray | Non
 
 
 def lm2_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int | None = None) -> dict[str, go.Figure]:
-    """Slot attention per layer (token x slot); the last layer's three gates over tokens, its
-    slot norms and, with update='slots', each slot's write weights over its segment's tokens."""
+    """Per memory layer: its slot attention (token x slot), its three gates over tokens, its slot norms and, with
+    update='slots', each slot's write weights over its segment's tokens."""
     zoom: dict[str, Any] = dict(width=width, start=start, stop=stop)  # the figure helpers' keywords
-    figs = {}
-    reads = layer_names(trace, SLOT_ATTN)
-    for name in reads:
-        figs[f"{name} slot attention"] = position_heatmap(
-            trace, name, f"{name.split('.memory')[0]}: slot attention", "slot", zmin=0, **zoom
-        )
-    last = layer_prefix(reads[-1], SLOT_ATTN)
-    figs["gates"] = timeline(
-        trace,
-        {f"{last}.hook_{g}_gate": f"{last.split('.memory')[0]} {g} gate (mean over dims)" for g in GATES},
-        "LM2 gates over tokens",
-        reduce="mean",
-        **zoom,
-    )
-    figs["slot norms"] = position_heatmap(
-        trace, f"{last}.hook_slot_norm", f"{last.split('.memory')[0]}: slot norms", "slot", **zoom
-    )
     settings = trace.meta.get("figure_settings", {})
-    if settings.get("update") == "slots" and f"{last}.hook_write_score" in trace:
-        sinks = settings.get("write_sink")
-        layer = int(last.split(".")[1])
-        writes = segment_softmax(
-            trace[f"{last}.hook_write_score"], settings["segment_len"], sinks[layer] if sinks else None
+    figs = {}
+    for name in layer_names(trace, SLOT_ATTN):
+        prefix = layer_prefix(name, SLOT_ATTN)
+        layer = prefix.split(".memory")[0]
+        figs[f"{layer} slot attention"] = position_heatmap(
+            trace, name, f"{layer}: slot attention", "slot", zmin=0, **zoom
         )
-        figs["slot writes"] = position_heatmap(
-            with_array(trace, "writes", writes),
-            "writes",
-            f"{last.split('.memory')[0]}: each slot's write weights over its segment's tokens",
-            "slot",
-            zmin=0,
+        figs[f"{layer} gates"] = timeline(
+            trace,
+            {f"{prefix}.hook_{g}_gate": f"{layer} {g} gate (mean over dims)" for g in GATES},
+            f"{layer}: LM2 gates over tokens",
             **zoom,
         )
+        figs[f"{layer} slot norms"] = position_heatmap(
+            trace, f"{prefix}.hook_slot_norm", f"{layer}: slot norms", "slot", **zoom
+        )
+        if settings.get("update") == "slots" and f"{prefix}.hook_write_score" in trace:
+            sinks = settings.get("write_sink")
+            index = int(layer.split(".")[1])
+            writes = segment_softmax(
+                trace[f"{prefix}.hook_write_score"], settings["segment_len"], sinks[index] if sinks else None
+            )
+            figs[f"{layer} slot writes"] = position_heatmap(
+                with_array(trace, "writes", writes),
+                "writes",
+                f"{layer}: each slot's write weights over its segment's tokens",
+                "slot",
+                zmin=0,
+                **zoom,
+            )
     return figs
 
 

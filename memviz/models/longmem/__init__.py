@@ -63,6 +63,7 @@ from memviz.figure_parts import (
     layer_prefix,
     outline_evidence,
     position_heatmap,
+    table_figure,
     window_of,
 )
 from memviz.layers import AttentionSpan, LocalAttention, LocalCache, SwiGLU
@@ -270,14 +271,15 @@ def retrieval_map(trace: Trace, prefix: str, width: int = WIDTH, start: int = 0,
     return fig
 
 
-def retrieved_at(trace: Trace, prefix: str, position: int) -> go.Figure:
-    """The chunks one token retrieved (in the family's views `trace.read_position`, where the answer's first
-    non-blank token is predicted): per head, each retrieved chunk's first position, ranked by score (marker size
-    and colour), the evidence outlined, and which heads read a chunk inside it."""
+def retrieved_at(trace: Trace, prefix: str, position: int) -> dict[str, go.Figure]:
+    """The chunks one token retrieved: per head, each retrieved chunk's first position, ranked by score (marker size
+    and colour), the evidence outlined, and which heads read a chunk inside it; and a table of the chunks, best
+    first, each with its text."""
     pos = trace[f"{prefix}.hook_retrieved_pos"][position]  # [H, K]
     scores = trace[f"{prefix}.hook_retrieved_scores"][position]
     heads, ranks = np.nonzero(pos >= 0)
     chunk = int(trace.meta.get("figure_settings", {}).get("chunk_size", 1))
+    texts = ["".join(trace.token_text(int(p), int(p) + chunk)) for p in pos[heads, ranks]]
     fig = go.Figure(
         go.Scatter(
             x=pos[heads, ranks],
@@ -285,13 +287,15 @@ def retrieved_at(trace: Trace, prefix: str, position: int) -> go.Figure:
             mode="markers+text",
             text=[f"#{r + 1}" for r in ranks],
             textposition="top center",
+            customdata=texts,
             marker={
                 "color": scores[heads, ranks],
                 "colorscale": "Viridis",
                 "size": 10 + 4 * (pos.shape[1] - ranks),
                 "colorbar": {"title": "score"},
             },
-            hovertemplate="%{y}: chunk at token %{x} (rank %{text})<br>score %{marker.color:.3g}<extra></extra>",
+            hovertemplate="%{y}: chunk at token %{x} (rank %{text})<br>score %{marker.color:.3g}<br>"
+            "%{customdata}<extra></extra>",
         )
     )
     outline_evidence(fig, trace.meta.get("evidence", []), 0, len(trace))
@@ -308,28 +312,47 @@ def retrieved_at(trace: Trace, prefix: str, position: int) -> go.Figure:
         if trace.meta.get("evidence")
         else ""
     )
+    token = trace.token_text(position, position + 1)[0]
     fig.update_layout(
-        title=f"LongMem: the chunks token {position} retrieved{said}",
+        title=f"LongMem: the chunks token {position} ({token!r}) retrieved{said}",
         xaxis_title="retrieved chunk's first token",
         xaxis_range=[-0.5, len(trace)],
         yaxis_title="head",
         height=200 + 40 * pos.shape[0],
     )
-    return fig
+    best = np.argsort(-scores[heads, ranks], kind="stable")
+    table = table_figure(
+        {
+            "head": heads[best].tolist(),
+            "rank": (ranks[best] + 1).tolist(),
+            "score": [f"{x:.3g}" for x in scores[heads, ranks][best]],
+            "tokens": [f"{p}-{p + chunk - 1}" for p in pos[heads, ranks][best].tolist()],
+            "text": [texts[i] for i in best],
+        },
+        f"LongMem: the text of the chunks token {position} retrieved, best score first",
+    )
+    return {"chunks retrieved": fig, "chunks retrieved, their text": table}
 
 
 def longmem_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int | None = None) -> dict[str, go.Figure]:
-    """The augmented side block's retrieval map, the chunks retrieved where the answer is predicted, and its gate
-    per head."""
+    """The augmented side block's retrieval map and its gate per head (what one token retrieved: `read_at`)."""
     zoom: dict[str, Any] = dict(width=width, start=start, stop=stop)  # the figure helpers' keywords
     figs = {}
     for prefix in (layer_prefix(n, RETRIEVED_POS) for n in layer_names(trace, RETRIEVED_POS)):
         figs["retrieval"] = retrieval_map(trace, prefix, **zoom)
-        figs["retrieved where the answer is predicted"] = retrieved_at(trace, prefix, trace.read_position)
         figs["gate"] = position_heatmap(
             trace, f"{prefix}.hook_gate", "LongMem gate sigmoid(g) per head", "head", zmin=0, zmax=1, **zoom
         )
     return figs
+
+
+def longmem_read_at(trace: Trace, position: int) -> dict[str, go.Figure]:
+    """What token `position` retrieved from the bank (`retrieved_at`)."""
+    return {
+        title: fig
+        for prefix in (layer_prefix(n, RETRIEVED_POS) for n in layer_names(trace, RETRIEVED_POS))
+        for title, fig in retrieved_at(trace, prefix, position).items()
+    }
 
 
 @register_family(
@@ -337,6 +360,7 @@ def longmem_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int 
     summary="LongMem (NeurIPS 2023): a frozen backbone's cached key/value bank, searched by chunk "
     "and read by a memory-augmented side network",
     figures=longmem_figures,
+    read_at=longmem_read_at,
     figure_settings=lambda model: {"chunk_size": cast(LongMemLM, model).options.chunk_size},
     tiny={
         "attention": {"kind": "window", "span": 8},

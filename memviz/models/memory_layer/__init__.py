@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
 from memviz.config import ConfigError, ModelConfig
-from memviz.figure_parts import WIDTH, layer_names, outline_evidence, window_of
+from memviz.figure_parts import WIDTH, layer_names, outline_evidence, table_figure, window_of
 from memviz.layers import LocalAttention, SwiGLU
 from memviz.model import Block, MemoryLM
 from memviz.options import check_positive
@@ -190,40 +190,53 @@ def selection_map(trace: Trace, name: str, width: int = WIDTH, start: int = 0, s
     return fig
 
 
-def selected_at(trace: Trace, name: str, position: int) -> go.Figure:
-    """What one token read from a memory layer (in the family's views `trace.read_position`, where the answer's
-    first non-blank token is predicted): its selected values, ranked by weight, each with how many other tokens
-    of the input select the same value and the first few of them."""
+def selected_at(trace: Trace, name: str, position: int, others: int = 5) -> dict[str, go.Figure]:
+    """What one token read from a memory layer: its selected values ranked by weight (a bar each), and a table of
+    each value with the `others` other tokens of the input that select it with the most weight."""
     idx, weights = trace[name], trace[name.replace("hook_topk_indices", "hook_topk_weights")]  # [T, H, k]
     here, w = idx[position].reshape(-1), weights[position].reshape(-1)
     heads = np.repeat(np.arange(idx.shape[1]), idx.shape[2])
     order = np.argsort(-w)
-    hit = np.isin(idx, here)  # one pass over the trace: every other selection of these values
-    pairs = np.unique(np.stack([idx[hit], np.nonzero(hit)[0]]), axis=1)  # (value, position), sorted, no repeats
-    pairs = pairs[:, pairs[1] != position]
-    elsewhere = []
+    hit = np.isin(idx, here) & (np.arange(len(idx)) != position)[:, None, None]  # one pass: every other selection
+    where, _, _ = np.nonzero(hit)
+    found_values, found_weights = idx[hit], weights[hit]
+    counts, tops = [], []
     for value in here[order]:
-        others = pairs[1, np.searchsorted(pairs[0], value, "left") : np.searchsorted(pairs[0], value, "right")]
-        elsewhere.append(
-            (len(others), ", ".join(f"{p} {trace.token_text(int(p), int(p) + 1)[0]!r}" for p in others[:5]))
-        )
+        mine = found_values == value
+        ranked = np.argsort(-found_weights[mine], kind="stable")
+        strongest: dict[int, float] = {}  # each token once, at its largest weight on this value
+        for p, weight in zip(where[mine][ranked].tolist(), found_weights[mine][ranked].tolist()):
+            strongest.setdefault(p, weight)
+        counts.append(len(strongest))
+        best = list(strongest.items())[:others]
+        tops.append(", ".join(f"{p} {trace.token_text(p, p + 1)[0]!r} ({x:.2f})" for p, x in best))
     labels = [f"value {v} (head {h})" for v, h in zip(here[order], heads[order])]
-    fig = go.Figure(
+    layer = name.split(".mlp")[0]
+    token = trace.token_text(position, position + 1)[0]
+    bars = go.Figure(
         go.Bar(
             x=labels,
             y=w[order],
-            customdata=elsewhere,
-            hovertemplate="%{x}: weight %{y:.3f}<br>selected by %{customdata[0]} other tokens: "
+            customdata=list(zip(counts, tops)),
+            hovertemplate="%{x}: weight %{y:.3f}<br>selected by %{customdata[0]} other tokens, most: "
             "%{customdata[1]}<extra></extra>",
         )
     )
-    fig.update_layout(
-        title=f"{name.split('.mlp')[0]}: the values token {position} read, by weight "
-        f"(hover: the other tokens that select each)",
+    bars.update_layout(
+        title=f"{layer}: the values token {position} ({token!r}) read, by weight",
         yaxis_title="weight",
         xaxis_title="selected value",
     )
-    return fig
+    table = table_figure(
+        {
+            "value (head)": labels,
+            "weight": [f"{x:.3f}" for x in w[order]],
+            "other tokens selecting it": counts,
+            f"the {others} that select it most (position, token, weight)": tops,
+        },
+        f"{layer}: who else reads the values token {position} read",
+    )
+    return {f"{layer} values read": bars, f"{layer} values read, and who else reads them": table}
 
 
 def value_counts(indices: np.ndarray, n_values: int) -> np.ndarray:
@@ -252,14 +265,22 @@ def usage_figure(trace: Trace, name: str, n_values: int) -> go.Figure:
 def memory_layer_figures(
     trace: Trace, width: int = WIDTH, start: int = 0, stop: int | None = None
 ) -> dict[str, go.Figure]:
-    """Per memory layer: the selected values per token and the value usage."""
+    """Per memory layer: the selected values per token and the value usage (what one token read: `read_at`)."""
     n_values = trace.meta.get("figure_settings", {}).get("n_values")
     figs = {}
     for name in layer_names(trace, TOPK_INDICES):
         figs[f"{name} selections"] = selection_map(trace, name, width=width, start=start, stop=stop)
         figs[f"{name} usage"] = usage_figure(trace, name, n_values or int(trace[name].max()) + 1)
-        figs[f"{name} read where the answer is predicted"] = selected_at(trace, name, trace.read_position)
     return figs
+
+
+def memory_layer_read_at(trace: Trace, position: int) -> dict[str, go.Figure]:
+    """Per memory layer, what token `position` read (`selected_at`)."""
+    return {
+        title: fig
+        for name in layer_names(trace, TOPK_INDICES)
+        for title, fig in selected_at(trace, name, position).items()
+    }
 
 
 @register_family(
@@ -267,6 +288,7 @@ def memory_layer_figures(
     summary="memory layers (PKM, Memory+; arXiv 2412.09764): product-key lookups into a "
     "value table in place of some FFNs; parametric, nothing carried across segments",
     figures=memory_layer_figures,
+    read_at=memory_layer_read_at,
     figure_settings=lambda model: {"n_values": cast(MemoryLayerLM, model).options.n_keys ** 2},
     interventions={"silence": silence_point("a memory layer's")},
     quick={
