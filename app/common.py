@@ -157,3 +157,18 @@ def last_run(key: str, inputs: tuple, run, clicked: bool, show_stale: bool = Tru
             return None
         st.caption(STALE)
     return result
+
+
+class FieldError(ValueError):
+    """A number field holds a value outside its range: said once, naming the field, in place of what it feeds."""
+
+
+def bounded_number(label: str, low: int, high: int, default: int, key: str, place=None, **kwargs) -> int:
+    """A whole-number field checked here, not by the browser: a browser-bounded field turns red on a value out of
+    range and keeps sending the old one, so the results of the old value would stay on the page, unmarked.
+    FieldError naming the field and its range for a value outside [low, high]."""
+    where = st if place is None else place
+    value = where.number_input(label, value=default, key=key, **kwargs)
+    if not low <= value <= high:
+        raise FieldError(f"{label}: {value:,} is outside {low:,} to {high:,}; nothing is shown for it.")
+    return int(value)

@@ -6,7 +6,7 @@ import time
 
 import streamlit as st
 
-from app.common import current_model, current_path, last_run, load_model, weights_stamp
+from app.common import FieldError, bounded_number, current_model, current_path, last_run, load_model, weights_stamp
 from app.trace_page import duration, run_seconds
 from memviz import interventions, viz
 from memviz.protocol import MemoryModel
@@ -61,12 +61,12 @@ def render() -> None:
         render_fact_question(model, path, point)
         return
     c1, c2, c3 = st.columns(3)
-    length = c1.number_input("pass-key length (tokens)", 100, 20_000, 512, step=128, key="iv_length")
-    depth = c2.slider("needle depth", 0.0, 1.0, 0.2, key="iv_depth")
-    seed = c3.number_input("seed", 0, 10_000, 0, key="iv_seed")
     try:
-        sample = passkey.seeded_sample(model.tokenizer, int(length), float(depth), int(seed), 0)
-    except ValueError as exc:
+        length = bounded_number("pass-key length (tokens)", 100, 20_000, 512, "iv_length", c1, step=128)
+        depth = c2.slider("needle depth", 0.0, 1.0, 0.2, key="iv_depth")
+        seed = bounded_number("seed", 0, 10_000, 0, "iv_seed", c3)
+        sample = passkey.seeded_sample(model.tokenizer, length, float(depth), seed, 0)
+    except ValueError as exc:  # FieldError too: the field named
         st.error(str(exc))
         return
     answer = sample.reply
@@ -160,9 +160,13 @@ def render_fact_question(model: MemoryModel, path: str, point: Intervention) -> 
         st.error(f"No fact questions: {exc}")
         return
     c1, c2 = st.columns(2)
-    person = c1.number_input(f"person (0-{kb.n_entities - 1})", 0, kb.n_entities - 1, 0, key="iv_person")
+    try:
+        person = bounded_number(f"person (0-{kb.n_entities - 1})", 0, kb.n_entities - 1, 0, "iv_person", c1)
+    except FieldError as exc:
+        st.error(str(exc))
+        return
     attribute: str = c2.selectbox("attribute", facts.ATTRIBUTES, index=1, key="iv_attribute")  # type: ignore[assignment]  # streamlit's stub: typing.Never is missing at 3.10, so its no-options overload (-> None) matches
-    sample = facts.make_sample(model.tokenizer, kb.entities[int(person)], attribute)
+    sample = facts.make_sample(model.tokenizer, kb.entities[person], attribute)
     st.code(sample.prompt, language=None)
     answer = sample.reply
     clean = answer_run(path, sample.prompt, answer)

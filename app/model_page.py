@@ -21,18 +21,21 @@ def hook_table(model: MemoryModel) -> pd.DataFrame:
     return pd.DataFrame({"hook": generic, "traced by default": [g in traced for g in generic]})
 
 
-def score_rows(scores: dict, prefix: str = "") -> list[dict]:
-    """A card's nested probe scores as rows {probe, score} ("passkey 512": 98%; "lm shakespeare": 2.089
-    bits a byte, the language-modelling probe's held-out score)."""
+def score_rows(scores: dict, prefix: str = "", n: object = None) -> list[dict]:
+    """A card's nested probe scores as rows {probe, score, samples} ("passkey 512": 98% of 5 samples a cell, the
+    card's `n_per_cell`; "lm shakespeare": 2.089 bits a byte, the language-modelling probe's held-out score)."""
     rows: list[dict] = []
     if not isinstance(scores, dict):  # a hand-edited card: nothing to show, as stage_rows does
         return rows
+    n = scores.get("n_per_cell", n)
     for key, value in scores.items():
         if isinstance(value, dict):
-            rows.extend(score_rows(value, f"{prefix}{key} "))
+            rows.extend(score_rows(value, f"{prefix}{key} ", n))
         elif isinstance(value, float) and key != "n_per_cell":
-            score = f"{value:.3f} bits a byte" if prefix == "lm " else f"{value:.0%}"
-            rows.append({"probe": f"{prefix}{key}", "score": score})
+            lm = prefix == "lm "
+            score = f"{value:.3f} bits a byte" if lm else f"{value:.0%}"
+            samples = "the held-out documents" if lm else f"{n} a cell" if isinstance(n, int) else "not recorded"
+            rows.append({"probe": f"{prefix}{key}", "score": score, "samples": samples})
     return rows
 
 
@@ -101,11 +104,11 @@ def render() -> None:
         st.error(f"Cannot load this checkpoint: {exc}")
         return
     cfg = model.cfg
-    cols = st.columns(4)
-    cols[0].metric("family", model.family)
-    cols[1].metric("parameters", f"{model.num_parameters():,}")
-    cols[2].metric("layers x d_model", f"{cfg.n_layers} x {cfg.d_model}")
-    cols[3].metric("tokenizer", f"{model.tokenizer.kind} ({cfg.vocab_size})")
+    st.metric("family", model.family)  # a row of its own: in a quarter of the page a long name was cut
+    cols = st.columns(3)
+    cols[0].metric("parameters", f"{model.num_parameters():,}")
+    cols[1].metric("layers x d_model", f"{cfg.n_layers} x {cfg.d_model}")
+    cols[2].metric("tokenizer", f"{model.tokenizer.kind} ({cfg.vocab_size})")
     st.caption(
         f"The app runs models on {torch.get_num_threads()} torch thread(s) (MEMVIZ_THREADS sets it; half the "
         "cores by default, since sessions and other jobs share the machine)."

@@ -13,13 +13,22 @@ import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
 import memviz
-from app.common import control_samples, current_model, current_path, last_run, load_model, weights_stamp
+from app.common import (
+    FieldError,
+    bounded_number,
+    control_samples,
+    current_model,
+    current_path,
+    last_run,
+    load_model,
+    weights_stamp,
+)
 from app.trace_page import duration, run_seconds
 from memviz.protocol import MemoryModel
 from memviz_probes.registry import Arg, Probe, Widget, get_probe, registered_probes
 
 #: a run's cost is said before it runs past this many tokens for one model, or prompts of this many tokens
-SAY_COST_TOKENS, SAY_COST_LENGTH = 100_000, 20_000
+SAY_COST_TOKENS, SAY_COST_LENGTH = 100_000, 10_000
 
 #: the page's values of a probe's arguments, by name, as the runner takes them (hashable: a cache key)
 Values = tuple[tuple[str, Any], ...]
@@ -81,8 +90,8 @@ def ask(widget: Widget, place: DeltaGenerator | None = None) -> Any:
         index = options.index(widget.default) if widget.default in options else 0
         return where.selectbox(widget.label, options, index=index, key=widget.key, help=widget.help)
     low, high = widget.bounds
-    return int(
-        where.number_input(widget.label, low, high, widget.default, step=widget.step, key=widget.key, help=widget.help)
+    return bounded_number(
+        widget.label, low, high, widget.default, widget.key, where, step=widget.step, help=widget.help
     )
 
 
@@ -168,10 +177,14 @@ def render_probe(probe: Probe, model: MemoryModel, path: str) -> None:
         others = [s for s in memviz.list_samples() if s != path]
         control = [s for s in control_samples() if s in others]
         paths = (path, *st.multiselect("Beside", others, default=control, key=parts.beside_key))
-    values = {arg.name: value_of(arg) for arg in probe.args}
-    if probe.sampled:
-        c1, c2 = st.columns(2)
-        values["n"], values["seed"] = ask(parts.n, c1), ask(parts.seed, c2)
+    try:
+        values = {arg.name: value_of(arg) for arg in probe.args}
+        if probe.sampled:
+            c1, c2 = st.columns(2)
+            values["n"], values["seed"] = ask(parts.n, c1), ask(parts.seed, c2)
+    except FieldError as exc:
+        st.error(str(exc))
+        return
     say_cost(probe, values, paths)
     clicked = st.button("Run", key=parts.run_key)
     refused = refusal(probe, values) if clicked else None

@@ -8,10 +8,10 @@ import numpy as np
 import streamlit as st
 
 import memviz
-from app.common import current_model, current_path, greedy_answer, load_model, weights_stamp
+from app.common import FieldError, bounded_number, current_model, current_path, greedy_answer, load_model, weights_stamp
 from memviz import speed, viz
 from memviz.protocol import MemoryModel, Readout
-from memviz.registry import holds_needle, reads_out
+from memviz.registry import get_family, holds_needle, reads_out
 from memviz_probes import babilong, facts, passkey
 from memviz_probes.haystack import BACKGROUNDS
 
@@ -29,6 +29,8 @@ KEPT_SETTINGS = (
     "fq_person",
     "fq_attribute",
     "ro_position",
+    "peak_quantity",
+    "peak_lowest",
 )
 
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024
@@ -131,6 +133,29 @@ def bytes_per_token(model_path: str) -> float:
     return len(text.encode()) / max(1, len(tokenizer.encode(text)))
 
 
+def uploaded_text(model_path: str, key: str) -> str | None:
+    """The text of a file the user uploads (None before one is), InputError naming it where it is too large, not
+    UTF-8 or empty."""
+    upload = st.file_uploader(
+        f"A UTF-8 text file of at most {MAX_UPLOAD_BYTES // 2**20} MB and {MAX_TOKENS:,} tokens of this model's "
+        f"tokenizer (about {MAX_TOKENS * bytes_per_token(model_path) / 2**20:.1f} MB of English text)",
+        type=["txt", "md"],
+        key=key,
+    )
+    if upload is None:
+        return None
+    data = upload.getvalue()
+    if len(data) > MAX_UPLOAD_BYTES:
+        raise InputError(f"{upload.name} is {len(data) / 2**20:.1f} MB; the limit is {MAX_UPLOAD_BYTES // 2**20} MB.")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{upload.name} is not UTF-8 text ({exc.reason} at byte {exc.start}).") from exc
+    if not text.strip():
+        raise InputError(f"{upload.name} holds no text ({len(data):,} bytes of white space or none).")
+    return text
+
+
 def choose_input(model: MemoryModel, model_path: str) -> tuple[str, tuple[tuple[int, int], ...], str | None] | None:
     """The text to trace, its evidence spans and its answer (None for free text), from the
     source the user picks; None while there is none, InputError for one that cannot be traced."""
@@ -144,9 +169,9 @@ def choose_input(model: MemoryModel, model_path: str) -> tuple[str, tuple[tuple[
         except ValueError as exc:
             raise InputError(f"No fact questions: {exc}") from exc
         c1, c2 = st.columns(2)
-        person = c1.number_input(f"person (0-{kb.n_entities - 1})", 0, kb.n_entities - 1, 0, key="fq_person")
+        person = bounded_number(f"person (0-{kb.n_entities - 1})", 0, kb.n_entities - 1, 0, "fq_person", c1)
         attribute: str = c2.selectbox("attribute", facts.ATTRIBUTES, index=1, key="fq_attribute")  # type: ignore[assignment]  # streamlit's stub: typing.Never is missing at 3.10, so its no-options overload (-> None) matches
-        sample = facts.make_sample(model.tokenizer, kb.entities[int(person)], attribute)
+        sample = facts.make_sample(model.tokenizer, kb.entities[person], attribute)
         st.caption(
             f"answer **{sample.answer}** · model says **{greedy_answer(model_path, sample.prompt)!r}** "
             "(from the knowledge base the model was trained on; its memory layers hold the facts)"
@@ -155,18 +180,18 @@ def choose_input(model: MemoryModel, model_path: str) -> tuple[str, tuple[tuple[
     if source == "pass-key sample":
         c1, c2, c3 = st.columns(3)
         # the default is an example the default sample (infini_english_16k) answers right; Probes gives the rates
-        length = c1.number_input("length (tokens)", 100, 200_000, 2048, step=256, key="pk_length")
+        length = bounded_number("length (tokens)", 100, 200_000, 2048, "pk_length", c1, step=256)
         depth = c2.slider("needle depth", 0.0, 1.0, 0.5, key="pk_depth")
-        seed = c3.number_input("seed", 0, 10_000, 1, key="pk_seed")
+        seed = bounded_number("seed", 0, 10_000, 1, "pk_seed", c3)
         try:
-            sample = passkey.seeded_sample(model.tokenizer, int(length), float(depth), int(seed), 0)
+            sample = passkey.seeded_sample(model.tokenizer, length, float(depth), seed, 0)
         except ValueError as exc:  # a length shorter than the prompt itself: said, not a traceback
             raise InputError(str(exc)) from exc
     elif source == "BABILong sample":
         c1, c2, c3, c4 = st.columns(4)
         task: str = c1.selectbox("task", babilong.TASKS, key="bl_task")  # type: ignore[assignment]  # streamlit's stub: typing.Never is missing at 3.10, so its no-options overload (-> None) matches
-        length = c2.number_input("length (tokens)", 200, 200_000, 1000, step=250, key="bl_length")
-        seed = c3.number_input("seed", 0, 10_000, 0, key="bl_seed")
+        length = bounded_number("length (tokens)", 200, 200_000, 1000, "bl_length", c2, step=250)
+        seed = bounded_number("seed", 0, 10_000, 0, "bl_seed", c3)
         background = c4.selectbox(
             "background",
             BACKGROUNDS,
@@ -174,33 +199,15 @@ def choose_input(model: MemoryModel, model_path: str) -> tuple[str, tuple[tuple[
             help="the shipped qa1 samples were trained on the procedural one",
         )
         try:
-            sample = babilong.seeded_sample(model.tokenizer, task, int(length), int(seed), 0, haystack=background)
+            sample = babilong.seeded_sample(model.tokenizer, task, length, seed, 0, haystack=background)
         except ValueError as exc:
             raise InputError(str(exc)) from exc
     elif source == "text":
         text = st.text_area("Text", key="text_input", height=150)
         return (text, (), None) if text.strip() else None
     else:
-        upload = st.file_uploader(
-            f"A UTF-8 text file: at most {MAX_TOKENS:,} tokens of this model's tokenizer "
-            f"(about {MAX_TOKENS * bytes_per_token(model_path) / 2**20:.1f} MB of English text)",
-            type=["txt", "md"],
-            key="upload",
-        )
-        if upload is None:
-            return None
-        data = upload.getvalue()
-        if len(data) > MAX_UPLOAD_BYTES:
-            raise InputError(
-                f"{upload.name} is {len(data) / 2**20:.1f} MB; the limit is {MAX_UPLOAD_BYTES // 2**20} MB."
-            )
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise InputError(f"{upload.name} is not UTF-8 text ({exc.reason} at byte {exc.start}).") from exc
-        if not text.strip():
-            raise InputError(f"{upload.name} holds no text ({len(data):,} bytes of white space or none).")
-        return text, (), None
+        uploaded = uploaded_text(model_path, "upload")
+        return None if uploaded is None else (uploaded, (), None)
     st.caption(
         f"{sample.n_tokens:,} tokens · answer **{sample.answer}** · model says "
         f"**{greedy_answer(model_path, sample.prompt)!r}**"
@@ -217,26 +224,22 @@ def render() -> None:
         return
     try:
         chosen = choose_input(model, path)
-    except InputError as exc:
+    except (InputError, FieldError) as exc:
         st.error(str(exc))
         return
     if chosen is None:
         st.info("Give an input to trace.")
         return
     text, evidence, answer = chosen
-    n_tokens = len(text.encode()) / bytes_per_token(path)
-    if n_tokens > 20_000:  # say what a long input costs before it runs, once it is known to fit
-        try:
-            n_tokens = token_count(path, text)
-        except ValueError as exc:
-            st.error(str(exc))
-            return
-        try:
-            st.caption(time_line(path, n_tokens, bool(evidence)))
-        except memviz.ModelBusyError:  # a stopped run still holds the model to time it: the trace below waits for it
-            pass
+    try:  # counted exactly, and refused here when over the trace limit, before any run
+        n_tokens = token_count(path, text) + (len(model.tokenizer.encode(answer)) if answer else 0)
+    except ValueError as exc:
+        st.error(str(exc))
+        return
     try:
-        st.caption(cost_line(model.cost(round(n_tokens)), round(n_tokens)))
+        if n_tokens > 20_000:  # say what a long input costs before it runs
+            st.caption(time_line(path, n_tokens, bool(evidence)))
+        st.caption(cost_line(model.cost(n_tokens), n_tokens))
     except memviz.ModelBusyError:  # its first call measures the model, which a stopped run may still hold
         pass
     try:
@@ -254,21 +257,16 @@ def render() -> None:
     if stop - start < 1:
         st.warning("Choose a non-empty range of positions.")
         return
+    said = viz.loss_note(tr)
+    if (start, stop) != (0, len(tr)):
+        said += f"; {viz.loss_note(tr, start, stop)}"
+    st.markdown(f"**Next-token loss**, {said}.")
     with st.expander("Input text (evidence highlighted; hover a token for its position)", expanded=False):
         st.html(
             f'<div style="max-height:300px;overflow:auto;font-family:monospace;white-space:pre-wrap">'
             f"{viz.text_with_evidence(tr, start, stop)}</div>"
         )
-    figures = viz.family_figures(tr, start=start, stop=stop)
-    for title, fig in figures.items():
-        st.plotly_chart(fig, width="stretch", key=f"fig-{title}")
-        st.download_button(
-            f"Download {title} (HTML)",
-            fig.to_html(include_plotlyjs=True),
-            file_name=f"{title.replace(' ', '_')}.html",
-            key=f"dl-{title}",
-            on_click="ignore",  # no rerun: what the page shows stays
-        )
+    show_figures(viz.family_figures(tr, start=start, stop=stop), "fig")
     if evidence:
         hold = cached_needle_hold(path, text, answer, evidence[0])
         if hold is not None:
@@ -278,13 +276,100 @@ def render() -> None:
                 "Where the evidence was written (outlined) and, at every later token, how much of it the "
                 "memory's read still carries: where this falls to zero, the model can no longer answer from memory."
             )
-    show_readout(model, path, text, answer, evidence, tr)
+    show_peaks(tr)
+    show_read(model, path, text, answer, evidence, tr)
     st.download_button(
         "Download trace (.npz, memviz.Trace.load)",
         tr.to_bytes(),
         file_name="trace.npz",
         key="dl-trace",
         on_click="ignore",
+    )
+
+
+EVERY_LAYER = "every layer"
+
+
+def show_figures(figures: dict, key: str) -> None:
+    """The views, each with its HTML download; where they show several layers one at a time, a layer chooser."""
+    layers = sorted(
+        {layer for title in figures if (layer := viz.figure_layer(title))}, key=lambda n: int(n.split(".")[1])
+    )
+    if len(layers) > 1:
+        chosen = st.selectbox("Layer", [EVERY_LAYER, *layers], key=f"{key}-layer", help="the views of one layer")
+        if chosen != EVERY_LAYER:
+            figures = {t: f for t, f in figures.items() if viz.figure_layer(t) in (None, chosen)}
+    for title, fig in figures.items():
+        st.plotly_chart(fig, width="stretch", key=f"{key}-{title}")
+        st.download_button(
+            f"Download {title} (HTML)",
+            fig.to_html(include_plotlyjs=True),
+            file_name=f"{title.replace(' ', '_')}.html",
+            key=f"dl-{key}-{title}",
+            on_click="ignore",  # no rerun: what the page shows stays
+        )
+
+
+def choose_layer(titles, key: str) -> str | None:
+    """Where views of several layers are among `titles`, a chooser of one layer or every one: the layer chosen, or
+    None for every layer (and where there is nothing to choose)."""
+    layers = sorted({layer for t in titles if (layer := viz.figure_layer(t))}, key=lambda n: int(n.split(".")[1]))
+    if len(layers) < 2:
+        return None
+    chosen = st.selectbox("Layer", [EVERY_LAYER, *layers], key=f"{key}-layer", help="the views of one layer")
+    return None if chosen == EVERY_LAYER else chosen
+
+
+def in_layer(figures: dict, layer: str | None) -> dict:
+    """The views of `layer` and those of no one layer (all of them for None)."""
+    return {t: fig for t, fig in figures.items() if layer is None or viz.figure_layer(t) in (None, layer)}
+
+
+#: tokens either side of a peak that choosing it zooms every view to
+PEAK_ZOOM = 32
+
+
+def peak_quantities(tr: memviz.Trace) -> list[str]:
+    """What the peaks table ranks: the loss first, then every kept floating-point quantity of the trace."""
+    kept = [n for n in tr.names if n != "loss" and np.issubdtype(tr[n].dtype, np.floating)]
+    return ["loss", *kept]
+
+
+def show_peaks(tr: memviz.Trace) -> None:
+    """The tokens where a chosen quantity peaks (`Trace.peaks`), with their words; choosing one zooms every view and
+    the read below to it."""
+    st.subheader("Where a quantity peaks, and the words there")
+    c1, c2, c3 = st.columns([3, 1, 1])
+    quantities = peak_quantities(tr)
+    if st.session_state.get("peak_quantity") not in quantities:
+        st.session_state["peak_quantity"] = quantities[0]
+    name: str = c1.selectbox("quantity (heads, slots and channels averaged)", quantities, key="peak_quantity")  # type: ignore[assignment]  # streamlit's stub: typing.Never is missing at 3.10, so its no-options overload (-> None) matches
+    lowest = c2.toggle("lowest", key="peak_lowest", help="the dips: for a decay or gate whose events are lows")
+    k = c3.slider("rows", 1, 50, 10, key="peak_k")
+    table = tr.peaks(name, int(k), lowest=lowest, apart=PEAK_ZOOM // 2, context=8)
+    if table.empty:
+        st.info(f"{name} has no finite value in this trace.")
+        return
+    st.dataframe(
+        table, hide_index=True, width="stretch", column_config={"value": st.column_config.NumberColumn(format="%.4g")}
+    )
+    labels = [f"#{r.rank}: token {r.position} {r.token!r}" for r in table.itertuples()]
+    positions = dict(zip(labels, table["position"]))
+
+    def zoom_to_peak() -> None:
+        chosen = st.session_state.get("peak_zoom")
+        if chosen in positions:
+            at = int(positions[chosen])
+            st.session_state["zoom"] = (max(0, at - PEAK_ZOOM), min(len(tr), at + PEAK_ZOOM + 1))
+            st.session_state["ro_position"] = at
+
+    st.selectbox(
+        "zoom every view, and the read below, to a peak",
+        labels,
+        index=None,
+        placeholder="choose a row",
+        key="peak_zoom",
+        on_change=zoom_to_peak,
     )
 
 
@@ -305,12 +390,12 @@ def time_line(path: str, n_tokens: int, evidence: bool) -> str:
 
 
 def cost_line(cost: dict[str, int], n_tokens: int) -> str:
-    """What a run over about `n_tokens` holds beyond the weights, part by part (`model.cost`)."""
+    """What a run over `n_tokens` holds beyond the weights, part by part (`model.cost`)."""
     parts = " · ".join(f"{name.replace('_', ' ')} {size / 2**20:,.1f} MiB" for name, size in cost.items())
-    return f"About {n_tokens:,} tokens hold {sum(cost.values()) / 2**20:,.1f} MiB beyond the weights: {parts}."
+    return f"{n_tokens:,} tokens hold about {sum(cost.values()) / 2**20:,.1f} MiB beyond the weights: {parts}."
 
 
-def show_readout(
+def show_read(
     model: MemoryModel,
     path: str,
     text: str,
@@ -318,21 +403,29 @@ def show_readout(
     evidence: tuple[tuple[int, int], ...],
     tr: memviz.Trace,
 ) -> None:
-    """The read-out view, for families whose memory read decomposes exactly over the tokens that wrote it."""
-    if reads_out(model) is None:
+    """The read at a chosen token: what the family's trace says the memory read there (`viz.read_figures`: LongMem's
+    chunks, a memory layer's values) and, where the read decomposes exactly, each written token's part of it."""
+    if reads_out(model) is None and get_family(model.family).read_at is None:
         return
-    st.subheader("Read-out: what the memory returned, and from which tokens")
+    st.subheader("The read at one token: what the memory returned, and from where")
     traced = (path, hash(text), answer, len(tr))
     if st.session_state.get("ro_traced") != traced:  # a new input: back to its answer's position
         st.session_state["ro_traced"] = traced
         st.session_state["ro_position"] = tr.read_position
-    position = st.number_input(
-        "read at token (default: where the answer's first non-blank token is predicted)",
-        0,
-        len(tr) - 1,
-        key="ro_position",
-    )
-    readout = cached_readout(path, text, answer, int(position))
+    default = "where the answer's first non-blank token is predicted" if answer else "the last token"
+    try:
+        position = bounded_number(
+            f"read at token (default: {default})", 0, len(tr) - 1, tr.read_position, "ro_position"
+        )
+    except FieldError as exc:
+        st.error(str(exc))
+        return
+    st.caption(f"Token {position}: {' '.join(repr(t) for t in tr.token_text(max(0, position - 6), position + 1))}")
+    for title, fig in viz.read_figures(tr, position).items():
+        st.plotly_chart(fig, width="stretch", key=f"read-{title}")
+    if reads_out(model) is None:
+        return
+    readout = cached_readout(path, text, answer, position)
     if readout is None:
         st.info(
             "This model's memory is not linear in its writes (Titans' MLP memory, LM2's per-token update), "
@@ -342,7 +435,7 @@ def show_readout(
     figures = viz.readout_figures(readout, evidence)
     if not figures:
         st.info(
-            f"At token {int(position)} no earlier token has reached the memory yet (a segment's writes arrive when "
+            f"At token {position} no earlier token has reached the memory yet (a segment's writes arrive when "
             "it completes), so there is nothing to decompose: pick a later token."
         )
         return

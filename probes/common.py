@@ -105,7 +105,7 @@ LENGTHS = Arg(
         "multiselect",
         "lengths",
         "Lengths (tokens)",
-        options=(256, 512, 1024, 2048, 4096, 8192),
+        options=(256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536),
         default=(256, 512),
         noun="length",
         tokens=True,

@@ -1,0 +1,148 @@
+"""The app's views of free text, driven headlessly (AppTest): the loss said in nats and bits a byte, the peaks table
+that zooms every view, the read at any token, a layer chooser, Compare on text, and fields out of range."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+import memviz
+from app import trace_page
+from memviz_probes.common import LENGTHS
+from tests.conftest import small_model
+
+ROOT = Path(__file__).resolve().parent.parent
+TEXT = "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer. " * 6
+
+
+def page(module: str, model_path: str | None = None) -> AppTest:
+    at = AppTest.from_string(
+        f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom app import {module}\n{module}.render()\n",
+        default_timeout=120,
+    )
+    if model_path is not None:
+        at.session_state["model_path"] = model_path
+    return at
+
+
+def titles(at: AppTest) -> list[str]:
+    return [json.loads(c.proto.spec)["layout"].get("title", {}).get("text", "") for c in at.get("plotly_chart")]
+
+
+def traced_text(path: str, text: str = TEXT) -> AppTest:
+    at = page("trace_page", path)
+    at.run()
+    at.radio(key="source").set_value("text").run()
+    at.text_area(key="text_input").input(text).run()
+    assert not at.exception and not at.error, (at.exception, [e.value for e in at.error])
+    return at
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("story")
+    configs = {
+        "longmem": {"window": 8, "segment_len": 16},
+        "memory_layer": {},
+        "lm2": {"segment_len": 16},
+        "sliding_window": {"window": 16},
+    }
+    return {family: str(memviz.save(small_model(family, **cfg), folder / family)) for family, cfg in configs.items()}
+
+
+@pytest.mark.parametrize("family, read", [("longmem", "chunks token"), ("memory_layer", "the values token")])
+def test_the_read_at_any_token_of_free_text(checkpoints, family, read):
+    at = traced_text(checkpoints[family])
+    tr = trace_page.cached_trace(checkpoints[family], TEXT, (), None)
+    field = at.number_input(key="ro_position")
+    assert field.label == "read at token (default: the last token)" and field.value == len(tr) - 1
+    field.set_value(40).run()
+    assert not at.exception, at.exception
+    shown = [t for t in titles(at) if read in t]
+    assert shown and all("token 40 " in t for t in shown), shown
+    assert any("text" in t or "who else" in t for t in titles(at))  # the table beside it
+    at.number_input(key="ro_position").set_value(len(tr) + 5).run()  # out of range: said, nothing stale shown
+    assert any("read at token" in e.value and "is outside 0 to" in e.value for e in at.error)
+    assert not [t for t in titles(at) if read in t]
+
+
+def test_a_peak_chosen_in_the_table_zooms_every_view_and_the_read_there(checkpoints):
+    at = traced_text(checkpoints["longmem"])
+    tr = trace_page.cached_trace(checkpoints["longmem"], TEXT, (), None)
+    summary = tr.loss_summary()
+    said = [m.value for m in at.markdown if m.value.startswith("**Next-token loss**")]
+    assert said and f"mean {summary['mean_nats']:.3f} nats" in said[0] and "bits a byte" in said[0]
+    table = at.dataframe[0].value
+    assert table["position"].tolist() == tr.peaks("loss", 10, apart=trace_page.PEAK_ZOOM // 2)["position"].tolist()
+    top = int(table["position"].iloc[0])
+    chooser = at.selectbox(key="peak_zoom")
+    chooser.select(chooser.options[0]).run()
+    assert not at.exception, at.exception
+    low, high = at.slider(key="zoom").value
+    assert low == max(0, top - trace_page.PEAK_ZOOM) and high == min(len(tr), top + trace_page.PEAK_ZOOM + 1)
+    assert at.number_input(key="ro_position").value == top
+    assert any(f"chunks token {top} " in t for t in titles(at))
+    at.selectbox(key="peak_quantity").select("side_blocks.1.attn.hook_gate").run()  # another quantity, its rows
+    assert not at.exception and at.dataframe[0].value["position"].tolist() == (
+        tr.peaks("side_blocks.1.attn.hook_gate", 10, apart=trace_page.PEAK_ZOOM // 2)["position"].tolist()
+    )
+
+
+def test_a_layer_chooser_shows_one_layer_of_lm2(checkpoints):
+    at = traced_text(checkpoints["lm2"])
+    every = titles(at)
+    assert any(t.startswith("blocks.0: LM2 gates") for t in every) and any(t.startswith("blocks.1: LM2") for t in every)
+    at.selectbox(key="fig-layer").select("blocks.1").run()
+    one = titles(at)
+    assert not any(t.startswith("blocks.0") for t in one) and any(t.startswith("blocks.1: slot norms") for t in one)
+    assert any(t.startswith("Next-token loss") for t in one)  # a view of the whole model stays
+
+
+def test_a_one_token_text_says_why_its_loss_chart_is_empty(checkpoints):
+    at = traced_text(checkpoints["sliding_window"], "A")
+    assert any("a one-token input has no next token to predict" in m.value for m in at.markdown)
+
+
+def test_the_cost_line_counts_the_input_exactly(checkpoints):
+    at = traced_text(checkpoints["sliding_window"])
+    n = len(trace_page.cached_trace(checkpoints["sliding_window"], TEXT, (), None))
+    assert any(c.value.startswith(f"{n:,} tokens hold ") for c in at.caption), [c.value for c in at.caption]
+
+
+def test_compare_reads_one_text_through_two_models(checkpoints):
+    at = page("compare_page")
+    at.run()
+    for side, family in (("cmp_left", "longmem"), ("cmp_right", "sliding_window")):
+        at.selectbox(key=side).select("a local path…").run()
+        at.text_input(key=f"{side}_path").input(checkpoints[family]).run()
+    at.radio(key="cmp_source").set_value("text").run()
+    at.text_area(key="cmp_text").input(TEXT).run()
+    assert not at.exception and not at.error, at.exception
+    shown = titles(at)
+    assert shown[0].startswith("Next-token loss, overlaid") and any("retrieval" in t.lower() for t in shown)
+    assert sum(c.value.startswith("Next-token loss, the text: mean") for c in at.caption) == 2
+    only = [m.value for m in at.markdown if m.value.startswith("**Only ")]
+    assert len(only) == 1 and "(longmem)" in only[0]
+
+
+def test_an_out_of_range_number_is_said_and_the_old_results_go(checkpoints):
+    at = page("intervene_page", checkpoints["sliding_window"])
+    at.run()
+    assert not at.exception and not at.error
+    at.number_input(key="iv_length").set_value(99_999_999).run()
+    assert [e.value for e in at.error] == [
+        "pass-key length (tokens): 99,999,999 is outside 100 to 20,000; nothing is shown for it."
+    ]
+    assert not at.metric and not at.markdown
+
+
+def test_the_upload_limit_said_on_the_widget_is_the_apps():
+    config = (ROOT / ".streamlit" / "config.toml").read_text()  # tomllib is not in Python 3.10
+    server = config.split("[server]", 1)[1]
+    assert int(re.search(r"^maxUploadSize = (\d+)$", server, re.M).group(1)) * 2**20 == trace_page.MAX_UPLOAD_BYTES
+
+
+def test_probes_reach_the_samples_tested_lengths():
+    assert LENGTHS.widget is not None and {16384, 32768} <= set(LENGTHS.widget.options)
