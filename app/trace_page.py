@@ -330,7 +330,8 @@ PEAK_ZOOM = 32
 
 
 def peak_quantities(tr: memviz.Trace) -> list[str]:
-    """What the peaks table ranks: the loss first, then every kept floating-point quantity of the trace."""
+    """What the peaks table ranks: the loss first, then every kept floating-point quantity of the trace and the
+    memory shares the figures derive (`viz.with_memory_shares`)."""
     kept = [n for n in tr.names if n != "loss" and np.issubdtype(tr[n].dtype, np.floating)]
     return ["loss", *kept]
 
@@ -339,6 +340,7 @@ def show_peaks(tr: memviz.Trace) -> None:
     """The tokens where a chosen quantity peaks (`Trace.peaks`), with their words; choosing one zooms every view and
     the read below to it."""
     st.subheader("Where a quantity peaks, and the words there")
+    tr = viz.with_memory_shares(tr)
     c1, c2, c3 = st.columns([3, 1, 1])
     quantities = peak_quantities(tr)
     if st.session_state.get("peak_quantity") not in quantities:
@@ -350,8 +352,9 @@ def show_peaks(tr: memviz.Trace) -> None:
     if table.empty:
         st.info(f"{name} has no finite value in this trace.")
         return
+    shown = table.assign(token=table["token"].map(repr))  # a newline or a space, visible
     st.dataframe(
-        table, hide_index=True, width="stretch", column_config={"value": st.column_config.NumberColumn(format="%.4g")}
+        shown, hide_index=True, width="stretch", column_config={"value": st.column_config.NumberColumn(format="%.4g")}
     )
     labels = [f"#{r.rank}: token {r.position} {r.token!r}" for r in table.itertuples()]
     positions = dict(zip(labels, table["position"]))

@@ -1,9 +1,11 @@
 """Figure helpers every family's views are built from (plotly over a `Trace`).
 
-Every figure over token positions is max-pooled on the server to at most `width` columns
+Every figure over token positions is pooled on the server to at most `width` columns
 (`Trace.pool`), with the true token positions on the x axis, so a 1M-token trace draws as fast
-as a 1k one and spikes survive. `start`/`stop` zoom in, re-pooling at finer resolution. Where
-a trace carries evidence spans (the needle, the supporting facts) they are outlined.
+as a 1k one and spikes survive: a line is each bin's mean inside a band of its min to max, a
+heatmap each bin's max (or min, where dips are the events). `start`/`stop` zoom in, re-pooling
+at finer resolution. Where a trace carries evidence spans (the needle, the supporting facts) they
+are outlined.
 """
 
 from __future__ import annotations

@@ -37,9 +37,13 @@ def first_non_finite(values: np.ndarray, nan_means_none: bool = False) -> int | 
     return int(bad.argmax()) if bad.any() else None
 
 
+#: rows `Trace.series` averages at a time
+SERIES_ROWS = 1 << 14
+
+
 @dataclass
 class Pooled:
-    """A trace array max-pooled along positions: `values[i]` summarises tokens
+    """A trace array pooled along positions (`Trace.pool`): `values[i]` summarises tokens
     `positions[i] .. positions[i] + bin_size - 1` (true token positions)."""
 
     positions: np.ndarray
@@ -134,10 +138,13 @@ class Trace:
         values = self[name]
         if values.ndim == 1:
             return values.astype(np.float64)
-        flat = values.reshape(len(values), -1).astype(np.float64)
+        flat = values.reshape(len(values), -1)
+        out = np.empty(len(values), dtype=np.float64)
         with warnings.catch_warnings():  # a token with no value (NaN in every column) stays NaN
             warnings.simplefilter("ignore", RuntimeWarning)
-            return np.nanmean(flat, axis=1)
+            for a in range(0, len(flat), SERIES_ROWS):  # a block at a time: no float64 copy of a whole wide array
+                out[a : a + SERIES_ROWS] = np.nanmean(flat[a : a + SERIES_ROWS], axis=1, dtype=np.float64)
+        return out
 
     def peaks(self, name: str, k: int = 10, lowest: bool = False, apart: int = 1, context: int = 6) -> pd.DataFrame:
         """The `k` tokens where `series(name)` is highest (`lowest`: lowest, for a decay or gate whose dips are the

@@ -4,7 +4,8 @@
 family registers its own (`memviz.registry`; the helpers they are built from are in
 `memviz.figure_parts`), and they read only the trace, so a saved trace plots without its model.
 The figures here serve every family: the evidence in the text, what the memory still holds of
-it, an ablation sweep, training loss. Figures over positions are max-pooled to `width` columns.
+it, an ablation sweep, training loss; the read at one token (`read_figures`, a family's `read_at`). Figures over
+positions are pooled to `width` columns (`memviz.figure_parts`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from memviz.figure_parts import (
     WIDTH,
     answer_loss_note,
     line_mode,
+    memory_share,
     outline_answer,
     outline_evidence,
     position_axis,
@@ -95,6 +97,17 @@ def read_figures(trace: Trace, position: int | None = None) -> dict[str, go.Figu
     return family.read_at(trace, position)
 
 
+def with_memory_shares(trace: Trace) -> Trace:
+    """The trace with, for each layer that keeps a memory gate beside its memory's and its local attention's output
+    norms (Infini-attention, Gated DeltaNet), the memory's share of that output per token and head
+    (`figure_parts.memory_share`) as "{layer prefix}.memory_share": a quantity the figures derive, to rank too."""
+    for name in trace.names:
+        prefix = name.removesuffix(".hook_gate")
+        if prefix != name and {f"{prefix}.hook_mem_out", f"{prefix}.hook_local_out"} <= set(trace.names):
+            trace = with_array(trace, f"{prefix}.memory_share", memory_share(trace, prefix))
+    return trace
+
+
 def figure_layer(title: str) -> str | None:
     """The layer a view's title names first ("blocks.2" of "blocks.2 gates" or "blocks.2.attn memory share"),
     or None for a view of the whole model."""
@@ -136,7 +149,7 @@ def needle_hold_figure(
     trace: Trace, hold: dict[str, np.ndarray], width: int = WIDTH, start: int = 0, stop: int | None = None
 ) -> go.Figure:
     """What the memory still holds of the evidence at each later token (`model.needle_hold`),
-    one panel per quantity, max-pooled per bin to `width` columns; the evidence is outlined."""
+    one panel per quantity, pooled to `width` columns (`timeline`); the evidence is outlined."""
     derived = trace
     for label, values in hold.items():
         derived = with_array(derived, label, np.asarray(values, dtype=np.float32))

@@ -246,3 +246,119 @@ def test_settings_survive_a_visit_to_another_page(app_url):
             assert page.get_by_label(label).first.input_value() == value, link
         assert page.get_by_text("Traceback").count() == 0
         browser.close()
+
+
+def hamlet_words(n: int) -> str:
+    """The first `n` words of held-out Hamlet (a passage no sample trained on)."""
+    from memviz_probes import texts
+
+    hamlet = next(d.text for d in texts.documents("shakespeare", "heldout") if d.name == "hamlet")
+    return " ".join(hamlet.split(" ")[:n])
+
+
+def choose_option(page, label: str, option: str) -> None:
+    """Open the Streamlit selectbox labelled `label` and pick `option`, then wait for the run it starts."""
+    box = page.get_by_role("combobox", name=label).first
+    box.click()
+    box.fill(option)  # the list draws only its first options: typed, it holds the one wanted
+    page.get_by_role("option", name=option).first.click()
+    settle(page)
+
+
+def settle(page) -> None:
+    """Wait for the run a change starts to show and then to end (a run can start a second after the change)."""
+    status = page.locator('[data-testid="stStatusWidget"]')
+    with contextlib.suppress(Exception):  # a quick run may come and go unseen
+        status.wait_for(state="attached", timeout=3_000)
+    status.wait_for(state="detached", timeout=300_000)
+    page.wait_for_timeout(500)
+
+
+def give_text(page, label: str, text: str) -> None:
+    """Choose the text source and type `text` into the area labelled `label` (committed as Ctrl+Enter does)."""
+    page.locator("label").filter(has_text=re.compile(r"^text$")).first.click()
+    settle(page)
+    area = page.get_by_label(label, exact=True)
+    area.wait_for(timeout=120_000)
+    area.fill(text)
+    area.press("Control+Enter")
+    settle(page)
+
+
+def zoom_range(page) -> tuple[int, int]:
+    """The Positions slider's two handles' values."""
+    ends = (page.locator(f'input[aria-label="Positions — {end}"]').first.input_value() for end in ("start", "end"))
+    return tuple(int(value) for value in ends)  # type: ignore[return-value]
+
+
+def test_hamlet_through_titans_a_peak_zooms_every_view_and_compare_reads_the_same_text():
+    """Held-out Hamlet traced through the Titans sample: the loss said in nats and bits a byte, the peaks table, a
+    peak's row zooming the views; then Compare on the same text beside the control (docs/views.md shows the
+    screenshots)."""
+    from playwright.sync_api import sync_playwright
+
+    text = hamlet_words(3000)
+    SCREENSHOTS.mkdir(exist_ok=True)
+    with serve_app("titans_english_16k") as url, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"{url}/trace")
+        page.locator("h1", has_text="Trace").first.wait_for(timeout=120_000)
+        give_text(page, "Text", text)
+        page.get_by_text("Where a quantity peaks").first.wait_for(timeout=300_000)
+        assert (
+            page.get_by_text(
+                re.compile(r"mean \d\.\d{3} nats a token over [\d,]+ predictions, \d\.\d{3} bits a byte")
+            ).count()
+            >= 1
+        )
+        choose_option(page, "Layer", "blocks.1")  # one layer's views of four
+        assert page.get_by_text("blocks.1: where the memory is surprised").count() == 1
+        assert page.get_by_text("blocks.0: where the memory is surprised").count() == 0
+        choose_option(page, "quantity (heads, slots and channels averaged)", "blocks.1.memory.hook_surprise")
+        full = zoom_range(page)
+        page.keyboard.press("Escape")  # the quantity's list closed, and the box in view, so that its list opens
+        box = page.get_by_role("combobox", name="zoom every view, and the read below, to a peak").first
+        box.scroll_into_view_if_needed()
+        box.click()
+        first = page.get_by_role("option").first
+        peak = int(re.search(r"token (\d+)", first.inner_text()).group(1))
+        first.click()
+        settle(page)
+        assert zoom_range(page) == (max(0, peak - 32), min(full[1], peak + 33)) != full
+        page.set_viewport_size({"width": 1400, "height": 3000})  # the app scrolls inside its page: a tall window
+        page.locator('[data-testid="stMain"]').evaluate("main => main.scrollTo(0, 0)")
+        page.wait_for_timeout(2500)
+        page.screenshot(path=str(SCREENSHOTS / "trace_titans_hamlet_peaks.png"))
+        assert page.get_by_text("Traceback").count() == 0
+        visit(page, "Compare", "Compare")
+        give_text(page, "Text", text)
+        page.get_by_text("Next-token loss, overlaid").first.wait_for(timeout=300_000)
+        page.wait_for_timeout(2500)
+        page.screenshot(path=str(SCREENSHOTS / "compare_text.png"))
+        assert page.get_by_text("Traceback").count() == 0
+        browser.close()
+
+
+@pytest.mark.parametrize(
+    "sample, read", [("longmem_english", "chunks token 500 "), ("memory_plus_english", "the values token 500 ")]
+)
+def test_the_read_at_a_chosen_token_of_free_text_in_chromium(sample, read):
+    """LongMem's retrieved chunks and Memory+'s selected values, read at a token the user types, on held-out text."""
+    from playwright.sync_api import sync_playwright
+
+    SCREENSHOTS.mkdir(exist_ok=True)
+    with serve_app(sample) as url, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"{url}/trace")
+        page.locator("h1", has_text="Trace").first.wait_for(timeout=120_000)
+        give_text(page, "Text", hamlet_words(400))
+        enter_number(page, "read at token (default: the last token)", "500")
+        page.get_by_text(read).first.wait_for(timeout=180_000)
+        assert page.get_by_text(re.compile("the text of the chunks|who else reads the values")).count() >= 1
+        page.get_by_text(read).first.scroll_into_view_if_needed()
+        page.wait_for_timeout(1500)
+        page.screenshot(path=str(SCREENSHOTS / f"read_at_{sample}.png"))
+        assert page.get_by_text("Traceback").count() == 0
+        browser.close()

@@ -76,3 +76,18 @@ def test_each_view_names_its_layer_for_the_chooser():
     assert viz.figure_layer("blocks.1") == "blocks.1"
     assert viz.figure_layer("loss") is None and viz.figure_layer("blocks.x gates") is None
     assert viz.figure_layer("side_blocks.1 retrieval") is None
+
+
+def test_a_gated_memorys_share_is_a_quantity_to_rank_too():
+    from memviz.figure_parts import memory_share
+    from tests.conftest import FAMILY_CONFIGS, small_model
+
+    tr = memviz.trace(small_model("infini", **FAMILY_CONFIGS["infini"]), "Sandra journeyed to the kitchen. " * 8)
+    shared = viz.with_memory_shares(tr)
+    added = sorted(set(shared.names) - set(tr.names))
+    gates = sorted(n for n in tr.names if n.endswith(".hook_gate"))
+    assert added == [g.replace(".hook_gate", ".memory_share") for g in gates] and added
+    prefix = gates[0].removesuffix(".hook_gate")
+    np.testing.assert_array_equal(shared[added[0]], memory_share(tr, prefix))
+    top = shared.peaks(added[0], k=1)
+    assert top["value"].iloc[0] == pytest.approx(float(np.max(shared[added[0]].mean(1))))
