@@ -145,42 +145,41 @@ def timeline(
         mean = series.pool(name, width, start, stop, reduce="mean")
         size = mean.bin_size
         if size == 1:
-            hover = hover_text(trace, mean.positions, 1)
-        else:
+            hover: dict = dict(hovertext=hover_text(trace, mean.positions, 1), hoverinfo="text+y")
+        else:  # numbers, not a string a bin: plotly sends arrays as they are and validates strings one by one
             low, high = (series.pool(name, width, start, stop, reduce=r).values for r in ("min", "max"))
-            hover = [
-                f"{p}-{p + size - 1}: mean of {size}; min {a:.3g}, max {b:.3g}"
-                for p, a, b in zip(mean.positions, low, high)
-            ]
+            hover = dict(
+                customdata=np.stack([mean.positions + size - 1, low, high], axis=-1),
+                hovertemplate=f"%{{x}}-%{{customdata[0]}}: mean of {size} %{{y:.3g}}; "
+                "min %{customdata[1]:.3g}, max %{customdata[2]:.3g}<extra></extra>",
+            )
         fig.add_trace(
             go.Scatter(
                 x=mean.positions,
                 y=mean.values,
                 mode=line_mode(len(mean.values)),
                 name=names[name],
-                hovertext=hover,
-                hoverinfo="text+y",
                 line_color=LINE_COLOUR,
+                **hover,
             ),
             row=row,
             col=1,
         )
-        if size > 1:  # the band: its top edge, then its bottom edge filled up to it
-            for edge, fill in ((high, "none"), (low, "tonexty")):
-                fig.add_trace(
-                    go.Scatter(
-                        x=mean.positions,
-                        y=edge,
-                        mode="lines",
-                        line_width=0,
-                        fill=fill,
-                        fillcolor=BAND_COLOUR,
-                        hoverinfo="skip",
-                        name=f"{names[name]} range",
-                    ),
-                    row=row,
-                    col=1,
-                )
+        if size > 1:  # the band: one shape, along its top edge and back along its bottom one
+            fig.add_trace(
+                go.Scatter(
+                    x=np.concatenate([mean.positions, mean.positions[::-1]]),
+                    y=np.concatenate([high, low[::-1]]),
+                    mode="lines",
+                    line_width=0,
+                    fill="toself",
+                    fillcolor=BAND_COLOUR,
+                    hoverinfo="skip",
+                    name=f"{names[name]} range",
+                ),
+                row=row,
+                col=1,
+            )
         first = broken[name]
         if first is not None:
             mark_non_finite(fig, max(first, start), row)

@@ -187,9 +187,10 @@ class Trace:
             return {"tokens": 0, "mean_nats": None, "bits_per_byte": None}
         nats = float(loss[scored].sum())
         sizes = self.meta.get("token_bytes")
-        n_bytes = (
-            sum(int(sizes[str(int(t))]) for t in self.tokens[start + 1 + scored]) if isinstance(sizes, dict) else 0
-        )
+        n_bytes = 0
+        if isinstance(sizes, dict):
+            ids, counts = np.unique(self.tokens[start + 1 + scored], return_counts=True)
+            n_bytes = int(sum(int(sizes[str(i)]) * int(c) for i, c in zip(ids.tolist(), counts.tolist())))
         return {
             "tokens": len(scored),
             "mean_nats": nats / len(scored),

@@ -353,6 +353,8 @@ def test_the_read_at_a_chosen_token_of_free_text_in_chromium(sample, read):
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.goto(f"{url}/trace")
         page.locator("h1", has_text="Trace").first.wait_for(timeout=120_000)
+        page.locator("label").filter(has_text=re.compile(r"^file$")).first.click()
+        page.get_by_text("20MB per file").first.wait_for(timeout=60_000)  # the app's own limit, not 200MB
         give_text(page, "Text", hamlet_words(400))
         enter_number(page, "read at token (default: the last token)", "500")
         page.get_by_text(read).first.wait_for(timeout=180_000)

@@ -91,3 +91,14 @@ def test_a_gated_memorys_share_is_a_quantity_to_rank_too():
     np.testing.assert_array_equal(shared[added[0]], memory_share(tr, prefix))
     top = shared.peaks(added[0], k=1)
     assert top["value"].iloc[0] == pytest.approx(float(np.max(shared[added[0]].mean(1))))
+
+
+def test_a_single_row_read_out_keeps_room_for_its_colour_bar():
+    import torch
+
+    from memviz.protocol import Readout
+
+    parts = torch.randn(40, 1, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(3))  # one head
+    fig = viz.readout_figures(Readout(39, "a test read", {"blocks.0": parts}))["blocks.0 read-out"]
+    assert fig.layout.height >= 300 and fig.data[0].colorbar.nticks == 5  # ticks that do not overlap
+    assert fig.data[0].y == ("the read",)

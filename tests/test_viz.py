@@ -17,11 +17,12 @@ def test_long_traces_are_pooled_to_screen_width_with_true_positions():
     slots[150_000, 2] = 1.0
     tr = Trace(np.zeros(n), {"s": surprise, "slots": slots}, meta={"evidence": [[123_450, 123_470]]})
     fig = figure_parts.timeline(tr, {"s": "surprise"}, "t", width=1000)
-    line, top, bottom = fig.data
+    line, band = fig.data
     assert len(line.x) == 1000 and line.x[-1] == 199_800
     assert max(line.y) == pytest.approx(9.0 / 200) and line.x[int(np.argmax(line.y))] == 123_400  # the bin's mean
-    assert max(top.y) == 9.0 and top.x[int(np.argmax(top.y))] == 123_400  # the spike survives pooling, in the band
-    assert bottom.fill == "tonexty" and max(bottom.y) == 0.0
+    top, bottom = band.y[:1000], band.y[1000:][::-1]  # along the top edge, then back along the bottom
+    assert max(top) == 9.0 and band.x[int(np.argmax(top))] == 123_400  # the spike survives pooling, in the band
+    assert band.fill == "toself" and max(bottom) == 0.0 and list(band.x[1000:]) == list(line.x[::-1])
     assert fig.layout.shapes and fig.layout.shapes[0].x0 == pytest.approx(123_449.5)
     heat = figure_parts.position_heatmap(tr, "slots", "h", "slot", width=500)
     assert np.asarray(heat.data[0].z).shape == (4, 500) and np.nanmax(heat.data[0].z) == 1.0
