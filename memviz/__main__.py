@@ -24,6 +24,11 @@ def describe(family) -> str:
             f"  figures    {family.figures.__module__}.{family.figures.__name__}: "
             f"{' '.join(family.figures.__doc__.split())}"
         )
+    if family.read_at is not None:
+        lines.append(
+            f"  read at    {family.read_at.__module__}.{family.read_at.__name__}: "
+            f"{' '.join((family.read_at.__doc__ or '').split())}"
+        )
     lines += [f"  intervene  {name}: {point.summary}" for name, point in family.interventions.items()]
     if family.readout:
         lines.append("  readout    model.memory_readout: a memory read decomposed over the tokens that wrote it")

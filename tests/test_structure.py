@@ -224,6 +224,7 @@ def test_python_m_memviz_families_lists_each_familys_unit():
         for point in family.interventions:
             assert f"intervene  {point}:" in out.stdout
     assert "figures    memviz.models.lm2.lm2_figures" in out.stdout
+    assert "read at    memviz.models.longmem.longmem_read_at" in out.stdout
 
 
 @pytest.mark.parametrize("bad", [[], ["nonsense"]])
