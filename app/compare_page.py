@@ -6,7 +6,6 @@ import streamlit as st
 
 import memviz
 from app.common import (
-    FieldError,
     bounded_number,
     checkpoint_picker,
     control_samples,
@@ -21,6 +20,7 @@ from app.trace_page import (
     duration,
     in_layer,
     run_seconds,
+    token_count,
     uploaded_text,
 )
 from memviz import viz
@@ -48,19 +48,21 @@ def choose_inputs(paths: list[str], models: list[MemoryModel]) -> Inputs | None:
     """What each model reads: the same pass-key sample (made with each one's tokenizer), text or file; None while
     there is none. InputError or FieldError for one that cannot be read."""
     source = st.radio("Input", ["pass-key sample", "text", "file"], horizontal=True, key="cmp_source")
-    if source == "text":
-        text = st.text_area("Text", key="cmp_text", height=150)
-        return [(text, (), None, "")] * 2 if text.strip() else None
-    if source == "file":
-        uploaded = uploaded_text(paths[0], "cmp_upload")
-        return None if uploaded is None else [(uploaded, (), None, "")] * 2
+    if source in ("text", "file"):
+        text = (
+            st.text_area("Text", key="cmp_text", height=150)
+            if source == "text"
+            else uploaded_text(paths[0], "cmp_upload")
+        )
+        if not text or not text.strip():
+            return None
+        say_cost(paths, [token_count(path, text) for path in paths])  # over the trace limit: refused here
+        return [(text, (), None, "")] * 2
     c1, c2, c3 = st.columns(3)
     length = bounded_number("pass-key length (tokens)", 100, 200_000, 1024, "cmp_length", c1, step=256)
     depth = c2.slider("needle depth", 0.0, 1.0, 0.5, key="cmp_depth")
     seed = bounded_number("seed", 0, 10_000, 0, "cmp_seed", c3)
-    if length > 20_000:  # say what two long traces cost before they run
-        took = duration(sum(run_seconds(path, length) for path in paths))
-        st.caption(f"Tracing both models over {length:,} tokens takes about {took} on this machine, once (cached).")
+    say_cost(paths, [length, length])
     inputs: Inputs = []
     for path, model in zip(paths, models):
         try:
@@ -70,6 +72,15 @@ def choose_inputs(paths: list[str], models: list[MemoryModel]) -> Inputs | None:
         said = f"answer **{sample.answer}** · model says **{greedy_answer(path, sample.prompt)!r}**"
         inputs.append((sample.prompt, tuple((a, b) for a, b in sample.evidence), sample.reply, said))
     return inputs
+
+
+def say_cost(paths: list[str], n_tokens: list[int]) -> None:
+    """Before two long traces run: about how long they take on this machine, at each model's measured speed."""
+    if max(n_tokens) > 20_000:
+        took = duration(sum(run_seconds(path, n) for path, n in zip(paths, n_tokens)))
+        st.caption(
+            f"Tracing both models over {max(n_tokens):,} tokens takes about {took} on this machine, once (cached)."
+        )
 
 
 def render() -> None:
@@ -92,7 +103,7 @@ def render() -> None:
         return
     try:
         inputs = choose_inputs(paths, models)
-    except (InputError, FieldError) as exc:
+    except (InputError, ValueError) as exc:  # FieldError, or a text over the trace limit
         st.error(str(exc))
         return
     if inputs is None:

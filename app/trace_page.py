@@ -292,13 +292,7 @@ EVERY_LAYER = "every layer"
 
 def show_figures(figures: dict, key: str) -> None:
     """The views, each with its HTML download; where they show several layers one at a time, a layer chooser."""
-    layers = sorted(
-        {layer for title in figures if (layer := viz.figure_layer(title))}, key=lambda n: int(n.split(".")[1])
-    )
-    if len(layers) > 1:
-        chosen = st.selectbox("Layer", [EVERY_LAYER, *layers], key=f"{key}-layer", help="the views of one layer")
-        if chosen != EVERY_LAYER:
-            figures = {t: f for t, f in figures.items() if viz.figure_layer(t) in (None, chosen)}
+    figures = in_layer(figures, choose_layer(figures, key))
     for title, fig in figures.items():
         st.plotly_chart(fig, width="stretch", key=f"{key}-{title}")
         st.download_button(
@@ -330,8 +324,8 @@ PEAK_ZOOM = 32
 
 
 def peak_quantities(tr: memviz.Trace) -> list[str]:
-    """What the peaks table ranks: the loss first, then every kept floating-point quantity of the trace and the
-    memory shares the figures derive (`viz.with_memory_shares`)."""
+    """What the peaks table ranks: the loss first, then every floating-point quantity the trace holds (`show_peaks`
+    gives it the memory shares the figures derive too, `viz.with_memory_shares`)."""
     kept = [n for n in tr.names if n != "loss" and np.issubdtype(tr[n].dtype, np.floating)]
     return ["loss", *kept]
 
@@ -365,6 +359,7 @@ def show_peaks(tr: memviz.Trace) -> None:
             at = int(positions[chosen])
             st.session_state["zoom"] = (max(0, at - PEAK_ZOOM), min(len(tr), at + PEAK_ZOOM + 1))
             st.session_state["ro_position"] = at
+        st.session_state["peak_zoom"] = None  # chosen again after another zoom, a row zooms again
 
     st.selectbox(
         "zoom every view, and the read below, to a peak",

@@ -141,16 +141,19 @@ def timeline(
     )
     size = 1
     for row, name in enumerate(names, start=1):
-        series = with_array(trace, name, trace.series(name))
+        values = np.full(len(trace), np.nan)  # averaged over heads and channels in the window only
+        values[start:stop] = trace.series(name, start, stop)
+        series = with_array(trace, name, values)
         mean = series.pool(name, width, start, stop, reduce="mean")
         size = mean.bin_size
         if size == 1:
             hover: dict = dict(hovertext=hover_text(trace, mean.positions, 1), hoverinfo="text+y")
         else:  # numbers, not a string a bin: plotly sends arrays as they are and validates strings one by one
             low, high = (series.pool(name, width, start, stop, reduce=r).values for r in ("min", "max"))
+            ends = np.minimum(mean.positions + size, stop)  # the last bin may hold fewer tokens
             hover = dict(
-                customdata=np.stack([mean.positions + size - 1, low, high], axis=-1),
-                hovertemplate=f"%{{x}}-%{{customdata[0]}}: mean of {size} %{{y:.3g}}; "
+                customdata=np.stack([ends - 1, low, high, ends - mean.positions], axis=-1),
+                hovertemplate="%{x}-%{customdata[0]}: mean of %{customdata[3]} %{y:.3g}; "
                 "min %{customdata[1]:.3g}, max %{customdata[2]:.3g}<extra></extra>",
             )
         fig.add_trace(
@@ -165,11 +168,12 @@ def timeline(
             row=row,
             col=1,
         )
-        if size > 1:  # the band: one shape, along its top edge and back along its bottom one
+        if size > 1:  # the band: one shape per run of bins with values, along its top edge and back its bottom
+            band_x, band_y = band_outline(mean.positions, low, high)
             fig.add_trace(
                 go.Scatter(
-                    x=np.concatenate([mean.positions, mean.positions[::-1]]),
-                    y=np.concatenate([high, low[::-1]]),
+                    x=band_x,
+                    y=band_y,
                     mode="lines",
                     line_width=0,
                     fill="toself",
@@ -187,6 +191,23 @@ def timeline(
     fig.update_layout(title=title, showlegend=False, height=160 + 170 * len(names))
     fig.update_xaxes(title_text=position_axis(size, "mean", band=True), row=len(names), col=1)
     return fig
+
+
+def band_outline(x: np.ndarray, low: np.ndarray, high: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The outline of the band between `low` and `high` over `x`: for each run of bins where both are finite, its
+    top edge then its bottom edge backwards, runs apart by NaN (plotly closes each piece of a "toself" fill on
+    itself, so a bin without values must end one shape, not join a top edge to a bottom one)."""
+    finite = np.isfinite(low) & np.isfinite(high)
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], finite.astype(np.int8), [0]])))
+    xs: list[np.ndarray] = []
+    ys: list[np.ndarray] = []
+    gap = np.array([np.nan])
+    for a, b in zip(edges[::2], edges[1::2]):
+        xs += [x[a:b], x[a:b][::-1], gap]
+        ys += [high[a:b], low[a:b][::-1], gap]
+    if not xs:
+        return np.array([]), np.array([])
+    return np.concatenate(xs[:-1]).astype(np.float64), np.concatenate(ys[:-1]).astype(np.float64)
 
 
 def position_axis(bin_size: int, reduce: str, band: bool = False) -> str:

@@ -132,10 +132,11 @@ class Trace:
             return [str(int(i)) for i in ids]
         return [self.vocab[int(i)] for i in ids]
 
-    def series(self, name: str) -> np.ndarray:
-        """Array `name` as one float per token: itself for [pos], else the mean over its other axes (heads,
-        slots, channels), NaN entries left out; what timelines draw and `peaks` ranks."""
-        values = self[name]
+    def series(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Array `name` over positions [start, stop) as one float per token: itself for [pos], else the mean over its
+        other axes (heads, slots, channels), NaN entries left out; what timelines draw and `peaks` ranks."""
+        start, stop = position_window(start, stop, len(self))
+        values = self[name][start:stop]
         if values.ndim == 1:
             return values.astype(np.float64)
         flat = values.reshape(len(values), -1)
@@ -150,7 +151,9 @@ class Trace:
         """The `k` tokens where `series(name)` is highest (`lowest`: lowest, for a decay or gate whose dips are the
         events), each at least `apart` tokens from a higher-ranked one (so one spike over several tokens is one
         row), with the token's text and `context` tokens of text either side: columns rank, position, value,
-        token, before, after. The loss has no value at the last token (no next token) and is ranked without it."""
+        token, before, after. The loss at position p is that of predicting token p + 1, so a loss row names the token
+        predicted (at p + 1, whose words before it end with the one that predicted it); the last token predicts
+        nothing and is ranked without it."""
         for label, number, least in (("k", k, 1), ("apart", apart, 1), ("context", context, 0)):
             if isinstance(number, bool) or not isinstance(number, (int, np.integer)) or number < least:
                 raise ValueError(f"{label} must be a whole number, at least {least}, got {number!r}")
@@ -163,14 +166,15 @@ class Trace:
                 break
             if apart == 1 or all(abs(position - other) >= apart for other in taken):
                 taken.append(position)
+        shift = 1 if name == "loss" else 0  # a loss row is its predicted token's
         rows = [
             {
                 "rank": rank,
-                "position": position,
+                "position": position + shift,
                 "value": float(values[position]),
-                "token": self.token_text(position, position + 1)[0],
-                "before": "".join(self.token_text(max(0, position - context), position)),
-                "after": "".join(self.token_text(position + 1, position + 1 + context)),
+                "token": self.token_text(position + shift, position + shift + 1)[0],
+                "before": "".join(self.token_text(max(0, position + shift - context), position + shift)),
+                "after": "".join(self.token_text(position + shift + 1, position + shift + 1 + context)),
             }
             for rank, position in enumerate(taken, start=1)
         ]

@@ -71,11 +71,11 @@ def loss_note(trace: Trace, start: int = 0, stop: int | None = None) -> str:
     """What the loss over [start, stop) comes to: its mean a token and bits a byte, or why there is none."""
     summary = trace.loss_summary(start, stop)
     if not summary["tokens"]:
-        return (
-            "no next-token loss here: the last token has no next token to predict"
-            if len(trace) > 1
-            else "no next-token loss: a one-token input has no next token to predict"
-        )
+        if len(trace) == 1:
+            return "no next-token loss: a one-token input has no next token to predict"
+        if start == len(trace) - 1:
+            return "no next-token loss here: the last token has no next token to predict"
+        return "no finite next-token loss here: the model's logits are not finite over this range"
     per_byte = f", {summary['bits_per_byte']:.3f} bits a byte" if summary["bits_per_byte"] is not None else ""
     shown = (
         "the text"

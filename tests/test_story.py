@@ -102,3 +102,47 @@ def test_a_single_row_read_out_keeps_room_for_its_colour_bar():
     fig = viz.readout_figures(Readout(39, "a test read", {"blocks.0": parts}))["blocks.0 read-out"]
     assert fig.layout.height >= 300 and fig.data[0].colorbar.nticks == 5  # ticks that do not overlap
     assert fig.data[0].y == ("the read",)
+
+
+def test_the_band_is_one_shape_per_run_of_bins_with_values():
+    from memviz.figure_parts import band_outline
+
+    x = np.arange(0, 60, 10)
+    low = np.array([0.0, 1, np.nan, 2, 3, np.nan])  # a bin without values inside, and the last (a last loss's)
+    high = low + 5
+    bx, by = band_outline(x, low, high)
+    np.testing.assert_array_equal(bx, [0, 10, 10, 0, np.nan, 30, 40, 40, 30])
+    np.testing.assert_array_equal(by, [5, 6, 1, 0, np.nan, 7, 8, 3, 2])
+    assert [len(a) for a in band_outline(x, low * np.nan, high)] == [0, 0]
+    n = 3_001  # at width 1,500 the last bin holds the last token alone, whose loss is NaN
+    loss = np.random.default_rng(0).uniform(1, 2, n).astype(np.float32)
+    loss[-1] = np.nan
+    fig = viz.family_figures(Trace(np.arange(n) % 256, {"loss": loss}), width=1500)["loss"]
+    band = fig.data[1]
+    assert not np.isnan(np.asarray(band.y, dtype=float)).any() and band.x[0] == band.x[-1] == 0  # closed, one piece
+    assert fig.data[0].customdata[-1][0] == n - 1 and fig.data[0].customdata[-1][3] == 1  # the last bin's own size
+
+
+def test_a_loss_peak_names_the_token_that_was_predicted():
+    loss = np.array([0.1, 0.2, 9.0, 0.3, np.nan], dtype=np.float32)  # predicting token 3 ("d") was hard
+    tr = Trace(np.arange(5), {"loss": loss}, {i: "abcde"[i] for i in range(5)})
+    row = tr.peaks("loss", k=1, context=2).iloc[0]
+    assert (row["position"], row["token"], row["before"], row["after"], row["value"]) == (3, "d", "bc", "e", 9.0)
+    assert viz.loss_note(tr, 4, 5) == "no next-token loss here: the last token has no next token to predict"
+    broken = Trace(np.arange(5), {"loss": np.full(5, np.nan, dtype=np.float32)})
+    assert "not finite" in viz.loss_note(broken, 0, 3)
+
+
+def test_longmem_says_when_a_token_retrieved_nothing():
+    from memviz.models.longmem import retrieved_at
+
+    prefix = "side_blocks.1.attn"
+    pos = np.full((8, 2, 2), -1)
+    tr = Trace(
+        np.arange(8),
+        {f"{prefix}.hook_retrieved_pos": pos, f"{prefix}.hook_retrieved_scores": np.full((8, 2, 2), np.nan)},
+        meta={"figure_settings": {"chunk_size": 4}},
+    )
+    figs = retrieved_at(tr, prefix, 0)
+    assert "none, the bank held no chunk yet" in figs["chunks retrieved"].layout.title.text
+    assert len(figs["chunks retrieved, their text"].data[0].cells.values[0]) == 0

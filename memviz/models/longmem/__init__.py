@@ -313,6 +313,8 @@ def retrieved_at(trace: Trace, prefix: str, position: int) -> dict[str, go.Figur
         else ""
     )
     token = trace.token_text(position, position + 1)[0]
+    if len(heads) == 0:  # nothing in the bank yet to search
+        said = ": none, the bank held no chunk yet (it fills as segments complete)"
     fig.update_layout(
         title=f"LongMem: the chunks token {position} ({token!r}) retrieved{said}",
         xaxis_title="retrieved chunk's first token",
