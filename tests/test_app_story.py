@@ -10,7 +10,6 @@ from streamlit.testing.v1 import AppTest
 
 import memviz
 from app import trace_page
-from memviz_probes.common import LENGTHS
 from tests.conftest import small_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -145,5 +144,14 @@ def test_the_upload_limit_said_on_the_widget_is_the_apps():
     assert int(re.search(r"^maxUploadSize = (\d+)$", server, re.M).group(1)) * 2**20 == trace_page.MAX_UPLOAD_BYTES
 
 
-def test_probes_reach_the_samples_tested_lengths():
-    assert LENGTHS.widget is not None and {16384, 32768} <= set(LENGTHS.widget.options)
+def test_probes_reach_the_samples_tested_lengths_and_say_their_cost_first(checkpoints, monkeypatch):
+    monkeypatch.setattr(trace_page, "tokens_per_second", lambda path, stamp: 1000.0)  # the cost, not this machine's
+    at = page("probes_page", checkpoints["sliding_window"])
+    at.run()
+    assert {"16384", "32768", "65536"} <= set(at.multiselect(key="lengths").options)
+    at.multiselect(key="lengths").set_value([16384]).run()
+    # 5 samples x 3 depths at 16,384 tokens, at 1,000 tokens a second: said before any Run
+    assert "15 prompts, 245,760 tokens: about 4 min on this machine at the model's measured speed." in [
+        c.value for c in at.caption
+    ]
+    assert not at.exception and not at.get("plotly_chart")
