@@ -8,10 +8,20 @@ import numpy as np
 import streamlit as st
 
 import memviz
-from app.common import FieldError, bounded_number, current_model, current_path, greedy_answer, load_model, weights_stamp
+from app.common import (
+    FieldError,
+    bounded_number,
+    current_model,
+    current_path,
+    greedy_answer,
+    last_run,
+    load_model,
+    weights_stamp,
+)
 from memviz import speed, viz
 from memviz.protocol import MemoryModel, Readout
 from memviz.registry import get_family, holds_needle, reads_out
+from memviz.state_rank import state_ranks
 from memviz_probes import babilong, facts, passkey
 from memviz_probes.haystack import BACKGROUNDS
 
@@ -278,6 +288,7 @@ def render() -> None:
             )
     show_peaks(tr)
     show_read(model, path, text, answer, evidence, tr)
+    show_state_rank(model, path, text, answer, len(tr))
     st.download_button(
         "Download trace (.npz, memviz.Trace.load)",
         tr.to_bytes(),
@@ -445,3 +456,50 @@ def show_read(
     )
     for title, fig in figures.items():
         st.plotly_chart(fig, width="stretch", key=f"fig-{title}")
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def cached_state_ranks(model_path: str, text: str, answer: str | None, every: int):
+    """`memviz.state_rank.state_ranks` over the traced tokens, once per (checkpoint, input, spacing)."""
+    model = load_model(model_path)
+    bar = st.progress(0.0, text="Measuring the state's rank…")
+
+    def show(done: int, total: int) -> None:
+        bar.progress(done / total, text=f"State rank: {done:,} / {total:,} tokens")
+
+    try:
+        return state_ranks(model, traced_ids(model, text, answer), every=every, progress=show)
+    finally:
+        bar.empty()
+
+
+def show_state_rank(model: MemoryModel, path: str, text: str, answer: str | None, n_tokens: int) -> None:
+    """For a family with a matrix memory: each head's effective and stable rank over the text, on request (a second
+    pass over the input)."""
+    if not get_family(model.family).matrix_state:
+        return
+    st.subheader("State rank: how many directions each head's memory uses")
+    try:
+        every = bounded_number("a state every (tokens)", 1, max(1, n_tokens), min(64, n_tokens), "rank_every")
+    except FieldError as exc:
+        st.error(str(exc))
+        return
+    took = f", about {duration(run_seconds(path, n_tokens))} on this machine" if n_tokens > 20_000 else ""
+    st.caption(
+        f"{-(-n_tokens // every):,} states: the effective rank exp(H(sigma / sum sigma)) and the stable rank "
+        "||S||_F^2 / ||S||_2^2 of each head's state, after every chosen number of tokens (memviz.state_rank); "
+        f"a second pass over the input{took}."
+    )
+    clicked = st.button("Measure the state's rank", key="rank_run")
+    ranks = last_run(
+        "state_rank",
+        (path, weights_stamp(path), hash(text), answer, every),
+        lambda: cached_state_ranks(path, text, answer, every),
+        clicked,
+        show_stale=False,
+    )
+    if ranks is None:
+        return
+    figures = viz.state_rank_figures(ranks)
+    for title, fig in in_layer(figures, choose_layer(figures, "rank")).items():
+        st.plotly_chart(fig, width="stretch", key=f"rank-{title}")

@@ -9,6 +9,8 @@ A family is one unit (one folder under `memviz/models/` or `families/`, or a use
   * `figures`: `(trace, zoom) -> {title: figure}`, reading only the trace (its arrays and the
     `figure_settings` the trace kept), so a saved trace plots without the model;
   * `figure_settings`: `model -> dict`, what the figures need that the arrays do not say;
+  * `matrix_state`: the paths, in a layer's state, of its matrix memories [batch, (head,) rows, columns] ("S",
+    "memory.M", "memory.params": every tensor under a path), whose rank `memviz.state_rank` follows over a text;
   * `read_at`: `(trace, position) -> {title: figure}`, what the memory read at one token (the chunks LongMem
     retrieved, the values a memory layer selected), from the trace alone, for a family whose trace keeps it;
   * `interventions`: the intervention points, {name: `Intervention`}: "reset" and "patch" edit the
@@ -136,6 +138,7 @@ class Family:
     figures: Figures | None = None
     figure_settings: Callable[[MemoryModel], dict[str, Any]] = lambda model: {}
     read_at: ReadFigures | None = None
+    matrix_state: tuple[str, ...] = ()
     interventions: Mapping[str, Intervention] = field(default_factory=dict)
     quick: Mapping[str, Any] | None = None
     tiny: Mapping[str, Any] | None = None
@@ -170,6 +173,7 @@ def register_family(
     figures: Figures | None = None,
     figure_settings: Callable[[MemoryModel], dict[str, Any]] | None = None,
     read_at: ReadFigures | None = None,
+    matrix_state: tuple[str, ...] = (),
     interventions: Mapping[str, Intervention | str] | None = None,
     quick: Mapping[str, Any] | None = None,
     tiny: Mapping[str, Any] | None = None,
@@ -220,6 +224,7 @@ def register_family(
             figures=figures,
             figure_settings=figure_settings or (lambda model: {}),
             read_at=read_at,
+            matrix_state=tuple(matrix_state),
             interventions=points,
             quick=quick,
             tiny=tiny,

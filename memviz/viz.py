@@ -334,3 +334,44 @@ def training_loss(metrics: str | Path) -> go.Figure:
     )
     fig.update_layout(title="Training loss", xaxis_title="step", yaxis_title="nats", height=350)
     return fig
+
+
+def state_rank_figures(ranks, width: int = WIDTH) -> dict[str, go.Figure]:
+    """Per layer and matrix memory of `memviz.state_rank.state_ranks(...)`'s table: its heads' effective rank (top)
+    and stable rank (bottom) over the tokens read, as heatmaps (head x position; more positions than `width` are
+    averaged in bins)."""
+    figs = {}
+    for (layer, memory), part in ranks.groupby(["layer", "memory"], sort=False):
+        fig = make_subplots(
+            rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12, subplot_titles=["effective rank", "stable rank"]
+        )
+        for row, measure in enumerate(("effective_rank", "stable_rank"), start=1):
+            table = part.pivot(index="head", columns="position", values=measure)
+            positions, z = table.columns.to_numpy(), table.to_numpy()
+            size = bin_size(len(positions), width)
+            if size > 1:
+                starts = np.arange(0, len(positions), size)
+                z = np.add.reduceat(z, starts, axis=1) / np.diff(np.append(starts, len(positions)))
+                positions = positions[starts]
+            fig.add_trace(
+                go.Heatmap(
+                    z=z,
+                    x=positions,
+                    y=table.index.to_numpy(),
+                    colorscale="Viridis",
+                    zmin=0,
+                    colorbar={"title": "rank", "len": 0.42, "y": 0.79 if row == 1 else 0.21},
+                    hovertemplate=f"after token %{{x}}<br>head %{{y}}<br>{measure.replace('_', ' ')} %{{z:.2f}}"
+                    "<extra></extra>",
+                ),
+                row=row,
+                col=1,
+            )
+            fig.update_yaxes(title_text="head", row=row, col=1)
+        fig.update_layout(
+            title=f"{layer} {memory}: how many directions each head's state uses",
+            height=520,
+            xaxis2_title="tokens read" + (f" (each column the mean of {size} states)" if size > 1 else ""),
+        )
+        figs[f"{layer} {memory} state rank"] = fig
+    return figs

@@ -155,3 +155,19 @@ def test_probes_reach_the_samples_tested_lengths_and_say_their_cost_first(checkp
         c.value for c in at.caption
     ]
     assert not at.exception and not at.get("plotly_chart")
+
+
+def test_the_state_rank_of_a_matrix_memory_on_request(tmp_path):
+    from tests.conftest import FAMILY_CONFIGS
+
+    path = str(memviz.save(small_model("gated_deltanet", **FAMILY_CONFIGS["gated_deltanet"]), tmp_path / "gdn"))
+    at = traced_text(path)
+    assert not [t for t in titles(at) if "state rank" in t.lower() or "directions" in t]  # not before it is asked
+    at.number_input(key="rank_every").set_value(16).run()
+    at.button(key="rank_run").click().run()
+    assert not at.exception, at.exception
+    shown = [t for t in titles(at) if "how many directions each head's state uses" in t]
+    assert shown and shown[0].startswith("blocks.0 S")
+    at.number_input(key="rank_every").set_value(0).run()  # out of range: said, the old figures gone
+    assert any("a state every (tokens): 0 is outside" in e.value for e in at.error)
+    assert not [t for t in titles(at) if "directions" in t]

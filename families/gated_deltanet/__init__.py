@@ -163,6 +163,7 @@ def gated_deltanet_figures(
     "gated_deltanet",
     summary="Gated DeltaNet (arXiv 2412.06464): a per-head state written by the gated "
     "delta rule (decay alpha, write strength beta) beside local attention",
+    matrix_state=("S",),
     figures=gated_deltanet_figures,
     quick={"attention": {"kind": "window", "span": 32}},
     tiny={"attention": {"kind": "window", "span": 8}},

@@ -158,6 +158,7 @@ def infini_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int |
     "infini",
     summary="Infini-attention (arXiv 2404.07143): a compressive memory M, z per head beside "
     "segment-local attention, mixed by a learned gate",
+    matrix_state=("memory.M",),
     figures=infini_figures,
     quick={"segment_len": 32, "memory": {"update": "delta"}},
     tiny={"segment_len": 8},

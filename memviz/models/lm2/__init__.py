@@ -401,6 +401,7 @@ def lm2_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int | No
     "lm2",
     summary="LM2 (arXiv 2502.06049): a bank of memory slots beside attention, read by cross-attention, "
     "written through input, forget and output gates",
+    matrix_state=("memory.M",),
     figures=lm2_figures,
     figure_settings=lambda model: cast(LM2LM, model).figure_settings(),
     quick={"attention": {"kind": "window", "span": 32}, "memory": {"slots": 8}},

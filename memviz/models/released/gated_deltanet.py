@@ -76,6 +76,7 @@ def rate_and_norm_figures(trace, width: int = WIDTH, start: int = 0, stop: int |
     "hf_gated_deltanet",
     summary="A released hybrid with Gated DeltaNet layers (Qwen3.5, Qwen3-Next, OLMo Hybrid) loaded through "
     "transformers, under the gated_deltanet hook names",
+    matrix_state=("S",),
     figures=rate_and_norm_figures,
     from_config=False,
     readout=True,

@@ -34,6 +34,7 @@ ARCHITECTURES: dict[str, Architecture] = {}
     "hf_kimi_delta_attention",
     summary="A released hybrid with Kimi Delta Attention layers (Kimi Linear, Ling 3.0) loaded through transformers: a "
     "delta rule with a decay per key channel, under the gated_deltanet hook names",
+    matrix_state=("S",),
     figures=rate_and_norm_figures,
     from_config=False,
     readout=True,

@@ -245,6 +245,7 @@ def mlstm_figures(trace, width: int = WIDTH, start: int = 0, stop: int | None = 
     "hf_mlstm",
     summary="A released model with mLSTM layers (xLSTM) loaded through transformers: a matrix memory with an "
     "exponential input gate, a forget gate and a normaliser, under the linear memories' hook names",
+    matrix_state=("C",),
     figures=mlstm_figures,
     from_config=False,
     readout=True,

@@ -94,6 +94,7 @@ def state_space_figures(trace, width: int = WIDTH, start: int = 0, stop: int | N
     "hf_mamba2",
     summary="A released model with Mamba-2 (SSD) layers (Mamba-2, Bamba, Granite 4.0-H, Nemotron-H) loaded through "
     "transformers: a scalar decay per head and an additive write, under the linear memories' hook names",
+    matrix_state=("S",),
     figures=state_space_figures,
     from_config=False,
     readout=True,

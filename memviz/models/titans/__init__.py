@@ -460,6 +460,7 @@ def titans_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int |
     "titans",
     summary="Titans (arXiv 2501.00663): a neural memory trained at test time by the gradient of its "
     "recall loss, with momentum and forgetting; MAC, MAG, MAL or LMM",
+    matrix_state=("memory.params",),
     figures=titans_figures,
     quick={"segment_len": 32, "memory": {"variant": "mac"}, "lr": 1e-3},
     tiny={"segment_len": 8, "memory": {"variant": "mac"}},
