@@ -330,6 +330,9 @@ def in_layer(figures: dict, layer: str | None) -> dict:
     return {t: fig for t, fig in figures.items() if layer is None or viz.figure_layer(t) in (None, layer)}
 
 
+#: the most states the page measures the rank of over one input
+MAX_RANK_STATES = 4096
+
 #: tokens either side of a peak that choosing it zooms every view to
 PEAK_ZOOM = 32
 
@@ -459,8 +462,9 @@ def show_read(
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
-def cached_state_ranks(model_path: str, text: str, answer: str | None, every: int):
-    """`memviz.state_rank.state_ranks` over the traced tokens, once per (checkpoint, input, spacing)."""
+def cached_state_ranks(model_path: str, stamp: int, text: str, answer: str | None, every: int):
+    """`memviz.state_rank.state_ranks` over the traced tokens, once per (checkpoint and its weights' `stamp`, input,
+    spacing)."""
     model = load_model(model_path)
     bar = st.progress(0.0, text="Measuring the state's rank…")
 
@@ -479,8 +483,14 @@ def show_state_rank(model: MemoryModel, path: str, text: str, answer: str | None
     if not get_family(model.family).matrix_state:
         return
     st.subheader("State rank: how many directions each head's memory uses")
+    fewest = -(-n_tokens // MAX_RANK_STATES)  # at most MAX_RANK_STATES states
+    default = max(fewest, min(64, n_tokens))
+    traced = (path, hash(text), answer, n_tokens)
+    if st.session_state.get("rank_traced") != traced:  # a new input: its own default spacing
+        st.session_state["rank_traced"] = traced
+        st.session_state["rank_every"] = default
     try:
-        every = bounded_number("a state every (tokens)", 1, max(1, n_tokens), min(64, n_tokens), "rank_every")
+        every = bounded_number("a state every (tokens)", fewest, max(1, n_tokens), default, "rank_every")
     except FieldError as exc:
         st.error(str(exc))
         return
@@ -494,7 +504,7 @@ def show_state_rank(model: MemoryModel, path: str, text: str, answer: str | None
     ranks = last_run(
         "state_rank",
         (path, weights_stamp(path), hash(text), answer, every),
-        lambda: cached_state_ranks(path, text, answer, every),
+        lambda: cached_state_ranks(path, weights_stamp(path), text, answer, every),
         clicked,
         show_stale=False,
     )

@@ -349,9 +349,11 @@ def state_rank_figures(ranks, width: int = WIDTH) -> dict[str, go.Figure]:
             table = part.pivot(index="head", columns="position", values=measure)
             positions, z = table.columns.to_numpy(), table.to_numpy()
             size = bin_size(len(positions), width)
-            if size > 1:
+            if size > 1:  # each bin's mean over the states that have a value
                 starts = np.arange(0, len(positions), size)
-                z = np.add.reduceat(z, starts, axis=1) / np.diff(np.append(starts, len(positions)))
+                known = np.isfinite(z)
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    z = np.add.reduceat(np.where(known, z, 0), starts, axis=1) / np.add.reduceat(known, starts, axis=1)
                 positions = positions[starts]
             fig.add_trace(
                 go.Heatmap(
@@ -371,7 +373,8 @@ def state_rank_figures(ranks, width: int = WIDTH) -> dict[str, go.Figure]:
         fig.update_layout(
             title=f"{layer} {memory}: how many directions each head's state uses",
             height=520,
-            xaxis2_title="tokens read" + (f" (each column the mean of {size} states)" if size > 1 else ""),
+            xaxis2_title="tokens read"
+            + (f" (each column the mean of up to {size} states from there)" if size > 1 else ""),
         )
         figs[f"{layer} {memory} state rank"] = fig
     return figs
