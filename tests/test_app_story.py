@@ -11,19 +11,10 @@ from streamlit.testing.v1 import AppTest
 import memviz
 from app import trace_page
 from tests.conftest import small_model
+from tests.test_app import page
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXT = "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer. " * 6
-
-
-def page(module: str, model_path: str | None = None) -> AppTest:
-    at = AppTest.from_string(
-        f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom app import {module}\n{module}.render()\n",
-        default_timeout=120,
-    )
-    if model_path is not None:
-        at.session_state["model_path"] = model_path
-    return at
 
 
 def titles(at: AppTest) -> list[str]:
