@@ -242,6 +242,13 @@ class MemoryLM(StreamingLM):
         x, layer_states, shared = self.run_blocks(self.embedded(tokens), tokens, state)
         return self.ln_final(x), layer_states, shared
 
+    def unembedding_at(self, residual: Tensor) -> tuple[Tensor, Tensor]:
+        """The final norm's scale frozen at a residual stream [d_model] (g / rms(x)) and the unembedding
+        [vocab, d_model], float64: the last steps of a `memviz.protocol.ReadPath`."""
+        x = residual.double()
+        scale = self.ln_final.weight.detach().double() * torch.rsqrt(x.pow(2).mean() + self.ln_final.eps)
+        return scale, self.unembed.weight.detach().double()
+
     def embedded(self, tokens: Tensor) -> Tensor:
         """The residual stream's input: scaled token embeddings (hook_embed)."""
         return self.hook_embed(self.embed(tokens) * self.cfg.embed_scale)

@@ -116,6 +116,37 @@ class Readout:
         return (parts * read).sum(-1) / read.pow(2).sum(-1).clamp_min(1e-300)
 
 
+@dataclass
+class ReadPath:
+    """How the memory reads at token `position` reach its logits, each step frozen at that token as TransformerLens
+    freezes a norm's scale for direct logit attribution, so that the path is linear and a read's parts add up:
+    `layers[blocks.{l}]` [head, d_read, d_model] maps a read [head, d_read] (in `Readout`'s terms) to what the layer
+    adds to the residual stream (its read norm's scale and gates, its mix, its output projection); `final_scale`
+    [d_model] is the final norm's scale at the token (its weight over the residual's RMS); `unembed` [vocab,
+    d_model]. Float64."""
+
+    position: int
+    layers: dict[str, Tensor]
+    final_scale: Tensor
+    unembed: Tensor
+
+    def residual(self, layer: str, reads: Tensor) -> Tensor:
+        """What reads [n, head, d_read] at `layer` add to the residual stream: [n, d_model]."""
+        if layer not in self.layers:
+            raise KeyError(f"no read path for {layer!r}; the memory layers are {list(self.layers)}")
+        path = self.layers[layer]
+        if reads.shape[1:] != path.shape[:2]:
+            raise ValueError(
+                f"reads at {layer} are [n, head, d_read] = [n, {path.shape[0]}, {path.shape[1]}], "
+                f"got {list(reads.shape)}"
+            )
+        return torch.einsum("nhd,hdm->nm", reads.double(), path)
+
+    def logits(self, layer: str, reads: Tensor) -> Tensor:
+        """The logits reads [n, head, d_read] at `layer` give alone, through the frozen path: [n, vocab]."""
+        return (self.residual(layer, reads) * self.final_scale) @ self.unembed.T
+
+
 class ModelDescription(Protocol):
     """What every model's `cfg` says (memviz's `ModelConfig`, a released model's `ReleasedConfig`)."""
 
@@ -237,6 +268,15 @@ class ReadsOut(MemoryModel, Protocol):
     def memory_readout(self, tokens: Tokens, position: int) -> Readout | None:
         """The read at token `position` of `tokens` as a sum over writes; None for a setting without such a read
         (Titans' MLP memory)."""
+        ...
+
+
+class ReadsThrough(MemoryModel, Protocol):
+    """A model whose family declares `read_lens`: the path from its memory's reads to its logits at a token."""
+
+    def read_path(self, tokens: Tokens, position: int) -> ReadPath | None:
+        """The frozen path (`ReadPath`) at token `position` of `tokens`; None for a setting whose read does not reach
+        the residual stream linearly (an output gate on the bank, not the read)."""
         ...
 
 

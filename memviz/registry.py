@@ -29,8 +29,10 @@ A family is one unit (one folder under `memviz/models/` or `families/`, or a use
   * `readout`: whether its models decompose a memory read exactly over the tokens that wrote it
     (`memviz.protocol.ReadsOut.memory_readout`; a model may still return None for a setting without such a
     read, Titans' MLP memory); `needle_hold`: whether they say how much of a span's writes the memory still
-    holds (`memviz.protocol.HoldsNeedle`). A capability is declared here once: the class has the method if and
-    only if its family declares it, and the rest asks `reads_out(model)` / `holds_needle(model)`;
+    holds (`memviz.protocol.HoldsNeedle`); `read_lens`: whether they give the path from a memory read to the logits
+    at a token, frozen there (`memviz.protocol.ReadsThrough.read_path`, which `memviz.read_lens` pushes a read and
+    its writers' parts through). A capability is declared here once: the class has the method if and only if its
+    family declares it, and the rest asks `reads_out(model)` / `holds_needle(model)` / `reads_through(model)`;
   * `prefix_capacity`: for a memory that frozen weights write (LongMem's bank), the memory option that
     bounds the tokens it holds ("bank_size"), so training may fill it with `data.prefix_tokens` through
     `model.backbone_prefill`; None when the family trains the weights that write its memory;
@@ -60,7 +62,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from memviz.config import ConfigError
-from memviz.protocol import FillsPrefix, HoldsNeedle, HookDoc, MemoryModel, ReadsOut
+from memviz.protocol import FillsPrefix, HoldsNeedle, HookDoc, MemoryModel, ReadsOut, ReadsThrough
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -147,6 +149,7 @@ class Family:
     from_config: bool = True
     readout: bool = False
     needle_hold: bool = False
+    read_lens: bool = False
     prefix_capacity: str | None = None
     folders: FolderLoader | None = None
 
@@ -163,7 +166,12 @@ ENTRY_POINT_GROUP = "memviz.families"
 _entry_points_loaded = False
 M = TypeVar("M", bound=MemoryModel)
 #: each capability a family may declare, and the method its models then have (and only then)
-CAPABILITIES = {"readout": "memory_readout", "needle_hold": "needle_hold", "prefix_capacity": "backbone_prefill"}
+CAPABILITIES = {
+    "readout": "memory_readout",
+    "needle_hold": "needle_hold",
+    "read_lens": "read_path",
+    "prefix_capacity": "backbone_prefill",
+}
 
 
 def register_family(
@@ -182,6 +190,7 @@ def register_family(
     from_config: bool = True,
     readout: bool = False,
     needle_hold: bool = False,
+    read_lens: bool = False,
     prefix_capacity: str | None = None,
     folders: FolderLoader | None = None,
 ) -> Callable[[type[M]], type[M]]:
@@ -201,7 +210,12 @@ def register_family(
         if inspect.isabstract(cls):
             missing = sorted(getattr(cls, "__abstractmethods__", ()))
             raise ValueError(f"family {name!r}: {cls.__name__} does not say {missing} of the model contract")
-        declarations = {"readout": readout, "needle_hold": needle_hold, "prefix_capacity": prefix_capacity is not None}
+        declarations = {
+            "readout": readout,
+            "needle_hold": needle_hold,
+            "read_lens": read_lens,
+            "prefix_capacity": prefix_capacity is not None,
+        }
         for capability, declared in declarations.items():
             method = CAPABILITIES[capability]
             if declared != callable(getattr(cls, method, None)):
@@ -233,6 +247,7 @@ def register_family(
             from_config=from_config,
             readout=readout,
             needle_hold=needle_hold,
+            read_lens=read_lens,
             prefix_capacity=prefix_capacity,
             folders=folders,
         )
@@ -311,6 +326,12 @@ def get_family(name: str) -> Family:
 def reads_out(model: MemoryModel) -> ReadsOut | None:
     """`model`, typed as one that decomposes its memory's reads, if its family declares `readout`; else None."""
     return cast(ReadsOut, model) if get_family(model.family).readout else None
+
+
+def reads_through(model: MemoryModel) -> ReadsThrough | None:
+    """`model`, typed as one that gives the path from its memory's reads to its logits, if its family declares
+    `read_lens`; else None."""
+    return cast(ReadsThrough, model) if get_family(model.family).read_lens else None
 
 
 def holds_needle(model: MemoryModel) -> HoldsNeedle | None:

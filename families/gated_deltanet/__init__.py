@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import numpy as np
 import plotly.graph_objects as go
@@ -47,7 +47,8 @@ from memviz.layers import AttentionSpan, LocalAttention, RMSNorm, SwiGLU
 from memviz.linear_memory import span_hold, split_read
 from memviz.model import Block
 from memviz.options import check_positive
-from memviz.protocol import HookDoc, Readout
+from memviz.protocol import HookDoc, Readout, ReadPath
+from memviz.read_lens import captured_at, frozen_scale, head_blocks, last_residual
 from memviz.running import hooked
 from memviz.trace import Trace
 from memviz_kernels.dispatch import linear_memory
@@ -170,6 +171,7 @@ def gated_deltanet_figures(
     sample=str(Path(__file__).resolve().parent / "sample_32k"),
     readout=True,
     needle_hold=True,
+    read_lens=True,
 )
 class GatedDeltaNetLM(MemoryLM):
     """Transformer whose attention layers carry a gated delta rule memory beside local attention."""
@@ -222,6 +224,21 @@ class GatedDeltaNetLM(MemoryLM):
         return split_read(
             self, tokens, position, layers, "o_t = S_t^T q_t, the state's read before the output norm and gate"
         )
+
+    def read_path(self, tokens, position: int) -> ReadPath:
+        """From o_t to the logits at `position`: RMSNorm(o_t) * silu(x W_g) frozen as the diagonal
+        hook_mem_out / hook_read, the mix g per head, W_O's head block, then the frozen final norm and W_U."""
+        names = {
+            l: [f"blocks.{l}.attn.hook_{h}" for h in ("read", "mem_out", "gate")] for l in range(self.cfg.n_layers)
+        }
+        at = captured_at(self, tokens, position, [*(n for hooks in names.values() for n in hooks), last_residual(self)])
+        layers = {}
+        for l, block in enumerate(self.blocks):
+            read, out, gate = (at[n] for n in names[l])
+            diagonal = frozen_scale(out, read) * gate[:, None]  # [head, d_head]
+            W_O = cast(GatedDeltaAttention, cast(Block, block).attn).W_O.weight
+            layers[f"blocks.{l}"] = diagonal[..., None] * head_blocks(W_O, self.cfg.n_heads)
+        return ReadPath(position, layers, *self.unembedding_at(at[last_residual(self)]))
 
     def needle_hold(self, tokens, span: tuple[int, int]) -> dict[str, np.ndarray]:
         """Per layer, the part of the state the span's writes left over its peak (`memviz.linear_memory.span_hold`)."""

@@ -28,7 +28,7 @@ open segment's sigma-mapped pre-RoPE keys and its values), and the local attenti
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple, TypedDict
+from typing import Any, NamedTuple, TypedDict, cast
 
 import numpy as np
 import plotly.graph_objects as go
@@ -42,7 +42,8 @@ from memviz.figure_parts import WIDTH, layer_names, memory_share_heatmaps, timel
 from memviz.layers import AttentionSpan, LocalAttention, LocalCache, SwiGLU
 from memviz.model import Block, MemoryLM
 from memviz.options import check_choice
-from memviz.protocol import HookDoc, Readout
+from memviz.protocol import HookDoc, Readout, ReadPath
+from memviz.read_lens import captured_at, head_blocks, last_residual
 from memviz.registry import register_family
 from memviz.state import Memory
 from memviz.trace import Trace
@@ -165,6 +166,7 @@ def infini_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int |
     sample="infini_english_16k",
     readout=True,
     needle_hold=True,
+    read_lens=True,
 )
 class InfiniLM(MemoryLM):
     """Transformer whose attention layers are Infini-attention layers."""
@@ -205,6 +207,20 @@ class InfiniLM(MemoryLM):
         cfg = self.cfg
         assert self.attention is not None  # check_config: a segment or a window
         return Block(cfg, InfiniAttention(cfg, self.options, self.attention), SwiGLU(cfg.d_model, cfg.d_mlp))
+
+    def memory_layers(self) -> list[InfiniAttention]:
+        return [cast(InfiniAttention, cast(Block, block).attn) for block in self.blocks]
+
+    def read_path(self, tokens, position: int) -> ReadPath:
+        """From A_mem to the logits at `position`: the gate sigmoid(beta) per head (eq. 6), W_O's head block,
+        then the final norm frozen at the token and W_U."""
+        gates = [f"blocks.{l}.attn.hook_gate" for l in range(self.cfg.n_layers)]
+        at = captured_at(self, tokens, position, [*gates, last_residual(self)])
+        layers = {
+            f"blocks.{l}": at[gate][:, None, None] * head_blocks(attention.W_O.weight, self.cfg.n_heads)
+            for l, (gate, attention) in enumerate(zip(gates, self.memory_layers()))
+        }
+        return ReadPath(position, layers, *self.unembedding_at(at[last_residual(self)]))
 
     def memory_readout(self, tokens, position: int) -> Readout:
         """A_mem at `position` (eq. 3) as a sum over the tokens of the segments before its own.

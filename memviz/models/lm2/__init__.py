@@ -70,7 +70,8 @@ from memviz.figure_parts import WIDTH, layer_names, layer_prefix, position_heatm
 from memviz.layers import AttentionSpan, LocalAttention, LocalCache, SwiGLU, segment_pieces
 from memviz.model import Block, MemoryLM
 from memviz.options import check_choice, check_finite, check_positive
-from memviz.protocol import HookDoc, ModelState, Readout
+from memviz.protocol import HookDoc, ModelState, Readout, ReadPath
+from memviz.read_lens import captured_at, frozen_scale, last_residual
 from memviz.registry import register_family
 from memviz.running import hooked
 from memviz.state import Memory, State
@@ -409,6 +410,7 @@ def lm2_figures(trace: Trace, width: int = WIDTH, start: int = 0, stop: int | No
     sample="lm2_english_16k",
     readout=True,
     needle_hold=True,
+    read_lens=True,
 )
 class LM2LM(MemoryLM):
     """Transformer whose every block has an LM2 memory bank beside its attention."""
@@ -546,6 +548,17 @@ class LM2LM(MemoryLM):
         finally:
             for handle in handles:
                 handle.remove()
+
+    def read_path(self, tokens, position: int) -> ReadPath | None:
+        """From E_mem to the logits at `position`: the output gate g_out frozen at the token (E_gated = g_out * E_mem
+        joins the residual stream as it is), then the final norm frozen there and W_U. None with
+        output_gate="bank", whose output is not the read."""
+        if self.options.output_gate != "read":
+            return None
+        names = {l: (f"blocks.{l}.memory.hook_read", f"blocks.{l}.memory.hook_out") for l in range(self.cfg.n_layers)}
+        at = captured_at(self, tokens, position, [*(n for pair in names.values() for n in pair), last_residual(self)])
+        layers = {f"blocks.{l}": torch.diag(frozen_scale(at[out], at[read]))[None] for l, (read, out) in names.items()}
+        return ReadPath(position, layers, *self.unembedding_at(at[last_residual(self)]))
 
     def memory_readout(self, tokens, position: int) -> Readout | None:
         """E_mem at `position`, softmax(Q K^T) V over the bank of its segment's start, as a sum

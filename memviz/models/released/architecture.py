@@ -41,7 +41,9 @@ class Architecture:
     caches per token; `tiny`: config fields of a small random model with memory layers 0, 1 and 3 and attention
     at 2 (`tiny.tiny_checkpoint`; the tests' models; every layer a memory in a model without attention);
     `experts`: a mixture of experts, whose grouped matmul takes no float64 (the eager loop does);
-    `layers(hf)`: the decoder layers of transformers' causal LM; `mlp(layer)`: a layer's MLP, None without one."""
+    `layers(hf)`: the decoder layers of transformers' causal LM; `mlp(layer)`: a layer's MLP, None without one;
+    `out_projection(memory)`: the linear map from the read norm's output to what the memory layer adds to the residual
+    stream; `final_norm(hf)`: the norm before the unembedding (the last two: the read lens, `memviz.read_lens`)."""
 
     # transformers' modules are typed loosely (their attributes are set in __init__), hence Any
     model_types: Mapping[str, str]
@@ -58,6 +60,8 @@ class Architecture:
     experts: bool = False
     layers: Callable[[Any], Any] = lambda hf: hf.model.layers
     mlp: Callable[[Any], Any] = lambda layer: layer.mlp
+    out_projection: Callable[[Any], Any] = lambda memory: memory.out_proj
+    final_norm: Callable[[Any], Any] = lambda hf: hf.model.norm
 
 
 class Claimed(Mapping[str, str]):

@@ -81,10 +81,13 @@ def rate_and_norm_figures(trace, width: int = WIDTH, start: int = 0, stop: int |
     from_config=False,
     readout=True,
     needle_hold=True,
+    read_lens=True,
     folders=FolderLoader(Claimed(ARCHITECTURES), load),
 )
 class GatedDeltaNetLM(ReleasedLM):
     """A transformers hybrid with Gated DeltaNet layers (module docstring)."""
+
+    read_path = ReleasedLM.norm_read_path
 
     architectures = ARCHITECTURES
     memory_hooks = {ALPHA: "none", BETA: "none", STATE_NORM: "none", MEM_OUT: "norm"}

@@ -39,10 +39,13 @@ ARCHITECTURES: dict[str, Architecture] = {}
     from_config=False,
     readout=True,
     needle_hold=True,
+    read_lens=True,
     folders=FolderLoader(Claimed(ARCHITECTURES), load),
 )
 class KimiDeltaAttentionLM(ReleasedLM):
     """A transformers hybrid with Kimi Delta Attention layers (module docstring)."""
+
+    read_path = ReleasedLM.norm_read_path
 
     architectures = ARCHITECTURES
     decay_per_channel = True

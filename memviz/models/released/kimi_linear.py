@@ -41,6 +41,7 @@ KIMI_LINEAR = register(
         is_memory=layer_types_say_linear,
         state=lambda kda: (kda.num_heads, kda.head_dim, kda.head_dim),
         read_norm=lambda kda: kda.o_norm,
+        out_projection=lambda kda: kda.o_proj,
         attention_sites=attention_sites,
         kv_numbers=lambda config: config.kv_lora_rank + config.qk_rope_head_dim,
         tiny={

@@ -31,9 +31,10 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
 from memviz.layers import LocalCache
-from memviz.linear_memory import span_hold, split_read
+from memviz.linear_memory import layer_hooks, span_hold, split_read
 from memviz.model import BLOCK_HOOK_DOCS
-from memviz.protocol import HookDoc, ModelState, Readout
+from memviz.protocol import HookDoc, ModelState, Readout, ReadPath
+from memviz.read_lens import captured_at, frozen_scale, head_blocks, last_residual
 from memviz.running import StreamingLM, hooked
 from memviz.state import Memory, State
 from memviz.tokenizer import Tokenizer
@@ -421,6 +422,27 @@ class ReleasedLM(StreamingLM):
         (`memviz.linear_memory.split_read`). The part at j is write j's: its k_j and v_j mix tokens j-3..j
         through the layer's short convolution."""
         return split_read(self, tokens, position, sorted(self.linear), self.read_is, self.delta_rule)
+
+    def unembedding_at(self, residual: Tensor) -> tuple[Tensor, Tensor]:
+        """The final norm's scale frozen at a residual stream [d_model] (its output over its input) and the
+        unembedding [vocab, d_model], float64: the last steps of a `memviz.protocol.ReadPath`."""
+        with torch.no_grad():
+            normed = self.arch.final_norm(self.hf)(residual.to(self.dtype)[None, None])[0, 0]
+        return frozen_scale(normed, residual), self.hf.get_output_embeddings().weight.detach().double()
+
+    def norm_read_path(self, tokens, position: int) -> ReadPath:
+        """The path from each memory layer's read o_t to the logits at `position` (`memviz.protocol.ReadPath`) for a
+        layer whose read passes through its read norm, then its output projection, straight into the residual
+        stream: the norm's scale and gate frozen at the token as the diagonal hook_mem_out / hook_read."""
+        names = {l: layer_hooks(l, ("read", "mem_out")) for l in sorted(self.linear)}
+        at = captured_at(self, tokens, position, [*(n for pair in names.values() for n in pair), last_residual(self)])
+        layers = {}
+        for l, (read, out) in names.items():
+            mixer = self.memory_layer(l)
+            heads = self.arch.state(mixer)[0]
+            diagonal = frozen_scale(at[out], at[read])  # [head, d_v]
+            layers[f"blocks.{l}"] = diagonal[..., None] * head_blocks(self.arch.out_projection(mixer).weight, heads)
+        return ReadPath(position, layers, *self.unembedding_at(at[last_residual(self)]))
 
     def needle_hold(self, tokens, span: tuple[int, int]) -> dict[str, np.ndarray]:
         """Per memory layer, the part of the state the span's writes left over its peak

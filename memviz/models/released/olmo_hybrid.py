@@ -28,6 +28,6 @@ OLMO_HYBRID = register(
         config=config,
         causal_lm=causal_lm,
         tiny={"model_type": "olmo_hybrid", **TINY, **TINY_GATED_DELTANET, "num_key_value_heads": 1},
-        **gated_deltanet_layer(read_norm=lambda gdn: gdn.o_norm),
+        **gated_deltanet_layer(read_norm=lambda gdn: gdn.o_norm, out_projection=lambda gdn: gdn.o_proj),
     ),
 )

@@ -1,0 +1,143 @@
+"""The logit lens on memory reads (memviz.read_lens): the frozen path of each family that declares one, checked against
+what the model itself adds to its residual stream and the logits it gives, and the writers' shifts adding up to the
+read's."""
+
+import numpy as np
+import pytest
+import torch
+
+import memviz
+from memviz.read_lens import read_lens, read_lens_figures, read_logits, read_path_of
+from memviz.registry import get_family
+from tests.conftest import FAMILY_CONFIGS, random_ids, scrambled, small_model
+
+#: the hook holding what each family's memory adds to the residual stream, and how it gets there
+OWN_FAMILIES = ["gated_deltanet", "infini", "lm2"]
+RELEASED = ["qwen3_5_text", "olmo_hybrid", "kimi_linear"]
+
+
+def fresh_seed() -> int:
+    return int(np.random.SeedSequence().generate_state(1)[0])
+
+
+#: what each family's exact split of a read needs beyond its tiny config (LM2 records its bank per segment)
+SPLIT_READ = {"lm2": {"segment_len": 8, "memory": {"slots": 4, "update": "segment"}}}
+
+
+def own_model(family: str, seed: int, **overrides) -> memviz.MemoryLM:
+    model = small_model(family, seed=seed, **{**FAMILY_CONFIGS[family], **SPLIT_READ.get(family, {}), **overrides})
+    return scrambled(model, std=0.2, seed=seed).double()
+
+
+def memory_contribution(model, family: str, ids, position: int) -> dict[str, torch.Tensor]:
+    """What each memory layer adds to the residual stream at `position`, from the model's own hooks and weights
+    (the memory's output after its norm and gates, its mix and the output projection), not the read path."""
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    if family == "lm2":
+        seen = model.capture(ids, [f"blocks.{l}.hook_mem_out" for l in range(L)])
+        return {f"blocks.{l}": seen[f"blocks.{l}.hook_mem_out"][position] for l in range(L)}
+    names = [f"blocks.{l}.attn.hook_{h}" for l in range(L) for h in ("mem_out", "gate")]
+    seen = model.capture(ids, names)
+    out = {}
+    for l, block in enumerate(model.blocks):
+        mem = seen[f"blocks.{l}.attn.hook_mem_out"][position]  # [head, d]
+        gate = seen[f"blocks.{l}.attn.hook_gate"][position]  # [head]
+        out[f"blocks.{l}"] = block.attn.W_O.weight.double() @ (gate[:, None] * mem).reshape(H * mem.shape[-1])
+    return out
+
+
+@pytest.mark.parametrize("family", OWN_FAMILIES)
+def test_the_path_of_a_read_gives_what_the_memory_adds_and_the_final_steps_give_the_logits(family):
+    seed = fresh_seed()
+    model = own_model(family, seed)
+    ids = random_ids(40, seed=seed)
+    position = 37
+    path = read_path_of(model, ids, position)
+    readout = model.memory_readout(ids, position)
+    expected = memory_contribution(model, family, ids, position)
+    assert set(path.layers) == set(expected), f"seed {seed}"
+    for layer, parts in readout.parts.items():
+        read = parts.sum(0) + readout.initial.get(layer, 0)
+        got = path.residual(layer, read[None])[0]
+        torch.testing.assert_close(got, expected[layer], rtol=1e-9, atol=1e-10, msg=f"{layer}, seed {seed}")
+    last = model.capture(ids, [f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"])
+    x = next(iter(last.values()))[position]
+    with torch.no_grad():
+        logits = model(ids)[0, position].double()
+    torch.testing.assert_close((x * path.final_scale) @ path.unembed.T, logits, rtol=1e-9, atol=1e-9)
+
+
+@pytest.fixture(scope="module", params=RELEASED)
+def released(request, tmp_path_factory):
+    from memviz.models.released.tiny import tiny_checkpoint
+
+    folder = tmp_path_factory.mktemp(request.param)
+    tiny_checkpoint(folder, request.param, seed=3)
+    return memviz.load(str(folder), dtype="float64")
+
+
+def test_a_released_models_path_gives_its_memory_layers_output_and_its_logits(released):
+    ids = released.as_tokens("The pass key is 40721. Remember it. The grass is green and the sky is blue.")
+    position = ids.shape[1] - 2
+    path = read_path_of(released, ids, position)
+    readout = released.memory_readout(ids, position)
+    memory_layers = sorted(int(name.split(".")[1]) for name in path.layers)
+    assert memory_layers == sorted(released.linear) and memory_layers
+    outputs = released.capture(ids, [f"blocks.{l}.hook_attn_out" for l in memory_layers])
+    for l in memory_layers:
+        read = readout.parts[f"blocks.{l}"].sum(0)
+        got = path.residual(f"blocks.{l}", read[None])[0]
+        torch.testing.assert_close(got, outputs[f"blocks.{l}.hook_attn_out"][position], rtol=1e-7, atol=1e-9)
+    x = released.capture(ids, [f"blocks.{released.cfg.n_layers - 1}.hook_resid_post"])
+    with torch.no_grad():
+        logits = released(ids)[0, position].double()
+    final = (next(iter(x.values()))[position] * path.final_scale) @ path.unembed.T
+    torch.testing.assert_close(final, logits, rtol=1e-7, atol=1e-8)
+
+
+def test_the_writers_shifts_add_up_to_the_reads_logits_and_the_figure_draws_them():
+    seed = fresh_seed()
+    model = own_model("gated_deltanet", seed)
+    ids = random_ids(30, seed=seed)
+    lens = read_lens(model, ids, 29, promoted=6, writers=4)
+    assert set(lens.layers) == {"blocks.0", "blocks.1"}
+    for layer in lens.layers.values():
+        columns = layer.shifts.to_numpy().sum(0)  # the listed writers, every other one and the initial state
+        np.testing.assert_allclose(columns, layer.promoted["logit"].to_numpy(), rtol=1e-9, atol=1e-9)
+        assert len(layer.writers) == 4 and len(layer.promoted) == 6
+        assert layer.promoted["logit"].is_monotonic_decreasing
+        assert abs(layer.logits.mean()) < 1e-9  # centred
+        assert layer.writers["shift"].is_monotonic_decreasing
+        assert (layer.writers["position"] <= 29).all()
+    figures = read_lens_figures(lens)
+    heatmap = figures["blocks.1 read lens"].data[0]
+    assert heatmap.z.shape == (1 + 4 + 2, 6) and heatmap.y[0].startswith("the read")
+
+
+def test_read_logits_are_each_reads_own():
+    seed = fresh_seed()
+    model = own_model("infini", seed)
+    ids = random_ids(24, seed=seed)
+    reads = torch.randn(3, model.cfg.n_heads, model.cfg.d_head, dtype=torch.float64)
+    together = read_logits(model, ids, 20, 1, reads)
+    for i in range(3):
+        torch.testing.assert_close(read_logits(model, ids, 20, 1, reads[i : i + 1])[0], together[i])
+    assert together.shape == (3, model.cfg.vocab_size)
+
+
+def test_the_lens_refuses_what_it_cannot_read_with_one_error():
+    model = own_model("gated_deltanet", 0)
+    ids = random_ids(12)
+    with pytest.raises(ValueError, match=r"position must be a token index in \[0, 12\), got 12"):
+        read_lens(model, ids, 12)
+    with pytest.raises(ValueError, match="writers must be a whole number of at least 1, got 0"):
+        read_lens(model, ids, 5, writers=0)
+    without = [f.name for f in memviz.families() if f.readout and not f.read_lens]
+    assert "titans" in without  # MAC's read enters attention as context, not the residual stream
+    titans = small_model("titans", **FAMILY_CONFIGS["titans"])
+    with pytest.raises(ValueError, match="the titans family gives no path"):
+        read_lens(titans, ids, 5)
+    bank_gate = own_model("lm2", 0, memory={"slots": 4, "update": "segment", "output_gate": "bank"})
+    with pytest.raises(ValueError, match="no linear path from its read"):
+        read_lens(bank_gate, ids, 5)
+    assert get_family("gated_deltanet").read_lens and get_family("hf_gated_deltanet").read_lens
