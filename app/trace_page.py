@@ -20,7 +20,8 @@ from app.common import (
 )
 from memviz import speed, viz
 from memviz.protocol import MemoryModel, Readout
-from memviz.registry import get_family, holds_needle, reads_out
+from memviz.read_lens import ReadLens, read_lens, read_lens_figures
+from memviz.registry import get_family, holds_needle, reads_out, reads_through
 from memviz.state_rank import state_ranks
 from memviz_probes import babilong, facts, passkey
 from memviz_probes.haystack import BACKGROUNDS
@@ -119,6 +120,12 @@ def cached_readout(model_path: str, text: str, answer: str | None, position: int
     model = load_model(model_path)
     reader = reads_out(model)
     return None if reader is None else reader.memory_readout(traced_ids(model, text, answer), position)
+
+
+@st.cache_data(show_spinner="Pushing the read through the rest of the model…", max_entries=8)
+def cached_read_lens(model_path: str, stamp: int, text: str, answer: str | None, position: int) -> ReadLens:
+    model = load_model(model_path)
+    return read_lens(model, traced_ids(model, text, answer), position)
 
 
 @st.cache_data(show_spinner="Measuring how much of the evidence the memory holds…", max_entries=8)
@@ -459,6 +466,33 @@ def show_read(
     )
     for title, fig in figures.items():
         st.plotly_chart(fig, width="stretch", key=f"fig-{title}")
+    if reads_through(model) is not None:
+        show_read_lens(path, text, answer, position)
+
+
+def show_read_lens(path: str, text: str, answer: str | None, position: int) -> None:
+    """The logit lens on the read at `position`: the tokens it promotes through the rest of the model, and the
+    writers that push them (`memviz.read_lens`)."""
+    st.markdown(f"**What the read at token {position} says**: its logits through the rest of the model")
+    try:
+        lens = cached_read_lens(path, weights_stamp(path), text, answer, position)
+    except ValueError as exc:
+        st.error(str(exc))
+        return
+    st.caption(
+        "Each layer's read alone, through the layer's own norm and gates, its output projection, the final norm "
+        "(each scale frozen at this token) and the unembedding: the direct path, before the later layers act on it. "
+        "Logits are centred over the vocabulary. The rows split the read's logit over the tokens that wrote it: "
+        "they sum to the top row."
+    )
+    figures = read_lens_figures(lens)
+    layer = choose_layer(figures, "lens")
+    for title, fig in in_layer(figures, layer).items():
+        st.plotly_chart(fig, width="stretch", key=f"lens-{title}")
+        layer_lens = lens.layers[title.removesuffix(" read lens")]
+        left, right = st.columns(2)
+        left.dataframe(layer_lens.promoted.drop(columns="token_id"), hide_index=True, key=f"lens-promoted-{title}")
+        right.dataframe(layer_lens.writers, hide_index=True, key=f"lens-writers-{title}")
 
 
 @st.cache_data(show_spinner=False, max_entries=8)

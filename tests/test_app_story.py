@@ -1,5 +1,5 @@
 """The app's views of free text, driven headlessly (AppTest): the loss said in nats and bits a byte, the peaks table
-that zooms every view, the read at any token, a layer chooser, Compare on text, and fields out of range."""
+that zooms every view, the read at any token and its logit lens, a layer chooser, Compare on text, and fields out of range."""
 
 import json
 import re
@@ -162,3 +162,26 @@ def test_the_state_rank_of_a_matrix_memory_on_request(tmp_path):
     at.number_input(key="rank_every").set_value(0).run()  # out of range: said, the old figures gone
     assert any("a state every (tokens): 0 is outside" in e.value for e in at.error)
     assert not [t for t in titles(at) if "directions" in t]
+
+
+def test_the_read_lens_at_a_chosen_token_lists_what_the_library_computes(tmp_path):
+    from memviz.read_lens import read_lens
+    from tests.conftest import FAMILY_CONFIGS
+
+    path = str(memviz.save(small_model("gated_deltanet", **FAMILY_CONFIGS["gated_deltanet"]), tmp_path / "gdn"))
+    at = traced_text(path)
+    at.number_input(key="ro_position").set_value(40).run()
+    assert not at.exception, at.exception
+    shown = [t for t in titles(at) if "what the memory's read at token 40 promotes" in t]
+    assert shown == [
+        "blocks.0: what the memory's read at token 40 promotes, and who wrote it",
+        "blocks.1: what the memory's read at token 40 promotes, and who wrote it",
+    ]
+    at.selectbox(key="lens-layer").select("blocks.1").run()
+    assert [t for t in titles(at) if "promotes" in t] == [shown[1]]
+    model = memviz.load(path)
+    expected = read_lens(model, model.tokenizer.encode(TEXT), 40).layers["blocks.1"]
+    promoted = next(d.value for d in at.dataframe if "logit" in d.value.columns and "rank" in d.value.columns)
+    assert promoted["token"].tolist() == expected.promoted["token"].tolist()
+    writers = next(d.value for d in at.dataframe if "promotes" in d.value.columns)
+    assert writers["position"].tolist() == expected.writers["position"].tolist()
