@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from memviz.tokenizer import ByteTokenizer
-from memviz_probes import passkey
+from memviz_probes import passkey, texts
 from tests.conftest import train_config
 from training.config import TrainConfig
 from training.data import DataConfig, TaskSampler
@@ -117,6 +117,58 @@ def test_ruler_tasks_train_on_their_answers_after_the_answer_prefix(task):
     assert example.weights[-n_answer:] == [5.0] * n_answer and set(example.weights[1:-n_answer]) == {0.1}
 
 
+@pytest.fixture(scope="module")
+def rereader() -> TaskSampler:
+    cfg = DataConfig(
+        mix={"reread": 1.0},
+        corpora={"shakespeare": 1.0},
+        reread_passage=50,
+        reread_distances=[64, 1000],
+        prompt_weight=0.1,
+        answer_weight=5.0,
+    )
+    return TaskSampler(ByteTokenizer(), cfg)
+
+
+def test_a_reread_example_holds_its_passage_twice_at_the_drawn_distance_and_weights_the_second_reading(rereader):
+    distances = []
+    for seed in range(30):
+        example = rereader.example(random.Random(seed), 1200)
+        tokens, passage = example.tokens, example.tokens[-50:]
+        at = [i for i in range(len(tokens) - 49) if tokens[i : i + 50] == passage]
+        assert len(tokens) == len(example.weights) == 1200 and at[-1] == 1150 and len(at) == 2
+        distances.append(1150 - (at[0] + 50))
+        expected = random.Random(seed)
+        expected.choices(["reread"], [1.0])  # the task's draw, then the layout's
+        assert rereader.reread_layout(expected, 1200) == (50, distances[-1])
+        # the second reading's tokens 2..50 are the answer; its first follows filler and is prompt, as all before it
+        assert example.weights == [0.0] + [0.1] * 1150 + [5.0] * 49
+    assert 64 <= min(distances) < 200 and 500 < max(distances) <= 1000  # log-uniform over the whole range
+
+
+def test_a_reread_example_reads_the_training_split_only(monkeypatch):
+    """With every play but two held out, no piece of an example is held-out text: passage and filler both come
+    from the two plays left to train on."""
+    plays = [d.name for d in texts.documents("shakespeare")]
+    monkeypatch.setitem(texts.HELD_OUT, "shakespeare", tuple(p for p in plays if p not in ("macbeth", "othello")))
+    cfg = DataConfig(mix={"reread": 1.0}, corpora={"shakespeare": 1.0}, reread_passage=64, reread_distances=[64, 900])
+    s = TaskSampler(ByteTokenizer(), cfg)
+    held_out = [d.text.encode() for d in texts.documents("shakespeare", "heldout")]
+    training = b"\0".join(d.text.encode() for d in texts.documents("shakespeare", "train"))
+    assert len(held_out) == len(plays) - 2
+    for seed in range(20):
+        example = bytes(s.example(random.Random(seed), 1200).tokens)
+        passage, pieces = example[-64:], [example[i : i + 64] for i in range(0, 1136, 64)]
+        assert passage in training and example.count(passage) == 2
+        assert not any(piece in doc for piece in [passage, *pieces] for doc in held_out)
+
+
+def test_reread_needs_two_training_documents(tmp_path):
+    (tmp_path / "one.txt").write_text("One document only. " * 100)
+    with pytest.raises(ValueError, match="data.corpora: the reread task draws its filler from another document"):
+        TaskSampler(ByteTokenizer(), DataConfig(mix={"reread": 1.0}, corpora={str(tmp_path / "one.txt"): 1.0}))
+
+
 def test_a_tokenizer_file_that_is_no_tokenizer_is_named_before_training(tmp_path):
     from training.data import build_tokenizer
 
@@ -135,6 +187,10 @@ TRAIN_CASES = {
     ),
     "a negative data seed": ({"data.seed": -1}, "data.seed must lie in"),
     "a knowledge base seed past 64 bits": ({"data.kb_seed": 2**64}, "data.kb_seed"),
+    "a reread distance of 0": ({"data.reread_distances": [0, 64]}, r"data.reread_distances is \[shortest, longest\]"),
+    "reread distances the wrong way": ({"data.reread_distances": [64, 32]}, "data.reread_distances is"),
+    "reread distances of one value": ({"data.reread_distances": [64]}, "data.reread_distances is"),
+    "a reread passage of 1": ({"data.reread_passage": 1}, "data.reread_passage must be a whole number of tokens >= 2"),
 }
 
 #: fields of the wrong type or order, matched literally

@@ -19,6 +19,13 @@ The `text` task is language modelling on real English: a window of a training do
 `corpora` (`memviz_probes.texts`, the held-out documents never read), every token weighted `text_weight`.
 `passkey_haystacks` puts the pass key's filler in other backgrounds (the plays' training split, the
 papers' repeated "The grass is green." filler), one drawn per sample.
+
+The `reread` task is the re-reading probe's layout (`memviz_probes.reread`) drawn from the training split of
+`corpora` only: filler, a passage of P tokens from another document, d tokens of filler, the passage again, `length`
+tokens in all. P is `reread_passage` (at most a quarter of the example) and d is log-uniform in `reread_distances`
+(at most what the example leaves), so short and long distances are drawn alike. The second reading's tokens 2..P are
+weighted `answer_weight`, as the pass key's answer is (its first token follows filler and cannot be copied); the
+rest is a memory task's prompt (`prompt_weight`, or `text_weight`).
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from memviz_probes.haystack import ProceduralHaystack, RepeatedHaystack, make_ha
 from training.fields import check_schedule, check_types
 
 LONG_TASKS = ("passkey", *babilong.TASKS, *ruler.TASKS)
-OTHER_TASKS = ("facts", "text")
+OTHER_TASKS = ("facts", "text", "reread")
 
 
 @dataclass
@@ -70,6 +77,8 @@ class DataConfig:
     passkey_haystacks: list[str] = field(
         default_factory=list
     )  # the pass key's fillers, one drawn a sample; [] = procedural
+    reread_passage: int = 300  # reread: tokens of the passage read twice (at most a quarter of the example)
+    reread_distances: list[int] = field(default_factory=lambda: [64, 16384])  # reread: [shortest, longest] d
     seed: int = 1
 
     def __post_init__(self) -> None:
@@ -87,7 +96,7 @@ class DataConfig:
                 f"data.corpora maps corpus names or paths to non-negative weights with a positive sum, "
                 f"got {self.corpora!r}"
             )
-        if self.mix.get("text"):
+        if self.mix.get("text") or self.mix.get("reread"):
             for corpus in self.corpora:
                 try:
                     texts.documents(corpus, "train")
@@ -106,6 +115,14 @@ class DataConfig:
                 make_haystack(name, 0)
             except ValueError as exc:
                 raise ValueError(f"data.passkey_haystacks: {exc}") from exc
+        if not isinstance(self.reread_passage, int) or self.reread_passage < 2:
+            raise ValueError(f"data.reread_passage must be a whole number of tokens >= 2, got {self.reread_passage!r}")
+        shortest_d, longest_d = (self.reread_distances + [0, 0])[:2]
+        if len(self.reread_distances) != 2 or not 1 <= shortest_d <= longest_d:
+            raise ValueError(
+                f"data.reread_distances is [shortest, longest] tokens between the readings, 1 <= shortest <= "
+                f"longest, got {self.reread_distances!r}"
+            )
         if not self.mix or not all(0 <= w < math.inf for w in self.mix.values()) or sum(self.mix.values()) <= 0:
             raise ValueError(f"data.mix needs finite non-negative weights with a positive sum, got {self.mix!r}")
         if not self.curriculum or any(len(c) != 2 or c[1] <= 0 for c in self.curriculum):
@@ -253,13 +270,31 @@ class TokenisedCorpus:
         self.weights = [corpora[name] for name in self.names]
         self.docs = {name: [tokenizer.encode(d.text) for d in texts.documents(name, "train")] for name in self.names}
 
+    def document(self, rng: random.Random) -> tuple[str, int]:
+        """A document's (corpus, index), its corpus drawn by weight and the document in proportion to its length."""
+        name = rng.choices(self.names, self.weights)[0]
+        docs = self.docs[name]
+        return name, rng.choices(range(len(docs)), [len(d) for d in docs])[0]
+
     def window(self, rng: random.Random, length: int) -> list[int]:
         """`length` tokens from a random place (documents drawn in proportion to their length); a document
         shorter than that is given whole."""
-        docs = self.docs[rng.choices(self.names, self.weights)[0]]
-        doc = rng.choices(docs, [len(d) for d in docs])[0]
+        name, index = self.document(rng)
+        doc = self.docs[name][index]
         start = rng.randrange(max(1, len(doc) - length + 1))
         return doc[start : start + length]
+
+    def filler(self, rng: random.Random, length: int, avoid: tuple[str, int]) -> list[int]:
+        """`length` tokens of windows of documents other than `avoid`, one after another."""
+        tokens: list[int] = []
+        while len(tokens) < length:
+            name, index = self.document(rng)
+            if (name, index) == avoid:
+                continue
+            doc = self.docs[name][index]
+            start = rng.randrange(max(1, len(doc) - (length - len(tokens)) + 1))
+            tokens += doc[start : start + length - len(tokens)]
+        return tokens
 
 
 class TaskSampler:
@@ -270,7 +305,13 @@ class TaskSampler:
         self.tasks = [t for t, w in cfg.mix.items() if w > 0]
         self.weights = [cfg.mix[t] for t in self.tasks]
         self.kb = facts.KnowledgeBase(cfg.kb_seed, cfg.n_entities) if "facts" in self.tasks else None
-        self.corpus = TokenisedCorpus(tokenizer, cfg.corpora) if "text" in self.tasks else None
+        reads_text = "text" in self.tasks or "reread" in self.tasks
+        self.corpus = TokenisedCorpus(tokenizer, cfg.corpora) if reads_text else None
+        if "reread" in self.tasks and self.corpus is not None and sum(map(len, self.corpus.docs.values())) < 2:
+            raise ValueError(
+                "data.corpora: the reread task draws its filler from another document than the passage's, "
+                "and the corpora's training split holds one"
+            )
         prompt = passkey.INSTRUCTION + " " + passkey.needle(10000) + "\n" + passkey.QUESTION
         self.passkey_full_len = len(tokenizer.encode(prompt)) + 16  # room for some filler
 
@@ -286,6 +327,8 @@ class TaskSampler:
                 assert self.corpus is not None  # "text" is in the mix, so __init__ tokenised its corpora
                 tokens = self.corpus.window(rng, length)
                 return Example(tokens, [0.0] + [self.cfg.text_weight] * (len(tokens) - 1))
+            if task == "reread":
+                return self.reread_example(rng, length)
             try:
                 sample, answer, drills = self.long_sample(task, rng, length, max_facts)
                 break
@@ -306,6 +349,33 @@ class TaskSampler:
             tokens += q + a
             weights += [prompt_weight] * len(q) + [self.cfg.answer_weight] * len(a)
         return Example(tokens + [self.tokenizer.eos_id], weights + [self.cfg.answer_weight])
+
+    def reread_layout(self, rng: random.Random, length: int) -> tuple[int, int]:
+        """(P, d) of a `length`-token reread example: P = `reread_passage`, at most length // 4; d log-uniform in
+        `reread_distances`, each end at most length - 2P."""
+        passage = min(self.cfg.reread_passage, length // 4)
+        if passage < 2:
+            raise ValueError(f"a reread example needs at least 8 tokens (two readings of 2), got a length of {length}")
+        room = length - 2 * passage
+        shortest, longest = (min(d, room) for d in self.cfg.reread_distances)
+        distance = round(math.exp(rng.uniform(math.log(shortest), math.log(longest))))
+        return passage, min(max(distance, shortest), longest)
+
+    def reread_example(self, rng: random.Random, length: int) -> Example:
+        """Filler, a passage, d tokens of filler, the passage again (`length` tokens, the training split only); the
+        second reading's tokens 2..P weighted `answer_weight`."""
+        assert self.corpus is not None  # "reread" is in the mix, so __init__ tokenised its corpora
+        passage_len, distance = self.reread_layout(rng, length)
+        source = self.corpus.document(rng)
+        doc = self.corpus.docs[source[0]][source[1]]
+        start = rng.randrange(max(1, len(doc) - passage_len + 1))
+        passage = doc[start : start + passage_len]
+        before = length - 2 * len(passage) - distance
+        filler = self.corpus.filler(rng, before + distance, avoid=source)
+        tokens = filler[:before] + passage + filler[before:] + passage
+        prompt_weight = self.cfg.text_weight if self.cfg.prompt_weight is None else self.cfg.prompt_weight
+        weights = [0.0] + [prompt_weight] * (len(tokens) - len(passage)) + [self.cfg.answer_weight] * (len(passage) - 1)
+        return Example(tokens, weights)
 
     def long_sample(self, task: str, rng: random.Random, length: int, max_facts: int | None = None):
         if task == "passkey":

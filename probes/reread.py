@@ -1,0 +1,314 @@
+"""Re-reading: a held-out passage read twice, `distance` tokens apart, and each model's loss on both readings.
+
+Prose rarely repeats what a local window has lost, so a memory barely moves the loss on held-out text (`lm`). Text
+that does repeat shows what a memory holds. A sample lays out held-out text as
+
+    <lead: L tokens of document B> <passage: P tokens of document A> <d tokens of B, going on> <the passage again>
+
+A and B are different held-out documents (the held-out split no training run reads, `memviz_probes.texts`). The
+lead puts unrelated text before the first reading as the filler does before the second, so a model that holds
+nothing past its window reads both alike. Per reading, with nll_t = -ln p(x_t | x_<t) streamed by
+`lm.token_losses`, the loss is the mean nll_t over the passage's tokens 2..P (its first token follows unrelated
+text at both readings and cannot be copied), in nats; the relative change is second / first - 1: near -1 for a
+model that copies the passage from its first reading, about 0 for one whose context no longer reaches it.
+
+Passages are drawn by seed ("reread", seed, i): the i-th passage's document (in proportion to its length) and place,
+then its filler's document (another held-out one long enough for the lead and the longest distance) and place. Every
+distance re-reads the same passage after the start of the same filler, so a curve over distance compares like with
+like; token positions are the model's own tokenizer's (models sharing one read the same tokens).
+"""
+
+from __future__ import annotations
+
+import os
+from argparse import Namespace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from memviz.protocol import MemoryModel
+from memviz.registry import get_family
+from memviz_probes import lm, texts
+from memviz_probes.common import SampleProgress, as_list, check_grid_size, check_n, check_no_repeats, sample_rng
+from memviz_probes.registry import Arg, PageParts, Probe, Widget, keywords, register_probe
+
+#: 64 tokens to 16k, powers of four
+DISTANCES = (64, 256, 1024, 4096, 16384)
+PASSAGE_TOKENS = 300
+LEAD_TOKENS = 256
+#: the longest passage, lead or distance a run takes (the longest held-out document is Hamlet, ~60k tokens)
+MAX_TOKENS = 1 << 20
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One drawn sample: the passage (`passage_tokens` of `document` from token `start`) and its filler (the lead
+    and the longest distance of `filler` from token `filler_start`), in one tokenizer's ids."""
+
+    document: str
+    start: int
+    passage: list[int]
+    filler: str
+    filler_start: int
+    filler_tokens: list[int]
+
+    def tokens(self, distance: int, lead: int) -> tuple[list[int], int, int]:
+        """(the sample's ids, the first reading's start, the second's) at `distance` tokens between the readings."""
+        first, second = lead, lead + len(self.passage) + distance
+        ids = self.filler_tokens[:lead] + self.passage + self.filler_tokens[lead : lead + distance] + self.passage
+        return ids, first, second
+
+
+def check_count(value: Any, name: str, least: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= MAX_TOKENS:
+        raise ValueError(f"{name} must be a whole number of tokens in {least}..{MAX_TOKENS:,}, got {value!r}")
+    return value
+
+
+def check_distances(distances: Any) -> list[int]:
+    distances = as_list(distances, "distances")
+    if not distances:
+        raise ValueError("distances must name at least one distance (tokens between the two readings)")
+    for d in distances:
+        check_count(d, "distances", 1)
+    check_no_repeats(distances, "distances")
+    return distances
+
+
+def draw(
+    tokenized: Mapping[str, list[int]], n: int, seed: int, passage_tokens: int, need: int, label: str
+) -> list[Reading]:
+    """`n` readings: passages from any document of `tokenized` holding `passage_tokens`, filler from another
+    holding `need` tokens (ValueError naming what is short, and by how much)."""
+    sources = {name: ids for name, ids in tokenized.items() if len(ids) >= passage_tokens}
+    if not sources:
+        longest = max(len(ids) for ids in tokenized.values())
+        raise ValueError(
+            f"passage_len ({passage_tokens:,} tokens) is longer than every document of {label} (the longest holds "
+            f"{longest:,} tokens)"
+        )
+    readings = []
+    for i in range(n):
+        rng = sample_rng("reread", seed, i)
+        names = sorted(sources)
+        document = rng.choices(names, [len(sources[name]) for name in names])[0]
+        fillers = sorted(name for name, ids in tokenized.items() if name != document and len(ids) >= need)
+        if not fillers:
+            others = [len(ids) for name, ids in tokenized.items() if name != document]
+            held = f"the longest other holds {max(others):,}" if others else "there is no other document"
+            raise ValueError(
+                f"lead + the longest of distances need {need:,} tokens of another document of {label} than the "
+                f"passage's ({document}); {held}: ask shorter distances or a corpus with more held-out text"
+            )
+        filler = rng.choice(fillers)
+        start = rng.randrange(len(sources[document]) - passage_tokens + 1)
+        filler_start = rng.randrange(len(tokenized[filler]) - need + 1)
+        readings.append(
+            Reading(
+                document,
+                start,
+                sources[document][start : start + passage_tokens],
+                filler,
+                filler_start,
+                tokenized[filler][filler_start : filler_start + need],
+            )
+        )
+    return readings
+
+
+def reading_loss(losses, start: int, passage_tokens: int) -> float:
+    """Mean nll over the passage's tokens 2..P when it begins at token `start` (`losses[t - 1]` is token t's)."""
+    return float(losses[start : start + passage_tokens - 1].mean())
+
+
+def is_control(model: MemoryModel) -> bool:
+    """Whether the model's family is a control (the contrast a memory is measured against)."""
+    try:
+        return get_family(model.family).role == "control"
+    except ValueError:  # a stand-in model of no registered family
+        return False
+
+
+def run(
+    model: MemoryModel,
+    distances: Sequence[int] = DISTANCES,
+    n: int = 10,
+    seed: int = 0,
+    passage_len: int = PASSAGE_TOKENS,
+    lead: int = LEAD_TOKENS,
+    corpus: str | os.PathLike | None = "shakespeare",
+    split: str = "heldout",
+    progress: bool | SampleProgress = False,
+) -> pd.DataFrame:
+    """One row per (distance, passage): distance, passage (its index), document, start, filler, filler_start,
+    tokens (the sample's length), first and second (mean nats a token at each reading), change (second / first - 1)
+    and control (whether the model's family is a control). `corpus` None reads every built-in corpus."""
+    check_n(n)
+    distances = check_distances(distances)
+    check_count(passage_len, "passage_len", 2)
+    check_count(lead, "lead", 0)
+    check_grid_size(len(distances) * n)
+    docs = lm.select(corpus, split, None)
+    label = f"the {split} split of {corpus or 'every corpus'}"
+    tokenized = {f"{d.corpus}/{d.name}" if corpus is None else d.name: model.tokenizer.encode(d.text) for d in docs}
+    readings = draw(tokenized, n, seed, passage_len, lead + max(distances), label)
+    control = is_control(model)
+    rows = []
+    for j, distance in enumerate(distances):
+        for i, reading in enumerate(readings):
+            ids, first_start, second_start = reading.tokens(distance, lead)
+            losses = lm.token_losses(model, ids)
+            first, second = (
+                reading_loss(losses, first_start, passage_len),
+                reading_loss(losses, second_start, passage_len),
+            )
+            rows.append(
+                {
+                    "distance": distance,
+                    "passage": i,
+                    "document": reading.document,
+                    "start": reading.start,
+                    "filler": reading.filler,
+                    "filler_start": reading.filler_start,
+                    "tokens": len(ids),
+                    "first": first,
+                    "second": second,
+                    "change": second / first - 1,
+                    "control": control,
+                }
+            )
+            if callable(progress):
+                progress(j * n + i + 1, len(distances) * n)
+    return pd.DataFrame(rows)
+
+
+def compare(models: Mapping[str, MemoryModel], **kw: Any) -> pd.DataFrame:
+    """`run` for each named model on the same passages, with a `model` column first."""
+    if not models:
+        raise ValueError("compare needs at least one model, as {name: model}")
+    frames = [run(model, **kw) for model in models.values()]
+    return pd.concat(
+        [f.assign(model=name)[["model", *f.columns]] for name, f in zip(models, frames)], ignore_index=True
+    )
+
+
+def summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Per model and distance: the passages' mean loss at each reading and the relative change of the means
+    (second / first - 1, every passage of one length weighing alike), with the passages' count."""
+    if df.empty or not {"distance", "first", "second"} <= set(df.columns):
+        raise ValueError("summary needs the rows of reread.run or reread.compare (distance, first, second), got none")
+    if "model" not in df:
+        df = df.assign(model="model")
+    table = df.groupby(["model", "distance"], sort=False).agg(
+        first=("first", "mean"), second=("second", "mean"), passages=("first", "size")
+    )
+    table["change"] = table["second"] / table["first"] - 1
+    return table[["first", "second", "change", "passages"]]
+
+
+def curve(
+    df: pd.DataFrame,
+    title: str = "Re-reading: loss on a passage's second reading against its first",
+    controls: Sequence[str] = (),
+):
+    """The relative change of `summary` against the distance (log scale), one line per model; the controls dashed:
+    the models whose family is one (the `control` column) and those named in `controls`."""
+    import plotly.graph_objects as go
+
+    table = summary(df).reset_index()
+    flagged = set(df.loc[df["control"].astype(bool), "model"]) if {"control", "model"} <= set(df.columns) else set()
+    dashed = flagged | set(controls)
+    fig = go.Figure()
+    for name, group in table.groupby("model", sort=False):
+        control = name in dashed
+        fig.add_trace(
+            go.Scatter(
+                x=group["distance"],
+                y=group["change"],
+                mode="lines+markers",
+                name=f"{name} (control)" if control and not str(name).endswith("(control)") else str(name),
+                line_dash="dash" if control else "solid",
+                customdata=group[["first", "second", "passages"]].to_numpy(),
+                hovertemplate=(
+                    "distance %{x:,} tokens<br>%{y:+.1%}: %{customdata[0]:.3f} then %{customdata[1]:.3f} nats a "
+                    "token, %{customdata[2]} passages<extra>%{fullData.name}</extra>"
+                ),
+            )
+        )
+    fig.add_hline(y=0, line_color="grey", line_width=1)
+    fig.update_layout(
+        title=title,
+        xaxis_title="tokens between the two readings (log scale)",
+        yaxis_title="second reading's loss against the first",
+        yaxis_tickformat="+.0%",
+        legend_title="model",
+    )
+    fig.update_xaxes(type="log")
+    return fig
+
+
+def run_probe(model: MemoryModel, args: Namespace) -> pd.DataFrame:
+    """`compare` over every checkpoint given, on the registered arguments (the command line's and the Probes
+    page's run)."""
+    kw = keywords(args, "distances", "n", "seed", "passage_len", "lead", "split", "progress")
+    return compare(args.models, corpus=None if args.corpus == "all" else args.corpus, **kw)
+
+
+register_probe(
+    Probe(
+        name="reread",
+        summary="loss on a held-out passage read a second time, d tokens after the first, per checkpoint",
+        run=run_probe,
+        figure=curve,
+        summary_table=summary,
+        args=(
+            Arg(
+                "distances",
+                int,
+                nargs="+",
+                default=DISTANCES,
+                help="tokens of other held-out text between the two readings",
+                widget=Widget(
+                    "multiselect",
+                    "rr_distances",
+                    "Distances (tokens)",
+                    options=DISTANCES,
+                    default=(64, 1024, 4096),
+                    noun="distance",
+                    tokens=True,
+                ),
+            ),
+            Arg(
+                "passage_len",
+                int,
+                default=PASSAGE_TOKENS,
+                help="tokens of the passage read twice",
+                widget=Widget("number", "rr_passage", "Passage (tokens)", default=PASSAGE_TOKENS, bounds=(2, 4096)),
+            ),
+            Arg("lead", int, default=LEAD_TOKENS, help="tokens of the filler's text before the first reading"),
+            Arg(
+                "corpus",
+                default="shakespeare",
+                help=f"{', '.join(texts.CORPORA)}, 'all', or a UTF-8 file or folder of .txt files",
+                widget=Widget("selectbox", "rr_corpus", "Corpus", options=(*texts.CORPORA, "all")),
+            ),
+            Arg("split", default="heldout", choices=texts.SPLITS),
+        ),
+        several=True,
+        page=PageParts(
+            label="re-reading",
+            caption="A held-out passage read, then `distance` tokens of another held-out document, then the same "
+            "passage again: how much lower each model's loss is the second time. A model whose context no longer "
+            "reaches the first reading gains nothing; a memory that holds it copies.",
+            n=Widget("number", "rr_n", "Passages", default=4, bounds=(1, 200)),
+            seed=Widget("number", "rr_seed", "Seed", default=0, bounds=(0, 10_000)),
+            run_key="run_reread",
+            beside_key="rr_models",
+            counts="samples",
+            summary=True,
+        ),
+        order=55,
+    )
+)
