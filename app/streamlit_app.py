@@ -4,7 +4,8 @@ The app is thin: it loads checkpoints through `memviz.load`, traces through `mem
 and draws with `memviz.viz`. Pages: Model (pick a checkpoint, see its card and hooks) and
 Trace (stream an input through the model and see its memory at work), Intervene (ablate or
 replace the memory at a segment), Compare (two checkpoints on one input), Probes (pass-key
-and BABILong grids with their heatmaps), Train (a small run, live and stoppable).
+and BABILong grids with their heatmaps), Train (a small run, live and stoppable), Dictionary (the rank-1 atoms a
+memory layer's writes are made of).
 """
 
 from __future__ import annotations
@@ -18,7 +19,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from app import compare_page, intervene_page, model_page, probes_page, trace_page, train_page  # noqa: E402
+from app import (  # noqa: E402
+    compare_page,
+    dictionary_page,
+    intervene_page,
+    model_page,
+    probes_page,
+    trace_page,
+    train_page,
+)
 from app.common import app_threads  # noqa: E402
 
 
@@ -41,6 +50,7 @@ KEPT_SETTINGS = (
     *compare_page.KEPT_SETTINGS,
     *probes_page.kept_settings(),
     *train_page.KEPT_SETTINGS,
+    *dictionary_page.KEPT_SETTINGS,
 )
 for key in list(st.session_state):
     if key in KEPT_SETTINGS or str(key).startswith(train_page.KEPT_PREFIXES):
@@ -54,6 +64,7 @@ page = st.navigation(
         st.Page(compare_page.render, title="Compare", url_path="compare"),
         st.Page(probes_page.render, title="Probes", url_path="probes"),
         st.Page(train_page.render, title="Train", url_path="train"),
+        st.Page(dictionary_page.render, title="Dictionary", url_path="dictionary"),
     ]
 )
 page.run()
