@@ -141,3 +141,33 @@ def test_the_lens_refuses_what_it_cannot_read_with_one_error():
     with pytest.raises(ValueError, match="no linear path from its read"):
         read_lens(bank_gate, ids, 5)
     assert get_family("gated_deltanet").read_lens and get_family("hf_gated_deltanet").read_lens
+
+
+def test_the_command_writes_the_tables_and_a_figure_a_layer_and_names_a_bad_argument(tmp_path, capsys):
+    import pandas as pd
+
+    from memviz.__main__ import main
+
+    model = small_model("gated_deltanet", **FAMILY_CONFIGS["gated_deltanet"])
+    checkpoint = memviz.save(model, tmp_path / "gdn")
+    text = tmp_path / "text.txt"
+    text.write_text("Sandra journeyed to the kitchen. Mary went back to the garden. " * 3)
+    out = tmp_path / "o"
+    assert main(["read-lens", str(checkpoint), "--text", str(text), "--position", "30", "--out", str(out)]) == 0
+    expected = read_lens(memviz.load(str(checkpoint)), model.tokenizer.encode(text.read_text()), 30)
+    promoted = pd.read_csv(out / "read_lens_promoted.csv", keep_default_na=False)
+    assert (
+        promoted[promoted.layer == "blocks.1"]["token_id"].tolist()
+        == expected.layers["blocks.1"].promoted["token_id"].tolist()
+    )
+    writers = pd.read_csv(out / "read_lens_writers.csv", keep_default_na=False)
+    assert (
+        writers[writers.layer == "blocks.0"]["position"].tolist()
+        == expected.layers["blocks.0"].writers["position"].tolist()
+    )
+    assert sorted(p.name for p in out.glob("*.html")) == ["blocks_0_read_lens.html", "blocks_1_read_lens.html"]
+    assert "the reads at token 30" in capsys.readouterr().out
+    assert main(["read-lens", str(checkpoint), "--text", str(text), "--position", "9999"]) == 2
+    assert "--position must be a token of the text" in capsys.readouterr().err
+    assert main(["read-lens", str(checkpoint), "--text", str(tmp_path / "missing.txt")]) == 2
+    assert "--text " + str(tmp_path / "missing.txt") in capsys.readouterr().err
