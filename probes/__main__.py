@@ -6,6 +6,8 @@
     python -m memviz_probes retention CHECKPOINT [CHECKPOINT ...] --distances 64 1024 16384 --n 30
     python -m memviz_probes ruler CHECKPOINT --tasks niah_single_1 niah_single_2 --lengths 2048 4096 [--depths 0 1]
     python -m memviz_probes lm CHECKPOINT [CHECKPOINT ...] [--corpus shakespeare] [--split heldout] [--max-tokens N]
+    python -m memviz_probes reread CHECKPOINT [CHECKPOINT ...] --distances 64 1024 4096 16384 --n 8
+    python -m memviz_probes mqar CHECKPOINT [CHECKPOINT ...] --lengths 512 2048 --pairs 4 8 16 32 --n 20
 
 The probes and their arguments are the registry's (`memviz_probes.registry`): each takes its own flags and the
 shared ones it declares. `--workers N` (passkey, ruler) splits the grid over N processes and gathers the same table;
