@@ -1,5 +1,6 @@
 """The app's views of free text, driven headlessly (AppTest): the loss said in nats and bits a byte, the peaks table
-that zooms every view, the read at any token and its logit lens, a layer chooser, Compare on text, and fields out of range."""
+that zooms every view, the read at any token and its logit lens, a layer chooser, Compare on text, and fields out of
+range."""
 
 import json
 import re
