@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from memviz.models import families
 from memviz.registry import Family
@@ -68,21 +70,30 @@ def hook_table(listed: Sequence[Family]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def text_argument(path: Path) -> str | None:
+    """--text's contents, or None after one error line naming the file."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        print(f"error: --text {path}: {exc}", file=sys.stderr)
+        return None
+
+
+def html_name(title: str) -> str:
+    """A figure's file name from its title: "blocks.0 S state rank" as blocks_0_s_state_rank.html."""
+    return f"{re.sub(r'[^a-z0-9]+', '_', title.lower()).strip('_')}.html"
+
+
 def state_rank_command(args: argparse.Namespace) -> int:
     """Measure, write state_rank.csv and one HTML figure a layer and memory under --out, print the mean ranks."""
-    import re
-    from pathlib import Path
-
     import memviz
     from memviz import viz
     from memviz.files import CheckpointError
     from memviz.state_rank import state_ranks
 
     text_path = Path(args.text)
-    try:
-        text = text_path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        print(f"error: --text {text_path}: {exc}", file=sys.stderr)
+    text = text_argument(text_path)
+    if text is None:
         return 2
     try:
         ranks = state_ranks(memviz.load(args.checkpoint), text, every=args.every)
@@ -93,7 +104,7 @@ def state_rank_command(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     ranks.to_csv(out / "state_rank.csv", index=False)
     for title, fig in viz.state_rank_figures(ranks).items():
-        fig.write_html(out / f"{re.sub(r'[^a-z0-9]+', '_', title.lower()).strip('_')}.html")
+        fig.write_html(out / html_name(title))
     means = ranks.groupby(["layer", "memory"], sort=False)[["effective_rank", "stable_rank"]].mean()
     print(means.round(2).to_string())
     print(f"{len(ranks):,} rows in {out / 'state_rank.csv'}")
@@ -103,9 +114,6 @@ def state_rank_command(args: argparse.Namespace) -> int:
 def read_lens_command(args: argparse.Namespace) -> int:
     """Write read_lens_promoted.csv, read_lens_writers.csv and one HTML figure a layer under --out; print each layer's
     promoted tokens and strongest writers."""
-    import re
-    from pathlib import Path
-
     import pandas as pd
 
     import memviz
@@ -113,10 +121,8 @@ def read_lens_command(args: argparse.Namespace) -> int:
     from memviz.read_lens import read_lens, read_lens_figures
 
     text_path = Path(args.text)
-    try:
-        text = text_path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        print(f"error: --text {text_path}: {exc}", file=sys.stderr)
+    text = text_argument(text_path)
+    if text is None:
         return 2
     try:
         model = memviz.load(args.checkpoint)
@@ -136,7 +142,7 @@ def read_lens_command(args: argparse.Namespace) -> int:
     pd.concat([t.promoted.assign(layer=name) for name, t in layers]).to_csv(out / "read_lens_promoted.csv", index=False)
     pd.concat([t.writers.assign(layer=name) for name, t in layers]).to_csv(out / "read_lens_writers.csv", index=False)
     for title, fig in read_lens_figures(lens).items():
-        fig.write_html(out / f"{re.sub(r'[^a-z0-9]+', '_', title.lower()).strip('_')}.html")
+        fig.write_html(out / html_name(title))
     print(f"the reads at token {position} ({lens.token!r}):")
     for name, layer in layers:
         promoted = " ".join(f"{t!r} {v:+.2f}" for t, v in zip(layer.promoted["token"][:5], layer.promoted["logit"][:5]))
@@ -158,7 +164,6 @@ def write_dictionary_command(args: argparse.Namespace) -> int:
     """Train on --text, write dictionary.safetensors, card.json, atoms.csv and two HTML figures under --out, print
     what it measured and what the most frequent atoms fire on."""
     import shlex
-    from pathlib import Path
 
     import memviz
     from memviz.files import CheckpointError, check_writable_folder
@@ -172,10 +177,8 @@ def write_dictionary_command(args: argparse.Namespace) -> int:
     )
 
     text_path = Path(args.text)
-    try:
-        text = text_path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        print(f"error: --text {text_path}: {exc}", file=sys.stderr)
+    text = text_argument(text_path)
+    if text is None:
         return 2
     out = Path(args.out)
     try:
