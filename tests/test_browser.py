@@ -194,6 +194,7 @@ def test_every_page_opens_by_its_url(app_url):
             ("compare", "Compare"),
             ("probes", "Probes"),
             ("train", "Train"),
+            ("dictionary", "Write dictionary"),
         ]:
             page.goto(f"{app_url}/{path}")
             page.locator("h1", has_text=title).first.wait_for(timeout=120_000)  # the page's own title
@@ -362,5 +363,27 @@ def test_the_read_at_a_chosen_token_of_free_text_in_chromium(sample, read):
         page.get_by_text(read).first.scroll_into_view_if_needed()
         page.wait_for_timeout(1500)
         page.screenshot(path=str(SCREENSHOTS / f"read_at_{sample}.png"))
+        assert page.get_by_text("Traceback").count() == 0
+        browser.close()
+
+
+def test_the_read_lens_at_a_chosen_token_of_free_text_in_chromium():
+    """Gated DeltaNet's read at a token the user types, on held-out text: what it promotes and who wrote it."""
+    from playwright.sync_api import sync_playwright
+
+    SCREENSHOTS.mkdir(exist_ok=True)
+    with serve_app("gated_deltanet_english_16k") as url, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"{url}/trace")
+        page.locator("h1", has_text="Trace").first.wait_for(timeout=120_000)
+        give_text(page, "Text", hamlet_words(400))
+        enter_number(page, "read at token (default: the last token)", "500")
+        title = page.get_by_text("what the memory's read at token 500 promotes").first
+        title.wait_for(timeout=180_000)
+        assert page.get_by_text("What the read at token 500 says").count() == 1
+        title.scroll_into_view_if_needed()
+        page.wait_for_timeout(1500)
+        page.screenshot(path=str(SCREENSHOTS / "read_lens_gated_deltanet_english_16k.png"))
         assert page.get_by_text("Traceback").count() == 0
         browser.close()
