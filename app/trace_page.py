@@ -491,7 +491,7 @@ def show_read_lens(path: str, text: str, answer: str | None, position: int) -> N
         st.plotly_chart(fig, width="stretch", key=f"lens-{title}")
         layer_lens = lens.layers[title.removesuffix(" read lens")]
         left, right = st.columns(2)
-        left.dataframe(layer_lens.promoted.drop(columns="token_id"), hide_index=True, key=f"lens-promoted-{title}")
+        left.dataframe(layer_lens.promoted, hide_index=True, key=f"lens-promoted-{title}")
         right.dataframe(layer_lens.writers, hide_index=True, key=f"lens-writers-{title}")
 
 

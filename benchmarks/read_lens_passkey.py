@@ -43,8 +43,9 @@ def measure(model, sample: passkey.Sample) -> list[dict]:
         initial = readout.initial.get(layer, torch.zeros(parts.shape[1:], dtype=torch.float64))
         logits = path.logits(layer, (parts.sum(0) + initial)[None])[0]
         logits = logits - logits.mean()
-        column = path.unembed[digit] - path.unembed.mean(0)
-        shifts = (path.residual(layer, parts) * path.final_scale) @ column  # each writer's shift on the digit
+        residual = path.residual(layer, parts)
+        centred = path.unembedded(residual, torch.tensor([digit]))[:, 0] - (residual * path.final_scale) @ path.centre()
+        shifts = centred  # each writer's shift on the digit's centred logit
         rows.append(
             {
                 "layer": layer,

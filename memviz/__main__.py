@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from memviz.models import families
+from memviz.read_lens import PROMOTED, WRITERS
 from memviz.registry import Family
 
 
@@ -117,14 +118,19 @@ def read_lens_command(args: argparse.Namespace) -> int:
     import pandas as pd
 
     import memviz
-    from memviz.files import CheckpointError
+    from memviz.files import CheckpointError, check_writable_folder
     from memviz.read_lens import read_lens, read_lens_figures
 
     text_path = Path(args.text)
     text = text_argument(text_path)
     if text is None:
         return 2
+    out = Path(args.out)
     try:
+        check_writable_folder(out, "--out")
+        for option, value in (("--promoted", args.promoted), ("--writers", args.writers)):
+            if value < 1:
+                raise ValueError(f"{option} must be at least 1, got {value}")
         model = memviz.load(args.checkpoint)
         ids = model.tokenizer.encode(text)
         if not ids:
@@ -136,7 +142,6 @@ def read_lens_command(args: argparse.Namespace) -> int:
     except (CheckpointError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     layers = lens.layers.items()
     pd.concat([t.promoted.assign(layer=name) for name, t in layers]).to_csv(out / "read_lens_promoted.csv", index=False)
@@ -147,7 +152,7 @@ def read_lens_command(args: argparse.Namespace) -> int:
     for name, layer in layers:
         promoted = " ".join(f"{t!r} {v:+.2f}" for t, v in zip(layer.promoted["token"][:5], layer.promoted["logit"][:5]))
         writers = ", ".join(f"{t!r} at {p}" for p, t in zip(layer.writers["position"][:3], layer.writers["token"][:3]))
-        print(f"  {name}: promotes {promoted}; written most by {writers or 'no token yet (only the initial state)'}")
+        print(f"  {name}: promotes {promoted}; written most by {writers or 'no token yet: its initial state alone'}")
     print(f"tables and figures in {out}")
     return 0
 
@@ -268,8 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     lens.add_argument("checkpoint", help="a sample's name or a checkpoint folder")
     lens.add_argument("--text", required=True, help="a UTF-8 text file to read")
     lens.add_argument("--position", type=int, default=None, help="the token read at (default: the last)")
-    lens.add_argument("--promoted", type=int, default=10, help="tokens listed a layer (default 10)")
-    lens.add_argument("--writers", type=int, default=12, help="writers listed a layer (default 12)")
+    lens.add_argument("--promoted", type=int, default=PROMOTED, help=f"tokens listed a layer (default {PROMOTED})")
+    lens.add_argument("--writers", type=int, default=WRITERS, help=f"writers listed a layer (default {WRITERS})")
     lens.add_argument("--out", default="read_lens", help="the folder for the tables and the figures")
     args = parser.parse_args(argv)
     if args.command == "read-lens":

@@ -245,9 +245,9 @@ class MemoryLM(StreamingLM):
     def unembedding_at(self, residual: Tensor) -> tuple[Tensor, Tensor]:
         """The final norm's scale frozen at a residual stream [d_model] (g / rms(x)) and the unembedding
         [vocab, d_model], float64: the last steps of a `memviz.protocol.ReadPath`."""
-        x = residual.double()
-        scale = self.ln_final.weight.detach().double() * torch.rsqrt(x.pow(2).mean() + self.ln_final.eps)
-        return scale, self.unembed.weight.detach().double()
+        x = residual.to("cpu", torch.float64)
+        weight = self.ln_final.weight.detach().to("cpu", torch.float64)
+        return weight * torch.rsqrt(x.pow(2).mean() + self.ln_final.eps), self.unembed.weight.detach().cpu()
 
     def embedded(self, tokens: Tensor) -> Tensor:
         """The residual stream's input: scaled token embeddings (hook_embed)."""

@@ -116,6 +116,10 @@ class Readout:
         return (parts * read).sum(-1) / read.pow(2).sum(-1).clamp_min(1e-300)
 
 
+#: rows of the unembedding a read path widens to float64 at once
+UNEMBED_BLOCK = 8192
+
+
 @dataclass
 class ReadPath:
     """How the memory reads at token `position` reach its logits, each step frozen at that token as TransformerLens
@@ -123,7 +127,8 @@ class ReadPath:
     `layers[blocks.{l}]` [head, d_read, d_model] maps a read [head, d_read] (in `Readout`'s terms) to what the layer
     adds to the residual stream (its read norm's scale and gates, its mix, its output projection); `final_scale`
     [d_model] is the final norm's scale at the token (its weight over the residual's RMS); `unembed` [vocab,
-    d_model]. Float64."""
+    d_model], in the model's dtype (a released model's can be GBs). On the CPU; the rest float64, and so are the
+    logits."""
 
     position: int
     layers: dict[str, Tensor]
@@ -144,7 +149,19 @@ class ReadPath:
 
     def logits(self, layer: str, reads: Tensor) -> Tensor:
         """The logits reads [n, head, d_read] at `layer` give alone, through the frozen path: [n, vocab]."""
-        return (self.residual(layer, reads) * self.final_scale) @ self.unembed.T
+        return self.unembedded(self.residual(layer, reads))
+
+    def unembedded(self, residual: Tensor, rows: Tensor | None = None) -> Tensor:
+        """Residual-stream vectors [n, d_model] through the frozen final norm and the unembedding (its `rows` only,
+        or all of it), in float64 a block of the vocabulary at a time: [n, vocab or rows]."""
+        x = residual.double() * self.final_scale
+        W = self.unembed if rows is None else self.unembed[rows]
+        return torch.cat([x @ block.double().T for block in W.split(UNEMBED_BLOCK)], dim=1)
+
+    def centre(self) -> Tensor:
+        """The unembedding's mean row [d_model] (float64): a logit minus the vocabulary's mean logit is what
+        (row - centre) gives."""
+        return self.unembed.sum(0, dtype=torch.float64) / self.unembed.shape[0]
 
 
 class ModelDescription(Protocol):

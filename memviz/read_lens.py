@@ -27,10 +27,10 @@ import plotly.graph_objects as go
 import torch
 from torch import Tensor
 
-from memviz.protocol import MemoryModel, ReadPath, Tokens
-from memviz.registry import get_family, reads_out, reads_through
+from memviz.protocol import MemoryModel, ReadPath, ReadsThrough, Tokens
+from memviz.registry import reads_out, reads_through
 
-#: writers a lens lists and draws, by the size of their shift on the read's promoted tokens
+#: writers a lens lists and draws, by the size of their summed shift on the read's promoted tokens
 WRITERS = 12
 #: tokens the read promotes that a lens lists
 PROMOTED = 10
@@ -48,7 +48,7 @@ def head_blocks(weight: Tensor, heads: int) -> Tensor:
     d_model, inner = weight.shape
     if inner % heads:
         raise ValueError(f"an output projection of {inner} inputs does not split into {heads} heads")
-    return weight.detach().double().T.reshape(heads, inner // heads, d_model)
+    return weight.detach().to("cpu", torch.float64).T.reshape(heads, inner // heads, d_model)
 
 
 def check_position(n_tokens: int, position: int) -> None:
@@ -68,14 +68,20 @@ def last_residual(model: MemoryModel) -> str:
     return f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
 
 
-def read_path_of(model: MemoryModel, tokens: Tokens, position: int) -> ReadPath:
-    """The model's frozen path at `position` (`ReadsThrough.read_path`), or one error saying why there is none."""
+def path_reader(model: MemoryModel) -> ReadsThrough:
+    """The model as one that gives a read path, or one error saying why it cannot."""
     through = reads_through(model)
     if through is None:
         raise ValueError(
             f"the {model.family} family gives no path from its memory's reads to the logits (Family.read_lens): "
             "its read does not reach the residual stream through a map that a frozen scale makes linear"
         )
+    return through
+
+
+def read_path_of(model: MemoryModel, tokens: Tokens, position: int) -> ReadPath:
+    """The model's frozen path at `position` (`ReadsThrough.read_path`), or one error saying why there is none."""
+    through = path_reader(model)
     check_position(model.as_tokens(tokens).shape[1], position)
     path = through.read_path(tokens, position)
     if path is None:
@@ -93,7 +99,8 @@ def read_logits(model: MemoryModel, tokens: Tokens, position: int, layer: int, r
 class LayerLens:
     """One memory layer's lens at a token: `logits` [vocab], the read's (centred); `promoted`, the tokens it pushes
     up most (rank, token_id, token, logit); `writers`, the tokens whose writes shift those most (position, token,
-    shift: their summed logit shift on the promoted tokens, share of the read, promotes: their own top tokens);
+    shift: their summed logit shift on the promoted tokens, the largest in size first, read_share: their part of
+    the read vector projected on it (mean over heads), promotes: their own top tokens);
     `shifts` [writer row, promoted token], each listed writer's logit shift on each promoted token, with the rest of
     the writers and the initial state as the last two rows, so every column sums to the read's logit."""
 
@@ -117,6 +124,13 @@ def token_texts(model: MemoryModel, ids: Sequence[int]) -> list[str]:
     return [model.tokenizer.decode([int(i)]) for i in ids]
 
 
+def distinct_labels(texts: Sequence[str], ids: Sequence[int]) -> list[str]:
+    """Tokens as axis labels, repr'd, with the id beside those whose text another shares (a plotly axis merges
+    equal labels)."""
+    labels = [repr(t) for t in texts]
+    return [f"{label} #{i}" if labels.count(label) > 1 else label for label, i in zip(labels, ids)]
+
+
 def read_lens(
     model: MemoryModel, tokens: Tokens, position: int, promoted: int = PROMOTED, writers: int = WRITERS
 ) -> ReadLens:
@@ -128,31 +142,39 @@ def read_lens(
     if reads_out(model) is None:
         raise ValueError(f"the {model.family} family does not split its reads over their writers (Family.readout)")
     ids = model.as_tokens(tokens)
-    path = read_path_of(model, ids, position)
+    if ids.shape[0] != 1:
+        raise ValueError(f"the read lens reads one sequence at a time, got a batch of {ids.shape[0]}")
+    path_reader(model)
+    check_position(ids.shape[1], position)
     readout = reads_out(model).memory_readout(ids, position)  # type: ignore[union-attr]
     if readout is None:
         raise ValueError(f"this {model.family} model's setting has no exact split of its read over writers")
+    path = read_path_of(model, ids, position)
     row = ids[0].tolist()
+    centre = path.centre()
     layers = {}
     for layer, parts in readout.parts.items():
-        if layer not in path.layers:
-            continue
+        if layer not in path.layers or (not len(parts) and layer not in readout.initial):
+            continue  # no write has reached this layer's memory yet, and it starts from nothing
         parts = parts.double()
         initial = readout.initial.get(layer, torch.zeros(parts.shape[1:], dtype=torch.float64)).double()
         read = parts.sum(0) + initial
         logits = path.logits(layer, read[None])[0]
         logits = logits - logits.mean()
         top = torch.topk(logits, min(promoted, logits.numel())).indices
-        W_top = path.unembed[top] - path.unembed.mean(0)  # centred, as the logits are
-        shift = (path.residual(layer, parts) * path.final_scale) @ W_top.T  # [source, promoted]
-        initial_shift = (path.residual(layer, initial[None]) * path.final_scale) @ W_top.T
-        order = torch.argsort(shift.sum(1), descending=True)[: min(writers, len(shift))]
+        top_ids = top.tolist()
+
+        def shifts_of(reads: Tensor) -> Tensor:  # centred logit shifts on the promoted tokens, [n, promoted]
+            residual = path.residual(layer, reads)
+            return path.unembedded(residual, top) - (residual * path.final_scale) @ centre[:, None]
+
+        shift, initial_shift = shifts_of(parts), shifts_of(initial[None])
+        order = torch.argsort(shift.sum(1).abs(), descending=True)[: min(writers, len(shift))]
         rest = torch.ones(len(shift), dtype=torch.bool)
         rest[order] = False
-        own = (path.logits(layer, parts[order]) if len(order) else torch.zeros(0, logits.numel())).double()
+        own = path.logits(layer, parts[order])
         own = own - own.mean(1, keepdim=True)
         shares = readout.shares(layer).double().mean(1) if len(parts) else torch.zeros(0)
-        top_ids = top.tolist()
         names = token_texts(model, top_ids)
         layers[layer] = LayerLens(
             layer=layer,
@@ -165,9 +187,10 @@ def read_lens(
                     "position": order.tolist(),
                     "token": token_texts(model, [row[j] for j in order.tolist()]),
                     "shift": shift[order].sum(1).numpy(),
-                    "share": shares[order].numpy(),
+                    "read_share": shares[order].numpy(),
                     "promotes": [
-                        " ".join(repr(t) for t in token_texts(model, torch.topk(o, 5).indices.tolist())) for o in own
+                        " ".join(repr(t) for t in token_texts(model, torch.topk(o, min(5, len(o))).indices.tolist()))
+                        for o in own
                     ],
                 }
             ),
@@ -178,11 +201,14 @@ def read_lens(
                     "every other writer",
                     "the initial state",
                 ],
-                columns=[repr(n) for n in names],
+                columns=distinct_labels(names, top_ids),
             ),
         )
     if not layers:
-        raise ValueError(f"no memory layer of this {model.family} model has both a split read and a read path")
+        raise ValueError(
+            f"at token {position} no write has reached any memory layer of this {model.family} model yet (a "
+            "segment's writes arrive when it completes): pick a later token"
+        )
     return ReadLens(position, model.tokenizer.decode([row[position]]), layers)
 
 
@@ -218,9 +244,3 @@ def read_lens_figure(lens: LayerLens, position: int | None = None) -> go.Figure:
 def read_lens_figures(lens: ReadLens) -> dict[str, go.Figure]:
     """`read_lens_figure` per memory layer."""
     return {f"{name} read lens": read_lens_figure(layer, lens.position) for name, layer in lens.layers.items()}
-
-
-def family_has_read_lens(model: MemoryModel) -> bool:
-    """Whether the model's family declares both a split read and a read path (the lens needs both)."""
-    family = get_family(model.family)
-    return family.readout and family.read_lens

@@ -1,5 +1,6 @@
 """The logit lens on memory reads (memviz.read_lens): the frozen path of each family that declares one, checked against
-what the model itself adds to its residual stream and the logits it gives, and the writers' shifts adding up to the
+what the model itself adds to its residual stream (from its hooks, where the path is built from its weights) and the
+logits it gives, each writer's part against the path applied to it alone, and the writers' shifts adding up to the
 read's."""
 
 import numpy as np
@@ -13,7 +14,7 @@ from tests.conftest import FAMILY_CONFIGS, random_ids, scrambled, small_model
 
 #: the hook holding what each family's memory adds to the residual stream, and how it gets there
 OWN_FAMILIES = ["gated_deltanet", "infini", "lm2"]
-RELEASED = ["qwen3_5_text", "olmo_hybrid", "kimi_linear"]
+RELEASED = ["qwen3_5_text", "qwen3_next", "olmo_hybrid", "kimi_linear", "bailing_hybrid"]
 
 
 def fresh_seed() -> int:
@@ -60,6 +61,10 @@ def test_the_path_of_a_read_gives_what_the_memory_adds_and_the_final_steps_give_
         read = parts.sum(0) + readout.initial.get(layer, 0)
         got = path.residual(layer, read[None])[0]
         torch.testing.assert_close(got, expected[layer], rtol=1e-9, atol=1e-10, msg=f"{layer}, seed {seed}")
+        if len(parts):  # a writer's part alone goes the same frozen way: its residual is the path applied to it
+            one = parts[len(parts) // 2]
+            alone = torch.einsum("hd,hdm->m", one, path.layers[layer])
+            torch.testing.assert_close(path.residual(layer, one[None])[0], alone, rtol=1e-12, atol=1e-14)
     last = model.capture(ids, [f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"])
     x = next(iter(last.values()))[position]
     with torch.no_grad():
@@ -171,3 +176,26 @@ def test_the_command_writes_the_tables_and_a_figure_a_layer_and_names_a_bad_argu
     assert "--position must be a token of the text" in capsys.readouterr().err
     assert main(["read-lens", str(checkpoint), "--text", str(tmp_path / "missing.txt")]) == 2
     assert "--text " + str(tmp_path / "missing.txt") in capsys.readouterr().err
+
+
+def test_a_token_before_any_write_reached_the_memory_is_refused_and_equal_token_texts_stay_apart():
+    from memviz.read_lens import distinct_labels
+
+    model = own_model("infini", 0)  # segment_len 8: the first segment reaches the memory when it completes
+    ids = random_ids(20)
+    with pytest.raises(ValueError, match="at token 5 no write has reached any memory layer"):
+        read_lens(model, ids, 5)
+    assert set(read_lens(model, ids, 12).layers) == {"blocks.0", "blocks.1"}
+    assert distinct_labels(["a", "\ufffd", "\ufffd"], [7, 130, 131]) == ["'a'", "'\ufffd' #130", "'\ufffd' #131"]
+
+
+def test_the_command_refuses_an_out_that_is_a_file_and_a_count_below_one_before_loading(tmp_path, capsys):
+    from memviz.__main__ import main
+
+    text = tmp_path / "text.txt"
+    text.write_text("Mary went to the office.")
+    (tmp_path / "taken").write_text("")
+    assert main(["read-lens", "no-such-checkpoint", "--text", str(text), "--out", str(tmp_path / "taken")]) == 2
+    assert "--out " + str(tmp_path / "taken") + " exists and is not a folder" in capsys.readouterr().err
+    assert main(["read-lens", "no-such-checkpoint", "--text", str(text), "--writers", "0"]) == 2
+    assert "--writers must be at least 1, got 0" in capsys.readouterr().err

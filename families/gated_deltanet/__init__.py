@@ -48,7 +48,7 @@ from memviz.linear_memory import span_hold, split_read
 from memviz.model import Block
 from memviz.options import check_positive
 from memviz.protocol import HookDoc, Readout, ReadPath
-from memviz.read_lens import captured_at, frozen_scale, head_blocks, last_residual
+from memviz.read_lens import captured_at, head_blocks, last_residual
 from memviz.running import hooked
 from memviz.trace import Trace
 from memviz_kernels.dispatch import linear_memory
@@ -226,18 +226,24 @@ class GatedDeltaNetLM(MemoryLM):
         )
 
     def read_path(self, tokens, position: int) -> ReadPath:
-        """From o_t to the logits at `position`: RMSNorm(o_t) * silu(x W_g) frozen as the diagonal
-        hook_mem_out / hook_read, the mix g per head, W_O's head block, then the frozen final norm and W_U."""
+        """From o_t to the logits at `position`: RMSNorm(o_t) * silu(x W_g) with o_t's RMS frozen, the diagonal
+        g_norm silu(x W_g) / rms(o_t), the mix g per head, W_O's head block, then the frozen final norm and W_U."""
         names = {
-            l: [f"blocks.{l}.attn.hook_{h}" for h in ("read", "mem_out", "gate")] for l in range(self.cfg.n_layers)
+            l: [f"blocks.{l}.hook_resid_pre", f"blocks.{l}.attn.hook_read", f"blocks.{l}.attn.hook_gate"]
+            for l in range(self.cfg.n_layers)
         }
         at = captured_at(self, tokens, position, [*(n for hooks in names.values() for n in hooks), last_residual(self)])
         layers = {}
-        for l, block in enumerate(self.blocks):
-            read, out, gate = (at[n] for n in names[l])
-            diagonal = frozen_scale(out, read) * gate[:, None]  # [head, d_head]
-            W_O = cast(GatedDeltaAttention, cast(Block, block).attn).W_O.weight
-            layers[f"blocks.{l}"] = diagonal[..., None] * head_blocks(W_O, self.cfg.n_heads)
+        with torch.no_grad():
+            for l, block in enumerate(self.blocks):
+                resid, read, mix = (at[n] for n in names[l])
+                attention = cast(GatedDeltaAttention, cast(Block, block).attn)
+                x = cast(Block, block).ln1(resid.to(self.device, self.dtype))
+                gate = F.silu(attention.heads(attention.W_g(x))).to("cpu", torch.float64)  # [head, d_head]
+                norm = attention.out_norm
+                rms = torch.rsqrt(read.pow(2).mean(-1, keepdim=True) + norm.eps)
+                diagonal = norm.weight.detach().to("cpu", torch.float64) * rms * gate * mix[:, None]
+                layers[f"blocks.{l}"] = diagonal[..., None] * head_blocks(attention.W_O.weight, self.cfg.n_heads)
         return ReadPath(position, layers, *self.unembedding_at(at[last_residual(self)]))
 
     def needle_hold(self, tokens, span: tuple[int, int]) -> dict[str, np.ndarray]:

@@ -71,7 +71,7 @@ from memviz.layers import AttentionSpan, LocalAttention, LocalCache, SwiGLU, seg
 from memviz.model import Block, MemoryLM
 from memviz.options import check_choice, check_finite, check_positive
 from memviz.protocol import HookDoc, ModelState, Readout, ReadPath
-from memviz.read_lens import captured_at, frozen_scale, last_residual
+from memviz.read_lens import captured_at, last_residual
 from memviz.registry import register_family
 from memviz.running import hooked
 from memviz.state import Memory, State
@@ -555,9 +555,9 @@ class LM2LM(MemoryLM):
         output_gate="bank", whose output is not the read."""
         if self.options.output_gate != "read":
             return None
-        names = {l: (f"blocks.{l}.memory.hook_read", f"blocks.{l}.memory.hook_out") for l in range(self.cfg.n_layers)}
-        at = captured_at(self, tokens, position, [*(n for pair in names.values() for n in pair), last_residual(self)])
-        layers = {f"blocks.{l}": torch.diag(frozen_scale(at[out], at[read]))[None] for l, (read, out) in names.items()}
+        gates = [GATES["output"].format(l=l) for l in range(self.cfg.n_layers)]
+        at = captured_at(self, tokens, position, [*gates, last_residual(self)])
+        layers = {f"blocks.{l}": torch.diag(at[gate])[None] for l, gate in enumerate(gates)}
         return ReadPath(position, layers, *self.unembedding_at(at[last_residual(self)]))
 
     def memory_readout(self, tokens, position: int) -> Readout | None:

@@ -426,14 +426,17 @@ class ReleasedLM(StreamingLM):
     def unembedding_at(self, residual: Tensor) -> tuple[Tensor, Tensor]:
         """The final norm's scale frozen at a residual stream [d_model] (its output over its input) and the
         unembedding [vocab, d_model], float64: the last steps of a `memviz.protocol.ReadPath`."""
+        x = residual.to("cpu", torch.float64)
+        x = torch.where(x == 0, torch.finfo(self.dtype).tiny ** 0.5, x)  # a zero channel still has its scale
         with torch.no_grad():
-            normed = self.arch.final_norm(self.hf)(residual.to(self.dtype)[None, None])[0, 0]
-        return frozen_scale(normed, residual), self.hf.get_output_embeddings().weight.detach().double()
+            normed = self.arch.final_norm(self.hf)(x.to(self.device, self.dtype)[None, None])[0, 0]
+        return frozen_scale(normed.cpu(), x), self.hf.get_output_embeddings().weight.detach().cpu()
 
     def norm_read_path(self, tokens, position: int) -> ReadPath:
         """The path from each memory layer's read o_t to the logits at `position` (`memviz.protocol.ReadPath`) for a
         layer whose read passes through its read norm, then its output projection, straight into the residual
-        stream: the norm's scale and gate frozen at the token as the diagonal hook_mem_out / hook_read."""
+        stream: the norm's scale and gate frozen at the token as the diagonal hook_mem_out / hook_read (a channel whose
+        read is exactly 0 gets 0: its writers' parts there cancel, and each is left out)."""
         names = {l: layer_hooks(l, ("read", "mem_out")) for l in sorted(self.linear)}
         at = captured_at(self, tokens, position, [*(n for pair in names.values() for n in pair), last_residual(self)])
         layers = {}
