@@ -299,6 +299,8 @@ def compare(
     **kw: Any,
 ) -> pd.DataFrame:
     """`run` for each named model on the same samples (where they share a tokenizer), with a `model` column."""
+    if not models:
+        raise ValueError("models must name at least one model")
     frames = [
         run(model, lengths, pairs, n, seed, progress=progress, **kw).assign(model=name)
         for name, model in models.items()

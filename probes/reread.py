@@ -97,10 +97,15 @@ def draw(
         fillers = sorted(name for name, ids in tokenized.items() if name != document and len(ids) >= need)
         if not fillers:
             others = [len(ids) for name, ids in tokenized.items() if name != document]
-            held = f"the longest other holds {max(others):,}" if others else "there is no other document"
+            if not others:
+                raise ValueError(
+                    f"{label} holds one document ({document}), and a passage is re-read after another document's "
+                    "text: choose a corpus of several documents"
+                )
             raise ValueError(
                 f"lead + the longest of distances need {need:,} tokens of another document of {label} than the "
-                f"passage's ({document}); {held}: ask shorter distances or a corpus with more held-out text"
+                f"passage's ({document}); the longest other holds {max(others):,}: ask shorter distances or a corpus "
+                "with more held-out text"
             )
         filler = rng.choice(fillers)
         start = rng.randrange(len(sources[document]) - passage_tokens + 1)
@@ -292,7 +297,9 @@ register_probe(
                 "corpus",
                 default="shakespeare",
                 help=f"{', '.join(texts.CORPORA)}, 'all', or a UTF-8 file or folder of .txt files",
-                widget=Widget("selectbox", "rr_corpus", "Corpus", options=(*texts.CORPORA, "all")),
+                widget=Widget(
+                    "selectbox", "rr_corpus", "Corpus", options=("shakespeare", "all")
+                ),  # botchan: one held out
             ),
             Arg("split", default="heldout", choices=texts.SPLITS),
         ),

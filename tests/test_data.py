@@ -163,6 +163,20 @@ def test_a_reread_example_reads_the_training_split_only(monkeypatch):
         assert not any(piece in doc for piece in [passage, *pieces] for doc in held_out)
 
 
+def test_reread_filler_comes_from_the_other_documents_however_small(tmp_path):
+    """A filler draw never lands on the passage's own document, so a corpus whose other document is tiny still
+    fills the distance (drawing and discarding the passage's document could go on for ever)."""
+    (tmp_path / "big.txt").write_text("A long document of many words. " * 4000)
+    (tmp_path / "tiny.txt").write_text("Short note. ")
+    cfg = DataConfig(
+        mix={"reread": 1.0}, corpora={str(tmp_path): 1.0}, reread_passage=64, reread_distances=[2000, 3000]
+    )
+    example = TaskSampler(ByteTokenizer(), cfg).example(random.Random(0), 4096)
+    tokens = bytes(example.tokens)
+    assert len(tokens) == 4096 and tokens[-64:] in tokens[:-64]
+    assert b"Short note." in tokens  # the filler: the tiny document, again and again
+
+
 def test_reread_needs_two_training_documents(tmp_path):
     (tmp_path / "one.txt").write_text("One document only. " * 100)
     with pytest.raises(ValueError, match="data.corpora: the reread task draws its filler from another document"):

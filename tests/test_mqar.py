@@ -208,7 +208,7 @@ def test_released_architectures_tiny_random_models_recall_at_chance(model_type, 
     model = memviz.load(tmp_path)
     df = mqar.run(model, lengths=[64], pairs=[4], n=60, progress=False)
     among, spread = df["correct_among_values"].mean(), 3 * (0.25 * 0.75 / len(df)) ** 0.5
-    assert abs(among - 0.25) < spread and df["correct"].mean() <= among
+    assert abs(among - 0.25) < spread and df["correct"].mean() < 0.1  # over ~4k tokens, a value is rarely the top
     if model_type == "qwen3_5_text":  # Gated DeltaNet's S [heads, d_k, d_v] in each linear-attention layer
         c = hf.config
         layers = c.layer_types.count("linear_attention")

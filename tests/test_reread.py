@@ -169,6 +169,11 @@ def test_bad_arguments_are_named(corpus, kwargs, named):
         reread.run(Copier(), **kw)
 
 
+def test_a_corpus_of_one_held_out_document_is_refused_with_why():
+    with pytest.raises(ValueError, match=r"botchan holds one document \(chapter_11\).*choose a corpus of several"):
+        reread.run(Copier(), distances=[64], n=1, corpus="botchan")
+
+
 def test_a_summary_of_nothing_is_refused():
     with pytest.raises(ValueError, match="summary needs the rows of reread.run"):
         reread.summary(pd.DataFrame())

@@ -285,12 +285,15 @@ class TokenisedCorpus:
         return doc[start : start + length]
 
     def filler(self, rng: random.Random, length: int, avoid: tuple[str, int]) -> list[int]:
-        """`length` tokens of windows of documents other than `avoid`, one after another."""
+        """`length` tokens of windows of documents other than `avoid`, one after another, each document drawn as
+        `document` draws (its corpus's weight, its share of that corpus's tokens) among the others only."""
+        others = [(n, i) for n in self.names for i in range(len(self.docs[n])) if (n, i) != avoid]
+        weights = [
+            self.weights[self.names.index(n)] * len(self.docs[n][i]) / sum(map(len, self.docs[n])) for n, i in others
+        ]
         tokens: list[int] = []
         while len(tokens) < length:
-            name, index = self.document(rng)
-            if (name, index) == avoid:
-                continue
+            name, index = rng.choices(others, weights)[0]
             doc = self.docs[name][index]
             start = rng.randrange(max(1, len(doc) - (length - len(tokens)) + 1))
             tokens += doc[start : start + length - len(tokens)]
