@@ -91,11 +91,11 @@ def render() -> None:
         if source == "train one":
             settings = (path, text, layer, atoms, k, steps, max_tokens)
             clicked = st.button("Train", key="wd_train")
-            result = last_run("wd_train", settings, lambda: train(*settings), clicked)
+            result = last_run("wd_train", settings, lambda: train(*settings), clicked, show_stale=False)
         else:
             opened = (path, text, layer, folder, max_tokens)
             clicked = st.button("Open", key="wd_open")
-            result = last_run("wd_open", opened, lambda: open_saved(*opened), clicked)
+            result = last_run("wd_open", opened, lambda: open_saved(*opened), clicked, show_stale=False)
     except ValueError as exc:  # a text over max tokens, a dictionary file that is not one, one of another shape
         st.error(str(exc))
         return
@@ -107,14 +107,15 @@ def render() -> None:
 
 def show(model, dictionary: wd.WriteDictionary, writes: wd.Writes, codes, table: pd.DataFrame) -> None:
     card = dictionary.card
-    if "explained_variance" in card:
+    explained, dead = card.get("explained_variance"), card.get("dead_atoms")
+    if isinstance(explained, list) and isinstance(dead, list) and len(explained) == len(dead) == len(dictionary.heads):
         heads = ", ".join(
-            f"head {h}: {ev:.2f} ({dead} dead)"
-            for h, ev, dead in zip(dictionary.heads, card["explained_variance"], card["dead_atoms"])
+            f"head {h}: {'n/a' if ev is None else f'{ev:.2f}'} ({n} dead)"
+            for h, ev, n in zip(dictionary.heads, explained, dead)
         )
         st.caption(
-            f"{len(writes):,} writes, the last {card['held_back_tokens']:,} held back; explained variance on them by "
-            f"head: {heads}; trained in {card['wall_time_s']:.0f} s."
+            f"{len(writes):,} writes of this text. On the held-back end of the text it was trained on "
+            f"({card.get('text') or 'its card names none'}), its card says the explained variance by head: {heads}."
         )
     st.dataframe(table[SHOWN], hide_index=True, key="wd_table")
     c1, c2 = st.columns(2)

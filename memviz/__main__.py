@@ -207,19 +207,21 @@ def write_dictionary_command(args: argparse.Namespace) -> int:
     except (CheckpointError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if args.effects > 0:  # each a forward pass over the text up to the atom's strongest token
+    options = ["--text", args.text, "--layer", args.layer, "--atoms", args.atoms, "--k", args.k, "--steps", args.steps]
+    options += ["--batch", args.batch, "--seed", args.seed, "--max-tokens", args.max_tokens, "--top", args.top]
+    options += ["--effects", args.effects, "--out", args.out]
+    options += [] if args.heads is None else ["--heads", args.heads]
+    command = shlex.join(["python", "-m", "memviz", "write-dictionary", args.checkpoint, *map(str, options)])
+    # saved before the logit effects (a forward pass each), so that nothing trained is lost if they fail
+    save_dictionary(dictionary, out, {"checkpoint": args.checkpoint, "text": str(text_path), "command": command})
+    table.to_csv(out / "atoms.csv", index=False)
+    if args.effects > 0:
         picks = [(h, int(a)) for h in dictionary.heads for a in table[table["head"] == h]["atom"].head(args.effects)]
         try:
             effects = logit_effects(model, dictionary, writes, table, picks)
             table = table.merge(effects[["head", "atom", "promoted"]], on=["head", "atom"], how="left")
         except ValueError as exc:  # a family with no linear path from its read to the logits
             print(f"no logit effects: {exc}", file=sys.stderr)
-    options = ["--text", args.text, "--layer", args.layer, "--atoms", args.atoms, "--k", args.k, "--steps", args.steps]
-    options += ["--batch", args.batch, "--seed", args.seed, "--max-tokens", args.max_tokens, "--effects", args.effects]
-    options += ["--out", args.out]
-    options += [] if args.heads is None else ["--heads", args.heads]
-    command = shlex.join(["python", "-m", "memviz", "write-dictionary", args.checkpoint, *map(str, options)])
-    save_dictionary(dictionary, out, {"checkpoint": args.checkpoint, "text": str(text_path), "command": command})
     table.to_csv(out / "atoms.csv", index=False)
     for title, fig in atom_figures(dictionary, writes, table, codes).items():
         fig.write_html(out / f"{title.replace(' ', '_')}.html")
@@ -230,7 +232,8 @@ def write_dictionary_command(args: argparse.Namespace) -> int:
     )
     for row, head in enumerate(dictionary.heads):
         print(
-            f"head {head}: explained variance {card['explained_variance'][row]:.3f} on the held-back writes, "
+            f"head {head}: explained variance {card['explained_variance'][row] or float('nan'):.3f} on the held-back "
+            "writes, "
             f"{card['dead_atoms'][row]} dead atoms"
         )
         for atom in table[table["head"] == head].head(3).itertuples():

@@ -54,6 +54,10 @@ MAX_DICTIONARY_BYTES = 2 * 2**30
 MAX_ATOMS = 65_536
 
 
+#: writes a head holds back at the least, so that their spread is measured
+MIN_HELD_BACK = 8
+
+
 class WriteDictionaryError(ValueError):
     """A saved dictionary that cannot be read as one; the message names the file and the field."""
 
@@ -95,10 +99,20 @@ def write_hooks(layer: int) -> list[str]:
 
 
 def layers_with_writes(model: MemoryModel) -> list[int]:
-    """The layers whose hooks give a write (`hook_write_key`, `hook_write_value` and `hook_beta`), read from the
-    model's `hook_dict`."""
+    """The layers whose hooks give a matrix write (`hook_write_key`, `hook_write_value` and `hook_beta`, read from
+    the model's `hook_dict`, with d_k and d_v above 1 on a one-token run): an RG-LRU's scalar writes and Mamba-1's
+    per-channel vectors have no rank-1 atoms to learn."""
     found = {int(m[1]) for name in model.hook_dict if (m := re.fullmatch(r"blocks\.(\d+)\.attn\.hook_write_key", name))}
-    return sorted(l for l in found if all(n in model.hook_dict for n in write_hooks(l)))
+    hooked = sorted(l for l in found if all(n in model.hook_dict for n in write_hooks(l)))
+    if not hooked:
+        return []
+    names = [f"blocks.{l}.attn.hook_write_{part}" for l in hooked for part in ("key", "value")]
+    shapes = {name: value.shape for name, value in model.capture([[0]], names).items()}
+    return [
+        l
+        for l in hooked
+        if shapes[f"blocks.{l}.attn.hook_write_key"][-1] > 1 and shapes[f"blocks.{l}.attn.hook_write_value"][-1] > 1
+    ]
 
 
 def capture_writes(
@@ -270,7 +284,8 @@ def evaluate(
         / dictionary.scale.double()[:, None, None]
     )
     spread = energy - keys.shape[1] * mean.pow(2).sum((-1, -2))
-    return (1 - errors / spread).tolist(), (errors / energy).tolist()
+    explained = [1 - float(e / v) if v > 1e-9 * float(n) else float("nan") for e, v, n in zip(errors, spread, energy)]
+    return explained, (errors / energy).tolist()
 
 
 def train_dictionary(
@@ -311,9 +326,10 @@ def train_dictionary(
     if not isinstance(lr, (int, float)) or not 0 < lr < 1:
         raise ValueError(f"lr must be a positive learning rate below 1, got {lr!r}")
     n_train = n_writes - math.ceil(held_back * n_writes)
-    if n_train < k or n_train < 1:
+    if n_train < k or n_train < 1 or n_writes - n_train < MIN_HELD_BACK:
         raise ValueError(
-            f"{n_writes:,} writes leave {n_train:,} to train on after holding back {held_back:.0%}: too few"
+            f"{n_writes:,} writes leave {n_train:,} to train on and {n_writes - n_train:,} to measure after holding "
+            f"back {held_back:.0%}: too few (at least k = {k} and {MIN_HELD_BACK}): give a longer text"
         )
     heads = list(range(n_heads)) if heads is None else [int(h) for h in heads]
     if len(heads) != n_heads:
@@ -431,6 +447,11 @@ def check_fits(dictionary: WriteDictionary, writes: Writes) -> None:
         raise ValueError(
             f"the dictionary{where} has atoms of d_k = {dictionary.u.shape[-1]}, d_v = {dictionary.w.shape[-1]}; "
             f"layer {writes.layer}'s writes have d_k = {writes.keys.shape[-1]}, d_v = {writes.values.shape[-1]}"
+        )
+    layer = dictionary.card.get("layer")
+    if layer is not None and layer != writes.layer:
+        raise ValueError(
+            f"the dictionary{where} was trained on layer {layer}'s writes (card.json's layer), not {writes.layer}'s"
         )
     if max(dictionary.heads) >= writes.n_heads:
         raise ValueError(
@@ -641,8 +662,14 @@ def load_dictionary(folder: str | Path) -> WriteDictionary:
     if not (tensors["scale"] > 0).all():
         raise WriteDictionaryError(f"{weights_path}: scale must be positive")
     heads = card.get("heads")
-    if not isinstance(heads, list) or len(heads) != n_heads or not all(isinstance(h, int) and h >= 0 for h in heads):
-        raise WriteDictionaryError(f"{card_path}: heads must list {n_heads} head numbers, got {heads!r}")
+    if (
+        not isinstance(heads, list)
+        or not heads
+        or len(heads) != n_heads
+        or len(set(heads)) != len(heads)
+        or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in heads)
+    ):
+        raise WriteDictionaryError(f"{card_path}: heads must list {n_heads} distinct head numbers, got {heads!r}")
     k = card.get("k")
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n_atoms:
         raise WriteDictionaryError(f"{card_path}: k must be a whole number from 1 to {n_atoms}, got {k!r}")
@@ -681,7 +708,7 @@ def train_on_text(
         "d_v": writes.values.shape[-1],
         "settings": {k: v for k, v in training.items() if isinstance(v, (int, float, str))},
         "wall_time_s": round(measured.seconds, 2),
-        "explained_variance": [round(v, 4) for v in measured.explained_variance],
+        "explained_variance": [None if math.isnan(v) else round(v, 4) for v in measured.explained_variance],
         "relative_error": [round(v, 4) for v in measured.relative_error],
         "dead_atoms": measured.dead_atoms,
         "resampled": measured.resampled,

@@ -41,7 +41,7 @@ def test_the_page_trains_a_dictionary_and_shows_its_atoms(gdn_checkpoint):
     assert any("how often each atom fires" in t for t in titles) and any(
         "its activation at each write" in t for t in titles
     )
-    assert "explained variance on them by head" in at.caption[1].value
+    assert "its card says the explained variance by head: head 0:" in at.caption[1].value
     at.button(key="wd_effect").click().run()
     assert not at.exception and any("promotes" in m.value for m in at.markdown), at.markdown
 

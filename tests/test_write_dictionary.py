@@ -72,7 +72,9 @@ def random_dictionary(rng, heads=2, atoms=16, d_k=5, d_v=7, k=3) -> WriteDiction
     u = torch.nn.functional.normalize(t(heads, atoms, d_k), dim=-1)
     w = torch.nn.functional.normalize(t(heads, atoms, d_v), dim=-1)
     scale = torch.tensor(rng.uniform(0.5, 2.0, size=heads))
-    return WriteDictionary(u, w, t(heads, atoms, d_k), t(heads, atoms, d_v), t(heads, atoms), scale, k, [0, 1])
+    return WriteDictionary(
+        u, w, t(heads, atoms, d_k), t(heads, atoms, d_v), t(heads, atoms), scale, k, list(range(heads))
+    )
 
 
 def test_the_factorised_encoder_and_error_equal_the_dense_ones():
@@ -133,6 +135,15 @@ def test_a_dictionary_reads_back_and_a_broken_one_is_named(tmp_path):
     writes, _, _ = planted_text_writes(np.random.default_rng(0))  # d_k = d_v = 8, one head
     with pytest.raises(ValueError, match=f"the dictionary \\({folder}\\) has atoms of d_k = 5, d_v = 7; layer 3's"):
         encode_writes(load_dictionary(folder), writes)
+    for heads in ([], [0, 0], [True, False]):
+        (folder / "card.json").write_text(json.dumps({**card, "heads": heads}))
+        with pytest.raises(WriteDictionaryError, match="card.json: heads must list 2 distinct head numbers"):
+            load_dictionary(folder)
+    fitting = save_dictionary(
+        random_dictionary(np.random.default_rng(1), heads=1, d_k=8, d_v=8), tmp_path / "e", {"layer": 7}
+    )
+    with pytest.raises(ValueError, match="was trained on layer 7's writes \\(card.json's layer\\), not 3's"):
+        encode_writes(load_dictionary(fitting), writes)
 
 
 def test_captured_writes_are_the_hooks_and_only_layers_with_writes_are_offered():
@@ -237,7 +248,7 @@ def test_an_atoms_logit_effect_is_its_value_direction_read_through_its_head():
 
 
 def test_bad_settings_are_one_clear_error():
-    keys, values = torch.randn(1, 50, 1, 4), torch.randn(1, 50, 1, 4)
+    keys, values = torch.randn(1, 100, 1, 4), torch.randn(1, 100, 1, 4)
     for settings, message in [
         ({"n_atoms": 0}, "n_atoms must be a whole number from 1"),
         ({"n_atoms": 8, "k": 9}, "k must be a whole number from 1 to 8"),
@@ -248,11 +259,23 @@ def test_bad_settings_are_one_clear_error():
         with pytest.raises(ValueError, match=message):
             train_dictionary(keys, values, **settings)
     with pytest.raises(ValueError, match="same first three sizes"):
-        train_dictionary(keys, values[:, :10])
+        train_dictionary(keys, values[:, :50])
     with pytest.raises(ValueError, match="not all finite"):
         train_dictionary(keys * float("nan"), values)
     with pytest.raises(ValueError, match="the writes are scalars"):
         train_dictionary(keys[..., :1], values[..., :1])
+    with pytest.raises(ValueError, match=r"50 writes leave 45 to train on and 5 to measure .* too few"):
+        train_dictionary(keys[:, :50], values[:, :50], n_atoms=8, k=2)  # 5 held back: fewer than a spread needs
+
+
+def test_every_atom_has_unit_factors_after_training():
+    """The decoder's atoms are u w^T with |u| = |w| = 1 after every step (the code's scale is a_j alone)."""
+    rng = np.random.default_rng(fresh_seed())
+    keys = torch.from_numpy(rng.normal(size=(2, 400, 1, 6))).float()
+    values = torch.from_numpy(rng.normal(size=(2, 400, 1, 5))).float()
+    dictionary, _ = train_dictionary(keys, values, n_atoms=12, k=2, steps=40, batch=64, lr=5e-2)
+    torch.testing.assert_close(dictionary.u.norm(dim=-1), torch.ones(2, 12))
+    torch.testing.assert_close(dictionary.w.norm(dim=-1), torch.ones(2, 12))
 
 
 def test_the_command_saves_a_dictionary_its_atoms_and_figures(tmp_path, capsys):
