@@ -20,6 +20,7 @@ like; token positions are the model's own tokenizer's (models sharing one read t
 
 from __future__ import annotations
 
+import numbers
 import os
 from argparse import Namespace
 from collections.abc import Mapping, Sequence
@@ -62,9 +63,9 @@ class Reading:
 
 
 def check_count(value: Any, name: str, least: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= MAX_TOKENS:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or not least <= value <= MAX_TOKENS:
         raise ValueError(f"{name} must be a whole number of tokens in {least}..{MAX_TOKENS:,}, got {value!r}")
-    return value
+    return int(value)
 
 
 def check_distances(distances: Any) -> list[int]:
