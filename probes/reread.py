@@ -63,7 +63,7 @@ class Reading:
 
 
 def check_count(value: Any, name: str, least: int) -> int:
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or not least <= value <= MAX_TOKENS:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or not least <= int(value) <= MAX_TOKENS:
         raise ValueError(f"{name} must be a whole number of tokens in {least}..{MAX_TOKENS:,}, got {value!r}")
     return int(value)
 
