@@ -19,7 +19,7 @@ import torch
 from retention_curve import save_png  # beside this script
 
 import memviz
-from memviz.read_lens import read_lens, read_lens_figure, read_path_of
+from memviz.read_lens import logit_shifts, read_lens, read_lens_figure, read_path_of
 from memviz.registry import reads_out
 from memviz_probes import passkey
 
@@ -43,9 +43,7 @@ def measure(model, sample: passkey.Sample) -> list[dict]:
         initial = readout.initial.get(layer, torch.zeros(parts.shape[1:], dtype=torch.float64))
         logits = path.logits(layer, (parts.sum(0) + initial)[None])[0]
         logits = logits - logits.mean()
-        residual = path.residual(layer, parts)
-        centred = path.unembedded(residual, torch.tensor([digit]))[:, 0] - (residual * path.final_scale) @ path.centre()
-        shifts = centred  # each writer's shift on the digit's centred logit
+        shifts = logit_shifts(path, layer, parts, torch.tensor([digit]))[:, 0]  # each writer's, on the digit
         rows.append(
             {
                 "layer": layer,

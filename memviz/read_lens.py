@@ -95,6 +95,14 @@ def read_logits(model: MemoryModel, tokens: Tokens, position: int, layer: int, r
     return read_path_of(model, tokens, position).logits(f"blocks.{layer}", reads)
 
 
+def logit_shifts(path: ReadPath, layer: str, reads: Tensor, tokens: Tensor, centre: Tensor | None = None) -> Tensor:
+    """The centred logit shifts [n, tokens] that reads [n, head, d_read] at `layer` give on the token ids `tokens`;
+    `centre` is `path.centre()`, passed where it is already at hand."""
+    centre = path.centre() if centre is None else centre
+    residual = path.residual(layer, reads)
+    return path.unembedded(residual, tokens) - (residual * path.final_scale) @ centre[:, None]
+
+
 @dataclass
 class LayerLens:
     """One memory layer's lens at a token: `logits` [vocab], the read's (centred); `promoted`, the tokens it pushes
@@ -164,11 +172,8 @@ def read_lens(
         top = torch.topk(logits, min(promoted, logits.numel())).indices
         top_ids = top.tolist()
 
-        def shifts_of(reads: Tensor) -> Tensor:  # centred logit shifts on the promoted tokens, [n, promoted]
-            residual = path.residual(layer, reads)
-            return path.unembedded(residual, top) - (residual * path.final_scale) @ centre[:, None]
-
-        shift, initial_shift = shifts_of(parts), shifts_of(initial[None])
+        shift = logit_shifts(path, layer, parts, top, centre)
+        initial_shift = logit_shifts(path, layer, initial[None], top, centre)
         order = torch.argsort(shift.sum(1).abs(), descending=True)[: min(writers, len(shift))]
         rest = torch.ones(len(shift), dtype=torch.bool)
         rest[order] = False
