@@ -12,6 +12,10 @@ nothing past its window reads both alike. Per reading, with nll_t = -ln p(x_t | 
 text at both readings and cannot be copied), in nats; the relative change is second / first - 1: near -1 for a
 model that copies the passage from its first reading, about 0 for one whose context no longer reaches it.
 
+With `order="shuffled"` the passage's tokens are put in a seeded random order ("reread-order", seed, i), the same
+order at both readings: nothing in the passage then predicts its next token but its first reading, so the second
+reading's change is copying alone, apart from what the words of a passage predict of each other.
+
 Passages are drawn by seed ("reread", seed, i): the i-th passage's document (in proportion to its length) and place,
 then its filler's document (another held-out one long enough for the lead and the longest distance) and place. Every
 distance re-reads the same passage after the start of the same filler, so a curve over distance compares like with
@@ -20,6 +24,7 @@ like; token positions are the model's own tokenizer's (models sharing one read t
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 import os
 from argparse import Namespace
@@ -29,6 +34,7 @@ from typing import Any
 
 import pandas as pd
 
+from memviz.options import check_choice
 from memviz.protocol import MemoryModel
 from memviz.registry import get_family
 from memviz_probes import lm, texts
@@ -39,6 +45,8 @@ from memviz_probes.registry import Arg, PageParts, Probe, Widget, keywords, regi
 DISTANCES = (64, 256, 1024, 4096, 16384)
 PASSAGE_TOKENS = 300
 LEAD_TOKENS = 256
+#: the passage as written, or its tokens in a seeded random order (the same at both readings)
+ORDERS = ("text", "shuffled")
 #: the longest passage, lead or distance a run takes (the longest held-out document is Hamlet, ~60k tokens)
 MAX_TOKENS = 1 << 20
 
@@ -60,6 +68,12 @@ class Reading:
         first, second = lead, lead + len(self.passage) + distance
         ids = self.filler_tokens[:lead] + self.passage + self.filler_tokens[lead : lead + distance] + self.passage
         return ids, first, second
+
+    def shuffled(self, rng) -> Reading:
+        """This reading with its passage's tokens in `rng`'s random order."""
+        passage = list(self.passage)
+        rng.shuffle(passage)
+        return dataclasses.replace(self, passage=passage)
 
 
 def check_count(value: Any, name: str, least: int) -> int:
@@ -146,12 +160,15 @@ def run(
     lead: int = LEAD_TOKENS,
     corpus: str | os.PathLike | None = "shakespeare",
     split: str = "heldout",
+    order: str = "text",
     progress: bool | SampleProgress = False,
 ) -> pd.DataFrame:
     """One row per (distance, passage): distance, passage (its index), document, start, filler, filler_start,
-    tokens (the sample's length), first and second (mean nats a token at each reading), change (second / first - 1)
-    and control (whether the model's family is a control). `corpus` None reads every built-in corpus."""
+    tokens (the sample's length), order, first and second (mean nats a token at each reading), change (second /
+    first - 1) and control (whether the model's family is a control). `corpus` None reads every built-in corpus;
+    `order` "shuffled" reads each passage's tokens in a seeded random order (module docstring)."""
     check_n(n)
+    check_choice("order", order, ORDERS)
     distances = check_distances(distances)
     check_count(passage_len, "passage_len", 2)
     check_count(lead, "lead", 0)
@@ -160,6 +177,8 @@ def run(
     label = f"the {split} split of {corpus or 'every corpus'}"
     tokenized = {f"{d.corpus}/{d.name}" if corpus is None else d.name: model.tokenizer.encode(d.text) for d in docs}
     readings = draw(tokenized, n, seed, passage_len, lead + max(distances), label)
+    if order == "shuffled":
+        readings = [reading.shuffled(sample_rng("reread-order", seed, i)) for i, reading in enumerate(readings)]
     control = is_control(model)
     rows = []
     for j, distance in enumerate(distances):
@@ -179,6 +198,7 @@ def run(
                     "filler": reading.filler,
                     "filler_start": reading.filler_start,
                     "tokens": len(ids),
+                    "order": order,
                     "first": first,
                     "second": second,
                     "change": second / first - 1,
@@ -258,7 +278,7 @@ def curve(
 def run_probe(model: MemoryModel, args: Namespace) -> pd.DataFrame:
     """`compare` over every checkpoint given, on the registered arguments (the command line's and the Probes
     page's run)."""
-    kw = keywords(args, "distances", "n", "seed", "passage_len", "lead", "split", "progress")
+    kw = keywords(args, "distances", "n", "seed", "passage_len", "lead", "split", "order", "progress")
     return compare(args.models, corpus=None if args.corpus == "all" else args.corpus, **kw)
 
 
@@ -303,6 +323,13 @@ register_probe(
                 ),  # botchan: one held out
             ),
             Arg("split", default="heldout", choices=texts.SPLITS),
+            Arg(
+                "order",
+                default="text",
+                choices=ORDERS,
+                help="the passage as written, or its tokens shuffled (the same at both readings): copying alone",
+                widget=Widget("selectbox", "rr_order", "Passage order", options=ORDERS),
+            ),
         ),
         several=True,
         page=PageParts(

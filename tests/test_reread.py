@@ -177,3 +177,38 @@ def test_a_corpus_of_one_held_out_document_is_refused_with_why():
 def test_a_summary_of_nothing_is_refused():
     with pytest.raises(ValueError, match="summary needs the rows of reread.run"):
         reread.summary(pd.DataFrame())
+
+
+class Recorder(Copier):
+    """The copier, keeping every sample it reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.read: list[list[int]] = []
+
+    def stream(self, tokens, chunk_len=None, state=None):
+        self.read.append(tokens[0].tolist())
+        return super().stream(tokens, chunk_len, state)
+
+
+def test_a_shuffled_passage_is_the_same_permutation_at_both_readings_and_only_copying_lowers_it(corpus):
+    lead, passage = 60, 100
+    kw = dict(distances=[20, 300], n=3, seed=4, passage_len=passage, lead=lead, corpus=corpus, split="all")
+    recorder = Recorder()
+    df = reread.run(recorder, order="shuffled", **kw)
+    assert (df["order"] == "shuffled").all() and len(recorder.read) == len(df)
+    for row, ids in zip(df.itertuples(), recorder.read):
+        written = layout(corpus, row, lead, passage)  # the same sample with the passage as written
+        second = lead + passage + row.distance
+        first_reading, second_reading = ids[lead : lead + passage], ids[second : second + passage]
+        assert first_reading == second_reading and sorted(first_reading) == sorted(written[lead : lead + passage])
+        assert first_reading != written[lead : lead + passage]
+        assert ids[:lead] == written[:lead] and ids[lead + passage : second] == written[lead + passage : second]
+    orders = [ids[lead : lead + passage] for ids in recorder.read]
+    assert orders[0] == orders[3] and orders[0] != orders[1]  # one order a passage, whatever the distance
+    unmatched_share = (MATCH - 1) / (passage - 1)
+    assert np.allclose(df["change"], unmatched_share - 1, atol=1e-6)  # the copier copies a shuffled passage alike
+    again = reread.run(Recorder(), order="shuffled", **kw)
+    assert again.equals(df)
+    with pytest.raises(ValueError, match=r"order must be one of \['text', 'shuffled'\], got 'reversed'"):
+        reread.run(Copier(), order="reversed", **kw)
