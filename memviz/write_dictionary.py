@@ -22,6 +22,7 @@ safetensors and a card.json; `atom_table` and `atom_figures` say what each atom 
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import re
@@ -288,6 +289,22 @@ def evaluate(
     return explained, (errors / energy).tolist()
 
 
+def check_settings(
+    n_atoms: Any, k: Any, steps: Any, batch: Any, lr: Any, held_back: Any, resample_every: Any, progress: Any
+) -> None:
+    """`train_dictionary`'s settings, each refused by name when out of range."""
+    n_atoms = check_whole(n_atoms, "n_atoms", 1, MAX_ATOMS)
+    check_whole(k, "k", 1, n_atoms)
+    check_whole(steps, "steps", 1)
+    check_whole(batch, "batch", 1)
+    check_whole(resample_every, "resample_every", 1)
+    check_progress(progress)
+    if isinstance(held_back, bool) or not isinstance(held_back, (int, float)) or not 0 < held_back < 1:
+        raise ValueError(f"held_back must be a share between 0 and 1, got {held_back!r}")
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < 1:
+        raise ValueError(f"lr must be a positive learning rate below 1, got {lr!r}")
+
+
 def train_dictionary(
     keys: Tensor,
     values: Tensor,
@@ -315,16 +332,8 @@ def train_dictionary(
     d_v = values.shape[-1]
     if d_k * d_v < 2:
         raise ValueError(f"the writes are scalars (d_k = {d_k}, d_v = {d_v}): there is no matrix to factor")
-    n_atoms = check_whole(n_atoms, "n_atoms", 1, MAX_ATOMS)
-    k = check_whole(k, "k", 1, n_atoms)
-    steps = check_whole(steps, "steps", 1)
-    batch = check_whole(batch, "batch", 1)
-    resample_every = check_whole(resample_every, "resample_every", 1)
-    check_progress(progress)
-    if not isinstance(held_back, (int, float)) or not 0 < held_back < 1:
-        raise ValueError(f"held_back must be a share between 0 and 1, got {held_back!r}")
-    if not isinstance(lr, (int, float)) or not 0 < lr < 1:
-        raise ValueError(f"lr must be a positive learning rate below 1, got {lr!r}")
+    check_settings(n_atoms, k, steps, batch, lr, held_back, resample_every, progress)
+    n_atoms, k, steps, batch, resample_every = (int(v) for v in (n_atoms, k, steps, batch, resample_every))
     n_train = n_writes - math.ceil(held_back * n_writes)
     if n_train < k or n_train < 1 or n_writes - n_train < MIN_HELD_BACK:
         raise ValueError(
@@ -688,7 +697,14 @@ def train_on_text(
 ) -> tuple[WriteDictionary, Writes]:
     """Capture `layer`'s writes over `text` and train a dictionary on `heads` (default all) with `training`'s
     settings (`train_dictionary`); its card says what it was trained on and what it measured on the held-back
-    writes (the end of the text)."""
+    writes (the end of the text). Bad settings are refused before the capture, which is the slow part."""
+    try:
+        settings = inspect.signature(train_dictionary).bind(None, None, progress=progress, **training)
+    except TypeError as exc:
+        raise ValueError(f"train_on_text's settings are train_dictionary's: {exc}") from exc
+    settings.apply_defaults()
+    given = settings.arguments
+    check_settings(*(given[name] for name in inspect.signature(check_settings).parameters))
     writes = capture_writes(model, text, layer, max_tokens)
     heads = list(range(writes.n_heads)) if heads is None else list(heads)
     bad = [

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import memviz
+from memviz import write_dictionary
 from memviz.__main__ import main
 from memviz.write_dictionary import (
     WriteDictionary,
@@ -266,6 +267,23 @@ def test_bad_settings_are_one_clear_error():
         train_dictionary(keys[..., :1], values[..., :1])
     with pytest.raises(ValueError, match=r"50 writes leave 45 to train on and 5 to measure .* too few"):
         train_dictionary(keys[:, :50], values[:, :50], n_atoms=8, k=2)  # 5 held back: fewer than a spread needs
+
+
+def test_settings_of_a_dictionary_on_text_are_refused_before_the_writes_are_captured(monkeypatch):
+    def capture(*args, **kwargs):
+        raise AssertionError("captured the writes before checking the settings")
+
+    monkeypatch.setattr(write_dictionary, "capture_writes", capture)
+    for settings, message in [
+        ({"k": 0}, "k must be a whole number from 1"),
+        ({"n_atoms": 4, "k": 5}, "k must be a whole number from 1 to 4"),
+        ({"lr": True}, "lr must be a positive learning rate"),
+        ({"atoms": 64}, "train_on_text's settings are train_dictionary's: .*'atoms'"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            write_dictionary.train_on_text(object(), "some text", 0, **settings)
+    with pytest.raises(AssertionError, match="captured"):  # good settings go on to the capture
+        write_dictionary.train_on_text(object(), "some text", 0, n_atoms=4, k=2)
 
 
 def test_every_atom_has_unit_factors_after_training():
