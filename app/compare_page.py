@@ -12,6 +12,7 @@ from app.common import (
     current_path,
     greedy_answer,
     load_model,
+    weights_stamp,
 )
 from app.trace_page import (
     InputError,
@@ -56,7 +57,8 @@ def choose_inputs(paths: list[str], models: list[MemoryModel]) -> Inputs | None:
         )
         if not text or not text.strip():
             return None
-        say_cost(paths, [token_count(path, text) for path in paths])  # over the trace limit: refused here
+        counts = [token_count(path, weights_stamp(path), text) for path in paths]
+        say_cost(paths, counts)  # over the trace limit: refused here
         return [(text, (), None, "")] * 2
     c1, c2, c3 = st.columns(3)
     length = bounded_number("pass-key length (tokens)", 100, 200_000, 1024, "cmp_length", c1, step=256)
@@ -112,7 +114,7 @@ def render() -> None:
     traces = []
     for path, (text, evidence, answer, _) in zip(paths, inputs):
         try:
-            traces.append(cached_trace(path, text, evidence, answer))
+            traces.append(cached_trace(path, weights_stamp(path), text, evidence, answer))
         except ValueError as exc:
             st.error(f"{path}: {exc}")
             return

@@ -54,9 +54,10 @@ class InputError(ValueError):
 
 @st.cache_data(show_spinner=False, max_entries=8)
 def cached_trace(
-    model_path: str, text: str, evidence: tuple[tuple[int, int], ...], answer: str | None = None
+    model_path: str, stamp: int, text: str, evidence: tuple[tuple[int, int], ...], answer: str | None = None
 ) -> memviz.Trace:
-    """The trace of `text` with its `answer` (if any) appended, teacher-forced."""
+    """The trace of `text` with its `answer` (if any) appended, teacher-forced (`stamp`: the weights' mtime, so a
+    checkpoint saved anew at the same path is traced anew)."""
     model = load_model(model_path)
     bar = st.progress(0.0, text="Streaming through the model…")
 
@@ -87,7 +88,7 @@ def trace_when_free(
     deadline = time.monotonic() + (BUSY_WAIT_S if wait is None else wait)
     while True:
         try:
-            return cached_trace(path, text, evidence, answer)
+            return cached_trace(path, weights_stamp(path), text, evidence, answer)
         except memviz.ModelBusyError:
             if time.monotonic() > deadline:
                 raise
@@ -101,7 +102,7 @@ def view_seconds(model_path: str, stamp: int) -> dict[str, float]:
 
 
 @st.cache_data(show_spinner="Counting the input's tokens…", max_entries=8)
-def token_count(model_path: str, text: str) -> int:
+def token_count(model_path: str, stamp: int, text: str) -> int:
     """The input's tokens, exactly; ValueError (as the trace's) for one over the trace limit, counted only so far."""
     return len(load_model(model_path).tokenizer.encode_within(text, MAX_TOKENS, limit="trace limit"))
 
@@ -116,7 +117,7 @@ def duration(seconds: float) -> str:
 
 
 @st.cache_data(show_spinner="Decomposing the memory's read…", max_entries=8)
-def cached_readout(model_path: str, text: str, answer: str | None, position: int) -> Readout | None:
+def cached_readout(model_path: str, stamp: int, text: str, answer: str | None, position: int) -> Readout | None:
     model = load_model(model_path)
     reader = reads_out(model)
     return None if reader is None else reader.memory_readout(traced_ids(model, text, answer), position)
@@ -130,7 +131,7 @@ def cached_read_lens(model_path: str, stamp: int, text: str, answer: str | None,
 
 @st.cache_data(show_spinner="Measuring how much of the evidence the memory holds…", max_entries=8)
 def cached_needle_hold(
-    model_path: str, text: str, answer: str | None, span: tuple[int, int]
+    model_path: str, stamp: int, text: str, answer: str | None, span: tuple[int, int]
 ) -> dict[str, np.ndarray] | None:
     model = load_model(model_path)
     holder = holds_needle(model)
@@ -249,7 +250,7 @@ def render() -> None:
         return
     text, evidence, answer = chosen
     try:  # counted exactly, and refused here when over the trace limit, before any run
-        n_tokens = token_count(path, text) + (len(model.tokenizer.encode(answer)) if answer else 0)
+        n_tokens = token_count(path, weights_stamp(path), text) + (len(model.tokenizer.encode(answer)) if answer else 0)
     except ValueError as exc:
         st.error(str(exc))
         return
@@ -285,7 +286,7 @@ def render() -> None:
         )
     show_figures(viz.family_figures(tr, start=start, stop=stop), "fig")
     if evidence:
-        hold = cached_needle_hold(path, text, answer, evidence[0])
+        hold = cached_needle_hold(path, weights_stamp(path), text, answer, evidence[0])
         if hold is not None:
             fig = viz.needle_hold_figure(tr, hold, start=start, stop=stop)
             st.plotly_chart(fig, width="stretch", key="fig-needle-hold")
@@ -444,7 +445,7 @@ def show_read(
         st.plotly_chart(fig, width="stretch", key=f"read-{title}")
     if reads_out(model) is None:
         return
-    readout = cached_readout(path, text, answer, position)
+    readout = cached_readout(path, weights_stamp(path), text, answer, position)
     if readout is None:
         st.info(
             "This model's memory is not linear in its writes (Titans' MLP memory, LM2's per-token update), "

@@ -3,6 +3,7 @@
 import base64
 import json
 import math
+import os
 import re
 from pathlib import Path
 
@@ -699,6 +700,20 @@ def test_a_trace_waits_for_the_stopped_run_that_still_holds_the_model(monkeypatc
     monkeypatch.setattr(trace_page, "cached_trace", lambda *a: (_ for _ in ()).throw(memviz.ModelBusyError("held")))
     with pytest.raises(memviz.ModelBusyError):
         trace_page.trace_when_free("ckpt", "text", None, None, wait=0.2)
+
+
+def test_a_checkpoint_saved_anew_at_the_same_path_is_traced_anew(tmp_path):
+    """The page's cached trace, read-out and needle hold are keyed by the weights' mtime, as its model is."""
+    text, path = "Mary went back to the garden. Sandra journeyed to the kitchen. " * 3, tmp_path / "ckpt"
+    means = []
+    for seed in (1, 2):
+        model = small_model("gated_deltanet", attention={"kind": "window", "span": 16}, seed=seed)
+        memviz.save(model, path)
+        os.utime(path / memviz.checkpoint.WEIGHTS_FILE, ns=(seed * 10**18, seed * 10**18))  # a later save
+        shown = trace_page.trace_when_free(str(path), text, (), None).loss_summary()["mean_nats"]
+        assert shown == pytest.approx(memviz.trace(model, text).loss_summary()["mean_nats"], rel=1e-9)
+        means.append(shown)
+    assert means[0] != means[1]
 
 
 RELEASED_TITLES = {  # a model type of each released family: its decay's and its state norm's chart titles

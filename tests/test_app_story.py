@@ -11,6 +11,7 @@ from streamlit.testing.v1 import AppTest
 
 import memviz
 from app import trace_page
+from app.common import weights_stamp
 from tests.conftest import small_model
 from tests.test_app import page
 
@@ -46,7 +47,7 @@ def checkpoints(tmp_path_factory):
 @pytest.mark.parametrize("family, read", [("longmem", "chunks token"), ("memory_layer", "the values token")])
 def test_the_read_at_any_token_of_free_text(checkpoints, family, read):
     at = traced_text(checkpoints[family])
-    tr = trace_page.cached_trace(checkpoints[family], TEXT, (), None)
+    tr = trace_page.cached_trace(checkpoints[family], weights_stamp(checkpoints[family]), TEXT, (), None)
     field = at.number_input(key="ro_position")
     assert field.label == "read at token (default: the last token)" and field.value == len(tr) - 1
     field.set_value(40).run()
@@ -62,7 +63,7 @@ def test_the_read_at_any_token_of_free_text(checkpoints, family, read):
 
 def test_a_peak_chosen_in_the_table_zooms_every_view_and_the_read_there(checkpoints):
     at = traced_text(checkpoints["longmem"])
-    tr = trace_page.cached_trace(checkpoints["longmem"], TEXT, (), None)
+    tr = trace_page.cached_trace(checkpoints["longmem"], weights_stamp(checkpoints["longmem"]), TEXT, (), None)
     summary = tr.loss_summary()
     said = [m.value for m in at.markdown if m.value.startswith("**Next-token loss**")]
     assert said and f"mean {summary['mean_nats']:.3f} nats" in said[0] and "bits a byte" in said[0]
@@ -99,7 +100,8 @@ def test_a_one_token_text_says_why_its_loss_chart_is_empty(checkpoints):
 
 def test_the_cost_line_counts_the_input_exactly(checkpoints):
     at = traced_text(checkpoints["sliding_window"])
-    n = len(trace_page.cached_trace(checkpoints["sliding_window"], TEXT, (), None))
+    path = checkpoints["sliding_window"]
+    n = len(trace_page.cached_trace(path, weights_stamp(path), TEXT, (), None))
     assert any(c.value.startswith(f"{n:,} tokens hold ") for c in at.caption), [c.value for c in at.caption]
 
 
