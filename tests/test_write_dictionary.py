@@ -180,6 +180,18 @@ def test_a_released_state_space_models_writes_fold_the_step_into_the_key(tmp_pat
     np.testing.assert_allclose(values[:, :, 0].transpose(0, 1).numpy(), v, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("model_type, family", [("recurrent_gemma", "hf_rg_lru"), ("mamba", "hf_mamba")])
+def test_released_models_without_matrix_writes_offer_no_layer(tmp_path, model_type, family):
+    """RG-LRU writes a scalar a channel and Mamba-1 a vector a channel: no rank-1 atoms to learn, refused by name."""
+    from memviz.models.released.tiny import tiny_checkpoint
+
+    tiny_checkpoint(tmp_path / "m", model_type)
+    model = memviz.load(tmp_path / "m")
+    assert layers_with_writes(model) == []
+    with pytest.raises(ValueError, match=f"this {family} model has no layer with writes"):
+        capture_writes(model, "The pass key is 71432.", 0)
+
+
 def planted_text_writes(rng, n=400, d=8) -> tuple[Writes, np.ndarray, np.ndarray]:
     """Writes whose even positions write atom 0 (u0 w0^T) and odd ones atom 1, each with its own strength."""
     u = np.linalg.qr(rng.normal(size=(d, d)))[0][:, :2].T  # two orthonormal key directions
