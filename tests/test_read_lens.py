@@ -100,6 +100,72 @@ def test_a_released_models_path_gives_its_memory_layers_output_and_its_logits(re
     torch.testing.assert_close(final, logits, rtol=1e-7, atol=1e-8)
 
 
+#: Mamba-2 architectures, each with the config fields that put transformers' multipliers on the path (Granite 4.0-H
+#: adds residual_multiplier x a mixer's output to the residual stream and divides its logits by logits_scaling)
+SSD = {
+    "mamba2": {},
+    "bamba": {},
+    "nemotron_h": {},
+    "zamba2": {},
+    "granitemoehybrid": {"residual_multiplier": 0.5, "logits_scaling": 4.0, "embedding_multiplier": 3.0},
+}
+
+
+@pytest.mark.parametrize("model_type", SSD)
+def test_a_mamba2_read_with_its_skip_goes_through_the_gated_norm_to_what_the_mixer_adds(tmp_path, model_type):
+    """The frozen diagonal is the gated norm's output over its input y_t + D x_t: transformers' own norm applied to
+    that input and the gate its mixer projected gives hook_mem_out, and the path applied to it gives the mixer's
+    output (a torch hook on transformers' module) times the multiplier the decoder layer applies."""
+    from memviz.models.released.tiny import tiny_checkpoint
+
+    seed = fresh_seed() % 2**31
+    tiny_checkpoint(tmp_path, model_type, seed=seed, **SSD[model_type])
+    model = memviz.load(str(tmp_path), dtype="float64")
+    ids = model.as_tokens("The pass key is 40721. Remember it. The grass is green and the sky is blue.")
+    position = ids.shape[1] - 2
+    path = read_path_of(model, ids, position)
+    layers = sorted(model.linear)
+    assert sorted(int(name.split(".")[1]) for name in path.layers) == layers and layers
+    mixers = {l: model.memory_layer(l) for l in layers}
+    seen: dict[tuple[int, str], torch.Tensor] = {}
+    hooks = [
+        module.register_forward_hook(lambda _, args, out, key=(l, part): seen.__setitem__(key, out[0, position]))
+        for l, mixer in mixers.items()
+        for part, module in (("in_proj", mixer.in_proj), ("mixer", mixer))
+    ]
+    try:
+        with torch.no_grad():
+            logits = model(ids)[0, position].double()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    captured = model.capture(ids, [f"blocks.{l}.attn.hook_{h}" for l in layers for h in ("write_value", "mem_out")])
+    readout = model.memory_readout(ids, position)
+    multiplier = SSD[model_type].get("residual_multiplier", 1.0)
+    for l, mixer in mixers.items():
+        read = readout.parts[f"blocks.{l}"].sum(0)
+        y = read + mixer.D.double()[:, None] * captured[f"blocks.{l}.attn.hook_write_value"][position]
+        gate = seen[(l, "in_proj")][: mixer.intermediate_size]
+        with torch.no_grad():
+            normed = mixer.norm(y.flatten()[None, None], gate[None, None])[0, 0]
+        mem_out = captured[f"blocks.{l}.attn.hook_mem_out"][position].flatten()
+        torch.testing.assert_close(normed.double(), mem_out, rtol=1e-9, atol=1e-12, msg=f"layer {l}, seed {seed}")
+        got = path.residual(f"blocks.{l}", y[None])[0]
+        torch.testing.assert_close(got, seen[(l, "mixer")].double() * multiplier, rtol=1e-9, atol=1e-12)
+    x = model.capture(ids, [f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"])
+    final = (next(iter(x.values()))[position] * path.final_scale) @ path.unembed.T
+    torch.testing.assert_close(final, logits, rtol=1e-6, atol=1e-6)  # Mamba-2 keeps its residual in float32
+
+
+def test_falcon_h1_is_refused_with_why(tmp_path):
+    from memviz.models.released.tiny import tiny_checkpoint
+
+    tiny_checkpoint(tmp_path, "falcon_h1")
+    model = memviz.load(str(tmp_path))
+    with pytest.raises(ValueError, match="no read lens for .*Falcon-H1 gates its read inline"):
+        read_lens(model, model.as_tokens("The pass key is 40721."), 3)
+
+
 def test_the_writers_shifts_add_up_to_the_reads_logits_and_the_figure_draws_them():
     seed = fresh_seed()
     model = own_model("gated_deltanet", seed)

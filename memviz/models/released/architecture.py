@@ -43,7 +43,10 @@ class Architecture:
     `experts`: a mixture of experts, whose grouped matmul takes no float64 (the eager loop does);
     `layers(hf)`: the decoder layers of transformers' causal LM; `mlp(layer)`: a layer's MLP, None without one;
     `out_projection(memory)`: the linear map from the read norm's output to what the memory layer adds to the residual
-    stream; `final_norm(hf)`: the norm before the unembedding (the last two: the read lens, `memviz.read_lens`)."""
+    stream; `final_norm(hf)`: the norm before the unembedding; `residual_scale(config)`: the factor a memory layer's
+    output joins the residual stream with; `logit_scale(config)`: the factor on the unembedding's output; `read_lens`:
+    None where these steps are all there is between a read norm and the logits, else why the lens is not offered
+    (the last five: the read lens, `memviz.read_lens`)."""
 
     # transformers' modules are typed loosely (their attributes are set in __init__), hence Any
     model_types: Mapping[str, str]
@@ -62,6 +65,9 @@ class Architecture:
     mlp: Callable[[Any], Any] = lambda layer: layer.mlp
     out_projection: Callable[[Any], Any] = lambda memory: memory.out_proj
     final_norm: Callable[[Any], Any] = lambda hf: hf.model.norm
+    residual_scale: Callable[[Any], float] = lambda config: 1.0
+    logit_scale: Callable[[Any], float] = lambda config: 1.0
+    read_lens: str | None = None
 
 
 class Claimed(Mapping[str, str]):

@@ -57,6 +57,7 @@ BAMBA = register(
         model_types={"bamba": "Bamba"},
         config=config,
         causal_lm=causal_lm,
+        final_norm=lambda hf: hf.model.final_layernorm,
         tiny={"model_type": "bamba", **TINY_HYBRID, **TINY_MAMBA, "attn_layer_indices": [2]},
         **ssd_hybrid(),
     ),

@@ -29,6 +29,9 @@ FALCON_H1 = register(
         model_types={"falcon_h1": "Falcon-H1"},
         config=config,
         causal_lm=causal_lm,
+        read_lens="Falcon-H1 gates its read inline without a norm (mamba_rms_norm false), and its multipliers "
+        "(ssm_out_multiplier, lm_head_multiplier) are not yet on the path",
+        final_norm=lambda hf: hf.model.final_layernorm,
         memory=lambda layer: layer.mamba,
         attention=lambda layer: layer.self_attn,
         mlp=lambda layer: layer.feed_forward,

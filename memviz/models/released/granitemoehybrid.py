@@ -27,6 +27,8 @@ GRANITE_MOE_HYBRID = register(
         model_types={"granitemoehybrid": "Granite 4.0-H"},
         config=config,
         causal_lm=causal_lm,
+        residual_scale=lambda config: config.residual_multiplier,
+        logit_scale=lambda config: 1 / config.logits_scaling,
         tiny={
             "model_type": "granitemoehybrid",
             **TINY_HYBRID,

@@ -40,6 +40,7 @@ MAMBA2 = register(
         config=config,
         causal_lm=causal_lm,
         layers=lambda hf: hf.backbone.layers,
+        final_norm=lambda hf: hf.backbone.norm_f,
         memory=lambda layer: layer.mixer,
         attention=lambda layer: None,
         mlp=lambda layer: None,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import numbers
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple, cast
@@ -430,21 +430,33 @@ class ReleasedLM(StreamingLM):
         x = torch.where(x == 0, torch.finfo(self.dtype).tiny ** 0.5, x)  # a zero channel still has its scale
         with torch.no_grad():
             normed = self.arch.final_norm(self.hf)(x.to(self.device, self.dtype)[None, None])[0, 0]
-        return frozen_scale(normed.cpu(), x), self.hf.get_output_embeddings().weight.detach().cpu()
+        unembed = self.hf.get_output_embeddings().weight.detach().cpu() * self.arch.logit_scale(self.hf.config)
+        return frozen_scale(normed.cpu(), x), unembed
+
+    #: the hooks besides the read that `norm_input` takes (a skip's input)
+    norm_input_hooks: tuple[str, ...] = ()
+
+    def norm_input(self, layer: int, read: Tensor, seen: Mapping[str, Tensor]) -> Tensor:
+        """What `layer`'s read norm takes at the token, from its read and `norm_input_hooks` captured there (`seen`):
+        the read itself, unless a family adds a skip to it."""
+        return read
 
     def norm_read_path(self, tokens, position: int) -> ReadPath:
         """The path from each memory layer's read o_t to the logits at `position` (`memviz.protocol.ReadPath`) for a
         layer whose read passes through its read norm, then its output projection, straight into the residual
-        stream: the norm's scale and gate frozen at the token as the diagonal hook_mem_out / hook_read (a channel whose
-        read is exactly 0 gets 0: its writers' parts there cancel, and each is left out)."""
-        names = {l: layer_hooks(l, ("read", "mem_out")) for l in sorted(self.linear)}
-        at = captured_at(self, tokens, position, [*(n for pair in names.values() for n in pair), last_residual(self)])
+        stream: the norm's scale and gate frozen at the token as the diagonal hook_mem_out / `norm_input` (a channel
+        whose input is exactly 0 gets 0: its writers' parts there cancel, and each is left out)."""
+        if self.arch.read_lens is not None:
+            raise ValueError(f"no read lens for {self.cfg.name or self.family}: {self.arch.read_lens}")
+        names = {l: layer_hooks(l, ("read", "mem_out", *self.norm_input_hooks)) for l in sorted(self.linear)}
+        at = captured_at(self, tokens, position, [*(n for hooks in names.values() for n in hooks), last_residual(self)])
         layers = {}
-        for l, (read, out) in names.items():
+        for l, (read, out, *_) in names.items():
             mixer = self.memory_layer(l)
             heads = self.arch.state(mixer)[0]
-            diagonal = frozen_scale(at[out], at[read])  # [head, d_v]
-            layers[f"blocks.{l}"] = diagonal[..., None] * head_blocks(self.arch.out_projection(mixer).weight, heads)
+            diagonal = frozen_scale(at[out], self.norm_input(l, at[read], at))  # [head, d_v]
+            projection = head_blocks(self.arch.out_projection(mixer).weight, heads)
+            layers[f"blocks.{l}"] = diagonal[..., None] * projection * self.arch.residual_scale(self.hf.config)
         return ReadPath(position, layers, *self.unembedding_at(at[last_residual(self)]))
 
     def needle_hold(self, tokens, span: tuple[int, int]) -> dict[str, np.ndarray]:

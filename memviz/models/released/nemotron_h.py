@@ -26,6 +26,7 @@ NEMOTRON_H = register(
         model_types={"nemotron_h": "Nemotron-H"},
         config=config,
         causal_lm=causal_lm,
+        final_norm=lambda hf: hf.model.norm_f,
         memory=lambda layer: layer.mixer,
         attention=lambda layer: layer.mixer if layer.block_type == "full_attention" else None,
         mlp=lambda layer: layer.mixer if layer.block_type in ("mlp", "moe") else None,

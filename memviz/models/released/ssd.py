@@ -20,7 +20,10 @@ the same layers: docs/released.md.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
+
+from torch import Tensor
 
 from memviz.figure_parts import WIDTH, layer_names, layer_prefix, position_heatmap, timeline
 from memviz.protocol import HookDoc
@@ -99,10 +102,19 @@ def state_space_figures(trace, width: int = WIDTH, start: int = 0, stop: int | N
     from_config=False,
     readout=True,
     needle_hold=True,
+    read_lens=True,
     folders=FolderLoader(Claimed(ARCHITECTURES), load),
 )
 class SSDLM(ReleasedLM):
     """A transformers model with Mamba-2 layers (module docstring)."""
+
+    read_path = ReleasedLM.norm_read_path
+    norm_input_hooks = ("write_value",)
+
+    def norm_input(self, layer: int, read: Tensor, seen: Mapping[str, Tensor]) -> Tensor:
+        """The gated norm's input y_t + D x_t: the read and the skip, x_t being the layer's write value."""
+        skip = self.memory_layer(layer).D.detach().to(read.device, read.dtype)
+        return read + skip[:, None] * seen[f"blocks.{layer}.attn.hook_write_value"]
 
     architectures = ARCHITECTURES
     delta_rule = False

@@ -5,6 +5,7 @@ downloads open with `memviz.load`."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -35,17 +36,16 @@ def write_tokenizer(folder: Path, text: str, vocab_size: int = 300) -> None:
     tok.save(str(folder / "tokenizer.json"))
 
 
-def tiny_checkpoint(folder: str | Path, model_type: str, seed: int = 0, text: str = TEXT):
-    """Save a small random `model_type` model (its architecture's `tiny` config) and a tokenizer in `folder`;
-    returns transformers' model. The weights are drawn so that the memory matters: the decays spread from fast to
-    slow forgetting as trained ones do (A_log and dt_bias spread over the heads and channels), and the projections
-    are large enough to move the logits."""
+def tiny_checkpoint(folder: str | Path, model_type: str, seed: int = 0, text: str = TEXT, **config: Any):
+    """Save a small random `model_type` model (its architecture's `tiny` config, with `config`'s fields over it) and
+    a tokenizer in `folder`; returns transformers' model. The weights are drawn so that the memory matters: the
+    decays spread from fast to slow forgetting as trained ones do (A_log and dt_bias spread over the heads and
+    channels), and the projections are large enough to move the logits."""
     arch = architecture_of(model_type)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    config = arch.config(dict(arch.tiny, model_type=model_type))
-    model = arch.causal_lm()(config)
+    model = arch.causal_lm()(arch.config(dict(arch.tiny, model_type=model_type, **config)))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith(("dt_bias", "dt_proj.bias")):  # the step's bias: Mamba-2's per head, Mamba-1's a channel

@@ -45,6 +45,7 @@ ZAMBA2 = register(
         model_types={"zamba2": "Zamba2"},
         config=config,
         causal_lm=causal_lm,
+        final_norm=lambda hf: hf.model.final_layernorm,
         memory=lambda layer: layer.mamba_decoder.mamba if is_hybrid(layer) else layer.mamba,
         attention=lambda layer: layer.shared_transformer.self_attn if is_hybrid(layer) else None,
         mlp=lambda layer: layer.shared_transformer.feed_forward if is_hybrid(layer) else None,
