@@ -166,6 +166,50 @@ def test_falcon_h1_is_refused_with_why(tmp_path):
         read_lens(model, model.as_tokens("The pass key is 40721."), 3)
 
 
+@pytest.mark.parametrize("config", [{}, {"use_bias": True, "output_logit_soft_cap": 2.0}])
+def test_an_mlstm_read_goes_through_its_division_layer_norm_and_gate_to_what_the_layer_adds(tmp_path, config):
+    """The path of C_t q_t gives the mLSTM layer's output (a torch hook on transformers' module) less what the layer
+    norm's bias adds through the output gate (o_t from the layer's own gate projection); the frozen final steps give
+    the logits, their soft cap included."""
+    from memviz.models.released.tiny import tiny_checkpoint
+
+    seed = fresh_seed() % 2**31
+    tiny_checkpoint(tmp_path, "xlstm", seed=seed, **config)
+    model = memviz.load(str(tmp_path), dtype="float64")
+    ids = model.as_tokens("The pass key is 40721. Remember it. The grass is green and the sky is blue. " * 3)
+    position = ids.shape[1] - 2
+    path = read_path_of(model, ids, position)
+    layers = {l: model.memory_layer(l) for l in sorted(model.linear)}
+    seen: dict[tuple[int, str], torch.Tensor] = {}
+    hooks = [
+        module.register_forward_hook(
+            lambda _, args, out, key=(l, part): seen.__setitem__(
+                key, (out[0] if key[1] == "layer" else out)[0, position]
+            )
+        )
+        for l, layer in layers.items()
+        for part, module in (("layer", layer), ("gate", layer.ogate_preact))
+    ]
+    try:
+        with torch.no_grad():
+            logits = model(ids)[0, position].double()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    readout = model.memory_readout(ids, position)
+    for l, layer in layers.items():
+        read = readout.parts[f"blocks.{l}"].sum(0)
+        bias = layer.multihead_norm.bias
+        with torch.no_grad():
+            from_bias = 0 if bias is None else layer.out_proj(torch.sigmoid(seen[(l, "gate")]) * bias)
+        expected = seen[(l, "layer")].double() - from_bias
+        got = path.residual(f"blocks.{l}", read[None])[0]
+        torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6, msg=f"layer {l}, seed {seed}")  # float32 norms
+    x = model.capture(ids, [f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"])
+    final = (next(iter(x.values()))[position] * path.final_scale) @ path.unembed.double().T
+    torch.testing.assert_close(final, logits, rtol=1e-6, atol=1e-6)  # transformers casts xLSTM's logits to float32
+
+
 def test_the_writers_shifts_add_up_to_the_reads_logits_and_the_figure_draws_them():
     seed = fresh_seed()
     model = own_model("gated_deltanet", seed)

@@ -53,7 +53,8 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
 from memviz.figure_parts import WIDTH, layer_names, layer_prefix, position_heatmap, timeline, with_array
-from memviz.protocol import HookDoc, ModelState
+from memviz.protocol import HookDoc, ModelState, ReadPath
+from memviz.read_lens import captured_at, frozen_scale, head_blocks, last_residual
 from memviz.registry import FolderLoader, register_family
 from memviz.running import hooked
 from memviz.state import Memory, State
@@ -250,6 +251,7 @@ def mlstm_figures(trace, width: int = WIDTH, start: int = 0, stop: int | None = 
     from_config=False,
     readout=True,
     needle_hold=True,
+    read_lens=True,
     folders=FolderLoader(Claimed(ARCHITECTURES), load),
 )
 class MLSTMLM(ReleasedLM):
@@ -306,6 +308,60 @@ class MLSTMLM(ReleasedLM):
 
     def memory_points(self, l: int) -> MemoryHooks:
         return MLSTMHooks()
+
+    def read_path(self, tokens, position: int) -> ReadPath:
+        """The path from each mLSTM layer's read C_t q_t to the logits at `position` (`memviz.protocol.ReadPath`),
+        every scale frozen at the token: the division h~_t = C_t q_t / (max(|n_t^T q_t|, 1) + eps e^{m_t}) (as
+        h~_t / C_t q_t), the per-head layer norm's spread (its centring is linear and stays; its bias is the token's
+        own, no writer's), the output gate, `out_proj`; then the final norm, the unembedding and the logits' soft cap
+        (as its slope cap tanh(z / cap) / z at each logit z)."""
+        names = [*(f"blocks.{l}.attn.hook_read" for l in sorted(self.linear)), last_residual(self)]
+        seen: dict[tuple[int, str], Tensor] = {}
+
+        def keep_last(l: int, part: str):
+            def hook(module, args, out) -> None:
+                seen[(l, part)] = args[0][0, -1].detach()  # chunk by chunk: the last chunk's last token is `position`
+                if part == "norm":
+                    seen[(l, "normed")] = out[0, -1].detach()
+
+            return hook
+
+        layers = {l: self.memory_layer(l) for l in sorted(self.linear)}
+        handles = [
+            module.register_forward_hook(keep_last(l, part))
+            for l, layer in layers.items()
+            for part, module in (("norm", layer.multihead_norm), ("gated", layer.out_proj))
+        ]
+        try:
+            at = captured_at(self, tokens, position, names)
+        finally:
+            for handle in handles:
+                handle.remove()
+        paths = {}
+        for l, layer in layers.items():
+            norm, heads = layer.multihead_norm, layer.config.num_heads
+            read = at[f"blocks.{l}.attn.hook_read"]  # [head, d_v]
+            divided = seen[(l, "norm")].to("cpu", torch.float64).reshape(read.shape)  # h~_t
+            d_v = read.shape[-1]
+            spread = (divided.var(-1, unbiased=False, keepdim=True) + norm.eps).sqrt()
+            weight = torch.ones(heads * d_v) if norm.weight is None else norm.weight.detach()
+            gate = frozen_scale(seen[(l, "gated")].cpu(), seen[(l, "normed")].cpu()).reshape(read.shape)  # o_t
+            scale = weight.to("cpu", torch.float64).reshape(read.shape) * gate / spread  # [head, d_v]
+            centring = torch.eye(d_v, dtype=torch.float64) - 1 / d_v
+            per_head = frozen_scale(divided, read)[..., None] * centring * scale[:, None, :]  # [head, d_v, d_v]
+            paths[f"blocks.{l}"] = per_head @ head_blocks(layer.out_proj.weight, heads)
+        return ReadPath(position, paths, *self.unembedding_at(at[last_residual(self)]))
+
+    def unembedding_at(self, residual: Tensor) -> tuple[Tensor, Tensor]:
+        """`ReleasedLM.unembedding_at`, with the logits' soft cap frozen at the token: each row of the unembedding
+        times cap tanh(z / cap) / z at its logit z (1 at z = 0)."""
+        final_scale, unembed = super().unembedding_at(residual)
+        cap = self.hf.config.output_logit_soft_cap
+        if cap is None:
+            return final_scale, unembed
+        logits = unembed.double() @ (final_scale * residual.to("cpu", torch.float64))
+        slope = torch.where(logits != 0, cap * torch.tanh(logits / cap) / torch.where(logits != 0, logits, 1.0), 1.0)
+        return final_scale, (slope[:, None] * unembed.double()).to(unembed.dtype)
 
     def install_memory(self) -> None:
         """Each mLSTM layer's backend module replaced by memviz's kernel (an mLSTM layer has no transformers kernel

@@ -33,6 +33,7 @@ XLSTM = register(
         config=config,
         causal_lm=causal_lm,
         layers=lambda hf: hf.backbone.blocks,
+        final_norm=lambda hf: hf.backbone.out_norm,
         memory=lambda block: block.mlstm_layer,
         attention=lambda block: None,
         mlp=lambda block: block.ffn,
