@@ -100,6 +100,24 @@ def test_a_released_models_path_gives_its_memory_layers_output_and_its_logits(re
     torch.testing.assert_close(final, logits, rtol=1e-7, atol=1e-8)
 
 
+def outputs_at(model, ids, position: int, modules: dict) -> tuple[torch.Tensor, dict]:
+    """The model's logits at `position` and each of `modules`' output there ({key: module}; a module returning a
+    tuple gives its first part), from torch hooks on transformers' own modules, not memviz's hook points."""
+    seen = {}
+
+    def keep(key):
+        return lambda _, args, out: seen.__setitem__(key, (out[0] if isinstance(out, tuple) else out)[0, position])
+
+    hooks = [module.register_forward_hook(keep(key)) for key, module in modules.items()]
+    try:
+        with torch.no_grad():
+            logits = model(ids)[0, position].double()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return logits, seen
+
+
 #: Mamba-2 architectures, each with the config fields that put transformers' multipliers on the path (Granite 4.0-H
 #: adds residual_multiplier x a mixer's output to the residual stream and divides its logits by logits_scaling)
 SSD = {
@@ -127,18 +145,8 @@ def test_a_mamba2_read_with_its_skip_goes_through_the_gated_norm_to_what_the_mix
     layers = sorted(model.linear)
     assert sorted(int(name.split(".")[1]) for name in path.layers) == layers and layers
     mixers = {l: model.memory_layer(l) for l in layers}
-    seen: dict[tuple[int, str], torch.Tensor] = {}
-    hooks = [
-        module.register_forward_hook(lambda _, args, out, key=(l, part): seen.__setitem__(key, out[0, position]))
-        for l, mixer in mixers.items()
-        for part, module in (("in_proj", mixer.in_proj), ("mixer", mixer))
-    ]
-    try:
-        with torch.no_grad():
-            logits = model(ids)[0, position].double()
-    finally:
-        for hook in hooks:
-            hook.remove()
+    modules = {(l, part): getattr(mixer, part, mixer) for l, mixer in mixers.items() for part in ("in_proj", "mixer")}
+    logits, seen = outputs_at(model, ids, position, modules)
     captured = model.capture(ids, [f"blocks.{l}.attn.hook_{h}" for l in layers for h in ("write_value", "mem_out")])
     readout = model.memory_readout(ids, position)
     multiplier = SSD[model_type].get("residual_multiplier", 1.0)
@@ -180,28 +188,16 @@ def test_an_mlstm_read_goes_through_its_division_layer_norm_and_gate_to_what_the
     position = ids.shape[1] - 2
     path = read_path_of(model, ids, position)
     layers = {l: model.memory_layer(l) for l in sorted(model.linear)}
-    seen: dict[tuple[int, str], torch.Tensor] = {}
-    hooks = [
-        module.register_forward_hook(
-            lambda _, args, out, key=(l, part): seen.__setitem__(
-                key, (out[0] if key[1] == "layer" else out)[0, position]
-            )
-        )
-        for l, layer in layers.items()
-        for part, module in (("layer", layer), ("gate", layer.ogate_preact))
-    ]
-    try:
-        with torch.no_grad():
-            logits = model(ids)[0, position].double()
-    finally:
-        for hook in hooks:
-            hook.remove()
+    modules = {
+        (l, part): getattr(layer, part, layer) for l, layer in layers.items() for part in ("layer", "ogate_preact")
+    }
+    logits, seen = outputs_at(model, ids, position, modules)
     readout = model.memory_readout(ids, position)
     for l, layer in layers.items():
         read = readout.parts[f"blocks.{l}"].sum(0)
         bias = layer.multihead_norm.bias
         with torch.no_grad():
-            from_bias = 0 if bias is None else layer.out_proj(torch.sigmoid(seen[(l, "gate")]) * bias)
+            from_bias = 0 if bias is None else layer.out_proj(torch.sigmoid(seen[(l, "ogate_preact")]) * bias)
         expected = seen[(l, "layer")].double() - from_bias
         got = path.residual(f"blocks.{l}", read[None])[0]
         torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6, msg=f"layer {l}, seed {seed}")  # float32 norms
