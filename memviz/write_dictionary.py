@@ -291,18 +291,18 @@ def evaluate(
 
 def check_settings(
     n_atoms: Any, k: Any, steps: Any, batch: Any, lr: Any, held_back: Any, resample_every: Any, progress: Any
-) -> None:
-    """`train_dictionary`'s settings, each refused by name when out of range."""
+) -> tuple[int, int, int, int, int]:
+    """`train_dictionary`'s settings, each refused by name when out of range; the whole numbers among them as ints
+    (n_atoms, k, steps, batch, resample_every)."""
     n_atoms = check_whole(n_atoms, "n_atoms", 1, MAX_ATOMS)
-    check_whole(k, "k", 1, n_atoms)
-    check_whole(steps, "steps", 1)
-    check_whole(batch, "batch", 1)
-    check_whole(resample_every, "resample_every", 1)
+    whole = (n_atoms, check_whole(k, "k", 1, n_atoms), check_whole(steps, "steps", 1), check_whole(batch, "batch", 1))
+    resample_every = check_whole(resample_every, "resample_every", 1)
     check_progress(progress)
     if isinstance(held_back, bool) or not isinstance(held_back, (int, float)) or not 0 < held_back < 1:
         raise ValueError(f"held_back must be a share between 0 and 1, got {held_back!r}")
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < 1:
         raise ValueError(f"lr must be a positive learning rate below 1, got {lr!r}")
+    return (*whole, resample_every)
 
 
 def train_dictionary(
@@ -332,8 +332,9 @@ def train_dictionary(
     d_v = values.shape[-1]
     if d_k * d_v < 2:
         raise ValueError(f"the writes are scalars (d_k = {d_k}, d_v = {d_v}): there is no matrix to factor")
-    check_settings(n_atoms, k, steps, batch, lr, held_back, resample_every, progress)
-    n_atoms, k, steps, batch, resample_every = (int(v) for v in (n_atoms, k, steps, batch, resample_every))
+    n_atoms, k, steps, batch, resample_every = check_settings(
+        n_atoms, k, steps, batch, lr, held_back, resample_every, progress
+    )
     n_train = n_writes - math.ceil(held_back * n_writes)
     if n_train < k or n_train < 1 or n_writes - n_train < MIN_HELD_BACK:
         raise ValueError(

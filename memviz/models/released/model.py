@@ -430,8 +430,8 @@ class ReleasedLM(StreamingLM):
         x = torch.where(x == 0, torch.finfo(self.dtype).tiny ** 0.5, x)  # a zero channel still has its scale
         with torch.no_grad():
             normed = self.arch.final_norm(self.hf)(x.to(self.device, self.dtype)[None, None])[0, 0]
-        unembed = self.hf.get_output_embeddings().weight.detach().cpu() * self.arch.logit_scale(self.hf.config)
-        return frozen_scale(normed.cpu(), x), unembed
+        unembed, scale = self.hf.get_output_embeddings().weight.detach().cpu(), self.arch.logit_scale(self.hf.config)
+        return frozen_scale(normed.cpu(), x), unembed if scale == 1 else unembed * scale  # no copy of W_U at 1
 
     #: the hooks besides the read that `norm_input` takes (a skip's input)
     norm_input_hooks: tuple[str, ...] = ()
