@@ -183,6 +183,75 @@ def test_reread_needs_two_training_documents(tmp_path):
         TaskSampler(ByteTokenizer(), DataConfig(mix={"reread": 1.0}, corpora={str(tmp_path / "one.txt"): 1.0}))
 
 
+def copied_blocks(example, longest: int, gap: int) -> list[tuple[bytes, int]]:
+    """(block, tokens between its readings) for every run of answer-weighted tokens, found by looking back for the
+    run and the prompt token before it (the repeat's first token) within `gap` tokens of text; the example's cut
+    last repeat is looked for as far back as a whole block's."""
+    tokens, weights, found = bytes(example.tokens), example.weights, []
+    t = 1
+    while t < len(tokens):
+        if weights[t] != 5.0:
+            t += 1
+            continue
+        end = t
+        while end < len(tokens) and weights[end] == 5.0:
+            end += 1
+        block = tokens[t - 1 : end]
+        reach = (longest if end == len(tokens) else len(block)) + gap
+        lags = [lag for lag in range(len(block), reach + 1) if tokens[t - 1 - lag : end - lag] == block]
+        assert lags, f"the answer run at {t} repeats nothing within {gap} tokens"
+        found.append((block, lags[0] - len(block)))
+        t = end
+    return found
+
+
+@pytest.mark.parametrize("shuffled", [0.0, 1.0])
+def test_a_copy_example_repeats_blocks_of_training_text_after_a_short_gap(shuffled):
+    cfg = DataConfig(
+        mix={"copy": 1.0},
+        corpora={"shakespeare": 1.0},
+        copy_block=[12, 24],
+        copy_gap=[0, 10],
+        copy_shuffled=shuffled,
+        prompt_weight=0.1,
+        answer_weight=5.0,
+    )
+    s = TaskSampler(ByteTokenizer(), cfg)
+    training = b"\0".join(d.text.encode() for d in texts.documents("shakespeare", "train"))
+    blocks = []
+    for seed in range(20):
+        example = s.example(random.Random(seed), 600)
+        assert len(example.tokens) == len(example.weights) == 600 and example.weights[0] == 0.0
+        assert set(example.weights[1:]) == {0.1, 5.0}
+        found = copied_blocks(example, longest=24, gap=10)
+        assert len(found) >= 600 // (2 * 24 + 10) - 1  # every block of the example but a cut last one is read again
+        blocks += [block for block, gap in found[:-1] if 0 <= gap <= 10]
+        assert all(12 <= len(block) <= 24 for block, _ in found[:-1])
+    in_text = sum(block in training for block in blocks) / len(blocks)
+    if shuffled:
+        assert in_text < 0.1  # a shuffled block is not a piece of the plays
+    else:
+        assert in_text == 1.0
+
+
+COPY_CASES = {
+    "a copy block of 1": ({"copy_block": [1, 8]}, r"data.copy_block is \[shortest, longest\] whole numbers"),
+    "copy blocks the wrong way": ({"copy_block": [32, 8]}, "data.copy_block is"),
+    "a copy block of one value": ({"copy_block": [8]}, "data.copy_block is"),
+    "a negative copy gap": (
+        {"copy_gap": [-1, 4]},
+        r"data.copy_gap is \[shortest, longest\] whole numbers of tokens, 0",
+    ),
+    "a copy share above 1": ({"copy_shuffled": 1.5}, r"data.copy_shuffled must lie in \[0, 1\], got 1.5"),
+}
+
+
+@pytest.mark.parametrize("fields,message", COPY_CASES.values(), ids=COPY_CASES.keys())
+def test_bad_copy_settings_are_named(fields, message):
+    with pytest.raises(ValueError, match=message):
+        DataConfig(mix={"copy": 1.0}, corpora={"shakespeare": 1.0}, **fields)
+
+
 def test_a_tokenizer_file_that_is_no_tokenizer_is_named_before_training(tmp_path):
     from training.data import build_tokenizer
 

@@ -26,6 +26,11 @@ tokens in all. P is `reread_passage` (at most a quarter of the example) and d is
 (at most what the example leaves), so short and long distances are drawn alike. The second reading's tokens 2..P are
 weighted `answer_weight`, as the pass key's answer is (its first token follows filler and cannot be copied); the
 rest is a memory task's prompt (`prompt_weight`, or `text_weight`).
+
+The `copy` task teaches copying in view, which re-reading past a window builds on (an induction circuit): blocks of
+`copy_block` training tokens, each read again after `copy_gap` tokens of other training text. A share
+`copy_shuffled` of the blocks is put in a random order, so their own words do not predict them and only copying
+does. A repeat's tokens 2..b are weighted `answer_weight`, the rest as a memory task's prompt.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from memviz_probes.haystack import ProceduralHaystack, RepeatedHaystack, make_ha
 from training.fields import check_schedule, check_types
 
 LONG_TASKS = ("passkey", *babilong.TASKS, *ruler.TASKS)
-OTHER_TASKS = ("facts", "text", "reread")
+OTHER_TASKS = ("facts", "text", "reread", "copy")
 
 
 @dataclass
@@ -79,6 +84,9 @@ class DataConfig:
     )  # the pass key's fillers, one drawn a sample; [] = procedural
     reread_passage: int = 300  # reread: tokens of the passage read twice (at most a quarter of the example)
     reread_distances: list[int] = field(default_factory=lambda: [64, 16384])  # reread: [shortest, longest] d
+    copy_block: list[int] = field(default_factory=lambda: [8, 32])  # copy: [shortest, longest] block read twice
+    copy_gap: list[int] = field(default_factory=lambda: [0, 16])  # copy: [shortest, longest] text between readings
+    copy_shuffled: float = 0.5  # copy: share of blocks read in a random order
     seed: int = 1
 
     def __post_init__(self) -> None:
@@ -96,7 +104,7 @@ class DataConfig:
                 f"data.corpora maps corpus names or paths to non-negative weights with a positive sum, "
                 f"got {self.corpora!r}"
             )
-        if self.mix.get("text") or self.mix.get("reread"):
+        if self.mix.get("text") or self.mix.get("reread") or self.mix.get("copy"):
             for corpus in self.corpora:
                 try:
                     texts.documents(corpus, "train")
@@ -123,6 +131,20 @@ class DataConfig:
                 f"data.reread_distances is [shortest, longest] tokens between the readings, 1 <= shortest <= "
                 f"longest, got {self.reread_distances!r}"
             )
+        for name, least in (("copy_block", 2), ("copy_gap", 0)):
+            bounds = getattr(self, name)
+            if (
+                not isinstance(bounds, list)
+                or len(bounds) != 2
+                or not all(isinstance(b, int) for b in bounds)
+                or not least <= bounds[0] <= bounds[1]
+            ):
+                raise ValueError(
+                    f"data.{name} is [shortest, longest] whole numbers of tokens, {least} <= shortest <= longest, "
+                    f"got {bounds!r}"
+                )
+        if not isinstance(self.copy_shuffled, (int, float)) or not 0 <= self.copy_shuffled <= 1:
+            raise ValueError(f"data.copy_shuffled must lie in [0, 1], got {self.copy_shuffled!r}")
         if not self.mix or not all(0 <= w < math.inf for w in self.mix.values()) or sum(self.mix.values()) <= 0:
             raise ValueError(f"data.mix needs finite non-negative weights with a positive sum, got {self.mix!r}")
         if not self.curriculum or any(len(c) != 2 or c[1] <= 0 for c in self.curriculum):
@@ -308,7 +330,7 @@ class TaskSampler:
         self.tasks = [t for t, w in cfg.mix.items() if w > 0]
         self.weights = [cfg.mix[t] for t in self.tasks]
         self.kb = facts.KnowledgeBase(cfg.kb_seed, cfg.n_entities) if "facts" in self.tasks else None
-        reads_text = "text" in self.tasks or "reread" in self.tasks
+        reads_text = any(task in self.tasks for task in ("text", "reread", "copy"))
         self.corpus = TokenisedCorpus(tokenizer, cfg.corpora) if reads_text else None
         if "reread" in self.tasks and self.corpus is not None and sum(map(len, self.corpus.docs.values())) < 2:
             raise ValueError(
@@ -332,6 +354,8 @@ class TaskSampler:
                 return Example(tokens, [0.0] + [self.cfg.text_weight] * (len(tokens) - 1))
             if task == "reread":
                 return self.reread_example(rng, length)
+            if task == "copy":
+                return self.copy_example(rng, length)
             try:
                 sample, answer, drills = self.long_sample(task, rng, length, max_facts)
                 break
@@ -379,6 +403,22 @@ class TaskSampler:
         prompt_weight = self.cfg.text_weight if self.cfg.prompt_weight is None else self.cfg.prompt_weight
         weights = [0.0] + [prompt_weight] * (len(tokens) - len(passage)) + [self.cfg.answer_weight] * (len(passage) - 1)
         return Example(tokens, weights)
+
+    def copy_example(self, rng: random.Random, length: int) -> Example:
+        """`length` tokens of blocks each read twice, a few tokens of text between (the training split only); the
+        second reading's tokens 2..b weighted `answer_weight`."""
+        assert self.corpus is not None  # "copy" is in the mix, so __init__ tokenised its corpora
+        prompt_weight = self.cfg.text_weight if self.cfg.prompt_weight is None else self.cfg.prompt_weight
+        tokens: list[int] = []
+        weights: list[float] = []
+        while len(tokens) < length:
+            block = self.corpus.window(rng, rng.randint(*self.cfg.copy_block))
+            if rng.random() < self.cfg.copy_shuffled:
+                rng.shuffle(block)
+            gap = self.corpus.window(rng, rng.randint(*self.cfg.copy_gap))
+            tokens += block + gap + block
+            weights += [prompt_weight] * (len(block) + len(gap) + 1) + [self.cfg.answer_weight] * (len(block) - 1)
+        return Example(tokens[:length], [0.0] + weights[1:length])
 
     def long_sample(self, task: str, rng: random.Random, length: int, max_facts: int | None = None):
         if task == "passkey":
