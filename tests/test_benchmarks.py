@@ -545,3 +545,45 @@ def test_user_text_prints_each_texts_bits_per_byte_as_a_one_pass_cross_entropy(t
             nats = torch.nn.functional.cross_entropy(model(ids)[0, :-1].double(), ids[0, 1:], reduction="sum").item()
         bits = nats / math.log(2) / model.tokenizer.byte_length(ids[0, 1:].tolist())
         assert abs(printed_bits - bits) < 6e-4 and abs(printed_nats - nats / (ids.shape[1] - 1)) < 6e-3, cell
+
+
+def test_reread_retrieval_counts_what_each_token_of_the_second_reading_retrieved():
+    """The shares against a token-by-token count over a full trace's retrieved chunks, on a random text whose
+    60 tokens from 40 on are read again from 400 on."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from reread_retrieval import retrieval_shares
+
+    import memviz
+
+    model = memviz.load("longmem_english_reread")
+    rng = np.random.default_rng(5)
+    ids = rng.integers(5, 4000, size=520).tolist()
+    first, second, passage, chunk = 40, 400, 60, model.options.chunk_size
+    ids[second : second + passage] = ids[first : first + passage]
+    shares = retrieval_shares(model, ids, first, second, passage)
+    retrieved = memviz.trace(model, ids)[f"side_blocks.{model.augmented_layer}.attn.hook_retrieved_pos"]
+    overlapping = total = hits = 0
+    chance = []
+    for t in range(second, second + passage - 1):
+        chunks = [int(c) for c in retrieved[t].ravel() if c >= 0]
+        total += len(chunks)
+        overlapping += sum(c < first + passage and c + chunk > first for c in chunks)
+        hits += any(c <= first + (t - second) + 1 < c + chunk for c in chunks)
+        chance.append(passage / (t // 64 * 64))  # the whole first reading is in a bank of every earlier segment
+    assert total > 0
+    assert shares["in_first"] == pytest.approx(overlapping / total)
+    assert shares["target"] == pytest.approx(hits / (passage - 1))
+    assert shares["chance"] == pytest.approx(np.mean(chance))
+
+
+def test_reread_retrieval_sees_the_re_reading_sample_read_its_copy_and_refuses_another_family(capsys):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from reread_retrieval import main
+
+    assert main(["longmem_english_reread", "longmem_english", "--distances", "1024", "--n", "2"]) == 0
+    rows = [line.split("|") for line in capsys.readouterr().out.splitlines()[2:]]
+    target = {row[1].strip(): float(row[5].strip(" %")) for row in rows}
+    assert target["longmem_english_reread"] >= 30 and target["longmem_english"] <= 15, target
+    with pytest.raises(SystemExit):
+        main(["sliding_window_english"])
+    assert "sliding_window_english is a sliding_window model: this reads LongMem's retrieval" in capsys.readouterr().err
