@@ -2,10 +2,11 @@
 [NAME ...] [--distances 1024 4096 16384] [--n 8] [--seed 0] [--png docs/images/reread_retrieval.png]`.
 
 Draws the re-reading probe's passages (`memviz_probes.reread.draw`: held-out Hamlet and The Tempest, 300 tokens after
-a 256-token lead), runs each LongMem checkpoint over them, and at the second reading's tokens 1..P-1 counts:
+a 256-token lead), runs each LongMem checkpoint over them, and at the second reading's first P - 1 tokens (each
+predicting the next) counts:
 - `in_first`: the share of retrieved chunks (every head's top-k) that overlap the first reading;
-- `chance`: the first reading's share of the bank's tokens at that token (0 once the bank has let it go), what a
-  retrieval blind to the passage would give;
+- `chance`: the share of the bank's chunks at that token that overlap the first reading (0 once the bank has let it
+  go), what a retrieval blind to the passage would give;
 - `target`: the share of tokens at which some head retrieved the chunk holding the token to be predicted, at the
   first reading (what a copy reads).
 `--png` draws, for the first passage at the first distance, each model's heads' best-scored chunk at every token of
@@ -29,7 +30,8 @@ from retention_curve import check_output, save_png  # noqa: E402
 
 
 def retrieval_shares(model, ids: list[int], first: int, second: int, passage: int) -> dict[str, float]:
-    """`in_first`, `chance` and `target` (module docstring) over the second reading's tokens 1..P-1."""
+    """`in_first`, `chance` and `target` (module docstring) over the second reading's first P - 1 tokens; the chunks
+    are `chunk_size` tokens from position 0, as the bank cuts them."""
     chunk, segment = model.options.chunk_size, model.cfg.segment_len
     found: list[torch.Tensor] = []
     name = f"side_blocks.{model.augmented_layer}.attn.hook_retrieved_pos"
@@ -45,10 +47,12 @@ def retrieval_shares(model, ids: list[int], first: int, second: int, passage: in
     holds_target = (valid & (read <= target[:, None, None]) & (read + chunk > target[:, None, None])).flatten(1).any(1)
     bank_end = (at // segment) * segment  # the bank holds whole segments before the token's, at most bank_size tokens
     bank_start = (bank_end - model.options.bank_size).clamp(min=0)
-    first_in_bank = (bank_end.clamp(max=first + passage) - bank_start.clamp(min=first)).clamp(min=0)
+    first_chunks = (  # the bank's chunks that overlap the first reading, [first // chunk, ceil((first + P) / chunk))
+        bank_end.clamp(max=-(-(first + passage) // chunk) * chunk) - bank_start.clamp(min=first // chunk * chunk)
+    ).clamp(min=0)
     return {
-        "in_first": float(overlaps.sum() / valid.sum()),
-        "chance": float((first_in_bank / (bank_end - bank_start).clamp(min=1)).double().mean()),
+        "in_first": float(overlaps.sum() / valid.sum()) if valid.any() else float("nan"),
+        "chance": float((first_chunks / (bank_end - bank_start).clamp(min=1)).double().mean()),
         "target": float(holds_target.double().mean()),
     }
 
@@ -63,7 +67,7 @@ def best_chunks_figure(models: dict, ids: list[int], first: int, second: int, pa
     fig = make_subplots(rows=len(models), cols=1, shared_xaxes=True, subplot_titles=list(models))
     at = np.arange(second, second + passage - 1)
     for row, model in enumerate(models.values(), start=1):
-        prefix = f"side_blocks.{model.augmented_layer}.attn"
+        prefix, chunk = f"side_blocks.{model.augmented_layer}.attn", model.options.chunk_size
         trace = memviz.trace(model, ids, names=[f"{prefix}.hook_retrieved_pos", f"{prefix}.hook_retrieved_scores"])
         pos, scores = trace[f"{prefix}.hook_retrieved_pos"][at], trace[f"{prefix}.hook_retrieved_scores"][at]
         best = np.take_along_axis(pos, np.nan_to_num(scores, nan=-np.inf).argmax(-1)[..., None], -1)[..., 0]  # [T, H]
@@ -80,7 +84,7 @@ def best_chunks_figure(models: dict, ids: list[int], first: int, second: int, pa
             )
         fig.add_scatter(
             x=at,
-            y=first + (at - second) + 1,
+            y=(first + (at - second) + 1) // chunk * chunk,  # the chunk holding the next token at the first reading
             mode="lines",
             line=dict(color="black", dash="dot"),
             name="what a copy reads",
@@ -102,6 +106,7 @@ def best_chunks_figure(models: dict, ids: list[int], first: int, second: int, pa
 def main(argv: list[str] | None = None) -> int:
     from memviz.threads import thread_count
     from memviz_probes import lm, reread
+    from memviz_probes.common import check_n
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoints", nargs="+")
@@ -118,13 +123,23 @@ def main(argv: list[str] | None = None) -> int:
     for label, model in models.items():
         if model.family != "longmem":
             parser.error(f"{label} is a {model.family} model: this reads LongMem's retrieval")
+    try:
+        reread.check_distances(args.distances)
+        check_n(args.n)
+    except ValueError as exc:
+        parser.error(str(exc))
+    docs = lm.select("shakespeare", "heldout", None)
+    label, model = next(iter(models.items()))
+    tokenized = {d.name: model.tokenizer.encode(d.text) for d in docs}
+    sample = docs[0].text[:4000]
+    for other, m in models.items():  # one drawing of the passages, read alike by every model
+        if m.tokenizer.encode(sample) != model.tokenizer.encode(sample):
+            parser.error(f"{other} tokenizes text otherwise than {label}: compare models of one tokenizer")
+    lead, passage = reread.LEAD_TOKENS, reread.PASSAGE_TOKENS
+    readings = reread.draw(tokenized, args.n, args.seed, passage, lead + max(args.distances), "held-out plays")
     print("| model | d | in the first reading | chance | copy target retrieved |")
     print("|---|---|---|---|---|")
-    lead, passage = reread.LEAD_TOKENS, reread.PASSAGE_TOKENS
     for label, model in models.items():
-        docs = lm.select("shakespeare", "heldout", None)
-        tokenized = {d.name: model.tokenizer.encode(d.text) for d in docs}
-        readings = reread.draw(tokenized, args.n, args.seed, passage, lead + max(args.distances), "held-out plays")
         for distance in args.distances:
             shares = [retrieval_shares(model, *r.tokens(distance, lead), passage) for r in readings]
             mean = {key: np.mean([s[key] for s in shares]) for key in shares[0]}

@@ -4,7 +4,9 @@ import json
 import math
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -547,33 +549,45 @@ def test_user_text_prints_each_texts_bits_per_byte_as_a_one_pass_cross_entropy(t
         assert abs(printed_bits - bits) < 6e-4 and abs(printed_nats - nats / (ids.shape[1] - 1)) < 6e-3, cell
 
 
-def test_reread_retrieval_counts_what_each_token_of_the_second_reading_retrieved():
-    """The shares against a token-by-token count over a full trace's retrieved chunks, on a random text whose
-    60 tokens from 40 on are read again from 400 on."""
+class RetrievalStub:
+    """A LongMem stand-in whose augmented block's hook sees fixed retrieved chunks: 4-token chunks, 8-token
+    segments, a bank of 8 tokens."""
+
+    options = SimpleNamespace(chunk_size=4, bank_size=8)
+    cfg = SimpleNamespace(segment_len=8)
+    augmented_layer = 1
+
+    def __init__(self, positions: torch.Tensor) -> None:
+        self.positions = positions
+
+    @contextmanager
+    def evaluating(self):
+        yield
+
+    @contextmanager
+    def hooks(self, fwd_hooks):
+        ((name, self.hook),) = fwd_hooks
+        assert name == "side_blocks.1.attn.hook_retrieved_pos"
+        yield
+
+    def stream(self, ids):
+        self.hook(self.positions[None], None)
+        yield
+
+
+def test_reread_retrieval_counts_by_hand_what_the_second_reading_retrieved():
+    """First reading at tokens 5-10 (chunks 4 and 8 overlap it), second at 20-25; tokens 20-24 each predict the next,
+    whose place at the first reading is 6, 7, 8, 9, 10 (chunks 4, 4, 8, 8, 8). The bank at tokens 20-23 holds
+    tokens 8-15 (chunks 8 and 12: one of two overlaps the first reading), at 24 tokens 16-23 (none)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from reread_retrieval import retrieval_shares
 
-    import memviz
-
-    model = memviz.load("longmem_english_reread")
-    rng = np.random.default_rng(5)
-    ids = rng.integers(5, 4000, size=520).tolist()
-    first, second, passage, chunk = 40, 400, 60, model.options.chunk_size
-    ids[second : second + passage] = ids[first : first + passage]
-    shares = retrieval_shares(model, ids, first, second, passage)
-    retrieved = memviz.trace(model, ids)[f"side_blocks.{model.augmented_layer}.attn.hook_retrieved_pos"]
-    overlapping = total = hits = 0
-    chance = []
-    for t in range(second, second + passage - 1):
-        chunks = [int(c) for c in retrieved[t].ravel() if c >= 0]
-        total += len(chunks)
-        overlapping += sum(c < first + passage and c + chunk > first for c in chunks)
-        hits += any(c <= first + (t - second) + 1 < c + chunk for c in chunks)
-        chance.append(passage / (t // 64 * 64))  # the whole first reading is in a bank of every earlier segment
-    assert total > 0
-    assert shares["in_first"] == pytest.approx(overlapping / total)
-    assert shares["target"] == pytest.approx(hits / (passage - 1))
-    assert shares["chance"] == pytest.approx(np.mean(chance))
+    positions = torch.full((30, 1, 2), -1)
+    positions[20:25, 0] = torch.tensor([[8, 12], [8, -1], [4, 16], [4, 8], [16, 20]])
+    shares = retrieval_shares(RetrievalStub(positions), list(range(30)), first=5, second=20, passage=6)
+    assert shares["in_first"] == pytest.approx(5 / 9)  # 8 | 8 | 4 | 4, 8 | - of 9 chunks read
+    assert shares["target"] == pytest.approx(1 / 5)  # only token 23 read its next token's chunk (8, holding 9)
+    assert shares["chance"] == pytest.approx((4 * 0.5 + 0) / 5)
 
 
 def test_reread_retrieval_sees_the_re_reading_sample_read_its_copy_and_refuses_another_family(capsys):

@@ -218,15 +218,17 @@ def test_a_copy_example_repeats_blocks_of_training_text_after_a_short_gap(shuffl
     )
     s = TaskSampler(ByteTokenizer(), cfg)
     training = b"\0".join(d.text.encode() for d in texts.documents("shakespeare", "train"))
-    blocks = []
+    blocks, gaps = [], []
     for seed in range(20):
         example = s.example(random.Random(seed), 600)
         assert len(example.tokens) == len(example.weights) == 600 and example.weights[0] == 0.0
         assert set(example.weights[1:]) == {0.1, 5.0}
         found = copied_blocks(example, longest=24, gap=10)
         assert len(found) >= 600 // (2 * 24 + 10) - 1  # every block of the example but a cut last one is read again
-        blocks += [block for block, gap in found[:-1] if 0 <= gap <= 10]
+        blocks += [block for block, _ in found[:-1]]
+        gaps += [gap for _, gap in found[:-1]]
         assert all(12 <= len(block) <= 24 for block, _ in found[:-1])
+    assert min(gaps) == 0 and max(gaps) == 10  # the text between the readings spans copy_gap
     in_text = sum(block in training for block in blocks) / len(blocks)
     if shuffled:
         assert in_text < 0.1  # a shuffled block is not a piece of the plays

@@ -28,7 +28,7 @@ weighted `answer_weight`, as the pass key's answer is (its first token follows f
 rest is a memory task's prompt (`prompt_weight`, or `text_weight`).
 
 The `copy` task teaches copying in view, which re-reading past a window builds on (an induction circuit): blocks of
-`copy_block` training tokens, each read again after `copy_gap` tokens of other training text. A share
+`copy_block` training tokens, each read again after `copy_gap` tokens of training text from elsewhere. A share
 `copy_shuffled` of the blocks is put in a random order, so their own words do not predict them and only copying
 does. A repeat's tokens 2..b are weighted `answer_weight`, the rest as a memory task's prompt.
 """
@@ -406,7 +406,8 @@ class TaskSampler:
 
     def copy_example(self, rng: random.Random, length: int) -> Example:
         """`length` tokens of blocks each read twice, a few tokens of text between (the training split only); the
-        second reading's tokens 2..b weighted `answer_weight`."""
+        second reading's tokens 2..b weighted `answer_weight`. A block drawn from a document shorter than its length
+        is that whole document."""
         assert self.corpus is not None  # "copy" is in the mix, so __init__ tokenised its corpora
         prompt_weight = self.cfg.text_weight if self.cfg.prompt_weight is None else self.cfg.prompt_weight
         tokens: list[int] = []
