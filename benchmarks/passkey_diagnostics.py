@@ -117,4 +117,4 @@ if __name__ == "__main__":
         length, names = int(args[1]), args[2:] or ["infini_long"]
         print(json.dumps({name: exact_by_boundary(memviz.load(name), length) for name in names}, indent=1))
     else:
-        main(args or ["sliding_window", "infini_long", "lm2_long", "titans_long", "longmem_english"])
+        main(args or ["sliding_window", "infini_long", "lm2_english_16k", "titans_english_16k", "longmem_english"])

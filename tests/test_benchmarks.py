@@ -127,8 +127,8 @@ def test_null_write_runs_on_a_sample_and_refuses_one_without_a_null_write(capsys
     assert lines[1].startswith("   512   0.20  0") and lines[-1].startswith("median over 2 prompts:")
     assert all(0 <= float(v) <= 1 for v in lines[-1].split(":")[1].replace(",", " ").replace("|", " ").split())
     with pytest.raises(SystemExit):
-        main(["lm2_long", "--lengths", "256"])
-    assert "lm2_long: not an LM2 sample with a null write" in capsys.readouterr().err
+        main(["infini_long", "--lengths", "256"])
+    assert "infini_long: not an LM2 sample with a null write (family infini)" in capsys.readouterr().err
     assert main(["lm2_english_16k", "--lengths", "512", "--depths", "0.99"]) == 0  # the needle in the open segment
     assert "   512   0.99  0  skipped: no whole segment holds the needle" in capsys.readouterr().out
 

@@ -31,7 +31,7 @@ def test_the_zoo_ships_a_memory_model_and_its_control():
     assert {
         "infini_long",
         "lm2_english_16k",
-        "titans_long",
+        "titans_english_16k",
         "longmem_english",
         "sliding_window",
         "memory_plus_english",
@@ -115,7 +115,7 @@ def test_a_sample_trained_in_stages_is_reproduced_by_its_cards_command_alone(nam
 
 #: samples whose memory carries the key (resetting it at the question loses the answer: each
 #: card's passkey_diagnostics)
-LONG_CONTEXT_MEMORY = ("infini_long", "lm2_long", "titans_long", "longmem_english")
+LONG_CONTEXT_MEMORY = ("infini_long", "lm2_english_16k", "titans_english_16k", "longmem_english")
 
 
 @pytest.fixture(scope="module")
@@ -172,8 +172,8 @@ def test_memory_plus_english_reads_english_and_recalls_its_facts_mostly_from_its
     assert facts_recall(model, model.silence_hooks(1)) <= 0.4
 
 
-#: samples trained to keep a pass key far past the first stages' lengths (docs/long_context.md)
-LONG_RANGE = ("infini_long", "longmem_long", "titans_long", "lm2_long")
+#: samples trained to keep a pass key far past the first stages' lengths (docs/long_context.md, docs/samples.md)
+LONG_RANGE = ("infini_long", "longmem_long", "titans_english_16k", "lm2_english_16k")
 
 
 @pytest.fixture(scope="module")
