@@ -22,7 +22,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-#: every memory family's English sample, then the two controls
+#: every memory family's English sample, the one drilled to copy, then the two controls
 SAMPLES = (
     "gated_deltanet_english_16k",
     "infini_english_16k",
@@ -30,6 +30,7 @@ SAMPLES = (
     "titans_english_16k",
     "longmem_english",
     "memory_plus_english",
+    "longmem_english_reread",
     "sliding_window_english",
     "dense_english",
 )
