@@ -244,3 +244,18 @@ def test_longmem_english_reread_reads_a_held_out_passage_again_from_its_memory()
     change = reread.summary(reread.compare(models, distances=[1024, 4096], n=4, seed=31))["change"]
     assert change["sample", 1024] <= -0.2 and change["sample", 4096] <= -0.12, change
     assert all(abs(change["control", d]) <= 0.02 for d in (1024, 4096)), change
+
+
+def test_longmem_english_reread_answers_mqar_past_its_window_untrained():
+    """Associative recall from a copying backbone (docs/mqar.md): of the MQAR queries 64 or more tokens after their
+    pair, past the window, the sample drilled to copy answers far above chance (1 / 8) among the stored values, its
+    control below it. Neither was trained on MQAR; a seed the docs' tables did not use."""
+    from memviz_probes import mqar
+
+    past_window = {}
+    for name in ("longmem_english_reread", ENGLISH_CONTROL):
+        df = mqar.run(memviz.load(ROOT / name), [1024], [8], n=20, seed=8, progress=False)
+        far = df[df["distance"] >= 64]
+        assert len(far) >= 50, len(far)
+        past_window[name] = float(far["correct_among_values"].mean())
+    assert past_window["longmem_english_reread"] >= 0.25 and past_window[ENGLISH_CONTROL] <= 0.2, past_window
