@@ -113,8 +113,8 @@ def test_a_sample_trained_in_stages_is_reproduced_by_its_cards_command_alone(nam
     assert command.index(stage) < command.index(f"--config sample_checkpoints/{name}.train.json")
 
 
-#: samples whose memory carries the key (resetting it at the question loses the answer: each
-#: card's passkey_diagnostics)
+#: samples whose memory carries a key two windows back, where the control cannot see it (what a memory reset at
+#: the question does: `benchmarks/passkey_diagnostics.py`)
 LONG_CONTEXT_MEMORY = ("infini_long", "lm2_english_16k", "titans_english_16k", "longmem_english")
 
 
