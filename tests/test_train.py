@@ -39,7 +39,7 @@ def tiny_config(out, steps=6, **overrides):
         "threads": 1,
     }
     for key, value in overrides.items():
-        data[key] = {**data[key], **value} if isinstance(value, dict) else value
+        data[key] = {**data[key], **value} if isinstance(value, dict) and key in data else value
     return TrainConfig.from_dict(data)
 
 
@@ -775,3 +775,29 @@ def test_the_command_lines_exit_2_with_one_line(case, tmp_path):
         "training threads 100000": (["-m", "training", "--config", str(good), "--threads", "100000"], "--threads"),
     }[case]
     exits_2_with_one_line(command, named)
+
+
+def test_export_memory_writes_the_trained_weights_read_with_options_that_hold_none(tmp_path):
+    """`export_memory` sets what the exported checkpoint reads with (LongMem's chunks here) without touching the
+    weights: its logits are the trained model's loaded with the same options; an option that holds weights, or one the
+    family does not know, is refused before the first step."""
+    baseline = Trainer(tiny_config(tmp_path / "base", steps=2), progress=False).run()
+    exported = memviz.save(baseline.model, tmp_path / "baseline")
+    longmem = {"family": "longmem", "segment_len": 16, "memory": {"bank_size": 512, "chunk_size": 4, "topk_chunks": 2}}
+    plain = Trainer(tiny_config(tmp_path / "plain", steps=2, model=longmem, init_from=str(exported)), progress=False)
+    plain.run().export(tmp_path / "chunks_of_4", final_eval=False)
+    cfg = tiny_config(
+        tmp_path / "tokens", steps=2, model=longmem, init_from=str(exported), export_memory={"chunk_size": 1}
+    )
+    Trainer(cfg, progress=False).run().export(tmp_path / "tokens_one_by_one", final_eval=False)
+    written = json.loads((tmp_path / "tokens_one_by_one/config.json").read_text())["memory"]
+    assert (written["chunk_size"], written["topk_chunks"]) == (1, 2)
+    tokens = torch.randint(0, 256, (1, 200), generator=torch.Generator().manual_seed(3))
+    reads_tokens = memviz.load(tmp_path / "tokens_one_by_one")(tokens)
+    assert torch.equal(reads_tokens, memviz.load(tmp_path / "chunks_of_4", chunk_size=1)(tokens))
+    assert not torch.allclose(reads_tokens, memviz.load(tmp_path / "chunks_of_4")(tokens))
+    for options, why in (({"side_layers": 1}, "changes the weights"), ({"chunks": 1}, "chunks")):
+        bad = tiny_config(tmp_path / "bad", model=longmem, init_from=str(exported), export_memory=options)
+        with pytest.raises(memviz.ConfigError, match=rf"export_memory .*{why}"):
+            Trainer(bad, progress=False)
+        assert not (tmp_path / "bad/checkpoints").exists()

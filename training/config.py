@@ -166,6 +166,9 @@ class TrainConfig:
     threads: int = 0  # torch threads; 0 keeps torch's default
     save_every: int = 100
     log_every: int = 10
+    # memory options the exported checkpoint reads with in place of the training's: only those that hold no
+    # weights (LongMem's chunk_size, topk_chunks, bank_size), checked when the run is set up
+    export_memory: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:

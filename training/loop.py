@@ -216,6 +216,7 @@ class Trainer:
                 "continue it, --overwrite to start afresh, or another --out"
             )
         self.model = self.build_model(checkpoint)
+        self.exported_model()  # export_memory refused now, not after the run
         self.check_step_memory()
         if self.rank == 0:
             check_grid_fits(self.model.tokenizer, cfg.eval, cfg.data.haystack)
@@ -275,6 +276,26 @@ class Trainer:
         if cfg.optim.train_only:
             freeze_all_but(model, cfg.optim.train_only)
         return model.to(self.device).train()
+
+    def exported_model(self) -> MemoryLM:
+        """The model as `export` writes it: the trained weights read with `export_memory`'s options (those that hold
+        no weights) in place of the training's; the trained model itself without them."""
+        overrides = self.cfg.export_memory
+        if not overrides:
+            return self.model
+        try:
+            cfg = ModelConfig.from_dict({**self.model.cfg.to_dict(), "memory": {**self.model.cfg.memory, **overrides}})
+            model = build_model(cfg, tokenizer=self.model.tokenizer, card=dict(self.model.card))
+        except ConfigError as exc:
+            raise ConfigError(f"export_memory {overrides}: {exc}") from exc
+        try:
+            model.load_state_dict(self.model.state_dict())
+        except RuntimeError as exc:  # a missing, unexpected or reshaped weight
+            raise ConfigError(
+                f"export_memory {overrides}: changes the weights ({str(exc).splitlines()[0]}); only options that "
+                "hold none can differ from the training's"
+            ) from exc
+        return model.to(self.device)
 
     def check_step_memory(self) -> None:
         """Refuse, before the first step, a curriculum whose longest batch this machine's memory cannot hold
@@ -530,12 +551,13 @@ class Trainer:
 
     # ----- evaluation -----------------------------------------------------------------------
     @torch.no_grad()
-    def evaluate(self, n: int, progress: bool = False) -> dict[str, Any]:
+    def evaluate(self, n: int, progress: bool = False, model: MemoryLM | None = None) -> dict[str, Any]:
+        """The eval grid's scores of `model` (the model in training by default)."""
         if self.rank != 0:
             return {}
         e = self.cfg.eval
         return probe_scores(
-            self.model,
+            model if model is not None else self.model,
             passkey_lengths=e.passkey_lengths,
             passkey_depths=e.passkey_depths,
             babilong_tasks=e.babilong_tasks,
@@ -577,6 +599,7 @@ class Trainer:
     def export(self, directory: str | Path, dtype: str = "float16", final_eval: bool = True) -> Path:
         """Write the trained model as a sample-checkpoint folder with a full card."""
         check_export_folder(directory)
+        model = self.exported_model()
         card = {
             "name": self.cfg.name,
             "family": self.model.family,
@@ -590,12 +613,12 @@ class Trainer:
             "trainable_parameters": self.model.num_parameters(trainable_only=True),
             "seed": self.cfg.seed,
         }
-        self.model.card.update(card)
+        model.card.update(card)
         if final_eval:
-            self.model.card["probe_scores"] = self.evaluate(self.cfg.eval.final_n, progress=self.progress)
-            self.model.card["probe_seed"] = self.cfg.eval.seed
+            model.card["probe_scores"] = self.evaluate(self.cfg.eval.final_n, progress=self.progress, model=model)
+            model.card["probe_seed"] = self.cfg.eval.seed
         self.model.train()
-        return save(self.model, directory, dtype=dtype)
+        return save(model, directory, dtype=dtype)
 
     # ----- signals --------------------------------------------------------------------------
     def install_signal_handlers(self) -> dict:

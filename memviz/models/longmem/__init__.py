@@ -28,9 +28,9 @@ began, and a segment's keys and values join the bank when the segment completes 
 adding). The bank is a `ChunkBank` (bank.py, beside this file) in the state (`LongMemShared`):
 chunk keys are kept as chunks arrive, and the top-K search is exact (every visible chunk scored:
 training and the default) or faiss HNSW (`search="hnsw"`, approximate, for banks of millions of
-tokens); `bank_size` and `search` hold no weights and can be set when loading. Because the
-backbone is frozen and runs first, the segments an input chunk completes join the bank before the
-side network runs, and each segment's tokens search only the bank entries before their segment.
+tokens); `bank_size`, `search`, `chunk_size` and `topk_chunks` hold no weights and can be set when
+loading. Because the backbone is frozen and runs first, the segments an input chunk completes join
+the bank before the side network runs, and each segment's tokens search only the bank entries before their segment.
 Memory attention uses un-rotated keys and queries (cached tokens have no position relative to the
 reader); local attention uses RoPE. `warm_start` copies a trained baseline into the backbone and
 initialises side block l from backbone block b(l), as the paper initialises the SideNet from the
