@@ -235,15 +235,17 @@ def test_an_english_memory_sample_keeps_a_pass_key_its_control_loses(name, engli
 
 
 def test_longmem_english_reread_reads_a_held_out_passage_again_from_its_memory():
-    """The sample taught to re-read (docs/rereading.md): a 300-token held-out passage read again 1,024 and 4,096
-    tokens after its first reading, far past the 64-token window, costs less the second time; its sliding-window
-    control, trained on the same text, reads both alike. Measured afresh on a seed the docs' table did not use."""
+    """The sample taught to re-read (docs/rereading.md): a 300-token held-out passage read again 1k, 4k and 16k
+    tokens after its first reading, far past the 64-token window, costs at least 20% less the second time at 4k and
+    16k (the issue's target); its sliding-window control, trained on the same text, reads both alike (within 2%).
+    Measured afresh on a seed the docs' tables did not use."""
     from memviz_probes import reread
 
     models = {"sample": memviz.load(ROOT / "longmem_english_reread"), "control": memviz.load(ROOT / ENGLISH_CONTROL)}
-    change = reread.summary(reread.compare(models, distances=[1024, 4096], n=4, seed=31))["change"]
-    assert change["sample", 1024] <= -0.2 and change["sample", 4096] <= -0.12, change
-    assert all(abs(change["control", d]) <= 0.02 for d in (1024, 4096)), change
+    distances = [1024, 4096, 16384]
+    change = reread.summary(reread.compare(models, distances=distances, n=4, seed=31))["change"]
+    assert change["sample", 1024] <= -0.3 and change["sample", 4096] <= -0.2 and change["sample", 16384] <= -0.2, change
+    assert all(abs(change["control", d]) <= 0.02 for d in distances), change
 
 
 def test_longmem_english_reread_answers_mqar_past_its_window_untrained():
