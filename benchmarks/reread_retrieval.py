@@ -10,7 +10,9 @@ predicting the next) counts:
 - `target`: the share of tokens at which some head retrieved the chunk holding the token to be predicted, at the
   first reading (what a copy reads).
 `--png` draws, for the first passage at the first distance, each model's heads' best-scored chunk at every token of
-the second reading beside the chunk a copy reads (one panel a model).
+the second reading beside the chunk a copy reads (one panel a model). `--view` saves the app's own view of what one
+token retrieved (`viz.read_figures`, the first model), at the middle of the same passage's second reading, the first
+reading outlined as the evidence.
 """
 
 from __future__ import annotations
@@ -115,9 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=thread_count, default=2)
     parser.add_argument("--png", type=Path)
+    parser.add_argument("--view", type=Path, help="the app's retrieval view of the first model, as a PNG")
     args = parser.parse_args(argv)
-    if args.png:
-        check_output(parser, "--png", args.png)
+    for flag, path in (("--png", args.png), ("--view", args.view)):
+        if path:
+            check_output(parser, flag, path)
     torch.set_num_threads(args.threads)
     models = load_checkpoints(parser, args.checkpoints)
     for label, model in models.items():
@@ -151,6 +155,21 @@ def main(argv: list[str] | None = None) -> int:
         ids, first, second = readings[0].tokens(args.distances[0], lead)
         save_png(best_chunks_figure(models, ids, first, second, passage), args.png)
         print(f"wrote {args.png}")
+    if args.view:
+        import memviz
+        from memviz import viz
+
+        ids, first, second = readings[0].tokens(args.distances[0], lead)
+        label, model = next(iter(models.items()))
+        trace = memviz.trace(model, ids, evidence=[(first, first + passage)])
+        at = second + passage // 2
+        view = viz.read_figures(trace, at)["chunks retrieved"]
+        view.update_layout(
+            title=f"{label}, {args.distances[0]:,} tokens after the first reading<br>{view.layout.title.text}"
+        )
+        save_png(view, args.view)
+        copy = first + (at - second) + 1
+        print(f"wrote {args.view}: token {at} of the second reading; a copy reads token {copy} of the first")
     return 0
 
 
