@@ -151,15 +151,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"| {label} | {distance:,} | {mean['in_first']:.1%} | {mean['chance']:.1%} | {mean['target']:.1%} |",
                 flush=True,
             )
+    ids, first, second = readings[0].tokens(args.distances[0], lead)  # the figures' passage
     if args.png:
-        ids, first, second = readings[0].tokens(args.distances[0], lead)
         save_png(best_chunks_figure(models, ids, first, second, passage), args.png)
         print(f"wrote {args.png}")
     if args.view:
         import memviz
         from memviz import viz
 
-        ids, first, second = readings[0].tokens(args.distances[0], lead)
         label, model = next(iter(models.items()))
         trace = memviz.trace(model, ids, evidence=[(first, first + passage)])
         at = second + passage // 2
