@@ -32,12 +32,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pandas as pd
+import torch
 
 from memviz.options import check_choice
 from memviz.protocol import MemoryModel
 from memviz.registry import get_family
-from memviz_probes import lm, texts
+from memviz_kernels.dispatch import linear_memory
+from memviz_probes import lm, mqar, texts
 from memviz_probes.common import SampleProgress, as_list, check_grid_size, check_n, check_no_repeats, sample_rng
 from memviz_probes.registry import Arg, PageParts, Probe, Widget, keywords, register_probe
 
@@ -151,6 +154,33 @@ def is_control(model: MemoryModel) -> bool:
         return False
 
 
+def draw_readings(
+    tokenizer,
+    distances: Sequence[int],
+    n: int,
+    seed: int,
+    passage_len: int,
+    lead: int,
+    corpus: str | os.PathLike | None,
+    split: str,
+    order: str,
+) -> list[Reading]:
+    """The `n` readings a run lays out (arguments checked and named as `run` takes them), in `tokenizer`'s ids."""
+    check_n(n)
+    check_choice("order", order, ORDERS)
+    distances = check_distances(distances)
+    check_count(passage_len, "passage_len", 2)
+    check_count(lead, "lead", 0)
+    check_grid_size(len(distances) * n)
+    docs = lm.select(corpus, split, None)
+    label = f"the {split} split of {corpus or 'every corpus'}"
+    tokenized = {f"{d.corpus}/{d.name}" if corpus is None else d.name: tokenizer.encode(d.text) for d in docs}
+    readings = draw(tokenized, n, seed, passage_len, lead + max(distances), label)
+    if order == "shuffled":
+        readings = [reading.shuffled(sample_rng("reread-order", seed, i)) for i, reading in enumerate(readings)]
+    return readings
+
+
 def run(
     model: MemoryModel,
     distances: Sequence[int] = DISTANCES,
@@ -167,18 +197,8 @@ def run(
     tokens (the sample's length), order, first and second (mean nats a token at each reading), change (second /
     first - 1) and control (whether the model's family is a control). `corpus` None reads every built-in corpus;
     `order` "shuffled" reads each passage's tokens in a seeded random order (module docstring)."""
-    check_n(n)
-    check_choice("order", order, ORDERS)
+    readings = draw_readings(model.tokenizer, distances, n, seed, passage_len, lead, corpus, split, order)
     distances = check_distances(distances)
-    check_count(passage_len, "passage_len", 2)
-    check_count(lead, "lead", 0)
-    check_grid_size(len(distances) * n)
-    docs = lm.select(corpus, split, None)
-    label = f"the {split} split of {corpus or 'every corpus'}"
-    tokenized = {f"{d.corpus}/{d.name}" if corpus is None else d.name: model.tokenizer.encode(d.text) for d in docs}
-    readings = draw(tokenized, n, seed, passage_len, lead + max(distances), label)
-    if order == "shuffled":
-        readings = [reading.shuffled(sample_rng("reread-order", seed, i)) for i, reading in enumerate(readings)]
     control = is_control(model)
     rows = []
     for j, distance in enumerate(distances):
@@ -273,6 +293,136 @@ def curve(
     )
     fig.update_xaxes(type="log")
     return fig
+
+
+#: key dimensions an oracle memory is measured at: a head of the English samples (32), their 4 heads' (128), and up
+MEMORY_KEY_DIMS = (32, 128, 512, 2048, 4096)
+#: the oracle reads are decoded among random unit values, one per distinct token, in this many dimensions
+ORACLE_VALUE_DIMS = 512
+#: tokens a key is made of: the token just read and the one before, what an induction head matches
+ORACLE_CONTEXT = 2
+#: the largest oracle state measured: d_k x ORACLE_VALUE_DIMS float32 numbers, 128 MiB
+MAX_KEY_DIMS = 65_536
+
+
+def oracle_vectors(
+    ids: Sequence[int], key_dims: int, value_dims: int = ORACLE_VALUE_DIMS, context: int = ORACLE_CONTEXT, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An oracle memory's vectors for a sequence: a random unit key per distinct run of `context` tokens (position t's
+    is that of ids[t - context + 1 .. t], ids before the start counted as -1) and a random unit value per distinct
+    token, float32: (keys [T, key_dims], values [U, value_dims], tokens [U] the distinct ids sorted, token_of [T]
+    each position's index into tokens)."""
+    ids = torch.as_tensor(list(ids), dtype=torch.long)
+    windows = torch.cat([ids.new_full((context - 1,), -1), ids]).unfold(0, context, 1)  # [T, context]
+    _, context_of = torch.unique(windows, dim=0, return_inverse=True)
+    tokens, token_of = torch.unique(ids, return_inverse=True)
+    generator = torch.Generator().manual_seed(seed)
+    keys = mqar.unit_vectors(generator, int(context_of.max()) + 1, key_dims).float()[context_of]
+    values = mqar.unit_vectors(generator, len(tokens), value_dims).float()
+    return keys, values, tokens, token_of
+
+
+def oracle_predictions(
+    ids: Sequence[int],
+    key_dims: int,
+    rule: str,
+    context: int = ORACLE_CONTEXT,
+    value_dims: int = ORACLE_VALUE_DIMS,
+    seed: int = 0,
+) -> np.ndarray:
+    """What an ideal linear memory S [key_dims, value_dims], written at every token and never decayed, predicts: at
+    step t it writes the pair (key of the context ending at t - 1, value of ids[t]) by `rule` ("additive" or "delta",
+    beta = 1; mqar.recall_accuracy's rules), then reads o_t = S_t^T key_t and names the token of the value of largest
+    inner product. Entry t - 1 is the token predicted for position t, as `lm.token_losses` orders its losses; -1
+    where nothing is written yet (t = 1)."""
+    check_choice("rule", rule, mqar.RULES)
+    ids = list(ids)
+    predicted = np.full(max(len(ids) - 1, 0), -1, dtype=np.int64)
+    if len(ids) < 3:
+        return predicted
+    keys, values, tokens, token_of = oracle_vectors(ids, key_dims, value_dims, context, seed)
+    count = len(token_of)
+    k, q, v = keys[: count - 2], keys[1 : count - 1], values[token_of[1 : count - 1]]
+    g = k.new_zeros(1, 1, count - 2)  # exp(0) = 1: nothing decays, the most a memory keeps of the first reading
+    beta = None if rule == "additive" else k.new_ones(1, 1, count - 2)
+    start = k.new_zeros(1, 1, key_dims, value_dims)
+    (reads, _), _ = linear_memory(q[None, None], k[None, None], v[None, None], g, beta, start, state_norms=False)
+    predicted[1:] = tokens[(reads[0, 0] @ values.T).argmax(-1)].numpy()
+    return predicted
+
+
+def check_whole(value: Any, name: str, least: int = 1) -> int:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or int(value) < least:
+        raise ValueError(f"{name} must be a whole number of at least {least}, got {value!r}")
+    return int(value)
+
+
+def memory_ceiling(
+    control: MemoryModel,
+    key_dims: Sequence[int] = MEMORY_KEY_DIMS,
+    distances: Sequence[int] = DISTANCES,
+    rules: Sequence[str] = mqar.RULES,
+    n: int = 8,
+    seed: int = 0,
+    passage_len: int = PASSAGE_TOKENS,
+    lead: int = LEAD_TOKENS,
+    corpus: str | os.PathLike | None = "shakespeare",
+    split: str = "heldout",
+    context: int = ORACLE_CONTEXT,
+    value_dims: int = ORACLE_VALUE_DIMS,
+) -> pd.DataFrame:
+    """The most a linear memory of d_k key dimensions can lower a second reading's loss, on `run`'s passages (the
+    same draw, in `control`'s tokenizer). An oracle memory (`oracle_predictions`) reads each sequence; `control`'s
+    losses price its tokens. Rows per rule, key_dims, distance and passage: recall_first and recall (the share of
+    the passage's tokens 2..P it names right at each reading); first and second, each reading's mean loss if the
+    tokens it names cost nothing and the rest what they cost the control; and change (second / first - 1), the
+    probe's change for the control given that memory."""
+    key_dims = [check_whole(d, "key_dims") for d in as_list(key_dims, "key_dims")]
+    for dims in key_dims:
+        if dims > MAX_KEY_DIMS:
+            raise ValueError(
+                f"key_dims must be at most {MAX_KEY_DIMS:,} (a state of d_k x {value_dims} numbers), got {dims:,}"
+            )
+    rules = as_list(rules, "rules")
+    for name, values in (("key_dims", key_dims), ("rules", rules)):
+        if not values:
+            raise ValueError(f"{name} must name at least one")
+        check_no_repeats(values, name)
+    for rule in rules:
+        check_choice("rules", rule, mqar.RULES)
+    check_whole(context, "context")
+    check_whole(value_dims, "value_dims")
+    distances = check_distances(distances)
+    check_grid_size(len(distances) * n * len(rules) * len(key_dims))
+    readings = draw_readings(control.tokenizer, distances, n, seed, passage_len, lead, corpus, split, "text")
+    rows = []
+    for distance in distances:
+        for i, reading in enumerate(readings):
+            ids, first, second = reading.tokens(distance, lead)
+            losses = lm.token_losses(control, ids)
+            targets = np.asarray(ids)
+            for rule in rules:
+                for dims in key_dims:
+                    predicted = oracle_predictions(ids, dims, rule, context, value_dims, seed)
+                    recall, loss = {}, {}
+                    for reading, start in (("first", first), ("second", second)):
+                        right = predicted[start : start + passage_len - 1] == targets[start + 1 : start + passage_len]
+                        recall[reading] = float(right.mean())
+                        loss[reading] = float(np.where(right, 0.0, losses[start : start + passage_len - 1]).mean())
+                    rows.append(
+                        {
+                            "rule": rule,
+                            "key_dims": dims,
+                            "distance": distance,
+                            "passage": i,
+                            "recall_first": recall["first"],
+                            "recall": recall["second"],
+                            "first": loss["first"],
+                            "second": loss["second"],
+                            "change": loss["second"] / loss["first"] - 1,
+                        }
+                    )
+    return pd.DataFrame(rows)
 
 
 def run_probe(model: MemoryModel, args: Namespace) -> pd.DataFrame:

@@ -213,3 +213,83 @@ def test_a_shuffled_passage_is_the_same_permutation_at_both_readings_and_only_co
     assert again.equals(df)
     with pytest.raises(ValueError, match=r"order must be one of \['text', 'shuffled'\], got 'reversed'"):
         reread.run(Copier(), order="reversed", **kw)
+
+
+def numpy_oracle(ids: list[int], key_dims: int, rule: str, context: int, value_dims: int) -> np.ndarray:
+    """The oracle memory token by token in float64: write (key of the context ending at t - 1, value of ids[t]),
+    then read with the key of the context ending at t and name the nearest value's token."""
+    keys, values, tokens, token_of = reread.oracle_vectors(ids, key_dims, value_dims, context)
+    keys, values, tokens, token_of = keys.double().numpy(), values.double().numpy(), tokens.numpy(), token_of.numpy()
+    memory = np.zeros((key_dims, value_dims))
+    predicted = [-1]
+    for t in range(1, len(ids) - 1):
+        k, v = keys[t - 1], values[token_of[t]]
+        memory += np.outer(k, v if rule == "additive" else v - memory.T @ k)
+        predicted.append(int(tokens[np.argmax(values @ (memory.T @ keys[t]))]))
+    return np.array(predicted)
+
+
+@pytest.mark.parametrize("rule", ["additive", "delta"])
+@pytest.mark.parametrize("context", [1, 2])
+def test_the_oracle_memory_predicts_as_its_recurrence_in_numpy(rule, context):
+    rng = random.Random(f"{rule}{context}")
+    ids = [rng.randrange(7) for _ in range(90)]  # 7 tokens: contexts recur
+    predicted = reread.oracle_predictions(ids, 12, rule, context=context, value_dims=16)
+    assert predicted.shape == (89,) and predicted[0] == -1
+    assert (predicted == numpy_oracle(ids, 12, rule, context, 16)).all()
+    keys, _, _, _ = reread.oracle_vectors(ids, 12, 16, context)
+    same = [t for t in range(context, 90) if ids[t - context + 1 : t + 1] == ids[:context]]
+    assert same and all(torch.equal(keys[t], keys[context - 1]) for t in same)  # one key a context
+
+
+def test_the_memory_ceiling_recalls_a_passage_its_keys_hold_and_loses_it_to_filler(corpus):
+    kw = dict(n=2, seed=3, passage_len=60, lead=40, corpus=corpus, split="all", context=4)
+    df = reread.memory_ceiling(Copier(window=8), key_dims=[8, 2048], distances=[4, 1200], **kw)
+    assert len(df) == 2 * 2 * 2 * 2 and set(df["rule"]) == {"additive", "delta"}
+    cell = df.groupby(["rule", "key_dims", "distance"])[["recall_first", "recall", "change"]].mean()
+    for rule in ("additive", "delta"):
+        # 2,048 dimensions hold ~100 contexts' pairs: every token whose 4-token context lies in the passage is named
+        assert cell.loc[(rule, 2048, 4), "recall"] >= (60 - 4) / (60 - 1) - 1e-9
+        assert cell.loc[(rule, 8, 1200), "recall"] < 0.15  # 8 hold next to nothing of 1,300 writes
+    assert (cell["recall_first"] < 0.1).all()  # random letters: a first reading has nothing to copy
+    # the copier's loss is ln 256 at every token past its 8-token window: each reading costs that on what is not named
+    assert np.allclose(df["first"], math.log(VOCAB) * (1 - df["recall_first"]))
+    assert np.allclose(df["second"], math.log(VOCAB) * (1 - df["recall"]))
+    assert np.allclose(df["change"], df["second"] / df["first"] - 1)
+
+
+def test_the_memory_ceiling_weighs_each_token_by_the_controls_loss_on_it(corpus):
+    kw = dict(key_dims=[2048], distances=[4], n=2, seed=3, passage_len=60, lead=40, corpus=corpus, split="all")
+    df = reread.memory_ceiling(Copier(), context=4, **kw)
+    # The copier pays ln 256 on the second reading's tokens 2..6 only (its match needs 6 tokens), ~0 after. Of those
+    # five the oracle names tokens 5 and 6, whose 4-token contexts lie in the passage: 3 of the 59 tokens still cost.
+    assert np.allclose(df["second"], 3 * math.log(VOCAB) / 59, atol=1e-9) and (df["recall"] > 0.9).all()
+    assert np.allclose(df["first"], math.log(VOCAB) * (1 - df["recall_first"]))  # random letters: nothing to copy
+
+
+@pytest.mark.parametrize("rule", ["additive", "delta"])
+def test_the_oracle_memory_reads_nothing_from_a_sequence_too_short_to_write(rule):
+    assert reread.oracle_predictions([], 8, rule).shape == (0,)
+    assert reread.oracle_predictions([5, 6], 8, rule).tolist() == [-1]
+    with pytest.raises(ValueError, match="rule must be one of"):
+        reread.oracle_predictions([5, 6, 7], 8, "hebbian")
+
+
+@pytest.mark.parametrize(
+    "kwargs, named",
+    [
+        (dict(key_dims=[0]), "key_dims must be a whole number of at least 1, got 0"),
+        (dict(key_dims=[100_000]), "key_dims must be at most 65,536"),
+        (dict(key_dims=list(range(1, 25_002)), n=8), "this grid asks for 400,016 samples"),
+        (dict(key_dims=[]), "key_dims must name at least one"),
+        (dict(key_dims=[8, 8]), "key_dims gives 8 more than once"),
+        (dict(rules=["hebbian"]), "rules must be one of"),
+        (dict(context=0), "context must be a whole number of at least 1"),
+        (dict(value_dims=1.5), "value_dims must be a whole number"),
+        (dict(distances=[0]), "distances must be a whole number of tokens"),
+    ],
+)
+def test_the_memory_ceiling_names_a_bad_argument(corpus, kwargs, named):
+    kw = dict(key_dims=[8], distances=[16], n=1, passage_len=40, lead=20, corpus=corpus, split="all") | kwargs
+    with pytest.raises(ValueError, match=named):
+        reread.memory_ceiling(Copier(), **kw)
