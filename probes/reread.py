@@ -312,10 +312,10 @@ def oracle_vectors(
     is that of ids[t - context + 1 .. t], ids before the start counted as -1) and a random unit value per distinct
     token, float32: (keys [T, key_dims], values [U, value_dims], tokens [U] the distinct ids sorted, token_of [T]
     each position's index into tokens)."""
-    ids = torch.as_tensor(list(ids), dtype=torch.long)
-    windows = torch.cat([ids.new_full((context - 1,), -1), ids]).unfold(0, context, 1)  # [T, context]
+    sequence = torch.as_tensor(list(ids), dtype=torch.long)
+    windows = torch.cat([sequence.new_full((context - 1,), -1), sequence]).unfold(0, context, 1)  # [T, context]
     _, context_of = torch.unique(windows, dim=0, return_inverse=True)
-    tokens, token_of = torch.unique(ids, return_inverse=True)
+    tokens, token_of = torch.unique(sequence, return_inverse=True)
     generator = torch.Generator().manual_seed(seed)
     keys = mqar.unit_vectors(generator, int(context_of.max()) + 1, key_dims).float()[context_of]
     values = mqar.unit_vectors(generator, len(tokens), value_dims).float()
@@ -347,6 +347,7 @@ def oracle_predictions(
     beta = None if rule == "additive" else k.new_ones(1, 1, count - 2)
     start = k.new_zeros(1, 1, key_dims, value_dims)
     (reads, _), _ = linear_memory(q[None, None], k[None, None], v[None, None], g, beta, start, state_norms=False)
+    assert reads is not None  # a query was given
     predicted[1:] = tokens[(reads[0, 0] @ values.T).argmax(-1)].numpy()
     return predicted
 
@@ -404,11 +405,12 @@ def memory_ceiling(
             for rule in rules:
                 for dims in key_dims:
                     predicted = oracle_predictions(ids, dims, rule, context, value_dims, seed)
-                    recall, loss = {}, {}
-                    for reading, start in (("first", first), ("second", second)):
+                    recall: dict[str, float] = {}
+                    loss: dict[str, float] = {}
+                    for which, start in (("first", first), ("second", second)):
                         right = predicted[start : start + passage_len - 1] == targets[start + 1 : start + passage_len]
-                        recall[reading] = float(right.mean())
-                        loss[reading] = float(np.where(right, 0.0, losses[start : start + passage_len - 1]).mean())
+                        recall[which] = float(right.mean())
+                        loss[which] = float(np.where(right, 0.0, losses[start : start + passage_len - 1]).mean())
                     rows.append(
                         {
                             "rule": rule,
